@@ -1,0 +1,5 @@
+import sys
+
+from medha.cli import main
+
+sys.exit(main())

@@ -1,0 +1,189 @@
+"""The `medha` command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from medha import __version__
+from medha.core.config import SchedulerConfig
+from medha.perf import PREDICTOR_HELP, ParallelConfig, make_predictor
+from medha.perf.hardware_specs import HARDWARE_NAMES
+from medha.perf.model_specs import MODELS
+from medha.utils.dataclass_cli import add_dataclass_args, dataclass_from_args
+
+
+class CliError(Exception):
+    """A user error: printed without a traceback, exit code 2."""
+
+
+def _add_platform_args(p: argparse.ArgumentParser, model: str, hardware: str,
+                       tp: int = 1) -> None:
+    g = p.add_argument_group("model and hardware")
+    g.add_argument("--model", default=model,
+                   help=f"model spec: {', '.join(sorted(MODELS))} (default: {model})")
+    g.add_argument("--hardware", default=hardware,
+                   help=f"device: {', '.join(HARDWARE_NAMES)}; cpu is this machine, measured "
+                        f"once and cached (default: {hardware})")
+    g.add_argument("--predictor", default="roofline", help=PREDICTOR_HELP + " (default: roofline)")
+    add_dataclass_args(p, ParallelConfig, title="parallelism")
+    p.set_defaults(tp=tp)
+
+
+def _predictor(args: argparse.Namespace):
+    try:
+        parallel = dataclass_from_args(ParallelConfig, args)
+        return make_predictor(args.predictor, args.model, args.hardware, parallel)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+
+
+def _cmd_demo(args: argparse.Namespace) -> None:
+    from medha.demo import DemoWorkload, demo_table
+    from medha.scheduler.block_manager import BlockManager
+
+    predictor = _predictor(args)
+    base = _scheduler_config(args)
+    workload = DemoWorkload(num_short=args.num_short, short_qps=args.short_qps,
+                            long_prompt=args.long_prompt, seed=args.seed)
+    blocks = BlockManager.from_memory(args.kv_memory_gb * 2**30, predictor.model,
+                                      predictor.parallel, predictor.hardware.dtype_bytes)
+    print(f"medha {__version__} scheduling demo: {predictor.describe()}")
+    print(f"one {workload.long_prompt}-token prompt at t={workload.long_at_s:.0f}s among "
+          f"{workload.num_short} short chat requests ({workload.short_qps}/s); iteration "
+          f"budget {base.budget_s * 1e3:.0f} ms; batch times predicted, not measured\n")
+    print(demo_table(predictor, workload, base, blocks.num_blocks))
+
+
+def _scheduler_config(args: argparse.Namespace) -> SchedulerConfig:
+    try:
+        return dataclass_from_args(SchedulerConfig, args)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+
+
+def _cmd_chunks(args: argparse.Namespace) -> None:
+    from medha.scheduler.packers import make_packer
+
+    predictor = _predictor(args)
+    if args.prompt_len < 1:
+        raise CliError(f"--prompt-len must be positive, got {args.prompt_len}")
+    config = SchedulerConfig(chunking=args.chunking, target_batch_time_s=args.budget_ms / 1e3)
+    packer = make_packer(config, predictor)
+    chunks, k, total = [], 0, 0.0
+    while k < args.prompt_len:
+        n = packer.plan_isolated(k, args.prompt_len - k)
+        t = predictor.shape_time([(n, k)])
+        chunks.append((k, n, t))
+        total += t
+        k += n
+    print(f"{predictor.describe()}; chunking {args.chunking}, budget {args.budget_ms:g} ms")
+    print(f"{'kv offset':>10s} {'chunk':>7s} {'predicted ms':>13s}")
+    step = 1 if args.all else max(1, len(chunks) // 20)
+    shown = list(range(0, len(chunks), step))
+    if shown[-1] != len(chunks) - 1:
+        shown.append(len(chunks) - 1)
+    for i in shown:
+        kv, n, t = chunks[i]
+        print(f"{kv:10d} {n:7d} {t * 1e3:13.2f}")
+    print(f"{len(chunks)} chunks, {args.prompt_len} tokens, predicted prefill time "
+          f"{total:.2f} s (chunks run back to back)")
+
+
+def _cmd_predict(args: argparse.Namespace) -> None:
+    predictor = _predictor(args)
+
+    def pairs(specs: list[str], flag: str) -> list[tuple[int, int]]:
+        out = []
+        for s in specs:
+            n, _, k = s.partition("@")
+            if not (n.isdigit() and (k.isdigit() or not k)) or int(n) < 1:
+                raise CliError(f"{flag} {s!r}: expected TOKENS@KV_OFFSET, e.g. 512@100000")
+            out.append((int(n), int(k or 0)))
+        return out
+
+    prefills = pairs(args.prefill, "--prefill")
+    decodes = [k for count, k in pairs(args.decode, "--decode") for _ in range(count)]
+    if not prefills and not decodes:
+        raise CliError("nothing to predict: give --prefill and/or --decode")
+    total = predictor.shape_time(prefills, decodes)
+    tokens = sum(n for n, _ in prefills) + len(decodes)
+    result = {
+        "predictor": predictor.describe(),
+        "batch_time_ms": total * 1e3,
+        "linear_ms": predictor.linear_time(tokens, len(prefills) + len(decodes)) * 1e3,
+        "prefill_attention_ms": [predictor.prefill_attention_time(n, k) * 1e3
+                                 for n, k in prefills],
+        "decode_attention_ms": sum(predictor.decode_attention_time(k) for k in decodes) * 1e3,
+    }
+    print(json.dumps(result, indent=1))
+
+
+def _cmd_hardware(args: argparse.Namespace) -> None:
+    from medha.perf.hardware_specs import GPUS, this_cpu
+
+    specs = {**GPUS, "cpu": this_cpu(refresh=args.refresh)}
+    print(json.dumps({name: spec.to_json() for name, spec in specs.items()}, indent=1))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="medha", description="LLM serving for mixed short and very long requests "
+        "(preemptive chunked prefills, LARS scheduling, adaptive chunking).")
+    parser.add_argument("--version", action="version", version=f"medha {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("demo", help="compare schedulers on a long prompt among short ones",
+                       description=__import__("medha.demo").demo.__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_platform_args(p, "smollm2", "cpu")
+    g = p.add_argument_group("workload")
+    g.add_argument("--num-short", type=int, default=40, help="short requests (default: 40)")
+    g.add_argument("--short-qps", type=float, default=1.0,
+                   help="arrival rate of short requests per second (default: 1.0)")
+    g.add_argument("--long-prompt", type=int, default=6000,
+                   help="tokens of the long prompt (default: 6000)")
+    g.add_argument("--seed", type=int, default=0, help="workload seed (default: 0)")
+    g.add_argument("--kv-memory-gb", type=float, default=2.0,
+                   help="KV cache memory per device in GiB (default: 2)")
+    add_dataclass_args(p, SchedulerConfig, skip=("policy", "chunking"), title="scheduler")
+    p.set_defaults(func=_cmd_demo, tpot_target_s=0.25)
+
+    p = sub.add_parser("chunks", help="chunk sizes adaptive chunking picks for one long prompt")
+    _add_platform_args(p, "llama-3-8b", "h100", tp=8)
+    p.add_argument("--prompt-len", type=int, default=1_000_000,
+                   help="prompt tokens (default: 1000000)")
+    p.add_argument("--budget-ms", type=float, default=50.0,
+                   help="iteration time budget in ms (default: 50)")
+    p.add_argument("--chunking", default="adaptive", help="adaptive | static:N | none")
+    p.add_argument("--all", action="store_true", help="print every chunk, not a sample")
+    p.set_defaults(func=_cmd_chunks)
+
+    p = sub.add_parser("predict", help="predicted time of one batch")
+    _add_platform_args(p, "llama-3-8b", "h100")
+    p.add_argument("--prefill", action="append", default=[], metavar="TOKENS@KV",
+                   help="a prefill chunk of TOKENS after KV cached tokens (repeatable)")
+    p.add_argument("--decode", action="append", default=[], metavar="COUNT@KV",
+                   help="COUNT decodes over KV cached tokens each (repeatable)")
+    p.set_defaults(func=_cmd_predict)
+
+    p = sub.add_parser("hardware", help="print the hardware specs (measures this CPU once)")
+    p.add_argument("--refresh", action="store_true", help="measure this CPU again")
+    p.set_defaults(func=_cmd_hardware)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        args.func(args)
+    except CliError as e:
+        print(f"medha {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""What one iteration runs, and what comes back from running it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from medha.core.request import Request
+
+
+@dataclass(slots=True)
+class Chunk:
+    """`num_tokens` tokens of `request`'s context starting at KV offset `start`.
+
+    `samples` is true when the chunk reaches the end of the context: the model's output at its
+    last position becomes the request's next token. Every decode is a one-token sampling chunk.
+    """
+
+    request: Request
+    start: int
+    num_tokens: int
+    samples: bool
+
+    @property
+    def end(self) -> int:
+        return self.start + self.num_tokens
+
+
+@dataclass(slots=True)
+class Batch:
+    batch_id: int
+    scheduled_at_s: float
+    decodes: list[Chunk] = field(default_factory=list)
+    prefills: list[Chunk] = field(default_factory=list)
+    predicted_time_s: float = 0.0
+    # Requests whose KV the scheduler dropped while forming this batch (recompute preemption):
+    # an engine must forget their cache entries before running it.
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def chunks(self) -> list[Chunk]:
+        return self.decodes + self.prefills
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.decodes) + sum(c.num_tokens for c in self.prefills)
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.decodes) + len(self.prefills)
+
+    def __len__(self) -> int:
+        return self.num_seqs
+
+    def describe(self) -> str:
+        parts = [f"{len(self.decodes)} decodes"]
+        parts += [f"{c.request.request_id}[{c.start}:{c.end}]" for c in self.prefills]
+        return f"batch {self.batch_id} ({self.predicted_time_s * 1e3:.1f} ms): " + ", ".join(parts)
+
+
+@dataclass(slots=True)
+class BatchResult:
+    """Outcome of running a batch.
+
+    `token_ids` maps request_id to the token sampled for each sampling chunk (an engine fills it;
+    a simulator leaves it None). `stopped` names requests whose new token ended them early
+    (EOS or a stop string); otherwise a request ends when it reaches max_tokens.
+    """
+
+    duration_s: float
+    token_ids: dict[str, int] | None = None
+    stopped: frozenset[str] = frozenset()

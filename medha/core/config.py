@@ -1,0 +1,84 @@
+"""Typed configuration; every field's help text is what the CLI shows."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+
+
+def _help(text: str, **extra) -> dict:
+    return {"help": text, **extra}
+
+
+@dataclass
+class SchedulerConfig:
+    policy: str | None = field(default=None, metadata=_help(
+        "who goes first: fcfs, edf, lrs, lars or srpt (default: lars with adaptive chunking; "
+        "fcfs with none or static:N, the paper's Orca/vLLM and Sarathi baselines)"))
+    chunking: str = field(default="adaptive", metadata=_help(
+        "how many prompt tokens an iteration takes: adaptive (largest chunks that keep the "
+        "predicted iteration within the budget), static:N (N-token budget per iteration, "
+        "Sarathi) or none (whole prompt in one iteration, non-preemptive)"))
+    multi_prefill: bool = field(default=True, metadata=_help(
+        "let several prefills share an iteration (off: at most one prefill chunk per batch)"))
+    space_sharing: bool = field(default=True, metadata=_help(
+        "a long prefill with slack leaves part of the iteration budget to others"))
+    tpot_target_s: float = field(default=0.05, metadata=_help(
+        "time-per-output-token target (s) counted in SLO attainment; also the default budget"))
+    target_batch_time_s: float | None = field(default=None, metadata=_help(
+        "iteration time budget (s) for adaptive chunking (default: the TPOT target)"))
+    rho_max: float = field(default=0.4, metadata=_help(
+        "most of the budget a long prefill yields to others under space sharing"))
+    long_prefill_threshold: int | None = field(default=None, metadata=_help(
+        "prompt tokens from which a prefill counts as long: at most one long prefill per "
+        "batch, and space sharing applies to it (default: min(32768, max_model_len / 4))"))
+    ttft_deadline_s: float | None = field(default=None, metadata=_help(
+        "fixed TTFT deadline (s) for requests without their own (default: "
+        "max(factor x predicted isolated prefill time, min deadline))"))
+    ttft_deadline_factor: float = field(default=1.5, metadata=_help(
+        "TTFT deadline as a multiple of the predicted isolated prefill time"))
+    min_ttft_deadline_s: float = field(default=0.5, metadata=_help(
+        "smallest default TTFT deadline (s)"))
+    max_num_seqs: int = field(default=256, metadata=_help(
+        "most sequences (decodes + prefill chunks) in one iteration"))
+    max_batch_tokens: int | None = field(default=None, metadata=_help(
+        "most tokens in one iteration (default: no cap; N for static:N, the model context "
+        "for none)"))
+    min_chunk_tokens: int = field(default=32, metadata=_help(
+        "chunk an otherwise empty iteration still runs when even it exceeds the budget, so "
+        "that a request deep into a long context keeps making progress"))
+    max_model_len: int | None = field(default=None, metadata=_help(
+        "longest context (prompt + output) accepted (default: the model's)"))
+    watermark: float = field(default=0.01, metadata=_help(
+        "share of KV blocks new prefill chunks leave free for running decodes"))
+
+    def __post_init__(self) -> None:
+        from medha.scheduler.packers import parse_chunking
+        from medha.scheduler.policies import POLICIES
+
+        if self.policy is not None:
+            POLICIES.get(self.policy)  # raises ValueError naming the choices
+        parse_chunking(self.chunking)
+        for name in ("tpot_target_s", "target_batch_time_s", "ttft_deadline_s",
+                     "ttft_deadline_factor", "min_ttft_deadline_s"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, (int, float))
+                                          and math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a positive number, got {value!r}")
+        for name in ("max_num_seqs", "long_prefill_threshold", "min_chunk_tokens",
+                     "max_batch_tokens", "max_model_len"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, int) and value >= 1):
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not 0 <= self.rho_max < 1:
+            raise ValueError(f"rho_max must lie in [0, 1), got {self.rho_max!r}")
+        if not 0 <= self.watermark < 1:
+            raise ValueError(f"watermark must lie in [0, 1), got {self.watermark!r}")
+
+    @property
+    def budget_s(self) -> float:
+        return self.target_batch_time_s or self.tpot_target_s
+
+
+def field_help(cls) -> dict[str, str]:
+    return {f.name: f.metadata.get("help", "") for f in fields(cls)}

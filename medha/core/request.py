@@ -1,0 +1,169 @@
+"""A request and its life cycle.
+
+A request's context is its prompt followed by the tokens generated so far. The scheduler moves
+through that context in chunks: `num_computed` tokens have their KV in the cache, `num_scheduled`
+counts those plus the ones in batches still running. A chunk that reaches the end of the context
+samples one new token, so a decode is simply a one-token chunk that reaches the end.
+Preemption by recompute drops the KV and starts over on the whole context (prompt + outputs).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+
+
+class RequestState(enum.Enum):
+    WAITING = "waiting"  # admitted, nothing computed yet
+    PREFILLING = "prefilling"  # some prompt (or recompute) chunks done
+    DECODING = "decoding"  # KV complete, one token per iteration
+    PREEMPTED = "preempted"  # KV dropped under memory pressure; waits to recompute
+    FINISHED = "finished"
+    ABORTED = "aborted"
+
+    @property
+    def is_done(self) -> bool:
+        return self in (RequestState.FINISHED, RequestState.ABORTED)
+
+
+_ALLOWED = {
+    RequestState.WAITING: {RequestState.PREFILLING, RequestState.ABORTED},
+    RequestState.PREFILLING: {
+        RequestState.DECODING,
+        RequestState.FINISHED,  # a one-token completion ends with its first token
+        RequestState.PREEMPTED,
+        RequestState.ABORTED,
+    },
+    RequestState.DECODING: {RequestState.FINISHED, RequestState.PREEMPTED, RequestState.ABORTED},
+    RequestState.PREEMPTED: {RequestState.PREFILLING, RequestState.ABORTED},
+    RequestState.FINISHED: set(),
+    RequestState.ABORTED: set(),
+}
+
+
+class InvalidTransition(RuntimeError):
+    pass
+
+
+def _positive_finite(value: float | None, name: str) -> None:
+    if value is None:
+        return
+    if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+
+
+@dataclass(eq=False, slots=True)
+class Request:
+    """One generation request.
+
+    `ttft_deadline_s` is relative to arrival; None lets the scheduler apply its default
+    (max(1.5 x predicted isolated prefill time, 0.5 s), configurable). `priority_class` is carried
+    for policies that use classes; the core policies ignore it.
+    """
+
+    request_id: str
+    arrival_s: float
+    prompt_len: int
+    max_tokens: int
+    prompt_token_ids: list[int] | None = None
+    ttft_deadline_s: float | None = None
+    tpot_target_s: float | None = None
+    priority_class: str | None = None
+
+    state: RequestState = field(default=RequestState.WAITING, init=False)
+    num_computed: int = field(default=0, init=False)
+    num_scheduled: int = field(default=0, init=False)
+    num_inflight_batches: int = field(default=0, init=False)
+    output_token_ids: list[int] = field(default_factory=list, init=False)
+    num_output_tokens: int = field(default=0, init=False)
+    token_times_s: list[float] = field(default_factory=list, init=False)
+    finish_s: float | None = field(default=None, init=False)
+    finish_reason: str | None = field(default=None, init=False)
+    num_preemptions: int = field(default=0, init=False)
+    first_scheduled_s: float | None = field(default=None, init=False)
+    admission_seq: int = field(default=-1, init=False)  # order of admission, breaks ties
+    # Maintained by the scheduler from its prefill-time cache; policies read them.
+    deadline_s: float = field(default=math.inf, init=False)  # absolute TTFT deadline
+    total_work_s: float = field(default=0.0, init=False)
+    remaining_work_s: float = field(default=0.0, init=False)
+
+    @classmethod
+    def from_tokens(cls, request_id: str, arrival_s: float, prompt_token_ids: list[int],
+                    max_tokens: int, **kwargs) -> Request:
+        return cls(request_id, arrival_s, len(prompt_token_ids), max_tokens,
+                   prompt_token_ids=list(prompt_token_ids), **kwargs)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self, max_model_len: int | None = None) -> None:
+        """Raise ValueError naming the offending field."""
+        if not isinstance(self.request_id, str) or not self.request_id:
+            raise ValueError(f"request_id must be a non-empty string, got {self.request_id!r}")
+        if not isinstance(self.arrival_s, (int, float)) or not math.isfinite(self.arrival_s):
+            raise ValueError(f"arrival_s must be a finite number, got {self.arrival_s!r}")
+        if not isinstance(self.prompt_len, int) or self.prompt_len <= 0:
+            raise ValueError(f"prompt must not be empty (prompt_len={self.prompt_len!r})")
+        if self.prompt_token_ids is not None and len(self.prompt_token_ids) != self.prompt_len:
+            raise ValueError(
+                f"prompt_len ({self.prompt_len}) does not match len(prompt_token_ids) "
+                f"({len(self.prompt_token_ids)})")
+        if not isinstance(self.max_tokens, int) or self.max_tokens <= 0:
+            raise ValueError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
+        _positive_finite(self.ttft_deadline_s, "ttft_deadline_s")
+        _positive_finite(self.tpot_target_s, "tpot_target_s")
+        if max_model_len is not None:
+            if self.prompt_len > max_model_len:
+                raise ValueError(f"prompt_len {self.prompt_len} exceeds the model context "
+                                 f"(max_model_len={max_model_len})")
+            if self.prompt_len + self.max_tokens > max_model_len:
+                raise ValueError(f"prompt_len + max_tokens = {self.prompt_len + self.max_tokens} "
+                                 f"exceeds the model context (max_model_len={max_model_len})")
+
+    # ---- context -------------------------------------------------------------------------
+    @property
+    def num_tokens(self) -> int:
+        """Length of the context: prompt plus generated tokens."""
+        return self.prompt_len + self.num_output_tokens
+
+    @property
+    def num_unscheduled(self) -> int:
+        return self.num_tokens - self.num_scheduled
+
+    @property
+    def in_prefill(self) -> bool:
+        return self.state in (RequestState.WAITING, RequestState.PREFILLING,
+                              RequestState.PREEMPTED)
+
+    # ---- time ----------------------------------------------------------------------------
+    @property
+    def first_token_s(self) -> float | None:
+        return self.token_times_s[0] if self.token_times_s else None
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if not self.token_times_s else self.token_times_s[0] - self.arrival_s
+
+    def slack(self, now: float) -> float:
+        """s_r(t) = a_r + d_r - t - w_r(t)."""
+        return self.deadline_s - now - self.remaining_work_s
+
+    def relative_slack(self, now: float) -> float:
+        """rho_r = s_r / w_r(t): slack in units of the prefill work still ahead."""
+        return (self.deadline_s - now - self.remaining_work_s) / max(self.remaining_work_s,
+                                                                      1e-12)
+
+    # ---- state machine -------------------------------------------------------------------
+    def transition(self, new: RequestState) -> None:
+        if new is self.state:
+            return
+        if new not in _ALLOWED[self.state]:
+            raise InvalidTransition(
+                f"request {self.request_id}: {self.state.value} -> {new.value} is not allowed")
+        self.state = new
+
+    def __repr__(self) -> str:
+        return (f"Request({self.request_id!r}, {self.state.value}, prompt={self.prompt_len}, "
+                f"computed={self.num_computed}/{self.num_tokens}, out={self.num_output_tokens}/"
+                f"{self.max_tokens})")

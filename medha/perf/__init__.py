@@ -1,0 +1,35 @@
+"""Performance models: what a batch costs on given hardware with a given parallel layout."""
+
+from __future__ import annotations
+
+from medha.perf.hardware_specs import HardwareSpec, get_hardware
+from medha.perf.model_specs import ModelSpec, get_model
+from medha.perf.parallel_config import ParallelConfig
+from medha.perf.predictor import BatchTimer, Predictor
+
+PREDICTOR_HELP = ("batch-time model: roofline (analytic), profiled (fitted to the bundled "
+                  "profile of this model and hardware) or profiled:PATH (a profile written by "
+                  "`medha profile`, or a Vidur CSV table or directory)")
+
+
+def make_predictor(spec: str, model: ModelSpec | str, hardware: HardwareSpec | str,
+                   parallel: ParallelConfig | None = None) -> Predictor:
+    from medha.perf.profile_data import bundled_profile, load_profile
+    from medha.perf.profiled_predictor import ProfiledPredictor
+    from medha.perf.roofline_predictor import RooflinePredictor
+
+    model = get_model(model) if isinstance(model, str) else model
+    hardware = get_hardware(hardware) if isinstance(hardware, str) else hardware
+    parallel = parallel or ParallelConfig()
+    kind, _, path = spec.partition(":")
+    if kind == "roofline" and not path:
+        return RooflinePredictor(model, hardware, parallel)
+    if kind == "profiled":
+        profile = load_profile(path) if path else bundled_profile(hardware.name, model.name)
+        return ProfiledPredictor(model, hardware, parallel, profile)
+    raise ValueError(f"unknown predictor {spec!r}; expected roofline, profiled or "
+                     "profiled:PATH")
+
+
+__all__ = ["BatchTimer", "HardwareSpec", "ModelSpec", "ParallelConfig", "Predictor",
+           "PREDICTOR_HELP", "get_hardware", "get_model", "make_predictor"]

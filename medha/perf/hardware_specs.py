@@ -1,0 +1,166 @@
+"""Accelerators the predictor knows, and this machine's CPU (measured once, then cached)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class HardwareSpec:
+    """Peak rates of one device, and how much of them real kernels reach.
+
+    The efficiency factors are the share of peak that large kernels of each kind sustain; they are
+    what turns a roofline into a time estimate. GPU values follow published cuBLAS / FlashAttention
+    / NCCL measurements and were checked against the bundled A100 profile
+    (docs/predictor_accuracy.md).
+    """
+
+    name: str
+    peak_flops: float  # dense FLOP/s at the serving dtype (bf16 on GPUs, fp32 on CPU)
+    mem_bw: float  # bytes/s
+    mem_bytes: float
+    dtype_bytes: int
+    link_bw: float  # collective bus bandwidth inside a node, bytes/s per device
+    link_latency_s: float  # per ring step
+    internode_bw: float  # bytes/s per device across nodes (KVP groups, SPP across nodes)
+    internode_latency_s: float
+    devices_per_node: int
+    gemm_eff: float
+    attn_eff: float  # flash attention with full query tiles
+    attn_tile_rows: int  # query rows per KV head at which a tile is half used
+    mem_eff: float  # long streaming reads: weights, KV cache
+    elementwise_eff: float  # small unfused kernels: norms, rope, activations
+    kernel_overhead_s: float  # per kernel launch
+    iteration_overhead_s: float  # per iteration: input preparation, sampling, bookkeeping
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+_GPU_COMMON = dict(
+    dtype_bytes=2, internode_bw=40e9, internode_latency_s=10e-6, devices_per_node=8,
+    attn_tile_rows=32, mem_eff=0.8, elementwise_eff=0.45, kernel_overhead_s=4e-6,
+    iteration_overhead_s=1e-3,
+)
+GPUS: dict[str, HardwareSpec] = {
+    "a100": HardwareSpec("a100", peak_flops=312e12, mem_bw=2.039e12, mem_bytes=80e9,
+                         link_bw=200e9, link_latency_s=4.5e-6, gemm_eff=0.75, attn_eff=0.6,
+                         **_GPU_COMMON),
+    "h100": HardwareSpec("h100", peak_flops=989e12, mem_bw=3.35e12, mem_bytes=80e9,
+                         link_bw=400e9, link_latency_s=3e-6, gemm_eff=0.7, attn_eff=0.6,
+                         **_GPU_COMMON),
+    "h200": HardwareSpec("h200", peak_flops=989e12, mem_bw=4.8e12, mem_bytes=141e9,
+                         link_bw=400e9, link_latency_s=3e-6, gemm_eff=0.7, attn_eff=0.6,
+                         **_GPU_COMMON),
+}
+_ALIASES = {"a100-80gb": "a100", "a100_80gb": "a100", "h100-80gb": "h100", "h100_80gb": "h100",
+            "h100-sxm": "h100", "h200-141gb": "h200"}
+HARDWARE_NAMES = sorted([*GPUS, "cpu"])
+
+
+def get_hardware(name: str) -> HardwareSpec:
+    key = _ALIASES.get(name.lower(), name.lower())
+    if key == "cpu":
+        return this_cpu()
+    if key not in GPUS:
+        raise ValueError(f"unknown hardware {name!r}; known: {', '.join(HARDWARE_NAMES)}")
+    return GPUS[key]
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("MEDHA_CACHE_DIR", Path.home() / ".cache" / "medha"))
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _measure_gemm_flops(n: int = 1024, seconds: float = 1.0) -> tuple[float, str]:
+    """Best sustained fp32 GEMM rate with all cores: torch when installed (the engine's
+    kernels), else numpy."""
+    try:
+        import torch
+
+        torch.set_num_threads(os.cpu_count() or 1)
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        mm, lib = (lambda: torch.mm(a, b)), f"torch {torch.__version__}"
+    except ImportError:
+        import numpy as np
+
+        a, b = np.random.rand(n, n).astype(np.float32), np.random.rand(n, n).astype(np.float32)
+        mm, lib = (lambda: a @ b), f"numpy {np.__version__}"
+    mm()
+    best, deadline = float("inf"), time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        t0 = time.perf_counter()
+        mm()
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * n**3 / best, lib
+
+
+def _measure_copy_bw(nbytes: int = 256 << 20, repeats: int = 5) -> float:
+    import numpy as np
+
+    src = np.ones(nbytes // 8, dtype=np.float64)
+    dst = np.empty_like(src)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * nbytes / best  # read + write
+
+
+def measure_cpu() -> tuple[HardwareSpec, str]:
+    flops, lib = _measure_gemm_flops()
+    bw = _measure_copy_bw()
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return HardwareSpec(
+        name="cpu", peak_flops=flops, mem_bw=bw, mem_bytes=float(mem), dtype_bytes=4,
+        # gloo over shared memory between worker processes
+        link_bw=5e9, link_latency_s=30e-6, internode_bw=1e9, internode_latency_s=100e-6,
+        devices_per_node=1,
+        # peak and bandwidth are measured with the same kind of kernel, hence 1.0
+        gemm_eff=1.0, attn_eff=0.5, attn_tile_rows=8, mem_eff=1.0, elementwise_eff=0.5,
+        kernel_overhead_s=10e-6, iteration_overhead_s=2e-3,
+    ), lib
+
+
+_cpu_spec: HardwareSpec | None = None
+
+
+def this_cpu(refresh: bool = False) -> HardwareSpec:
+    """This machine's CPU, measured on first use and cached under ~/.cache/medha/hardware."""
+    global _cpu_spec
+    if _cpu_spec is not None and not refresh:
+        return _cpu_spec
+    key = f"{_cpu_model()}|{os.cpu_count()}"
+    path = cache_dir() / "hardware" / "cpu.json"
+    if not refresh and path.exists():
+        try:
+            data = json.loads(path.read_text())
+            if data.get("key") == key:
+                _cpu_spec = HardwareSpec(**data["spec"])
+                return _cpu_spec
+        except (ValueError, TypeError, KeyError):
+            pass  # unreadable cache: measure again
+    spec, lib = measure_cpu()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"key": key, "measured_with": lib, "spec": spec.to_json()},
+                              indent=1))
+    tmp.replace(path)
+    _cpu_spec = spec
+    return spec

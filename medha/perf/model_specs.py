@@ -1,0 +1,100 @@
+"""Shapes of the Llama-family models the predictor knows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    max_context: int
+    tied_embeddings: bool = False
+    hf_id: str = ""
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def num_params(self) -> int:
+        h, i = self.hidden_size, self.intermediate_size
+        per_layer = h * (self.q_size + 2 * self.kv_size) + self.q_size * h + 3 * h * i + 2 * h
+        embeddings = self.vocab_size * h * (1 if self.tied_embeddings else 2)
+        return self.num_layers * per_layer + embeddings + h
+
+    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+        """K and V of one token over all layers."""
+        return 2 * self.num_layers * self.kv_size * dtype_bytes
+
+    def linear_flops(self, num_tokens: int) -> float:
+        """Matmul FLOPs of all layers plus the LM head, for `num_tokens` tokens."""
+        h, i = self.hidden_size, self.intermediate_size
+        per_token_layer = 2 * h * (self.q_size + 2 * self.kv_size) + 2 * self.q_size * h \
+            + 2 * 3 * h * i
+        return num_tokens * (self.num_layers * per_token_layer + 2 * h * self.vocab_size)
+
+    def attention_flops(self, num_tokens: int, kv_offset: int = 0) -> float:
+        """QK^T and PV FLOPs of a chunk of `num_tokens` queries after `kv_offset` cached tokens,
+        causal inside the chunk (the work a flash kernel executes)."""
+        keys_per_query = kv_offset + (num_tokens + 1) / 2
+        return 4.0 * num_tokens * keys_per_query * self.q_size * self.num_layers
+
+    def prefill_flops(self, num_tokens: int) -> float:
+        return self.linear_flops(num_tokens) + self.attention_flops(num_tokens)
+
+
+_SPECS = [
+    ModelSpec("llama-3-8b", 32, 4096, 32, 8, 128, 14336, 128256, 1 << 20,
+              hf_id="meta-llama/Meta-Llama-3-8B"),
+    ModelSpec("llama-3-70b", 80, 8192, 64, 8, 128, 28672, 128256, 1 << 20,
+              hf_id="meta-llama/Meta-Llama-3-70B"),
+    ModelSpec("llama-2-7b", 32, 4096, 32, 32, 128, 11008, 32000, 4096,
+              hf_id="meta-llama/Llama-2-7b-hf"),
+    ModelSpec("llama-2-70b", 80, 8192, 64, 8, 128, 28672, 32000, 4096,
+              hf_id="meta-llama/Llama-2-70b-hf"),
+    ModelSpec("smollm2-135m", 30, 576, 9, 3, 64, 1536, 49152, 8192, tied_embeddings=True,
+              hf_id="HuggingFaceTB/SmolLM2-135M-Instruct"),
+]
+# Llama-3 ships with an 8K window; the Medha experiments use its long-context (1M) variants,
+# which have the same shapes, so the specs allow 1M tokens.
+MODELS: dict[str, ModelSpec] = {s.name: s for s in _SPECS}
+_ALIASES = {"smollm2": "smollm2-135m", "smollm2-135m-instruct": "smollm2-135m"}
+_ALIASES.update({s.hf_id.lower(): s.name for s in _SPECS})
+_ALIASES.update({s.hf_id.lower().split("/")[1]: s.name for s in _SPECS})
+
+
+def get_model(name: str) -> ModelSpec:
+    key = name.lower()
+    key = _ALIASES.get(key, key)
+    if key not in MODELS:
+        raise ValueError(f"unknown model {name!r}; known models: {', '.join(sorted(MODELS))}")
+    return MODELS[key]
+
+
+def model_from_hf_config(name: str, config: dict) -> ModelSpec:
+    """A spec from a Hugging Face `config.json` of a Llama-family model."""
+    heads = config["num_attention_heads"]
+    return ModelSpec(
+        name=name,
+        num_layers=config["num_hidden_layers"],
+        hidden_size=config["hidden_size"],
+        num_heads=heads,
+        num_kv_heads=config.get("num_key_value_heads", heads),
+        head_dim=config.get("head_dim") or config["hidden_size"] // heads,
+        intermediate_size=config["intermediate_size"],
+        vocab_size=config["vocab_size"],
+        max_context=config.get("max_position_embeddings", 4096),
+        tied_embeddings=bool(config.get("tie_word_embeddings", False)),
+    )

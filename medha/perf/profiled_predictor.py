@@ -1,0 +1,158 @@
+"""Fitted predictor: per-component models learned from measured timings.
+
+Whatever the profile measured replaces the analytic estimate of that component; the rest stays
+analytic (the bundled A100 tables, for instance, hold no attention kernels and no LM head).
+`fitted_components` says which is which.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+from scipy.optimize import nnls
+
+from medha.perf.fitting import PiecewiseLinear, _hat_basis
+from medha.perf.hardware_specs import HardwareSpec
+from medha.perf.model_specs import ModelSpec
+from medha.perf.parallel_config import ParallelConfig
+from medha.perf.profile_data import IterationRow, Profile, ProfileError
+from medha.perf.roofline_predictor import RooflinePredictor
+
+
+class ProfiledPredictor(RooflinePredictor):
+    name = "profiled"
+
+    def __init__(self, model: ModelSpec, hardware: HardwareSpec, parallel: ParallelConfig,
+                 profile: Profile):
+        super().__init__(model, hardware, parallel)
+        self.profile = profile
+        tp = parallel.tp
+        self._ops = self._fit_ops(profile, tp)
+        self._all_reduce = self._fit_collective(
+            profile, "all_reduce", tp, min(tp, hardware.devices_per_node))
+        inside = tp * parallel.spp <= hardware.devices_per_node
+        self._send_recv = self._fit_collective(profile, "send_recv", 2, 2 if inside else 1)
+        rows = [r for r in profile.iteration_rows if r.tp == tp]
+        if profile.iteration_rows and not rows:
+            raise ProfileError(f"profile {profile.sources} has iteration timings for tp in "
+                               f"{sorted({r.tp for r in profile.iteration_rows})}, not tp={tp}")
+        self._iteration = IterationModel.fit(rows) if rows else None
+        if not (self._ops or self._iteration or self._all_reduce or self._send_recv):
+            raise ProfileError(f"profile {profile.sources} holds no timings usable for tp={tp}")
+
+    @staticmethod
+    def _fit_ops(profile: Profile, tp: int) -> dict[str, PiecewiseLinear]:
+        by_op: dict[str, tuple[list, list]] = defaultdict(lambda: ([], []))
+        tps = set()
+        for op, n, row_tp, seconds in profile.op_rows:
+            tps.add(row_tp)
+            if row_tp == tp:
+                by_op[op][0].append(n)
+                by_op[op][1].append(seconds)
+        if tps and tp not in tps:
+            raise ProfileError(f"profile {profile.sources} has op timings for tp in "
+                               f"{sorted(tps)}, not tp={tp}")
+        return {op: PiecewiseLinear.fit(x, y) for op, (x, y) in by_op.items()}
+
+    @staticmethod
+    def _fit_collective(profile: Profile, kind: str, workers: int, per_node: int
+                        ) -> PiecewiseLinear | None:
+        rows = [(b, s) for c, w, d, b, s in profile.collective_rows
+                if c == kind and w == workers and d == per_node]
+        if not rows:
+            return None
+        x, y = zip(*rows)
+        return PiecewiseLinear.fit(x, y)
+
+    def fitted_components(self) -> dict[str, str]:
+        """component -> 'fitted' or 'analytic'."""
+        if self._iteration is not None:
+            return {"linear layers": "fitted (whole iterations)", "attention": "fitted (whole "
+                    "iterations)", "collectives": "fitted" if self._all_reduce else "analytic"}
+        parts = {op: "fitted" for op in self._ops}
+        parts["attention"] = "analytic"
+        parts["lm_head"] = "analytic"
+        parts["all_reduce"] = "fitted" if self._all_reduce else "analytic"
+        parts["send_recv"] = "fitted" if self._send_recv else "analytic"
+        return parts
+
+    # ---- overrides ---------------------------------------------------------------------------
+    def op_time(self, op: str, n: int) -> float:
+        fit = self._ops.get(op)
+        return fit(n) if fit is not None else super().op_time(op, n)
+
+    def all_reduce_time(self, nbytes: float) -> float:
+        if self.parallel.tp == 1 or self._all_reduce is None:
+            return super().all_reduce_time(nbytes)
+        return self._all_reduce(nbytes)
+
+    def send_recv_time(self, nbytes: float) -> float:
+        return self._send_recv(nbytes) if self._send_recv else super().send_recv_time(nbytes)
+
+    def linear_time(self, num_tokens: int, num_seqs: int) -> float:
+        if self._iteration is None:
+            return super().linear_time(num_tokens, num_seqs)
+        if num_tokens <= 0:
+            return 0.0
+        return self._iteration.linear(num_tokens, num_seqs)
+
+    def prefill_attention_time(self, num_tokens: int, kv_offset: int) -> float:
+        if self._iteration is None:
+            return super().prefill_attention_time(num_tokens, kv_offset)
+        return self._iteration.prefill_attention(num_tokens, kv_offset)
+
+    def decode_attention_time(self, kv_len: int) -> float:
+        if self._iteration is None:
+            return super().decode_attention_time(kv_len)
+        return self._iteration.decode_attention(kv_len)
+
+
+class IterationModel:
+    """Whole-iteration time = f(tokens) + a*seqs + sum of per-chunk and per-decode attention,
+    fitted jointly with non-negative coefficients, so that no extrapolation turns negative.
+
+    Attention features follow the kernels: a chunk of n after k costs compute ~ n(k + n/2) and
+    KV reads ~ (k + n); a decode over k reads k tokens of KV.
+    """
+
+    def __init__(self, knots, token_values, per_seq, attn_compute, attn_read, per_decode,
+                 decode_read):
+        self._tokens = PiecewiseLinear(knots, token_values)
+        self.per_seq, self.attn_compute, self.attn_read = per_seq, attn_compute, attn_read
+        self.per_decode, self.decode_read = per_decode, decode_read
+
+    @classmethod
+    def fit(cls, rows: list[IterationRow], num_knots: int = 12) -> IterationModel:
+        if len(rows) < 8:
+            raise ProfileError(f"need at least 8 measured iterations to fit, got {len(rows)}")
+        tokens = np.array([sum(n for n, _ in r.prefills) + len(r.decode_kv) for r in rows], float)
+        knots = np.unique(np.quantile(tokens, np.linspace(0, 1, num_knots)))
+        if len(knots) < 2:
+            knots = np.array([0.0, max(1.0, tokens[0])])
+        extra = np.array([[
+            len(r.prefills) + len(r.decode_kv),
+            sum(n * (k + (n + 1) / 2) for n, k in r.prefills),
+            sum(k + n for n, k in r.prefills),
+            len(r.decode_kv),
+            sum(r.decode_kv),
+        ] for r in rows], float)
+        features = np.hstack([_hat_basis(tokens, knots), extra])
+        y = np.array([r.seconds for r in rows])
+        w = 1.0 / y
+        # Scale columns so that NNLS is well conditioned, then undo the scaling.
+        a = features * w[:, None]
+        scale = np.maximum(np.abs(a).max(axis=0), 1e-30)
+        coef, _ = nnls(a / scale, y * w)
+        coef = coef / scale
+        k = len(knots)
+        return cls(knots, coef[:k], *coef[k:])
+
+    def linear(self, num_tokens: int, num_seqs: int) -> float:
+        return self._tokens(num_tokens) + self.per_seq * num_seqs
+
+    def prefill_attention(self, n: int, k: int) -> float:
+        return self.attn_compute * n * (k + (n + 1) / 2) + self.attn_read * (k + n)
+
+    def decode_attention(self, kv_len: int) -> float:
+        return self.per_decode + self.decode_read * kv_len

@@ -1,0 +1,73 @@
+"""A batch being formed: its predicted time, its caps, and the KV memory behind each chunk."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from medha.core.batch import Batch, Chunk
+from medha.core.request import Request
+from medha.perf.predictor import BatchTimer
+
+if TYPE_CHECKING:
+    from medha.scheduler.replica_scheduler import ReplicaScheduler
+
+
+class BatchBuilder:
+    def __init__(self, scheduler: ReplicaScheduler, batch: Batch, timer: BatchTimer,
+                 now: float, max_seqs: int, max_tokens: int | None) -> None:
+        self._scheduler = scheduler
+        self.long_threshold = scheduler.long_threshold
+        self.batch = batch
+        self.timer = timer
+        self.now = now
+        self._max_seqs = max_seqs
+        self._max_tokens = max_tokens
+        self.members: set[str] = set()
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.members
+
+    @property
+    def num_prefills(self) -> int:
+        return len(self.batch.prefills)
+
+    @property
+    def room_seqs(self) -> int:
+        return self._max_seqs - self.timer.num_seqs
+
+    @property
+    def room_tokens(self) -> int:
+        if self._max_tokens is None:
+            return 1 << 62
+        return max(0, self._max_tokens - self.timer.num_tokens)
+
+    def time_with_chunk(self, num_tokens: int, kv_offset: int) -> float:
+        return self.timer.time_with_prefill(num_tokens, kv_offset)
+
+    def add_decodes(self, requests: list[Request]) -> None:
+        """Add one decode token for each request (their KV blocks are already reserved)."""
+        self.timer.add_decodes([r.num_scheduled for r in requests])
+        chunks, members = self.batch.decodes, self.members
+        for r in requests:
+            chunks.append(Chunk(r, r.num_scheduled, 1, True))
+            r.num_scheduled += 1
+            r.num_inflight_batches += 1
+            members.add(r.request_id)
+
+    def add_prefill(self, r: Request, num_tokens: int, all_or_nothing: bool = False) -> int:
+        """Add up to `num_tokens` of `r` (fewer if KV memory runs short); returns how many."""
+        start = r.num_scheduled
+        held = self._scheduler.reserve_kv(r, start + num_tokens, self, all_or_nothing)
+        n = held - start
+        if n <= 0 or (all_or_nothing and n < num_tokens):
+            return 0
+        self.timer.add_prefill(n, start)
+        self.batch.prefills.append(Chunk(r, start, n, start + n == r.num_tokens))
+        self._claim(r, n)
+        return n
+
+    def _claim(self, r: Request, n: int) -> None:
+        r.num_scheduled += n
+        r.num_inflight_batches += 1
+        self.members.add(r.request_id)

@@ -1,0 +1,112 @@
+"""Paged KV blocks: which fixed-size blocks of the cache hold each request's tokens."""
+
+from __future__ import annotations
+
+import math
+
+from medha.perf.model_specs import ModelSpec
+from medha.perf.parallel_config import ParallelConfig
+
+
+class BlockAccountingError(AssertionError):
+    pass
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int = 16) -> None:
+        if not isinstance(num_blocks, int) or num_blocks < 1:
+            raise ValueError(f"num_blocks must be a positive integer, got {num_blocks!r}")
+        if not isinstance(block_size, int) or block_size < 1:
+            raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        # Popping from the end hands out low block ids first, which keeps tests readable.
+        self._free: list[int] = list(range(num_blocks - 1, -1, -1))
+        self._tables: dict[str, list[int]] = {}
+
+    @classmethod
+    def from_memory(cls, kv_memory_bytes: float, model: ModelSpec, parallel: ParallelConfig,
+                    dtype_bytes: int, block_size: int = 16) -> BlockManager:
+        """Blocks that fit in `kv_memory_bytes` of KV memory per device.
+
+        Each device holds its TP share of the heads and its SPP share of the layers; each KVP
+        group holds its own pages, so a replica has kvp times the blocks of one group.
+        """
+        per_token = model.kv_bytes_per_token(dtype_bytes) / (
+            min(parallel.tp, model.num_kv_heads) * parallel.spp)
+        blocks = int(kv_memory_bytes // (per_token * block_size)) * parallel.kvp
+        if blocks < 1:
+            raise ValueError(f"kv memory of {kv_memory_bytes:.3g} bytes holds no "
+                             f"{block_size}-token block of {model.name}")
+        return cls(blocks, block_size)
+
+    # ---- queries -----------------------------------------------------------------------------
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used(self) -> int:
+        return self.num_blocks - len(self._free)
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+    def owners(self) -> list[str]:
+        return list(self._tables)
+
+    def blocks_of(self, request_id: str) -> list[int]:
+        return self._tables.get(request_id, [])
+
+    def has_room(self, request_id: str, num_tokens: int) -> bool:
+        """True when `request_id` already holds blocks for `num_tokens` tokens."""
+        table = self._tables.get(request_id)
+        return table is not None and len(table) * self.block_size >= num_tokens
+
+    def tokens_held(self, request_id: str) -> int:
+        return len(self._tables.get(request_id, ())) * self.block_size
+
+    def blocks_needed(self, request_id: str, num_tokens: int) -> int:
+        """Extra blocks for `request_id` to hold `num_tokens` tokens in total."""
+        have = len(self._tables.get(request_id, ()))
+        return max(0, math.ceil(num_tokens / self.block_size) - have)
+
+    # ---- changes -----------------------------------------------------------------------------
+    def grow(self, request_id: str, num_tokens: int, reserve: int = 0) -> int:
+        """Give `request_id` blocks for up to `num_tokens` tokens, keeping `reserve` blocks free.
+
+        Returns the number of tokens it can hold now (less than asked when blocks run out).
+        """
+        table = self._tables.setdefault(request_id, [])
+        want = math.ceil(num_tokens / self.block_size) - len(table)
+        take = max(0, min(want, len(self._free) - reserve))
+        for _ in range(take):
+            table.append(self._free.pop())
+        if not table:
+            del self._tables[request_id]
+        return min(num_tokens, len(table) * self.block_size)
+
+    def free(self, request_id: str) -> int:
+        blocks = self._tables.pop(request_id, [])
+        self._free.extend(reversed(blocks))
+        return len(blocks)
+
+    def check_invariants(self) -> None:
+        """No leak, no double free: free + used = total, and no block in two places."""
+        used = [b for table in self._tables.values() for b in table]
+        free, owned = set(self._free), set(used)
+        if len(free) != len(self._free):
+            raise BlockAccountingError("a block is on the free list twice")
+        if len(owned) != len(used):
+            raise BlockAccountingError("a block is owned by two requests (or twice by one)")
+        if free & owned:
+            raise BlockAccountingError("a block is both free and in use")
+        if len(free) + len(owned) != self.num_blocks:
+            raise BlockAccountingError(
+                f"free {len(free)} + used {len(owned)} != total {self.num_blocks}")
+        everything = free | owned
+        if min(everything) < 0 or max(everything) >= self.num_blocks:
+            raise BlockAccountingError("a block id is out of range")
+        if any(not table for table in self._tables.values()):
+            raise BlockAccountingError("an empty block table was left behind")

@@ -1,0 +1,83 @@
+"""Medha Algorithms 1 and 2: chunks sized by a time budget, with space sharing for long prefills.
+
+Each prefill, in policy order, gets the largest chunk whose batch still has a predicted time
+within the iteration budget (binary search on the predictor). A fixed time budget is all that
+adaptive chunking needs: as a long request's KV grows, each of its tokens costs more attention,
+so the same budget buys smaller chunks.
+"""
+
+from __future__ import annotations
+
+from medha.core.request import Request
+from medha.scheduler.batch_builder import BatchBuilder
+from medha.scheduler.packers.base_packer import PACKERS, Packer
+
+
+@PACKERS.register("adaptive")
+class AdaptivePacker(Packer):
+    default_policy = "lars"
+
+    def pack(self, now: float, queue: list[Request], builder: BatchBuilder) -> None:
+        cfg = self.config
+        budget = cfg.budget_s
+        has_long = False
+        for r in queue:
+            if builder.room_seqs == 0 or builder.room_tokens == 0:
+                break
+            is_long = r.num_tokens >= builder.long_threshold
+            if is_long and has_long:
+                continue  # two long prefills would split the budget and both fall behind
+            limit = budget
+            if is_long and cfg.space_sharing:
+                # A long prefill with slack to spare takes a smaller share of the iteration,
+                # leaving the rest to the requests behind it; one with no slack takes it all.
+                share = 1.0 - min(max(r.relative_slack(now), 0.0), cfg.rho_max)
+                limit = min(budget, builder.timer.time() + share * budget)
+            n = self._largest_chunk(builder, r, limit)
+            if n == 0:
+                if builder.is_empty:
+                    # Nothing fits, not even one token of the top request: run a minimum chunk
+                    # anyway so that it progresses (the one case that exceeds the budget).
+                    n = min(r.num_unscheduled, cfg.min_chunk_tokens)
+                elif builder.time_with_chunk(1, 0) > budget:
+                    break  # even a fresh one-token prefill no longer fits
+                else:
+                    continue  # a request with less KV may still fit
+            added = builder.add_prefill(r, n)
+            if added and is_long:
+                has_long = True
+            if added and not cfg.multi_prefill:
+                break
+
+    @staticmethod
+    def _largest_chunk(builder: BatchBuilder, r: Request, limit: float) -> int:
+        kv = r.num_scheduled
+        hi = min(r.num_unscheduled, builder.room_tokens)
+        if builder.time_with_chunk(hi, kv) <= limit:
+            return hi
+        if builder.time_with_chunk(1, kv) > limit:
+            return 0
+        lo = 1  # invariant: lo fits, hi does not
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if builder.time_with_chunk(mid, kv) <= limit:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    def plan_isolated(self, kv_offset: int, remaining: int) -> int:
+        budget, p = self.config.budget_s, self.predictor
+
+        def fits(n: int) -> bool:
+            return p.linear_time(n, 1) + p.prefill_attention_time(n, kv_offset) <= budget
+
+        if fits(remaining):
+            return remaining
+        if not fits(1):
+            return min(remaining, self.config.min_chunk_tokens)
+        lo, hi = 1, remaining
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+        return lo

@@ -1,0 +1,68 @@
+"""How many tokens each request gets in the next iteration.
+
+The scheduler puts every decode in first (they are cheap and their TBT is on the line), then
+hands the prefill-phase requests to the packer in policy order. A packer sizes chunks; the
+batch builder owns memory (it may shrink a chunk to the KV blocks it can find).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, ClassVar
+
+from medha.core.request import Request
+from medha.perf.predictor import Predictor
+from medha.utils.registry import Registry
+
+if TYPE_CHECKING:
+    from medha.core.config import SchedulerConfig
+    from medha.scheduler.batch_builder import BatchBuilder
+
+
+class Packer(ABC):
+    name: ClassVar[str]
+    default_policy: ClassVar[str]
+    takes_argument: ClassVar[bool] = False
+
+    def __init__(self, config: SchedulerConfig, predictor: Predictor, arg: int | None) -> None:
+        self.config = config
+        self.predictor = predictor
+
+    @abstractmethod
+    def pack(self, now: float, queue: list[Request], builder: BatchBuilder) -> None:
+        """Add prefill chunks for `queue` (highest priority first) to the builder's batch."""
+
+    @abstractmethod
+    def plan_isolated(self, kv_offset: int, remaining: int) -> int:
+        """Chunk this packer would run for a request alone on the replica (Algorithm 3)."""
+
+    def max_batch_tokens(self, max_model_len: int) -> int | None:
+        return self.config.max_batch_tokens
+
+
+PACKERS: Registry[Packer] = Registry("chunking mode", __package__, suffix="_packer")
+
+
+def parse_chunking(spec: str) -> tuple[type[Packer], int | None]:
+    """'adaptive' | 'none' | 'static:N' -> (packer class, N)."""
+    if not isinstance(spec, str) or not spec:
+        raise ValueError(f"chunking must be none, static:N or adaptive, got {spec!r}")
+    name, _, arg = spec.partition(":")
+    try:
+        cls = PACKERS.get(name)
+    except ValueError:
+        raise ValueError(f"unknown chunking {spec!r}; expected none, static:N or adaptive") \
+            from None
+    if cls.takes_argument:
+        if not arg.isdigit() or int(arg) < 1:
+            raise ValueError(f"chunking {spec!r}: static chunking needs a positive token "
+                             "budget, e.g. static:512")
+        return cls, int(arg)
+    if arg:
+        raise ValueError(f"chunking {spec!r}: {name} takes no argument")
+    return cls, None
+
+
+def make_packer(config: SchedulerConfig, predictor: Predictor) -> Packer:
+    cls, arg = parse_chunking(config.chunking)
+    return cls(config, predictor, arg)

@@ -1,0 +1,144 @@
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from medha.core.batch import BatchResult
+from medha.core.config import SchedulerConfig
+from medha.core.request import Request
+from medha.perf import ParallelConfig, make_predictor
+from medha.scheduler.block_manager import BlockManager
+from medha.scheduler.packers import make_packer, parse_chunking
+from medha.scheduler.replica_scheduler import ReplicaScheduler
+from medha.sim.replay import replay
+
+H100_8B_TP8 = make_predictor("roofline", "llama-3-8b", "h100", ParallelConfig(tp=8))
+
+
+def gpu_scheduler(**config) -> ReplicaScheduler:
+    config.setdefault("target_batch_time_s", 0.05)
+    return ReplicaScheduler(SchedulerConfig(**config), H100_8B_TP8, BlockManager(1 << 16))
+
+
+def check_budget(batch, budget, min_chunk):
+    """The packer's contract: within budget, except (a) a minimum chunk in an otherwise empty
+    batch when not even one token fits, or (b) decodes alone, which always run."""
+    if batch.predicted_time_s <= budget * (1 + 1e-9):
+        return
+    if not batch.prefills:
+        return
+    assert not batch.decodes and len(batch.prefills) == 1, batch.describe()
+    assert batch.prefills[0].num_tokens <= min_chunk, batch.describe()
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 2), st.integers(1, 40_000), st.integers(1, 30)),
+                min_size=1, max_size=10),
+       st.sampled_from(["fcfs", "edf", "lrs", "lars", "srpt"]),
+       st.sampled_from([0.02, 0.05, 0.2]), st.booleans())
+def test_adaptive_batches_stay_within_budget(specs, policy, budget, multi):
+    sched = gpu_scheduler(policy=policy, target_batch_time_s=budget, multi_prefill=multi,
+                          max_model_len=65_536)
+    reqs = [Request(f"r{i}", t, p, o) for i, (t, p, o) in enumerate(specs)]
+
+    def check(batch, now):
+        check_budget(batch, budget, sched.config.min_chunk_tokens)
+        sched.check_invariants()
+
+    replay(sched, reqs, on_batch=check)
+    assert all(r.num_output_tokens == r.max_tokens for r in reqs)
+    assert sched.blocks.num_used == 0
+
+
+def test_chunks_shrink_as_the_kv_grows():
+    packer = make_packer(SchedulerConfig(target_batch_time_s=0.05), H100_8B_TP8)
+    chunks, k = [], 0
+    while k < 1_000_000:
+        n = packer.plan_isolated(k, 1_000_000 - k)
+        assert H100_8B_TP8.shape_time([(n, k)]) <= 0.05
+        chunks.append(n)
+        k += n
+    full = chunks[:-1]  # the last chunk is whatever is left
+    assert all(a >= b for a, b in zip(full, full[1:]))
+    assert full[0] > 5000 and full[-1] < 500
+
+
+def test_space_sharing_leaves_room_while_a_long_prefill_has_slack():
+    sched = gpu_scheduler(long_prefill_threshold=32_768)
+    sched.add_request(Request("long", 0.0, 200_000, 1, ttft_deadline_s=1000.0), 0.0)
+    batch = sched.schedule(0.0)
+    assert len(batch.prefills) == 1
+    # rho is far above rho_max, so it may use only (1 - 0.4) of the 50 ms budget
+    assert 0.5 * 0.05 < batch.predicted_time_s <= 0.6 * 0.05
+
+    urgent = gpu_scheduler(long_prefill_threshold=32_768)
+    urgent.add_request(Request("long", 0.0, 200_000, 1, ttft_deadline_s=0.5), 0.0)
+    batch = urgent.schedule(0.0)
+    assert batch.predicted_time_s > 0.95 * 0.05  # no slack left: it takes the whole budget
+
+
+def test_shorts_fill_what_a_long_prefill_leaves():
+    sched = gpu_scheduler(long_prefill_threshold=32_768)
+    work = sched.predicted_isolated_prefill_s(200_000)
+    # relative slack 1.5: ahead of the short requests (whose slack is many times their work),
+    # yet enough slack to yield rho_max of the budget to them
+    sched.add_request(Request("long", 0.0, 200_000, 1, ttft_deadline_s=2.5 * work), 0.0)
+    for i in range(3):
+        sched.add_request(Request(f"s{i}", 0.0, 2000, 1), 0.0)
+    batch = sched.schedule(0.0)
+    first, *rest = batch.prefills
+    assert first.request.request_id == "long" and rest
+    assert H100_8B_TP8.shape_time([(first.num_tokens, 0)]) <= 0.6 * 0.05
+    assert 0.9 * 0.05 < batch.predicted_time_s <= 0.05
+
+
+def test_at_most_one_long_prefill_per_batch():
+    sched = gpu_scheduler(long_prefill_threshold=32_768)
+    for i in range(2):
+        sched.add_request(Request(f"long{i}", 0.0, 100_000, 1, ttft_deadline_s=0.5), 0.0)
+    for _ in range(5):
+        batch = sched.schedule(0.0)
+        assert sum(c.request.prompt_len >= 32_768 for c in batch.prefills) == 1
+        sched.update(batch, BatchResult(0.05), 0.05)
+
+
+@pytest.mark.parametrize("multi", [True, False])
+def test_multi_prefill_switch(multi):
+    sched = gpu_scheduler(multi_prefill=multi)
+    for i in range(4):
+        sched.add_request(Request(f"s{i}", 0.0, 200, 1), 0.0)
+    batch = sched.schedule(0.0)
+    assert len(batch.prefills) == (4 if multi else 1)
+
+
+def test_static_chunking_caps_tokens_and_keeps_arrival_order():
+    sched = gpu_scheduler(chunking="static:512")
+    assert sched.policy.name == "fcfs"  # Sarathi's baseline
+    reqs = [Request(f"r{i}", 0.01 * i, 300 + 100 * i, 20) for i in range(6)]
+    first_chunk = {}
+
+    def check(batch, now):
+        assert batch.num_tokens <= 512
+        for c in batch.prefills:
+            first_chunk.setdefault(c.request.request_id, batch.batch_id)
+
+    replay(sched, reqs, on_batch=check)
+    starts = [first_chunk[r.request_id] for r in reqs]
+    assert starts == sorted(starts)
+
+
+def test_no_chunking_runs_each_prompt_whole():
+    sched = gpu_scheduler(chunking="none")
+    reqs = [Request("long", 0.0, 300_000, 4), Request("short", 0.001, 100, 4)]
+    chunks = []
+    replay(sched, reqs, on_batch=lambda b, now: chunks.extend(
+        (c.request.request_id, c.start, c.num_tokens) for c in b.prefills))
+    assert chunks == [("long", 0, 300_000), ("short", 0, 100)]
+    # the short request waited for the whole long prefill: the convoy effect
+    assert reqs[1].ttft_s > reqs[0].ttft_s * 0.9
+
+
+@pytest.mark.parametrize("spec", ["static", "static:0", "static:x", "chunky", "none:5",
+                                  "adaptive:3", ""])
+def test_bad_chunking_specs(spec):
+    with pytest.raises(ValueError, match="chunking"):
+        parse_chunking(spec)

@@ -1,0 +1,45 @@
+import pytest
+
+from medha.core.request import Request
+from medha.scheduler.policies import POLICIES, make_policy
+
+
+def req(rid, arrival, deadline, total, remaining):
+    r = Request(rid, arrival, 8, 1)
+    r.deadline_s, r.total_work_s, r.remaining_work_s = deadline, total, remaining
+    return r
+
+
+def test_registry_lists_the_core_policies():
+    assert {"fcfs", "edf", "lrs", "lars", "srpt"} <= set(POLICIES.names())
+
+
+def test_unknown_policy_names_the_choices():
+    with pytest.raises(ValueError, match="unknown policy 'fifo'.*lars"):
+        make_policy("fifo")
+
+
+def test_keys_follow_the_definitions():
+    r = req("a", 1.0, 9.0, 4.0, 3.0)
+    now = 2.0
+    assert make_policy("fcfs").key(r, now) == 1.0
+    assert make_policy("edf").key(r, now) == 9.0
+    assert make_policy("lrs").key(r, now) == pytest.approx(9 - 2 - 3)
+    assert make_policy("lars").key(r, now) == pytest.approx((9 - 2 - 3) / 3)
+    assert make_policy("srpt").key(r, now) == 3.0
+
+
+def test_lars_and_edf_disagree_where_length_matters():
+    # The paper's example at t=5: a long request half done (5 s left, deadline 16 s) and a
+    # short one (0.5 s of work, deadline 1 s after its arrival at t=5).
+    long_ = req("long", 0.0, 16.0, 10.0, 5.0)
+    short = req("short", 5.0, 6.0, 0.5, 0.5)
+    order = {p: sorted([long_, short], key=make_policy(p).sort_key(5.0))[0].request_id
+             for p in ("fcfs", "edf", "lrs", "lars", "srpt")}
+    assert order == {"fcfs": "long", "edf": "short", "lrs": "short", "lars": "short",
+                     "srpt": "short"}
+    # Later, when the long one has burnt most of its slack, relative slack puts it first
+    # while EDF still prefers any short request with an earlier deadline.
+    short2 = req("short2", 12.5, 13.5, 0.5, 0.5)
+    assert sorted([long_, short2], key=make_policy("lars").sort_key(12.5))[0] is long_
+    assert sorted([long_, short2], key=make_policy("edf").sort_key(12.5))[0] is short2
