@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 
 def _help(text: str, **extra) -> dict:
@@ -79,6 +79,3 @@ class SchedulerConfig:
     def budget_s(self) -> float:
         return self.target_batch_time_s or self.tpot_target_s
 
-
-def field_help(cls) -> dict[str, str]:
-    return {f.name: f.metadata.get("help", "") for f in fields(cls)}

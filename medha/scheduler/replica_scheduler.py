@@ -24,6 +24,10 @@ from medha.scheduler.packers import make_packer
 from medha.scheduler.policies import make_policy
 
 
+class SchedulerInvariantError(AssertionError):
+    pass
+
+
 @dataclass
 class SchedulerStats:
     batches: int = 0
@@ -274,24 +278,24 @@ class ReplicaScheduler:
 
     # ---- checks ------------------------------------------------------------------------------
     def check_invariants(self) -> None:
-        """Block accounting is exact, and every live request holds KV for what it scheduled."""
+        """Block accounting is exact, and every live request holds KV for what it scheduled.
+
+        Raises SchedulerInvariantError (or BlockAccountingError); tests call it after every batch.
+        """
         self.blocks.check_invariants()
         bm = self.blocks
-        for r in self._requests.values():
-            assert (r.request_id in self._prefilling) != (r.request_id in self._decoding), r
-            assert r.in_prefill == (r.request_id in self._prefilling), r
-            assert bm.tokens_held(r.request_id) >= r.num_scheduled, r
-            assert r.num_computed <= r.num_scheduled <= r.num_tokens, r
+        for rid, r in self._requests.items():
+            queued = (rid in self._prefilling) + (rid in self._decoding)
+            if queued != 1 or r.in_prefill != (rid in self._prefilling):
+                raise SchedulerInvariantError(f"{r} is in the wrong queue")
+            if bm.tokens_held(rid) < r.num_scheduled:
+                raise SchedulerInvariantError(f"{r} scheduled tokens it holds no KV for")
+            if not r.num_computed <= r.num_scheduled <= r.num_tokens:
+                raise SchedulerInvariantError(f"{r} has inconsistent progress")
         owners = set(self._requests) | set(self._aborted_inflight)
         for rid in bm.owners():
-            assert rid in owners, f"blocks of {rid} outlived the request"
+            if rid not in owners:
+                raise SchedulerInvariantError(f"blocks of {rid} outlived the request")
 
     def predicted_isolated_prefill_s(self, num_tokens: int) -> float:
         return self.prefill_times.time(num_tokens)
-
-    @property
-    def budget_s(self) -> float:
-        return self.config.budget_s
-
-    def idle(self) -> bool:
-        return not self._requests and not self._aborted_inflight
