@@ -52,7 +52,7 @@ def _cmd_demo(args: argparse.Namespace) -> None:
     print(f"medha {__version__} scheduling demo: {predictor.describe()}")
     print(f"one {workload.long_prompt}-token prompt at t={workload.long_at_s:.0f}s among "
           f"{workload.num_short} short chat requests ({workload.short_qps}/s); iteration "
-          f"budget {base.budget_s * 1e3:.0f} ms; batch times predicted, not measured\n")
+          f"budget {base.budget_s(predictor.parallel.spp) * 1e3:.0f} ms; batch times predicted, not measured\n")
     print(demo_table(predictor, workload, base, blocks.num_blocks))
 
 
@@ -120,6 +120,46 @@ def _cmd_predict(args: argparse.Namespace) -> None:
     print(json.dumps(result, indent=1))
 
 
+def _cmd_simulate(args: argparse.Namespace) -> None:
+    from medha.perf.profile_data import ProfileError
+    from medha.sim.cli_simulate import ConfigError, build_specs
+    from medha.sim.runner import output_dir, simulate, write_compare, write_run
+    from medha.sim.workload.traces import TraceError
+
+    try:
+        specs, workload = build_specs(args, getattr(args, "yaml_compare", None))
+        compare = len(specs) > 1 or bool(args.compare) or bool(getattr(args, "yaml_compare",
+                                                                           None))
+        outcomes = []
+        with output_dir(args.out, args.overwrite) as tmp:
+            for spec in specs:
+                if not args.quiet:
+                    print(f"[{spec.name}] {spec.cluster.replicas} x {spec.cluster.model} on "
+                          f"{spec.parallel.world_size} {spec.cluster.hardware} (tp "
+                          f"{spec.parallel.tp}, spp {spec.parallel.spp}, kvp "
+                          f"{spec.parallel.kvp}); {spec.scheduler.policy or 'default'} policy, "
+                          f"{spec.scheduler.chunking} chunking", file=sys.stderr)
+                outcome = simulate(spec, workload, progress=not args.quiet)
+                write_run(tmp / spec.name if compare else tmp, outcome,
+                          plots=not args.no_plots, token_times=args.save_token_times)
+                outcomes.append(outcome)
+            table = write_compare(tmp, outcomes, plots=not args.no_plots) if compare else None
+    except (ConfigError, TraceError, ProfileError, FileExistsError) as e:
+        raise CliError(str(e)) from None
+    except ValueError as e:  # a request or config the scheduler refuses
+        raise CliError(str(e)) from None
+    if table:
+        print(table)
+    else:
+        s = outcomes[0].summary
+        short, long_ = s["by_class"]["short"], s["by_class"]["long"]
+        print(json.dumps({"requests": s["requests"], "ttft_s": s["ttft_s"],
+                          "short_ttft_s": short["ttft_s"], "long_ttft_s": long_["ttft_s"],
+                          "tpot_s": s["tpot_s"], "slo_attainment": s["slo_attainment"],
+                          "throughput": s["throughput"], "sim": s["sim"]}, indent=1))
+    print(f"results in {args.out}/", file=sys.stderr)
+
+
 def _cmd_hardware(args: argparse.Namespace) -> None:
     from medha.perf.hardware_specs import GPUS, this_cpu
 
@@ -168,6 +208,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="COUNT decodes over KV cached tokens each (repeatable)")
     p.set_defaults(func=_cmd_predict)
 
+    from medha.sim.cli_simulate import DESCRIPTION, add_simulate_args
+
+    p = sub.add_parser("simulate", help="simulate a cluster serving a workload",
+                       description=DESCRIPTION,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_simulate_args(p)
+    p.set_defaults(func=_cmd_simulate)
+    parser.simulate_parser = p
+
     p = sub.add_parser("hardware", help="print the hardware specs (measures this CPU once)")
     p.add_argument("--refresh", action="store_true", help="measure this CPU again")
     p.set_defaults(func=_cmd_hardware)
@@ -178,6 +227,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if args.command == "simulate" and args.config:
+            from medha.sim.cli_simulate import ConfigError, load_yaml
+
+            # flags override the YAML file, which overrides the defaults
+            try:
+                values, compare = load_yaml(args.config, parser.simulate_parser)
+            except ConfigError as e:
+                raise CliError(str(e)) from None
+            parser.simulate_parser.set_defaults(**values)
+            args = parser.parse_args(argv)
+            args.yaml_compare = compare
         args.func(args)
     except CliError as e:
         print(f"medha {args.command}: error: {e}", file=sys.stderr)

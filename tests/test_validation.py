@@ -84,6 +84,6 @@ def test_context_limit_comes_from_the_model():
     tiny = ModelSpec("tiny", 1, 8, 1, 1, 8, 16, 32, max_context=128)
     sched = ReplicaScheduler(SchedulerConfig(), FixedCostPredictor(1e-3, model=tiny),
                              BlockManager(64))
-    assert sched.max_model_len == 128
+    assert sched.max_model_len == 128  # from the model spec
     with pytest.raises(ValueError, match="max_model_len=128"):
         sched.add_request(Request("r", 0.0, 129, 1), 0.0)

@@ -32,6 +32,7 @@ class Batch:
     decodes: list[Chunk] = field(default_factory=list)
     prefills: list[Chunk] = field(default_factory=list)
     predicted_time_s: float = 0.0
+    decode_kv_sum: int = 0  # total KV length the decodes attend to
     # Requests whose KV the scheduler dropped while forming this batch (recompute preemption):
     # an engine must forget their cache entries before running it.
     preempted: list[Request] = field(default_factory=list)

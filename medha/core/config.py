@@ -26,7 +26,8 @@ class SchedulerConfig:
     tpot_target_s: float = field(default=0.05, metadata=_help(
         "time-per-output-token target (s) counted in SLO attainment; also the default budget"))
     target_batch_time_s: float | None = field(default=None, metadata=_help(
-        "iteration time budget (s) for adaptive chunking (default: the TPOT target)"))
+        "iteration time budget (s) for adaptive chunking (default: the TPOT target; with "
+        "spp stages, spp/(spp+1) of it, since a decode may wait one stage for its next slot)"))
     rho_max: float = field(default=0.4, metadata=_help(
         "most of the budget a long prefill yields to others under space sharing"))
     long_prefill_threshold: int | None = field(default=None, metadata=_help(
@@ -75,7 +76,9 @@ class SchedulerConfig:
         if not 0 <= self.watermark < 1:
             raise ValueError(f"watermark must lie in [0, 1), got {self.watermark!r}")
 
-    @property
-    def budget_s(self) -> float:
-        return self.target_batch_time_s or self.tpot_target_s
+    def budget_s(self, spp: int = 1) -> float:
+        """Iteration time budget. With stream pipelining a decode that returns just after
+        stage 1 was refilled waits for the next slot, one stage time, so the default budget
+        leaves room for it: a token's time stays within the TPOT target."""
+        return self.target_batch_time_s or self.tpot_target_s * spp / (spp + 1)
 

@@ -83,6 +83,7 @@ class Request:
     num_preemptions: int = field(default=0, init=False)
     first_scheduled_s: float | None = field(default=None, init=False)
     admission_seq: int = field(default=-1, init=False)  # order of admission, breaks ties
+    kv_capacity: int = field(default=0, init=False)  # tokens its KV blocks can hold
     # Maintained by the scheduler from its prefill-time cache; policies read them.
     deadline_s: float = field(default=math.inf, init=False)  # absolute TTFT deadline
     total_work_s: float = field(default=0.0, init=False)

@@ -39,6 +39,10 @@ class Predictor(ABC):
     def decode_attention_time(self, kv_len: int) -> float:
         """Seconds of attention, all layers, for one decode token over `kv_len` cached tokens."""
 
+    def decode_attention_total(self, kv_lens: list[int]) -> float:
+        """Attention time of a group of decodes (predictors with a closed form override it)."""
+        return sum(map(self.decode_attention_time, kv_lens))
+
     def timer(self) -> BatchTimer:
         return BatchTimer(self)
 
@@ -85,7 +89,7 @@ class BatchTimer:
     def add_decodes(self, kv_lens: list[int]) -> None:
         self.num_tokens += len(kv_lens)
         self.num_seqs += len(kv_lens)
-        self.attention_s += sum(map(self._p.decode_attention_time, kv_lens))
+        self.attention_s += self._p.decode_attention_total(kv_lens)
 
     def add_prefill(self, num_tokens: int, kv_offset: int) -> None:
         self.num_tokens += num_tokens

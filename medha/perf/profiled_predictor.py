@@ -107,6 +107,12 @@ class ProfiledPredictor(RooflinePredictor):
             return super().decode_attention_time(kv_len)
         return self._iteration.decode_attention(kv_len)
 
+    def decode_attention_total(self, kv_lens: list[int]) -> float:
+        if self._iteration is None:
+            return super().decode_attention_total(kv_lens)
+        it = self._iteration
+        return it.per_decode * len(kv_lens) + it.decode_read * sum(kv_lens)
+
 
 class IterationModel:
     """Whole-iteration time = f(tokens) + a*seqs + sum of per-chunk and per-decode attention,

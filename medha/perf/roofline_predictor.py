@@ -40,6 +40,9 @@ class RooflinePredictor(Predictor):
         self._dec_compute = layers * 4.0 * model.head_dim * self._q_heads / (hw.peak_flops * eff)
         self._dec_read = layers * 2 * self._kv * self._b / (hw.mem_bw * hw.mem_eff)
         self._dec_fixed = layers * 2 * self._q * self._b / (hw.mem_bw * hw.mem_eff)
+        # With GQA a decode reads more KV bytes than it has FLOPs to spend on them, so its
+        # time is the memory line and a group of decodes sums in closed form.
+        self._dec_memory_bound = self._dec_read >= self._dec_compute
         # Lookups by batch size repeat constantly during packing; cache them per instance.
         self._token_time = lru_cache(maxsize=1 << 16)(self._token_time_uncached)
         self._seq_time = lru_cache(maxsize=1 << 12)(self._seq_time_uncached)
@@ -132,15 +135,26 @@ class RooflinePredictor(Predictor):
         return max(flops / (hw.peak_flops * eff), nbytes / (hw.mem_bw * hw.mem_eff))
 
     def _split_kv(self, kv_len: int, new_tokens: int) -> tuple[int, int]:
-        """(groups holding the request's KV, KV tokens in the busiest group's share)."""
+        """(groups holding the request's KV, KV tokens in the busiest group's share).
+
+        Groups fill up to `max_tokens_per_kvp_group` one after another; a context longer than
+        all groups together can hold at that size is spread evenly over them."""
         p = self.parallel
         groups = p.kvp_groups(kv_len + new_tokens)
-        return groups, (kv_len if groups == 1 else min(kv_len, p.max_tokens_per_kvp_group))
+        if groups == 1:
+            return 1, kv_len
+        return groups, max(min(kv_len, p.max_tokens_per_kvp_group), -(-kv_len // groups))
 
     def prefill_attention_time(self, num_tokens: int, kv_offset: int) -> float:
         groups, kv = self._split_kv(kv_offset, num_tokens)
         per_layer = self._attention_layer(num_tokens, kv) + self._kvp_merge_time(num_tokens, groups)
         return self.model.num_layers * per_layer
+
+    def decode_attention_total(self, kv_lens: list[int]) -> float:
+        if self.parallel.kvp == 1 and self._dec_memory_bound:
+            n = len(kv_lens)
+            return n * self._dec_fixed + self._dec_read * (sum(kv_lens) + n)
+        return super().decode_attention_total(kv_lens)
 
     def decode_attention_time(self, kv_len: int) -> float:
         if self.parallel.kvp == 1:

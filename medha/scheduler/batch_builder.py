@@ -22,11 +22,10 @@ class BatchBuilder:
         self.now = now
         self._max_seqs = max_seqs
         self._max_tokens = max_tokens
-        self.members: set[str] = set()
 
     @property
     def is_empty(self) -> bool:
-        return not self.members
+        return not (self.batch.decodes or self.batch.prefills)
 
     @property
     def num_prefills(self) -> int:
@@ -46,14 +45,18 @@ class BatchBuilder:
         return self.timer.time_with_prefill(num_tokens, kv_offset)
 
     def add_decodes(self, requests: list[Request]) -> None:
-        """Add one decode token for each request (their KV blocks are already reserved)."""
-        self.timer.add_decodes([r.num_scheduled for r in requests])
-        chunks, members = self.batch.decodes, self.members
+        """Add one decode token for each request (their KV blocks are already reserved).
+
+        A request is a member of the batch from here on: its `num_inflight_batches` is raised,
+        which also keeps it from being chosen as a preemption victim."""
+        kv_lens = [r.num_scheduled for r in requests]
+        self.timer.add_decodes(kv_lens)
+        self.batch.decode_kv_sum += sum(kv_lens)
+        chunks = self.batch.decodes
         for r in requests:
             chunks.append(Chunk(r, r.num_scheduled, 1, True))
             r.num_scheduled += 1
             r.num_inflight_batches += 1
-            members.add(r.request_id)
 
     def add_prefill(self, r: Request, num_tokens: int, all_or_nothing: bool = False) -> int:
         """Add up to `num_tokens` of `r` (fewer if KV memory runs short); returns how many."""
@@ -70,4 +73,3 @@ class BatchBuilder:
     def _claim(self, r: Request, n: int) -> None:
         r.num_scheduled += n
         r.num_inflight_batches += 1
-        self.members.add(r.request_id)

@@ -38,16 +38,18 @@ class SchedulerStats:
 
 class ReplicaScheduler:
     def __init__(self, config: SchedulerConfig, predictor: Predictor,
-                 blocks: BlockManager) -> None:
+                 blocks: BlockManager, prefill_times: PrefillTimeCache | None = None) -> None:
+        """`prefill_times` lets replicas with the same predictor and packer share one cache."""
         self.config = config
         self.predictor = predictor
         self.blocks = blocks
         self.packer = make_packer(config, predictor)
         self.policy = make_policy(config.policy or self.packer.default_policy)
-        model_len = predictor.model.max_context
-        self.max_model_len = min(config.max_model_len or model_len, model_len)
-        self.prefill_times = PrefillTimeCache(predictor, self.packer.plan_isolated,
-                                              self.max_model_len)
+        # A longer max_model_len than the spec's is allowed: the long-context variants of a
+        # model (RoPE-scaled) share its shapes; the engine checks its real checkpoint's limit.
+        self.max_model_len = config.max_model_len or predictor.model.max_context
+        self.prefill_times = prefill_times or PrefillTimeCache(
+            predictor, self.packer.plan_isolated, self.max_model_len)
         self._max_batch_tokens = self.packer.max_batch_tokens(self.max_model_len)
         self.long_threshold = (config.long_prefill_threshold
                                or min(32768, max(1, self.max_model_len // 4)))
@@ -102,6 +104,10 @@ class ReplicaScheduler:
         self.stats.aborted += 1
         return r
 
+    def live_requests(self):
+        """Every admitted request that has not finished or been aborted (a read-only view)."""
+        return self._requests.values()
+
     def get(self, request_id: str) -> Request | None:
         return self._requests.get(request_id)
 
@@ -132,8 +138,7 @@ class ReplicaScheduler:
             queue = [r for r in queue
                      if r.num_scheduled < r.num_tokens and r not in batch.preempted]
         if queue:
-            queue.sort(key=self.policy.sort_key(now))
-            self.packer.pack(now, queue, builder)
+            self.packer.pack(now, self._prefill_order(queue, now), builder)
         if builder.is_empty:
             return None
         for chunk in batch.prefills:
@@ -148,33 +153,47 @@ class ReplicaScheduler:
         self.stats.batches += 1
         return batch
 
+    def _prefill_order(self, queue: list[Request], now: float) -> list[Request]:
+        """Policy order, except that a short prefill already under way goes first.
+
+        Slack-based keys rise as a request is served (its remaining work shrinks while its
+        slack stays), so without this rule short prefills would take turns, each finishing
+        just before its deadline instead of one after the other. Long prefills stay in policy
+        order: their share is what space sharing and LARS arbitrate.
+        """
+        key = self.policy.sort_key(now)
+        threshold = self.long_threshold
+        started = [r for r in queue if r.num_scheduled and r.num_tokens < threshold]
+        if not started:
+            queue.sort(key=key)
+            return queue
+        rest = [r for r in queue if not (r.num_scheduled and r.num_tokens < threshold)]
+        started.sort(key=key)
+        rest.sort(key=key)
+        return started + rest
+
     def _add_decodes(self, builder: BatchBuilder) -> None:
         decodes = [r for r in self._decoding.values() if r.num_inflight_batches == 0]
         if not decodes:
             return
-        bm = self.blocks
-        short = [r for r in decodes if not bm.has_room(r.request_id, r.num_scheduled + 1)]
-        if len(short) > bm.num_free or len(decodes) > builder.room_seqs:
-            # Someone will wait or be preempted: the oldest decodes keep their place.
-            decodes.sort(key=lambda r: (r.arrival_s, r.admission_seq))
-            short = decodes
-        elif not short:
+        short = [r for r in decodes if r.kv_capacity <= r.num_scheduled]  # need a new block
+        if len(short) <= self.blocks.num_free and len(decodes) <= builder.room_seqs:
+            for r in short:
+                self.reserve_kv(r, r.num_scheduled + 1, builder)
             builder.add_decodes(decodes)
             return
-        needy = {r.request_id for r in short}
-        admitted = []
+        # Someone will wait or be preempted: the oldest decodes keep their place, and each one
+        # joins the batch before the next looks for victims, so it cannot become one.
+        decodes.sort(key=lambda r: (r.arrival_s, r.admission_seq))
         for r in decodes:
-            if len(admitted) == builder.room_seqs:
+            if builder.room_seqs == 0:
                 break
             if r.state is not RequestState.DECODING:
                 continue  # preempted a moment ago to make room for an older decode
-            if r.request_id not in needy or self.reserve_kv(r, r.num_scheduled + 1, builder) \
-                    > r.num_scheduled:
-                admitted.append(r)
-                builder.members.add(r.request_id)  # not a victim for the decodes after it
+            if self.reserve_kv(r, r.num_scheduled + 1, builder) > r.num_scheduled:
+                builder.add_decodes([r])
             else:
                 self._preempt(r, builder)  # nobody below it to evict: it recomputes later
-        builder.add_decodes(admitted)
 
     def reserve_kv(self, r: Request, num_tokens: int, builder: BatchBuilder,
                    all_or_nothing: bool = False) -> int:
@@ -196,7 +215,9 @@ class ReplicaScheduler:
             self._evict_below(r, must_fit + reserve, builder, evict_decodes=decode)
             if (all_or_nothing or starting) and must_fit > bm.num_free - reserve:
                 return r.num_scheduled
-        return bm.grow(r.request_id, num_tokens, reserve)
+        held = bm.grow(r.request_id, num_tokens, reserve)
+        r.kv_capacity = bm.tokens_held(r.request_id)
+        return held
 
     def _eviction_rank(self, now: float):
         """Lower ranks are kept longer. Running decodes outrank every prefill (evicting one
@@ -210,9 +231,8 @@ class ReplicaScheduler:
                      evict_decodes: bool) -> None:
         rank = self._eviction_rank(builder.now)
         mine = rank(r)
-        victims = [v for v in self._requests.values()
-                   if v is not r and v.request_id not in builder.members
-                   and v.num_inflight_batches == 0 and v.num_scheduled > 0
+        victims = [v for v in self._requests.values()  # batch members are in flight
+                   if v is not r and v.num_inflight_batches == 0 and v.num_scheduled > 0
                    and (evict_decodes or v.in_prefill) and rank(v) > mine]
         victims.sort(key=rank, reverse=True)
         for v in victims:
@@ -223,7 +243,7 @@ class ReplicaScheduler:
     def _preempt(self, r: Request, builder: BatchBuilder) -> None:
         """Recompute preemption: drop the KV; the whole context is prefilled again later."""
         self.blocks.free(r.request_id)
-        r.num_computed = r.num_scheduled = 0
+        r.num_computed = r.num_scheduled = r.kv_capacity = 0
         r.transition(RequestState.PREEMPTED)
         r.num_preemptions += 1
         self._decoding.pop(r.request_id, None)
@@ -238,34 +258,55 @@ class ReplicaScheduler:
         """Apply a finished batch: advance KV, append sampled tokens, retire finished requests."""
         finished: list[Request] = []
         self._inflight -= 1
-        for chunk in batch.decodes + batch.prefills:
+        tokens, stopped = result.token_ids, result.stopped
+        for chunk in batch.prefills:
             r = chunk.request
             r.num_inflight_batches -= 1
             if r.state is RequestState.ABORTED:
-                if r.num_inflight_batches == 0 and self._aborted_inflight.pop(r.request_id, None):
-                    self.blocks.free(r.request_id)
+                self._release_aborted(r)
                 continue
-            r.num_computed = max(r.num_computed, chunk.end)
+            r.num_computed = max(r.num_computed, chunk.start + chunk.num_tokens)
             if not chunk.samples:
                 r.remaining_work_s = self.prefill_times.remaining(r.num_tokens, r.num_computed)
-                continue
-            if result.token_ids is not None:
-                token = result.token_ids.get(r.request_id)
-                if token is None:
-                    raise ValueError(f"batch {batch.batch_id}: no token for {r.request_id}")
-                r.output_token_ids.append(token)
-            r.num_output_tokens += 1
-            r.token_times_s.append(now)
-            stopped = r.request_id in result.stopped
-            if stopped or r.num_output_tokens >= r.max_tokens:
-                self._finish(r, now, "stop" if stopped else "length")
+            elif self._sampled(r, batch, tokens, stopped, now):
                 finished.append(r)
-            elif r.in_prefill:
+            else:
                 r.transition(RequestState.DECODING)
                 r.remaining_work_s = 0.0
                 del self._prefilling[r.request_id]
                 self._decoding[r.request_id] = r
+        for chunk in batch.decodes:  # the hot loop of a long simulation: kept lean
+            r = chunk.request
+            r.num_inflight_batches -= 1
+            if r.state is RequestState.ABORTED:
+                self._release_aborted(r)
+                continue
+            r.num_computed = chunk.start + 1
+            if self._sampled(r, batch, tokens, stopped, now):
+                finished.append(r)
         return finished
+
+    def _sampled(self, r: Request, batch: Batch, tokens: dict[str, int] | None,
+                 stopped: frozenset[str], now: float) -> bool:
+        """Record the token a sampling chunk produced; True when it finished the request."""
+        if tokens is not None:
+            token = tokens.get(r.request_id)
+            if token is None:
+                raise ValueError(f"batch {batch.batch_id}: no token for {r.request_id}")
+            r.output_token_ids.append(token)
+        r.num_output_tokens += 1
+        r.token_times_s.append(now)
+        if r.request_id in stopped:
+            self._finish(r, now, "stop")
+            return True
+        if r.num_output_tokens >= r.max_tokens:
+            self._finish(r, now, "length")
+            return True
+        return False
+
+    def _release_aborted(self, r: Request) -> None:
+        if r.num_inflight_batches == 0 and self._aborted_inflight.pop(r.request_id, None):
+            self.blocks.free(r.request_id)
 
     def _finish(self, r: Request, now: float, reason: str) -> None:
         r.transition(RequestState.FINISHED)
@@ -290,6 +331,9 @@ class ReplicaScheduler:
                 raise SchedulerInvariantError(f"{r} is in the wrong queue")
             if bm.tokens_held(rid) < r.num_scheduled:
                 raise SchedulerInvariantError(f"{r} scheduled tokens it holds no KV for")
+            if r.kv_capacity != bm.tokens_held(rid):
+                raise SchedulerInvariantError(f"{r} records KV capacity {r.kv_capacity}, "
+                                              f"holds {bm.tokens_held(rid)}")
             if not r.num_computed <= r.num_scheduled <= r.num_tokens:
                 raise SchedulerInvariantError(f"{r} has inconsistent progress")
         owners = set(self._requests) | set(self._aborted_inflight)

@@ -27,6 +27,7 @@ class Packer(ABC):
     def __init__(self, config: SchedulerConfig, predictor: Predictor, arg: int | None) -> None:
         self.config = config
         self.predictor = predictor
+        self.budget_s = config.budget_s(predictor.parallel.spp)
 
     @abstractmethod
     def pack(self, now: float, queue: list[Request], builder: BatchBuilder) -> None:

@@ -1,0 +1,26 @@
+"""Global dispatch: which replica a new request goes to."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, ClassVar
+
+from medha.core.request import Request
+from medha.utils.registry import Registry
+
+if TYPE_CHECKING:
+    from medha.sim.replica import SimReplica
+
+
+class Dispatcher(ABC):
+    name: ClassVar[str]
+
+    def __init__(self, replicas: list[SimReplica]) -> None:
+        self.replicas = replicas
+
+    @abstractmethod
+    def pick(self, request: Request, now: float) -> SimReplica:
+        """The replica that admits `request`."""
+
+
+DISPATCHERS: Registry[Dispatcher] = Registry("dispatcher", __package__, suffix="_dispatcher")

@@ -1,0 +1,53 @@
+"""A simulated replica: the real scheduler, with batches timed by the predictor.
+
+With stream-pipeline parallelism the replica's layers form `spp` stages and a batch occupies
+each stage for `latency / spp` in turn. A new batch is formed as soon as stage 1 is free, so
+several batches are in flight at once and the next chunk of a long prefill enters stage 1 while
+the previous chunk is still in the later stages (it needs that chunk's KV, not its output, and
+the KV of every layer of a stage is written before the chunk leaves the stage).
+"""
+
+from __future__ import annotations
+
+from medha.core.batch import Batch, BatchResult
+from medha.core.request import Request
+from medha.scheduler.replica_scheduler import ReplicaScheduler
+
+
+class SimReplica:
+    def __init__(self, replica_id: int, scheduler: ReplicaScheduler) -> None:
+        self.replica_id = replica_id
+        self.scheduler = scheduler
+        self.spp = scheduler.predictor.parallel.spp
+        self._stage_free_at = [0.0] * self.spp
+        self.stage1_free = True
+        # Work of one decode token in a typical batch (32 decodes at 4K context).
+        p = scheduler.predictor
+        self._decode_token_s = p.shape_time((), [4096] * 32) / 32
+
+    def add(self, request: Request, now: float) -> None:
+        self.scheduler.add_request(request, now)
+
+    def start_batch(self, now: float) -> tuple[Batch, float, float] | None:
+        """Form the next batch; returns it with the times it leaves stage 1 and the pipeline."""
+        batch = self.scheduler.schedule(now)
+        if batch is None:
+            return None
+        stage = batch.predicted_time_s / self.spp
+        t = now
+        free = self._stage_free_at
+        for s in range(self.spp):
+            t = max(t, free[s]) + stage
+            free[s] = t
+            if s == 0:
+                stage1_end = t
+        self.stage1_free = False
+        return batch, stage1_end, t
+
+    def finish_batch(self, batch: Batch, now: float) -> list[Request]:
+        return self.scheduler.update(batch, BatchResult(batch.predicted_time_s), now)
+
+    def outstanding_work_s(self) -> float:
+        """Predicted prefill work still ahead plus the decode tokens still to generate."""
+        return sum(r.remaining_work_s + (r.max_tokens - r.num_output_tokens) * self._decode_token_s
+                   for r in self.scheduler.live_requests())

@@ -1,0 +1,181 @@
+"""`medha simulate`: run one configuration, or several on the identical request list, and write
+the results where the user asked, all or nothing."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from medha.core.config import SchedulerConfig
+from medha.perf import ParallelConfig
+from medha.sim.metrics.plots import compare_plots, run_plots
+from medha.sim.metrics.summary import RequestMetrics, summarize
+from medha.sim.simulator import ClusterConfig, SimResult, Simulator
+from medha.sim.workload.generator import WorkloadConfig, build_requests
+
+
+@dataclass
+class RunSpec:
+    """Everything that defines one simulated configuration."""
+
+    name: str = "run"
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    long_threshold: int = 32768
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "cluster": dataclasses.asdict(self.cluster),
+                "parallel": dataclasses.asdict(self.parallel),
+                "scheduler": dataclasses.asdict(self.scheduler),
+                "long_threshold": self.long_threshold}
+
+
+@dataclass
+class RunOutcome:
+    spec: RunSpec
+    summary: dict
+    rows: list[RequestMetrics]
+    result: SimResult
+
+
+def simulate(spec: RunSpec, workload: WorkloadConfig, progress: bool = False) -> RunOutcome:
+    sim = Simulator(spec.cluster, spec.parallel, spec.scheduler)
+    requests = build_requests(workload, sim.max_model_len)
+    result = sim.run(requests, progress=progress)
+    hw = sim.predictor.hardware
+    summary, rows = summarize(
+        requests, result.log,
+        config={**spec.to_json(), "workload": dataclasses.asdict(workload)},
+        long_threshold=spec.long_threshold, tpot_target_s=spec.scheduler.tpot_target_s,
+        model=sim.predictor.model, dtype_bytes=hw.dtype_bytes, num_devices=result.num_devices,
+        num_replicas=spec.cluster.replicas, spp=spec.parallel.spp, peak_flops=hw.peak_flops,
+        mem_bw=hw.mem_bw, wall_s=result.wall_s, setup_s=result.setup_s)
+    return RunOutcome(spec, summary, rows, result)
+
+
+@contextlib.contextmanager
+def output_dir(out: str | Path, overwrite: bool):
+    """Yield a fresh directory that becomes `out` only if the block succeeds, so that a failed
+    run never leaves a directory that looks like a finished one."""
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
+        raise FileExistsError(f"--out {out} exists and is not empty; pass --overwrite")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if out.exists():
+        trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+        os.replace(out, trash / "old")
+        os.replace(tmp, out)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        os.replace(tmp, out)
+
+
+REQUEST_COLUMNS = ["request_id", "class", "arrival_s", "prompt_len", "output_len", "ttft_s",
+                   "tpot_s", "e2e_s", "normalized_e2e_s", "scheduling_delay_s",
+                   "ttft_deadline_s", "ttft_met", "tpot_met", "preemptions", "tbt_p50_s",
+                   "tbt_p99_s", "tbt_max_s"]
+
+
+def _fmt(x) -> str:
+    return "" if x is None else (f"{x:.6g}" if isinstance(x, float) else str(x))
+
+
+def write_run(out: Path, outcome: RunOutcome, plots: bool = True,
+              token_times: bool = False) -> None:
+    import numpy as np
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps(outcome.summary, indent=1) + "\n")
+    with (out / "requests.csv").open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(REQUEST_COLUMNS)
+        for m in outcome.rows:
+            tbt = np.percentile(m.tbt_s, [50, 99]).tolist() + [max(m.tbt_s)] if m.tbt_s \
+                else [None] * 3
+            w.writerow([_fmt(x) for x in (
+                m.request_id, m.request_class, m.arrival_s, m.prompt_len, m.output_len,
+                m.ttft_s, m.tpot_s, m.e2e_s, m.normalized_e2e_s, m.scheduling_delay_s,
+                m.ttft_deadline_s, int(m.ttft_met), int(m.tpot_met), m.preemptions, *tbt)])
+    log = outcome.result.log
+    with (out / "iterations.csv").open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["replica", "start_s", "end_s", "latency_s", "num_decodes", "decode_kv",
+                    "num_prefills", "prefill_tokens"])
+        for row in zip(log.replica, log.start_s, log.end_s, log.latency_s, log.num_decodes,
+                       log.decode_kv, log.num_prefills, log.prefill_tokens):
+            w.writerow([_fmt(x) for x in row])
+    if token_times:
+        with (out / "token_times.jsonl").open("w") as fh:
+            for r in outcome.result.requests:
+                fh.write(json.dumps({"request_id": r.request_id, "arrival_s": r.arrival_s,
+                                     "token_times_s": r.token_times_s}) + "\n")
+    if plots:
+        run_plots(out, outcome.rows, log)
+
+
+COMPARE_COLUMNS = [
+    ("short TTFT p50", ("by_class", "short", "ttft_s", "p50")),
+    ("short TTFT p99", ("by_class", "short", "ttft_s", "p99")),
+    ("long TTFT p50", ("by_class", "long", "ttft_s", "p50")),
+    ("long TTFT p99", ("by_class", "long", "ttft_s", "p99")),
+    ("TPOT p50", ("tpot_s", "p50")),
+    ("TPOT p99", ("tpot_s", "p99")),
+    ("long done", ("by_class", "long", "count")),
+    ("SLO attainment", ("slo_attainment",)),
+    ("output tok/s", ("throughput", "output_tokens_per_s")),
+]
+
+
+def _get(d: dict, path: tuple):
+    for k in path:
+        if d is None:
+            return None
+        d = d.get(k)
+    return d
+
+
+def compare_table(outcomes: list[RunOutcome]) -> tuple[str, list[list[str]]]:
+    header = ["run"] + [c for c, _ in COMPARE_COLUMNS]
+    rows = []
+    for o in outcomes:
+        row = [o.spec.name]
+        for label, path in COMPARE_COLUMNS:
+            v = _get(o.summary, path)
+            if v is None:
+                row.append("-")
+            elif "count" in path:
+                row.append(str(v))
+            elif label == "SLO attainment":
+                row.append(f"{v:.1%}")
+            elif "tok/s" in label:
+                row.append(f"{v:.0f}")
+            else:
+                row.append(f"{v:.3f} s")
+        rows.append(row)
+    md = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    md += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(md), [header] + rows
+
+
+def write_compare(out: Path, outcomes: list[RunOutcome], plots: bool = True) -> str:
+    table, rows = compare_table(outcomes)
+    (out / "compare.md").write_text(table + "\n")
+    with (out / "compare.csv").open("w", newline="") as fh:
+        csv.writer(fh).writerows(rows)
+    if plots:
+        compare_plots(out, {o.spec.name: o.rows for o in outcomes})
+    return table

@@ -1,0 +1,156 @@
+"""Event-driven cluster simulator: replicas running the unchanged scheduler, batch times from the
+runtime predictor. Deterministic: the same requests and configs give the same results."""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from dataclasses import dataclass, field
+
+from tqdm import tqdm
+
+from medha.core.config import SchedulerConfig
+from medha.core.request import Request
+from medha.perf import ParallelConfig, Predictor, make_predictor
+from medha.perf.prefill_time_cache import PrefillTimeCache
+from medha.scheduler.block_manager import BlockManager
+from medha.scheduler.replica_scheduler import ReplicaScheduler
+from medha.sim.dispatchers import DISPATCHERS
+from medha.sim.metrics.iteration_log import IterationLog
+from medha.sim.replica import SimReplica
+
+
+@dataclass
+class ClusterConfig:
+    model: str = field(default="llama-3-8b", metadata={"help": "model spec"})
+    hardware: str = field(default="a100", metadata={"help": "device: a100, h100, h200 or cpu"})
+    predictor: str = field(default="roofline", metadata={"help": (
+        "batch-time model: roofline, profiled (bundled profile) or profiled:PATH")})
+    replicas: int = field(default=1, metadata={"help": (
+        "replicas behind the dispatcher; each has tp x spp x kvp devices")})
+    dispatcher: str = field(default="round_robin", metadata={"help": (
+        "how requests are spread over replicas: round_robin or least_work")})
+    kv_memory_gb: float | None = field(default=None, metadata={"help": (
+        "KV cache memory per device in GiB (default: device memory x utilization - weights)")})
+    gpu_memory_utilization: float = field(default=0.9, metadata={"help": (
+        "share of device memory for weights and KV cache")})
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.replicas, int) or self.replicas < 1:
+            raise ValueError(f"replicas must be a positive integer, got {self.replicas!r}")
+        DISPATCHERS.get(self.dispatcher)
+        if self.kv_memory_gb is not None and not self.kv_memory_gb > 0:
+            raise ValueError(f"kv_memory_gb must be positive, got {self.kv_memory_gb!r}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError("gpu_memory_utilization must lie in (0, 1], got "
+                             f"{self.gpu_memory_utilization!r}")
+
+
+@dataclass
+class SimResult:
+    requests: list[Request]
+    log: IterationLog
+    num_devices: int
+    predictor: Predictor
+    wall_s: float
+    setup_s: float
+
+    @property
+    def simulated_s(self) -> float:
+        ends = [r.finish_s for r in self.requests if r.finish_s is not None]
+        return (max(ends) - min(r.arrival_s for r in self.requests)) if ends else 0.0
+
+
+def kv_blocks_per_replica(cluster: ClusterConfig, predictor: Predictor,
+                          block_size: int = 16) -> BlockManager:
+    hw, model, par = predictor.hardware, predictor.model, predictor.parallel
+    if cluster.kv_memory_gb is not None:
+        kv_bytes = cluster.kv_memory_gb * 2**30
+    else:
+        weights = model.num_params * hw.dtype_bytes / (par.tp * par.spp)
+        kv_bytes = hw.mem_bytes * cluster.gpu_memory_utilization - weights
+        if kv_bytes <= 0:
+            raise ValueError(f"{model.name} does not fit on {par.tp * par.spp} {hw.name} "
+                             "devices per KVP group: raise --tp or --spp")
+    return BlockManager.from_memory(kv_bytes, model, par, hw.dtype_bytes, block_size)
+
+
+class Simulator:
+    def __init__(self, cluster: ClusterConfig, parallel: ParallelConfig,
+                 scheduler: SchedulerConfig, predictor: Predictor | None = None) -> None:
+        """`predictor` overrides the one the cluster config names (tests use toy ones)."""
+        t0 = time.perf_counter()
+        self.cluster, self.parallel, self.scheduler_config = cluster, parallel, scheduler
+        self.predictor = predictor or make_predictor(cluster.predictor, cluster.model,
+                                                     cluster.hardware, parallel)
+        # Building one scheduler validates the whole configuration and fills the prefill-time
+        # cache, which every replica of every run then shares.
+        template = ReplicaScheduler(scheduler, self.predictor,
+                                    kv_blocks_per_replica(cluster, self.predictor))
+        self.max_model_len = template.max_model_len
+        self._prefill_times: PrefillTimeCache = template.prefill_times
+        self.setup_s = time.perf_counter() - t0
+
+    def _replicas(self) -> list[SimReplica]:
+        return [SimReplica(i, ReplicaScheduler(
+            self.scheduler_config, self.predictor,
+            kv_blocks_per_replica(self.cluster, self.predictor),
+            prefill_times=self._prefill_times)) for i in range(self.cluster.replicas)]
+
+    def run(self, requests: list[Request], progress: bool = False) -> SimResult:
+        t0 = time.perf_counter()
+        replicas = self._replicas()
+        dispatcher = DISPATCHERS.get(self.cluster.dispatcher)(replicas)
+        log = IterationLog()
+        arrivals = sorted(requests, key=lambda r: r.arrival_s)
+        heap: list[tuple[float, int, int, SimReplica, object]] = []
+        seq = 0
+        i, n = 0, len(arrivals)
+        done_count = 0
+        bar = tqdm(total=n, unit="req", desc="simulating", disable=not progress,
+                   mininterval=0.5, leave=False)
+        inf = math.inf
+        while i < n or heap:
+            now = min(arrivals[i].arrival_s if i < n else inf, heap[0][0] if heap else inf)
+            dirty: dict[int, SimReplica] = {}
+            # Batches finishing now go first, so that their decodes can join the next batch.
+            while heap and heap[0][0] <= now:
+                _, _, kind, replica, batch = heapq.heappop(heap)
+                if kind == _STAGE1 or replica.spp == 1:
+                    replica.stage1_free = True
+                if kind == _DONE:
+                    finished = replica.finish_batch(batch, now)
+                    if finished:
+                        done_count += len(finished)
+                        bar.update(len(finished))
+                dirty[replica.replica_id] = replica
+            while i < n and arrivals[i].arrival_s <= now:
+                r = arrivals[i]
+                i += 1
+                replica = dispatcher.pick(r, now)
+                replica.add(r, now)
+                dirty[replica.replica_id] = replica
+            for rid in sorted(dirty):
+                replica = dirty[rid]
+                if not replica.stage1_free:
+                    continue
+                started = replica.start_batch(now)
+                if started is None:
+                    continue
+                batch, stage1_end, end = started
+                log.record(rid, batch, now, end)
+                seq += 1
+                heapq.heappush(heap, (end, seq, _DONE, replica, batch))
+                if replica.spp > 1:
+                    seq += 1
+                    heapq.heappush(heap, (stage1_end, seq, _STAGE1, replica, None))
+        bar.close()
+        stuck = sum(len(r.scheduler) for r in replicas)
+        if stuck:
+            raise RuntimeError(f"simulation stalled with {stuck} unfinished requests")
+        return SimResult(requests, log, self.cluster.replicas * self.parallel.world_size,
+                         self.predictor, time.perf_counter() - t0, self.setup_s)
+
+
+_STAGE1, _DONE = 0, 1

@@ -1,0 +1,145 @@
+"""Request lists for the simulator: a trace replayed, or lengths with generated arrivals, and the
+long-context mixture of the Medha evaluation."""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from medha.core.request import Request
+from medha.sim.workload.traces import TraceEntry, TraceError, load_trace
+
+# The Medha-SWE long-context set: prefill P50 393K, P90 839K, within 128K..1M tokens;
+# decode P50 518, P90 808 tokens.
+LONG_PREFILL = dict(p50=393_000, p90=839_000, low=128 * 1024, high=1 << 20)
+LONG_DECODE = dict(p50=518, p90=808, low=1, high=1 << 14)
+
+
+@dataclass
+class WorkloadConfig:
+    trace: str = field(default="sharegpt", metadata={"help": (
+        "bundled trace (sharegpt, arxiv, splitwise_conv, splitwise_code, azure_conv, "
+        "azure_code), a CSV/JSONL file, or 'synthetic' (every request --prompt-len and "
+        "--output-len tokens)")})
+    num_requests: int | None = field(default=None, metadata={"help": (
+        "requests to simulate (default: every row of a timestamped trace, 1000 otherwise)")})
+    qps: float | None = field(default=None, metadata={"help": (
+        "arrival rate in requests/s; required for traces without timestamps, and replaces a "
+        "trace's own timestamps when given")})
+    arrival: str = field(default="poisson", metadata={"help": (
+        "generated arrivals: poisson, or gamma (burstier, see --gamma-cv)")})
+    gamma_cv: float = field(default=2.0, metadata={"help": (
+        "coefficient of variation of gamma inter-arrival times")})
+    time_scale: float = field(default=1.0, metadata={"help": (
+        "multiply a trace's timestamps (0.5 replays it twice as fast)")})
+    long_fraction: float = field(default=0.0, metadata={"help": (
+        "fraction of requests replaced by long-context ones drawn like Medha-SWE (prefill "
+        "P50 393K, P90 839K tokens, 128K-1M; decode P50 518, P90 808)")})
+    prompt_len: int = field(default=512, metadata={"help": "prompt tokens for --trace synthetic"})
+    output_len: int = field(default=128, metadata={"help": "output tokens for --trace synthetic"})
+    seed: int = field(default=0, metadata={"help": "seed for sampling and arrivals"})
+
+    def __post_init__(self) -> None:
+        if self.arrival not in ("poisson", "gamma"):
+            raise ValueError(f"arrival must be poisson or gamma, got {self.arrival!r}")
+        checks = [("qps", self.qps, False), ("gamma_cv", self.gamma_cv, False),
+                  ("time_scale", self.time_scale, False)]
+        for name, value, _ in checks:
+            if value is not None and not (isinstance(value, (int, float)) and
+                                          math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a positive number, got {value!r}")
+        if not 0 <= self.long_fraction <= 1:
+            raise ValueError(f"long_fraction must lie in [0, 1], got {self.long_fraction!r}")
+        for name in ("num_requests", "prompt_len", "output_len"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, int) and value >= 1):
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _truncated_lognormal(p50: float, p90: float, low: float, high: float):
+    """(mu, sigma) of a log-normal that, truncated to [low, high], has the given P50 and P90."""
+    from scipy.optimize import fsolve
+    from scipy.stats import norm
+
+    a, b = math.log(low), math.log(high)
+
+    def quantile(q, mu, s):
+        lo, hi = norm.cdf((a - mu) / s), norm.cdf((b - mu) / s)
+        return math.exp(mu + s * norm.ppf(lo + q * (hi - lo)))
+
+    def equations(params):
+        mu, s = params[0], abs(params[1]) + 1e-9
+        return [math.log(quantile(0.5, mu, s) / p50), math.log(quantile(0.9, mu, s) / p90)]
+
+    mu, s = fsolve(equations, [math.log(p50), math.log(p90 / p50) / 1.2816])
+    return float(mu), abs(float(s))
+
+
+@lru_cache(maxsize=None)
+def _long_params():
+    return _truncated_lognormal(**LONG_PREFILL), _truncated_lognormal(**LONG_DECODE)
+
+
+def sample_long(rng: random.Random, max_context: int) -> tuple[int, int]:
+    """One long-context request, (prompt tokens, output tokens), drawn like Medha-SWE."""
+    (pm, ps), (dm, ds) = _long_params()
+
+    def draw(mu, s, low, high):
+        while True:
+            x = rng.lognormvariate(mu, s)
+            if low <= x <= high:
+                return int(x)
+
+    output = draw(dm, ds, LONG_DECODE["low"], LONG_DECODE["high"])
+    prompt = draw(pm, ps, LONG_PREFILL["low"], LONG_PREFILL["high"])
+    return min(prompt, max_context - output), output
+
+
+def _arrivals(cfg: WorkloadConfig, n: int, rng: random.Random) -> list[float]:
+    t, out = 0.0, []
+    if cfg.arrival == "poisson":
+        for _ in range(n):
+            out.append(t)
+            t += rng.expovariate(cfg.qps)
+    else:
+        shape = 1.0 / cfg.gamma_cv**2
+        for _ in range(n):
+            out.append(t)
+            t += rng.gammavariate(shape, 1.0 / (cfg.qps * shape))
+    return out
+
+
+def build_requests(cfg: WorkloadConfig, max_context: int) -> list[Request]:
+    """The request list of a run; the same config and seed always give the same list."""
+    rng = random.Random(cfg.seed)
+    if cfg.trace == "synthetic":
+        n = cfg.num_requests or 1000
+        entries = [TraceEntry(None, cfg.prompt_len, cfg.output_len)] * n
+    else:
+        timed_limit = cfg.num_requests if cfg.qps is None else None
+        entries = load_trace(cfg.trace, limit=timed_limit)
+        timed = entries[0].arrival_s is not None and cfg.qps is None
+        n = cfg.num_requests or (len(entries) if timed else 1000)
+        if not timed:
+            # lengths only: draw rows in a seeded order, cycling if more requests are needed
+            order = list(range(len(entries)))
+            rng.shuffle(order)
+            entries = [TraceEntry(None, entries[order[i % len(order)]].prompt_len,
+                                  entries[order[i % len(order)]].output_len) for i in range(n)]
+    timed = entries[0].arrival_s is not None
+    if not timed and cfg.qps is None:
+        raise TraceError(f"trace {cfg.trace} has no timestamps: give --qps")
+    arrivals = ([e.arrival_s * cfg.time_scale for e in entries] if timed
+                else _arrivals(cfg, len(entries), rng))
+    requests = []
+    for i, (e, at) in enumerate(zip(entries, arrivals)):
+        prompt, output = e.prompt_len, e.output_len
+        if cfg.long_fraction and rng.random() < cfg.long_fraction:
+            prompt, output = sample_long(rng, max_context)
+        if prompt + output > max_context:
+            raise TraceError(f"request {i} of {cfg.trace}: {prompt} prompt + {output} output "
+                             f"tokens exceed the model context of {max_context}")
+        requests.append(Request(f"r{i}", at, prompt, output))
+    return requests

@@ -1,0 +1,173 @@
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import TOKEN_S
+
+from medha.core.config import SchedulerConfig
+from medha.core.request import Request
+from medha.perf import ParallelConfig
+from medha.perf.toy_predictor import FixedCostPredictor
+from medha.sim.metrics.summary import WALL_CLOCK_KEYS
+from medha.sim.runner import RunSpec, simulate
+from medha.sim.simulator import ClusterConfig, Simulator
+from medha.sim.workload.generator import WorkloadConfig
+
+
+def toy_sim(replicas=1, dispatcher="round_robin", **sched):
+    sched.setdefault("target_batch_time_s", 1 / 16)
+    return Simulator(ClusterConfig(replicas=replicas, dispatcher=dispatcher, kv_memory_gb=1.0),
+                     ParallelConfig(), SchedulerConfig(**sched),
+                     predictor=FixedCostPredictor(TOKEN_S))
+
+
+def test_metrics_of_a_hand_checked_run():
+    # one request alone: 128 prompt tokens = two 64-token iterations of 1/16 s; then each decode
+    # costs one token, 1/1024 s
+    sim = toy_sim()
+    r = Request("a", 1.0, 128, 4)
+    result = sim.run([r])
+    assert r.ttft_s == pytest.approx(2 / 16)
+    assert [b - a for a, b in zip(r.token_times_s, r.token_times_s[1:])] == \
+        pytest.approx([TOKEN_S] * 3)
+    assert result.simulated_s == pytest.approx(2 / 16 + 3 * TOKEN_S)
+    assert len(result.log) == 5 and result.log.prefill_tokens[:2] == [64, 64]
+
+
+def test_round_robin_and_least_work_dispatch():
+    rr = toy_sim(replicas=2)
+    reqs = [Request(f"r{i}", 0.0, 64, 1) for i in range(4)]
+    res = rr.run(reqs)
+    assert sorted(res.log.replica[:2]) == [0, 1]
+    lw = toy_sim(replicas=2, dispatcher="least_work")
+    big, small = Request("big", 0.0, 6000, 1), Request("small", 0.001, 64, 1)
+    res = lw.run([big, small])
+    first_small = res.log.chunk_request.index("small")
+    assert res.log.replica[res.log.chunk_iteration[first_small]] == 1  # not behind "big"
+    assert small.ttft_s < 0.1
+
+
+def test_stream_pipeline_overlaps_chunks_of_one_prefill():
+    def ttft(spp):
+        sim = Simulator(ClusterConfig(hardware="h100"), ParallelConfig(tp=8, spp=spp),
+                        SchedulerConfig(target_batch_time_s=0.05))
+        r = Request("long", 0.0, 200_000, 1)
+        res = sim.run([r])
+        return r.ttft_s, res.log
+
+    t1, _ = ttft(1)
+    t2, log = ttft(2)
+    # batch i+1 enters stage 1 while batch i is still in stage 2
+    assert all(log.start_s[i + 1] < log.end_s[i] for i in range(len(log) - 1))
+    assert 0.4 * t1 < t2 < 0.6 * t1
+
+
+def test_kv_parallelism_cuts_long_context_decode_time():
+    def tpot(kvp):
+        sim = Simulator(ClusterConfig(hardware="h100"),
+                        ParallelConfig(tp=8, spp=2, kvp=kvp, max_tokens_per_kvp_group=1 << 19),
+                        SchedulerConfig(max_model_len=1_600_000, target_batch_time_s=0.2))
+        r = Request("long", 0.0, 1_500_000, 20)
+        sim.run([r])
+        times = r.token_times_s
+        return (times[-1] - times[0]) / (len(times) - 1)
+
+    assert tpot(2) < 0.75 * tpot(1)
+
+
+def test_simulation_is_deterministic():
+    spec = RunSpec(cluster=ClusterConfig(hardware="h100", replicas=2),
+                   parallel=ParallelConfig(tp=8), scheduler=SchedulerConfig())
+    work = WorkloadConfig(trace="sharegpt", qps=4.0, num_requests=150, long_fraction=0.02,
+                          seed=3)
+    a, b = simulate(spec, work), simulate(spec, work)
+    for s in (a.summary, b.summary):
+        for k in WALL_CLOCK_KEYS:
+            s["sim"].pop(k)
+    assert json.dumps(a.summary, sort_keys=True) == json.dumps(b.summary, sort_keys=True)
+    assert a.summary["requests"] == {"total": 150, "completed": 150}
+
+
+def test_summary_schema():
+    spec = RunSpec(cluster=ClusterConfig(hardware="h100"), parallel=ParallelConfig(tp=8))
+    s = simulate(spec, WorkloadConfig(trace="sharegpt", qps=2.0, num_requests=60,
+                                      long_fraction=0.05, seed=1)).summary
+    for key in ("config", "requests", "ttft_s", "tpot_s", "e2e_s", "by_class", "throughput",
+                "slo_attainment", "sim"):
+        assert key in s
+    assert set(s["ttft_s"]) >= {"p50", "p90", "p99", "mean"}
+    assert s["by_class"]["short"]["count"] + s["by_class"]["long"]["count"] == 60
+    assert 0 < s["utilization"]["mfu"] < 1 and 0 < s["utilization"]["mbu"] < 1
+    assert s["throughput"]["requests_per_s"] > 0
+
+
+def medha(*args):
+    return subprocess.run([sys.executable, "-m", "medha", *args], capture_output=True,
+                          text=True)
+
+
+def test_cli_writes_results(tmp_path):
+    out = tmp_path / "run"
+    res = medha("simulate", "--hardware", "h100", "--tp", "8", "--qps", "2",
+                "--num-requests", "40", "--long-fraction", "0.05", "--out", str(out),
+                "--quiet")
+    assert res.returncode == 0, res.stderr
+    for f in ("summary.json", "requests.csv", "iterations.csv", "ttft_cdf.png", "tpot_cdf.png",
+              "longest_request_chunks.png"):
+        assert (out / f).stat().st_size > 0, f
+    assert json.loads(res.stdout)["requests"]["completed"] == 40
+    again = medha("simulate", "--qps", "2", "--num-requests", "5", "--out", str(out), "--quiet")
+    assert again.returncode == 2 and "--overwrite" in again.stderr
+
+
+def test_cli_compare_and_yaml(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("hardware: h100\ntp: 8\nqps: 3\nnum-requests: 40\nseed: 2\n"
+                   "compare:\n  - name: medha\n    policy: lars\n"
+                   "  - name: orca\n    policy: fcfs\n    chunking: none\n")
+    out = tmp_path / "cmp"
+    res = medha("simulate", "--config", str(cfg), "--out", str(out), "--quiet", "--no-plots")
+    assert res.returncode == 0, res.stderr
+    assert "| medha |" in res.stdout and "| orca |" in res.stdout
+    assert (out / "compare.md").exists() and (out / "orca" / "summary.json").exists()
+    orca = json.loads((out / "orca" / "summary.json").read_text())
+    assert orca["config"]["scheduler"]["chunking"] == "none"
+    assert orca["config"]["workload"]["qps"] == 3.0
+    # flags override the YAML file
+    res = medha("simulate", "--config", str(cfg), "--qps", "1", "--compare", "name=x",
+                "--out", str(tmp_path / "o2"), "--quiet", "--no-plots")
+    assert res.returncode == 0, res.stderr
+    x = json.loads((tmp_path / "o2" / "x" / "summary.json").read_text())
+    assert x["config"]["workload"]["qps"] == 1.0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "gpt-9"], "unknown model 'gpt-9'"),
+    (["--hardware", "tpu"], "unknown hardware 'tpu'"),
+    (["--policy", "fifo"], "unknown policy 'fifo'"),
+    (["--compare", "policy=lars"], "give it a name"),
+    (["--compare", "name=a,qps=3"], "cannot set qps per run"),
+    (["--compare", "name=a,tp=two"], "tp='two' is not a valid int"),
+])
+def test_cli_bad_flags(tmp_path, args, message):
+    out = tmp_path / "never"
+    res = medha("simulate", "--qps", "1", "--num-requests", "5", "--out", str(out), "--quiet",
+                *args)
+    assert res.returncode == 2 and message in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr
+    assert not out.exists()
+
+
+def test_cli_bad_trace_leaves_no_output(tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0,5,5\n1,abc,5\n")
+    out = tmp_path / "never"
+    res = medha("simulate", "--trace", str(trace), "--out", str(out), "--quiet")
+    assert res.returncode == 2 and f"{trace}:3: num_prefill_tokens='abc'" in res.stderr
+    assert not out.exists()
+    assert not list(tmp_path.glob(".never.partial-*"))
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("qps: 1\nturbo: true\n")
+    res = medha("simulate", "--config", str(cfg), "--out", str(out), "--quiet")
+    assert res.returncode == 2 and "unknown key 'turbo'" in res.stderr
