@@ -52,7 +52,8 @@ def _cmd_demo(args: argparse.Namespace) -> None:
     print(f"medha {__version__} scheduling demo: {predictor.describe()}")
     print(f"one {workload.long_prompt}-token prompt at t={workload.long_at_s:.0f}s among "
           f"{workload.num_short} short chat requests ({workload.short_qps}/s); iteration "
-          f"budget {base.budget_s(predictor.parallel.spp) * 1e3:.0f} ms; batch times predicted, not measured\n")
+          f"budget {base.budget_s(predictor.parallel.spp) * 1e3:.0f} ms; batch times "
+          "predicted, not measured\n")
     print(demo_table(predictor, workload, base, blocks.num_blocks))
 
 

@@ -98,7 +98,8 @@ def utilization(log: IterationLog, model: ModelSpec, dtype_bytes: int, span_s: f
     flops = per_token * tokens.sum()
     flops += (4.0 * n * (k + (n + 1) / 2)).sum() * model.q_size * model.num_layers
     flops += 4.0 * (decode_kv.sum() + sum(log.num_decodes)) * model.q_size * model.num_layers
-    nbytes = model.num_params * dtype_bytes * len(log) + kv_token * (decode_kv.sum() + (k + n).sum())
+    nbytes = (model.num_params * dtype_bytes * len(log)
+              + kv_token * (decode_kv.sum() + (k + n).sum()))
     # share of time a replica's first stage is busy (a batch holds each stage latency/spp)
     busy = np.asarray(log.latency_s).sum() / spp / (span_s * num_replicas)
     return {"mfu": float(flops / (span_s * num_devices * peak_flops)),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 
 from medha.core.request import Request
 from medha.sim.workload.traces import TraceEntry, TraceError, load_trace
@@ -77,7 +77,7 @@ def _truncated_lognormal(p50: float, p90: float, low: float, high: float):
     return float(mu), abs(float(s))
 
 
-@lru_cache(maxsize=None)
+@cache
 def _long_params():
     return _truncated_lognormal(**LONG_PREFILL), _truncated_lognormal(**LONG_DECODE)
 
