@@ -189,7 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--kv-memory-gb", type=float, default=2.0,
                    help="KV cache memory per device in GiB (default: 2)")
     add_dataclass_args(p, SchedulerConfig, skip=("policy", "chunking"), title="scheduler")
-    p.set_defaults(func=_cmd_demo, tpot_target_s=0.25)
+    p.set_defaults(func=_cmd_demo, tpot_target_s=0.125)
 
     p = sub.add_parser("chunks", help="chunk sizes adaptive chunking picks for one long prompt")
     _add_platform_args(p, "llama-3-8b", "h100", tp=8)

@@ -142,3 +142,11 @@ def test_no_chunking_runs_each_prompt_whole():
 def test_bad_chunking_specs(spec):
     with pytest.raises(ValueError, match="chunking"):
         parse_chunking(spec)
+
+
+def test_default_budget_leaves_room_for_a_pipeline_slot():
+    cfg = SchedulerConfig(tpot_target_s=0.06)
+    assert cfg.budget_s(1) == 0.06  # a batch returns exactly when the next one starts
+    assert cfg.budget_s(2) == pytest.approx(0.04)  # a decode may wait one stage (latency/2)
+    assert cfg.budget_s(4) == pytest.approx(0.048)
+    assert SchedulerConfig(tpot_target_s=0.06, target_batch_time_s=0.03).budget_s(4) == 0.03

@@ -79,6 +79,9 @@ class SchedulerConfig:
     def budget_s(self, spp: int = 1) -> float:
         """Iteration time budget. With stream pipelining a decode that returns just after
         stage 1 was refilled waits for the next slot, one stage time, so the default budget
-        leaves room for it: a token's time stays within the TPOT target."""
-        return self.target_batch_time_s or self.tpot_target_s * spp / (spp + 1)
+        leaves room for it: a token's time stays within the TPOT target. Without pipelining
+        a batch returns exactly when the next one starts."""
+        if self.target_batch_time_s:
+            return self.target_batch_time_s
+        return self.tpot_target_s if spp == 1 else self.tpot_target_s * spp / (spp + 1)
 

@@ -20,6 +20,8 @@ from medha.sim.dispatchers import DISPATCHERS
 from medha.sim.metrics.iteration_log import IterationLog
 from medha.sim.replica import SimReplica
 
+_STAGE1, _DONE = 0, 1  # events: a batch leaves stage 1 / leaves the pipeline
+
 
 @dataclass
 class ClusterConfig:
@@ -107,7 +109,6 @@ class Simulator:
         heap: list[tuple[float, int, int, SimReplica, object]] = []
         seq = 0
         i, n = 0, len(arrivals)
-        done_count = 0
         bar = tqdm(total=n, unit="req", desc="simulating", disable=not progress,
                    mininterval=0.5, leave=False)
         inf = math.inf
@@ -122,7 +123,6 @@ class Simulator:
                 if kind == _DONE:
                     finished = replica.finish_batch(batch, now)
                     if finished:
-                        done_count += len(finished)
                         bar.update(len(finished))
                 dirty[replica.replica_id] = replica
             while i < n and arrivals[i].arrival_s <= now:
@@ -152,5 +152,3 @@ class Simulator:
         return SimResult(requests, log, self.cluster.replicas * self.parallel.world_size,
                          self.predictor, time.perf_counter() - t0, self.setup_s)
 
-
-_STAGE1, _DONE = 0, 1
