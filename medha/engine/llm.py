@@ -1,0 +1,60 @@
+"""The blocking interface: LLM(model=...).generate(prompts, sampling_params)."""
+
+from __future__ import annotations
+
+import itertools
+
+from tqdm import tqdm
+
+from medha.core.config import SchedulerConfig
+from medha.engine.llm_engine import EngineConfig, LLMEngine, RequestOutput
+from medha.engine.sampling_params import SamplingParams
+
+
+class LLM:
+    def __init__(self, model: str = "smollm2", scheduler: SchedulerConfig | None = None,
+                 **engine_options) -> None:
+        self.engine = LLMEngine(EngineConfig(model=model, **engine_options), scheduler)
+        self._ids = itertools.count()
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    def generate(self, prompts: str | list[str] | list[list[int]],
+                 sampling_params: SamplingParams | list[SamplingParams] | None = None,
+                 use_tqdm: bool = False) -> list[RequestOutput]:
+        """Run every prompt to completion, batched by the scheduler; outputs in input order."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        params = sampling_params if isinstance(sampling_params, list) else \
+            [sampling_params or SamplingParams()] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
+        ids = [f"gen-{next(self._ids)}" for _ in prompts]
+        added = []
+        try:
+            for rid, prompt, p in zip(ids, prompts, params):
+                self.engine.add_request(rid, prompt, p)
+                added.append(rid)
+        except ValueError:
+            for rid in added:  # all or nothing
+                self.engine.abort(rid)
+            raise
+        final: dict[str, RequestOutput] = {}
+        logprobs: dict[str, list] = {rid: [] for rid in ids}
+        with tqdm(total=len(ids), disable=not use_tqdm, unit="req") as bar:
+            while len(final) < len(ids):
+                for out in self.engine.step():
+                    if out.logprobs:
+                        logprobs[out.request_id].extend(out.logprobs)
+                    if out.finished:
+                        out.logprobs = logprobs[out.request_id] or out.logprobs
+                        final[out.request_id] = out
+                        bar.update(1)
+        return [final[rid] for rid in ids]
+
+    def chat(self, messages: list[dict], sampling_params: SamplingParams | None = None
+             ) -> RequestOutput:
+        ids = self.tokenizer.apply_chat_template(messages)
+        return self.generate([ids], sampling_params)[0]

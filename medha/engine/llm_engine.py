@@ -1,0 +1,285 @@
+"""LLMEngine: the replica scheduler driving a real model.
+
+    engine = LLMEngine(EngineConfig(model="smollm2"))
+    engine.add_request("r1", "Hello", SamplingParams(max_tokens=16))
+    while engine.has_unfinished():
+        for out in engine.step():
+            print(out.request_id, out.delta_text, out.finished)
+
+Each `step` schedules one batch with the wall clock as `now`, runs it, samples, and reports the
+measured time back to the scheduler (and to `engine.metrics`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import json
+import os
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from medha.core.batch import BatchResult
+from medha.core.config import SchedulerConfig
+from medha.core.request import Request
+from medha.engine.checkpoint import check_checkpoint, resolve_model
+from medha.engine.errors import EngineError
+from medha.engine.layers.sampler import Sample, sample
+from medha.engine.model_runner import ModelRunner
+from medha.engine.sampling_params import SamplingParams
+from medha.engine.tokenizer import Detokenizer, Tokenizer
+from medha.perf import ParallelConfig, Predictor, make_predictor
+from medha.perf.hardware_specs import cache_dir, get_hardware
+from medha.perf.model_specs import model_from_hf_config
+from medha.scheduler.block_manager import BlockManager
+from medha.scheduler.replica_scheduler import ReplicaScheduler
+
+
+@dataclass
+class EngineConfig:
+    model: str = field(default="smollm2", metadata={"help": (
+        "a local Hugging Face checkpoint directory (Llama family, safetensors), or smollm2 "
+        "for the embedded SmolLM2-135M-Instruct")})
+    device: str = field(default="auto", metadata={"help": "cpu, cuda, or auto"})
+    dtype: str = field(default="auto", metadata={"help": (
+        "float32, bfloat16 or float16 (auto: float32 on CPU, bfloat16 on CUDA)")})
+    kv_memory_gb: float = field(default=2.0, metadata={"help": "KV cache memory in GiB"})
+    block_size: int = field(default=16, metadata={"help": "tokens per KV block"})
+    predictor: str = field(default="auto", metadata={"help": (
+        "batch-time model for the scheduler: auto (this machine's profile from `medha "
+        "profile` if there is one, else the roofline model of the measured device), roofline, "
+        "or profiled:PATH")})
+    threads: int | None = field(default=None, metadata={"help": "CPU threads (default: all)"})
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    new_token_ids: list[int]
+    delta_text: str
+    text: str
+    token_ids: list[int]
+    finished: bool
+    finish_reason: str | None
+    prompt_token_ids: list[int]
+    logprobs: list[Sample] | None = None  # per new token, when asked for
+    metrics: dict | None = None  # TTFT etc. once finished
+
+
+@dataclass
+class _State:
+    params: SamplingParams
+    context: list[int]  # prompt + generated tokens: what a (re)prefill reads
+    prompt_len: int
+    detok: Detokenizer
+    generator: torch.Generator | None
+    stop_ids: frozenset[int]
+    logprobs: list[Sample] = field(default_factory=list)
+
+
+def _default_profile_path(model_path, device: str) -> str:
+    name = os.path.basename(os.path.normpath(str(model_path)))
+    return str(cache_dir() / "profiles" / f"{name}-{device}.json")
+
+
+def _keep_freed_memory() -> None:
+    """Ask glibc to keep freed memory instead of returning it to the OS: every iteration
+    allocates activations of several megabytes, and fresh pages cost page faults (about 10%
+    of a long prefill on CPU). A no-op where glibc is not the allocator."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    libc.mallopt(m_mmap_threshold, 1 << 30)
+    libc.mallopt(m_trim_threshold, 1 << 31)
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig | None = None,
+                 scheduler: SchedulerConfig | None = None) -> None:
+        self.config = config = config or EngineConfig()
+        _keep_freed_memory()
+        if config.threads:
+            torch.set_num_threads(config.threads)
+        self.device = self._device(config.device)
+        self.dtype = self._dtype(config.dtype, self.device)
+        self.model_path = resolve_model(config.model)
+        hf_config = check_checkpoint(self.model_path)
+        self.tokenizer = Tokenizer(self.model_path)
+        kv_per_token = ModelRunner.kv_bytes_per_token(hf_config, self.dtype)
+        if not config.kv_memory_gb > 0:
+            raise EngineError(f"kv_memory_gb must be positive, got {config.kv_memory_gb!r}")
+        num_blocks = int(config.kv_memory_gb * 2**30 // (kv_per_token * config.block_size))
+        if num_blocks < 1:
+            raise EngineError(f"kv_memory_gb={config.kv_memory_gb} holds no KV block")
+        self.runner = ModelRunner(self.model_path, hf_config, self.device, self.dtype,
+                                  num_blocks, config.block_size)
+        self.spec = model_from_hf_config(os.path.basename(str(self.model_path)), hf_config)
+        self.predictor = self._predictor(config.predictor)
+        sched_cfg = scheduler or SchedulerConfig()
+        if sched_cfg.max_model_len is None:
+            sched_cfg = dataclasses.replace(sched_cfg, max_model_len=self.spec.max_context)
+        self.scheduler = ReplicaScheduler(sched_cfg, self.predictor,
+                                          BlockManager(num_blocks, config.block_size))
+        self._states: dict[str, _State] = {}
+        self.metrics = EngineMetrics()
+
+    # ---- set-up ------------------------------------------------------------------------------
+    @staticmethod
+    def _device(name: str) -> torch.device:
+        if name == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if name == "cuda" and not torch.cuda.is_available():
+            raise EngineError("device cuda requested, but torch sees no CUDA device")
+        if name not in ("cpu", "cuda"):
+            raise EngineError(f"device must be cpu, cuda or auto, got {name!r}")
+        return torch.device(name)
+
+    @staticmethod
+    def _dtype(name: str, device: torch.device) -> torch.dtype:
+        if name == "auto":
+            return torch.float32 if device.type == "cpu" else torch.bfloat16
+        table = {"float32": torch.float32, "bfloat16": torch.bfloat16,
+                 "float16": torch.float16}
+        if name not in table:
+            raise EngineError(f"dtype must be one of {', '.join(table)} or auto, got {name!r}")
+        return table[name]
+
+    def _predictor(self, spec: str) -> Predictor:
+        hardware = get_hardware("cpu") if self.device.type == "cpu" else \
+            _gpu_spec(torch.cuda.get_device_name())
+        if spec == "auto":
+            path = _default_profile_path(self.model_path, self.device.type)
+            spec = f"profiled:{path}" if os.path.exists(path) else "roofline"
+        return make_predictor(spec, self.spec, hardware, ParallelConfig())
+
+    # ---- requests ----------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt: str | list[int] | None,
+                    params: SamplingParams | None = None, *,
+                    prompt_token_ids: list[int] | None = None, arrival_s: float | None = None,
+                    ttft_deadline_s: float | None = None, tpot_target_s: float | None = None,
+                    priority_class: str | None = None) -> None:
+        params = params or SamplingParams()
+        if prompt_token_ids is None:
+            if isinstance(prompt, str):
+                prompt_token_ids = self.tokenizer.encode(prompt)
+            elif prompt is not None:
+                prompt_token_ids = list(prompt)
+        if not prompt_token_ids:
+            raise ValueError("prompt must not be empty")
+        vocab = self.runner.args.vocab_size
+        if any(not isinstance(t, int) or not 0 <= t < vocab for t in prompt_token_ids):
+            raise ValueError(f"prompt token ids must lie in [0, {vocab})")
+        request = Request.from_tokens(request_id, time.monotonic() if arrival_s is None
+                                      else arrival_s, prompt_token_ids, params.max_tokens,
+                                      ttft_deadline_s=ttft_deadline_s,
+                                      tpot_target_s=tpot_target_s,
+                                      priority_class=priority_class)
+        self.scheduler.add_request(request, request.arrival_s)  # validates; raises ValueError
+        generator = None
+        if not params.greedy:
+            generator = torch.Generator()
+            generator.manual_seed(params.seed if params.seed is not None
+                                  else torch.seed() % 2**63)
+        stop_ids = set(params.stop_token_ids)
+        if not params.ignore_eos and self.tokenizer.eos_token_id is not None:
+            stop_ids.add(self.tokenizer.eos_token_id)
+        self._states[request_id] = _State(params, list(prompt_token_ids), len(prompt_token_ids),
+                                          Detokenizer(self.tokenizer, params.stop), generator,
+                                          frozenset(stop_ids))
+
+    def abort(self, request_id: str) -> bool:
+        self._states.pop(request_id, None)
+        return self.scheduler.abort(request_id, time.monotonic()) is not None
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # ---- one iteration -----------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        now = time.monotonic()
+        batch = self.scheduler.schedule(now)
+        if batch is None:
+            return []
+        t0 = time.perf_counter()
+        logits, chunks = self.runner.execute(batch, {rid: s.context
+                                                     for rid, s in self._states.items()},
+                                             self.scheduler.blocks)
+        states = [self._states[c.request.request_id] for c in chunks]
+        samples = sample(logits, [s.params for s in states], [s.generator for s in states])
+        duration = time.perf_counter() - t0
+        token_ids, stopped, deltas = {}, set(), {}
+        for c, s, smp in zip(chunks, states, samples):
+            rid = c.request.request_id
+            token_ids[rid] = smp.token
+            s.context.append(smp.token)
+            if s.params.logprobs is not None:
+                s.logprobs.append(smp)
+            if smp.token in s.stop_ids:
+                stopped.add(rid)
+                deltas[rid] = s.detok.flush()
+                continue
+            deltas[rid] = s.detok.add(smp.token)
+            if s.detok.stopped:
+                stopped.add(rid)
+        self.metrics.record(batch, duration)
+        finished = self.scheduler.update(batch, BatchResult(duration, token_ids,
+                                                            frozenset(stopped)),
+                                         time.monotonic())
+        done = {r.request_id: r for r in finished}
+        outputs = []
+        for c, s, smp in zip(chunks, states, samples):
+            r = c.request
+            end = done.get(r.request_id)
+            delta = deltas[r.request_id]
+            if end is not None and end.finish_reason == "length":
+                delta += s.detok.flush()
+            outputs.append(RequestOutput(
+                request_id=r.request_id, new_token_ids=[smp.token], delta_text=delta,
+                text=s.detok.text, token_ids=s.context[s.prompt_len:],
+                finished=end is not None, finish_reason=end.finish_reason if end else None,
+                prompt_token_ids=s.context[:s.prompt_len],
+                logprobs=[smp] if s.params.logprobs is not None else None,
+                metrics=_request_metrics(end) if end else None))
+            if end is not None:
+                del self._states[r.request_id]
+        return outputs
+
+
+def _request_metrics(r: Request) -> dict:
+    t = r.token_times_s
+    return {"ttft_s": t[0] - r.arrival_s, "e2e_s": r.finish_s - r.arrival_s,
+            "tpot_s": (t[-1] - t[0]) / (len(t) - 1) if len(t) > 1 else None,
+            "preemptions": r.num_preemptions, "prompt_tokens": r.prompt_len,
+            "completion_tokens": r.num_output_tokens}
+
+
+def _gpu_spec(name: str):
+    for key in ("h200", "h100", "a100"):
+        if key in name.lower():
+            return get_hardware(key)
+    return get_hardware("a100")
+
+
+class EngineMetrics:
+    """Measured iteration times beside the predictor's, for profiles and dashboards."""
+
+    def __init__(self) -> None:
+        self.iterations = 0
+        self.busy_s = 0.0
+        self.samples: list[tuple[tuple, tuple, float, float]] = []  # prefills, decodes, meas, pred
+        self.keep_samples = False
+
+    def record(self, batch, duration: float) -> None:
+        self.iterations += 1
+        self.busy_s += duration
+        if self.keep_samples:
+            self.samples.append((tuple((c.num_tokens, c.start) for c in batch.prefills),
+                                 tuple(c.start for c in batch.decodes), duration,
+                                 batch.predicted_time_s))
+
+    def to_json(self) -> str:
+        return json.dumps({"iterations": self.iterations, "busy_s": self.busy_s})

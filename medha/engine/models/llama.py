@@ -1,0 +1,185 @@
+"""Llama-family decoder (Llama 2/3, Mistral-style, SmolLM2) over a flattened token batch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from medha.engine.checkpoint import weight_files
+from medha.engine.errors import EngineError
+from medha.engine.layers.attention import AttentionMetadata, paged_attention
+from medha.engine.layers.norm import RMSNorm
+from medha.engine.layers.rotary import RotaryEmbedding, apply_rotary, rope_parameters
+
+
+@dataclass(frozen=True)
+class LlamaArgs:
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict | None
+    tie_word_embeddings: bool
+    attention_bias: bool
+    mlp_bias: bool
+    max_position_embeddings: int
+
+    @classmethod
+    def from_config(cls, config: dict) -> LlamaArgs:
+        try:
+            heads = config["num_attention_heads"]
+            theta, scaling = rope_parameters(config)
+            if config.get("hidden_act", "silu") != "silu":
+                raise EngineError(f"unsupported activation {config['hidden_act']!r}")
+            return cls(
+                hidden_size=config["hidden_size"],
+                intermediate_size=config["intermediate_size"],
+                num_layers=config["num_hidden_layers"],
+                num_heads=heads,
+                num_kv_heads=config.get("num_key_value_heads") or heads,
+                head_dim=config.get("head_dim") or config["hidden_size"] // heads,
+                vocab_size=config["vocab_size"],
+                rms_norm_eps=config.get("rms_norm_eps", 1e-6),
+                rope_theta=theta, rope_scaling=scaling,
+                tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+                attention_bias=bool(config.get("attention_bias", False)),
+                mlp_bias=bool(config.get("mlp_bias", False)),
+                max_position_embeddings=config.get("max_position_embeddings", 4096),
+            )
+        except KeyError as e:
+            raise EngineError(f"config.json lacks {e.args[0]!r}") from None
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, a: LlamaArgs) -> None:
+        super().__init__()
+        self.h, self.kvh, self.d = a.num_heads, a.num_kv_heads, a.head_dim
+        # q, k and v as one GEMM: bitwise the same outputs as three, one kernel launch
+        self.qkv_proj = nn.Linear(a.hidden_size, (self.h + 2 * self.kvh) * self.d,
+                                  bias=a.attention_bias)
+        self.o_proj = nn.Linear(self.h * self.d, a.hidden_size, bias=a.attention_bias)
+        self.scale = self.d ** -0.5
+
+    def forward(self, x, cos, sin, k_cache, v_cache, meta: AttentionMetadata):
+        t = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.h * self.d, self.kvh * self.d,
+                                          self.kvh * self.d], dim=-1)
+        q = apply_rotary(q.view(t, self.h, self.d), cos, sin)
+        k = apply_rotary(k.view(t, self.kvh, self.d), cos, sin)
+        o = paged_attention(q, k, v.view(t, self.kvh, self.d), k_cache, v_cache, meta,
+                            self.scale)
+        return self.o_proj(o.reshape(t, self.h * self.d))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, a: LlamaArgs) -> None:
+        super().__init__()
+        # gate and up stay two GEMMs: with MKL on CPU two N=I products run faster than one
+        # N=2I product (whose weights no longer fit the caches)
+        self.gate_proj = nn.Linear(a.hidden_size, a.intermediate_size, bias=a.mlp_bias)
+        self.up_proj = nn.Linear(a.hidden_size, a.intermediate_size, bias=a.mlp_bias)
+        self.down_proj = nn.Linear(a.intermediate_size, a.hidden_size, bias=a.mlp_bias)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LlamaLayer(nn.Module):
+    def __init__(self, a: LlamaArgs) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        self.self_attn = LlamaAttention(a)
+        self.post_attention_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        self.mlp = LlamaMLP(a)
+
+    def forward(self, x, cos, sin, k_cache, v_cache, meta):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_cache, v_cache, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, a: LlamaArgs) -> None:
+        super().__init__()
+        self.args = a
+        self.embed_tokens = nn.Embedding(a.vocab_size, a.hidden_size)
+        self.layers = nn.ModuleList(LlamaLayer(a) for _ in range(a.num_layers))
+        self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        self.rotary = RotaryEmbedding(a.head_dim, a.rope_theta, a.rope_scaling)
+        self.lm_head = None if a.tie_word_embeddings else nn.Linear(a.hidden_size, a.vocab_size,
+                                                                     bias=False)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+                meta: AttentionMetadata) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        cos, sin = self.rotary.cos_sin(positions, x.dtype)
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
+            x = layer(x, cos, sin, k_cache, v_cache, meta)
+        return self.norm(x)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, weight).float()
+
+    # ---- weights -----------------------------------------------------------------------------
+    @torch.no_grad()
+    def load_checkpoint(self, path: Path, dtype: torch.dtype, device: torch.device) -> None:
+        """Load safetensors shard by shard, fusing q/k/v as they arrive."""
+        from safetensors import safe_open
+
+        params = dict(self.named_parameters())
+        pending: dict[str, torch.Tensor] = {}
+        loaded: set[str] = set()
+        for file in weight_files(path):
+            try:
+                with safe_open(str(file), framework="pt", device="cpu") as f:
+                    for name in f.keys():
+                        self._place(name, f.get_tensor(name), params, pending, loaded, file)
+            except EngineError:
+                raise
+            except Exception as e:  # safetensors raises its own error types
+                raise EngineError(f"{file}: unreadable safetensors ({e})") from None
+        missing = sorted(set(params) - loaded)
+        if missing:
+            raise EngineError(f"{path}: checkpoint lacks {missing[0]}"
+                              + (f" and {len(missing) - 1} more tensors" if len(missing) > 1
+                                 else ""))
+        self.to(device=device)
+        for p in self.parameters():  # buffers (the RoPE frequencies) stay fp32
+            p.data = p.data.to(dtype)
+
+    _FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2)}
+
+    def _place(self, name, tensor, params, pending, loaded, file) -> None:
+        name = name.removeprefix("model.")
+        if name.startswith("lm_head.") and self.lm_head is None:
+            return  # tied: the embedding serves as the LM head
+        if "rotary_emb" in name:
+            return
+        parts = name.split(".")
+        if len(parts) >= 2 and parts[-2] in self._FUSED:
+            fused, index = self._FUSED[parts[-2]]
+            target = ".".join(parts[:-2] + [fused, parts[-1]])
+            pending[f"{target}#{index}"] = tensor
+            keys = [f"{target}#{i}" for i in range(3)]
+            if not all(k in pending for k in keys):
+                return
+            tensor = torch.cat([pending.pop(k) for k in keys], dim=0)
+            name = target
+        param = params.get(name)
+        if param is None:
+            raise EngineError(f"{file}: unexpected tensor {name!r} for a Llama model")
+        if param.shape != tensor.shape:
+            raise EngineError(f"{file}: {name} has shape {tuple(tensor.shape)}, the config "
+                              f"implies {tuple(param.shape)}")
+        param.copy_(tensor)
+        loaded.add(name)

@@ -1,0 +1,118 @@
+"""`medha profile`: measure this machine's iteration times for the fitted predictor.
+
+Every measurement is a real forward pass of the engine's model runner over a synthetic batch
+(prefill chunks of n tokens after k cached ones, decodes over KV of given lengths), timed after
+a warm-up run of the same shape. The result is a medha JSON profile of whole iterations, which
+`--predictor profiled:PATH` fits jointly (see medha/perf/profiled_predictor.py).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+
+from tqdm import tqdm
+
+from medha.core.batch import Batch, Chunk
+from medha.core.request import Request
+from medha.engine.llm_engine import LLMEngine
+from medha.perf.profile_data import IterationRow, Profile
+
+PREFILL_CHUNKS = (1, 8, 32, 128, 512, 1024, 2048)
+PREFILL_OFFSETS = (0, 1024, 3072, 6144)
+DECODE_BATCHES = (1, 4, 16, 64)
+DECODE_KV = (128, 1024, 4096)
+
+
+@dataclass
+class Shape:
+    prefills: tuple[tuple[int, int], ...]  # (chunk, kv offset)
+    decode_kv: tuple[int, ...]
+
+    def kv_tokens(self) -> int:
+        """KV tokens the batch's requests hold, rounded up to 16-token blocks."""
+        return sum(-(-(n + k) // 16) * 16 for n, k in self.prefills) + \
+            sum(-(-(kv + 1) // 16) * 16 for kv in self.decode_kv)
+
+
+def grid(max_len: int, capacity: int, mixed: int, seed: int, quick: bool = False
+         ) -> list[Shape]:
+    """Shapes to time; `capacity` (KV tokens the cache holds) bounds each batch's contexts."""
+    chunks = PREFILL_CHUNKS[::2] if quick else PREFILL_CHUNKS
+    shapes = [Shape(((n, k),), ()) for n in chunks for k in PREFILL_OFFSETS if n + k <= max_len]
+    shapes += [Shape((), (kv,) * b) for b in DECODE_BATCHES for kv in DECODE_KV if kv < max_len]
+    shapes += random_mixed(mixed, max_len, capacity, seed)
+    return [s for s in shapes if s.kv_tokens() <= capacity]
+
+
+def random_mixed(count: int, max_len: int, capacity: int, seed: int) -> list[Shape]:
+    """Batches like a busy server runs: a few prefill chunks beside many decodes."""
+    rng = random.Random(seed)
+    out: list[Shape] = []
+    while len(out) < count:
+        prefills = []
+        for _ in range(rng.choice((0, 1, 1, 2))):
+            n = rng.choice((16, 64, 128, 256, 512, 1024))
+            prefills.append((n, rng.randrange(0, max(1, min(max_len - n - 1, 6000)))))
+        decodes = tuple(rng.randrange(16, min(max_len - 1, 4096))
+                        for _ in range(rng.choice((0, 1, 4, 8, 16, 32, 48))))
+        if not prefills and not decodes:
+            decodes = (256,)
+        shape = Shape(tuple(prefills), decodes)
+        if shape.kv_tokens() <= capacity:
+            out.append(shape)
+    return out
+
+
+class Profiler:
+    def __init__(self, engine: LLMEngine, seed: int = 0) -> None:
+        if engine.has_unfinished():
+            raise RuntimeError("profile an idle engine")
+        self.engine = engine
+        self.rng = random.Random(seed)
+
+    def measure(self, shape: Shape, repeats: int = 2) -> float:
+        """Best of `repeats` timed runs after one warm-up, in seconds."""
+        e = self.engine
+        bm = e.scheduler.blocks
+        vocab = e.runner.args.vocab_size
+        contexts, decodes, prefills = {}, [], []
+        try:
+            for i, (n, k) in enumerate(shape.prefills):
+                r = Request(f"p{i}", 0.0, k + n, 1)
+                contexts[r.request_id] = [self.rng.randrange(3, vocab) for _ in range(k + n)]
+                self._reserve(r, k + n)
+                prefills.append(Chunk(r, k, n, True))
+            for i, kv in enumerate(shape.decode_kv):
+                r = Request(f"d{i}", 0.0, kv + 1, 1)
+                contexts[r.request_id] = [self.rng.randrange(3, vocab) for _ in range(kv + 1)]
+                self._reserve(r, kv + 1)
+                decodes.append(Chunk(r, kv, 1, True))
+            batch = Batch(0, 0.0, decodes, prefills)
+            best = float("inf")
+            for attempt in range(repeats + 1):
+                t0 = time.perf_counter()
+                e.runner.execute(batch, contexts, bm)
+                if attempt:  # the first run warms kernels up for the shape
+                    best = min(best, time.perf_counter() - t0)
+            return best
+        finally:
+            for rid in contexts:
+                bm.free(rid)
+
+    def _reserve(self, r: Request, tokens: int) -> None:
+        bm = self.engine.scheduler.blocks
+        if bm.grow(r.request_id, tokens) < tokens:
+            raise RuntimeError(f"the KV cache cannot hold a {tokens}-token context for "
+                               "profiling; raise --kv-memory-gb")
+
+    def run(self, shapes: list[Shape], progress: bool = True) -> Profile:
+        e = self.engine
+        profile = Profile(sources=["medha profile"], model=e.spec.name,
+                          hardware=e.device.type)
+        for shape in tqdm(shapes, desc="profiling", unit="batch", disable=not progress):
+            seconds = self.measure(shape)
+            profile.iteration_rows.append(IterationRow(1, shape.prefills, shape.decode_kv,
+                                                       seconds))
+        return profile

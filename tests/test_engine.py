@@ -1,0 +1,227 @@
+"""The real engine on the embedded SmolLM2-135M, against transformers on the same weights."""
+
+import json
+import time
+
+import pytest
+import torch
+
+from medha.core.batch import BatchResult
+from medha.core.config import SchedulerConfig
+from medha.engine import checkpoint
+from medha.engine.checkpoint import resolve_model
+from medha.engine.errors import EngineError
+from medha.engine.llm import LLM
+from medha.engine.sampling_params import SamplingParams
+
+GREEDY = SamplingParams(max_tokens=24, temperature=0)
+
+
+@pytest.fixture(scope="module")
+def model_dir():
+    return resolve_model("smollm2")
+
+
+@pytest.fixture(scope="module")
+def hf(model_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM("smollm2", kv_memory_gb=0.5)
+
+
+@pytest.fixture(scope="module")
+def prompts(llm):
+    text = open(__file__).read()  # any real text will do
+    ids = llm.tokenizer.encode(text)
+    return [ids[i * 53: i * 53 + n] for i, n in enumerate((5, 11, 40, 96, 170, 260, 400, 600))]
+
+
+@pytest.fixture(scope="module")
+def reference(hf, prompts):
+    out = []
+    with torch.inference_mode():
+        for p in prompts:
+            gen = hf.generate(torch.tensor([p]), max_new_tokens=GREEDY.max_tokens,
+                              do_sample=False)
+            out.append(gen[0][len(p):].tolist())
+    return out
+
+
+def prefill_logits(chunking: str, ids: list[int]) -> torch.Tensor:
+    """Logits at every prompt position, prefilled in the chunks `chunking` picks."""
+    engine = LLM("smollm2", scheduler=SchedulerConfig(policy="fcfs", chunking=chunking,
+                                                      tpot_target_s=0.02),
+                 kv_memory_gb=0.1).engine
+    engine.add_request("x", None, SamplingParams(max_tokens=1, temperature=0),
+                       prompt_token_ids=ids)
+    rows = []
+    while engine.has_unfinished():
+        batch = engine.scheduler.schedule(time.monotonic())
+        logits, _ = engine.runner.execute(batch, {"x": engine._states["x"].context},
+                                          engine.scheduler.blocks, all_logits=True)
+        rows.append(logits)
+        tokens = {"x": 0} if batch.prefills[-1].samples else None
+        engine.scheduler.update(batch, BatchResult(0.01, tokens), time.monotonic())
+    return torch.cat(rows)
+
+
+def test_whole_prefill_logits_equal_transformers(hf, prompts):
+    ids = prompts[6]
+    with torch.inference_mode():
+        ref = hf(torch.tensor([ids])).logits[0]
+    ours = prefill_logits("none", ids)
+    assert (ours - ref).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("chunking", ["static:16", "static:64", "adaptive"])
+def test_chunked_prefill_logits_match_a_whole_prefill(prompts, chunking):
+    ids = prompts[6]
+    whole = prefill_logits("none", ids)
+    chunked = prefill_logits(chunking, ids)
+    assert chunked.shape == whole.shape
+    assert (chunked - whole).abs().max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("policy, chunking", [("fcfs", "none"), ("fcfs", "static:16"),
+                                              ("lars", "adaptive"), ("edf", "static:64")])
+def test_batched_greedy_tokens_equal_transformers(prompts, reference, policy, chunking):
+    llm = LLM("smollm2", scheduler=SchedulerConfig(policy=policy, chunking=chunking,
+                                                   tpot_target_s=0.2), kv_memory_gb=0.5)
+    outs = llm.generate(prompts, GREEDY)  # all in flight together
+    assert [o.token_ids for o in outs] == reference
+    assert llm.engine.scheduler.blocks.num_used == 0
+
+
+def test_recompute_preemption_mid_decode_keeps_the_tokens(prompts, reference):
+    # 43 KV blocks of 16 tokens (688 tokens) for eight requests needing 1,774 in all; fcfs
+    # with static chunks makes the schedule independent of timing, hence reproducible
+    llm = LLM("smollm2", scheduler=SchedulerConfig(policy="fcfs", chunking="static:64"),
+              kv_memory_gb=0.03)
+    outs = llm.generate(prompts, GREEDY)
+    sched = llm.engine.scheduler
+    assert sched.stats.preemptions > 0
+    assert [o.token_ids for o in outs] == reference
+    assert sched.blocks.num_used == 0 and not sched.has_unfinished()
+    sched.check_invariants()
+
+
+def test_seeded_sampling_does_not_depend_on_the_batch(llm, prompts):
+    params = SamplingParams(max_tokens=12, temperature=0.9, top_p=0.95, seed=7)
+    alone = llm.generate([prompts[2]], params)[0].token_ids
+    batched = llm.generate([prompts[1], prompts[2], prompts[3]],
+                           [GREEDY, params, SamplingParams(max_tokens=5, temperature=1.0)])
+    assert batched[1].token_ids == alone
+    other = llm.generate([prompts[2]], SamplingParams(max_tokens=12, temperature=0.9,
+                                                      top_p=0.95, seed=8))[0].token_ids
+    assert other != alone
+
+
+def test_degenerate_sampling_is_greedy(llm, prompts, reference):
+    for params in (SamplingParams(max_tokens=24, temperature=0.7, top_k=1, seed=1),
+                   SamplingParams(max_tokens=24, temperature=0.7, top_p=1e-6, seed=1)):
+        assert llm.generate([prompts[4]], params)[0].token_ids == reference[4]
+
+
+def test_stop_strings_and_token_ids(llm, prompts, reference):
+    full = llm.generate([prompts[5]], GREEDY)[0]
+    target = full.text[len(full.text) // 2:][:4]
+    assert target
+    out = llm.generate([prompts[5]], SamplingParams(max_tokens=24, temperature=0,
+                                                    stop=[target]))[0]
+    assert out.finish_reason == "stop" and target not in out.text
+    assert full.text.startswith(out.text) and len(out.text) < len(full.text)
+    tok = reference[5][3]
+    out = llm.generate([prompts[5]], SamplingParams(max_tokens=24, temperature=0,
+                                                    stop_token_ids=[tok]))[0]
+    assert out.finish_reason == "stop" and out.token_ids == reference[5][:4]
+
+
+def test_logprobs(llm, prompts, reference):
+    out = llm.generate([prompts[3]], SamplingParams(max_tokens=6, temperature=0,
+                                                    logprobs=3))[0]
+    assert [s.token for s in out.logprobs] == reference[3][:6]
+    for s in out.logprobs:
+        assert s.logprob <= 0 and len(s.top_logprobs) == 3
+        assert s.top_logprobs[0][0] == s.token  # greedy: the likeliest
+        assert s.top_logprobs[0][1] == pytest.approx(s.logprob)
+        assert [v for _, v in s.top_logprobs] == sorted((v for _, v in s.top_logprobs),
+                                                        reverse=True)
+
+
+def test_abort_mid_generation_frees_kv(llm, prompts):
+    e = llm.engine
+    e.add_request("gone", prompts[6], SamplingParams(max_tokens=200, temperature=0))
+    for _ in range(3):
+        e.step()
+    assert e.scheduler.blocks.num_used > 0
+    assert e.abort("gone")
+    assert e.scheduler.blocks.num_used == 0 and not e.has_unfinished()
+
+
+def test_chat_template(llm):
+    out = llm.chat([{"role": "user", "content": "What is the capital of France?"}],
+                   SamplingParams(max_tokens=16, temperature=0))
+    assert "Paris" in out.text and out.finish_reason == "stop"
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"),
+    (dict(temperature=-0.1), "temperature"), (dict(top_k=-2), "top_k"),
+    (dict(max_tokens=0), "max_tokens"), (dict(logprobs=21), "logprobs"),
+    (dict(stop=[""]), "stop"),
+])
+def test_bad_sampling_values(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**kwargs)
+
+
+def test_bad_prompts_change_nothing(llm):
+    e = llm.engine
+    with pytest.raises(ValueError, match="empty"):
+        e.add_request("e", "", GREEDY)
+    with pytest.raises(ValueError, match="max_model_len"):
+        e.add_request("long", [5] * 9000, GREEDY)
+    with pytest.raises(ValueError, match="token ids"):
+        e.add_request("v", [10**6], GREEDY)
+    assert not e.has_unfinished() and not e._states and e.scheduler.blocks.num_used == 0
+
+
+def test_bad_checkpoints(tmp_path, model_dir):
+    with pytest.raises(EngineError, match="no such directory"):
+        resolve_model(str(tmp_path / "missing"))
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    with pytest.raises(EngineError, match="missing config.json"):
+        resolve_model(str(bad))
+    (bad / "config.json").write_text("{not json")
+    with pytest.raises(EngineError, match="not valid JSON"):
+        resolve_model(str(bad))
+    (bad / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
+    with pytest.raises(EngineError, match="unsupported architecture 'GPT2LMHeadModel'"):
+        resolve_model(str(bad))
+    (bad / "config.json").write_text((model_dir / "config.json").read_text())
+    with pytest.raises(EngineError, match="no \\*.safetensors"):
+        resolve_model(str(bad))
+    (bad / "model.safetensors").write_bytes(b"\x00" * 64)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        (bad / f).write_text((model_dir / f).read_text())
+    with pytest.raises(EngineError, match="unreadable safetensors"):
+        LLM(str(bad))
+
+
+def test_failed_conversion_leaves_nothing_behind(tmp_path, monkeypatch):
+    monkeypatch.setenv("MEDHA_CACHE_DIR", str(tmp_path))
+
+    def broken(gguf, out):
+        (out / "model.safetensors").write_bytes(b"partial")
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(checkpoint, "_convert", broken)
+    with pytest.raises(RuntimeError, match="disk full"):
+        checkpoint.embedded_smollm2()
+    assert list((tmp_path / "models").iterdir()) == []
