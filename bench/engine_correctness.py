@@ -69,8 +69,9 @@ def main() -> None:
     whole = prefill_logits("none", prompts[-1])
     print()
     for chunking in ("static:16", "static:64", "adaptive"):
-        diff = (prefill_logits(chunking, prompts[-1]) - whole).abs().max().item()
-        print(f"2000-token prefill, {chunking} vs whole: max |logit difference| {diff:.2e}")
+        d = (prefill_logits(chunking, prompts[-1]) - whole).abs()
+        print(f"2000-token prefill, {chunking} vs whole: max |logit difference| "
+              f"{d.max().item():.2e}, max relative {(d / whole.abs().clamp(min=1)).max():.2e}")
     with torch.inference_mode():
         ref = hf(torch.tensor([prompts[-1]])).logits[0]
     print(f"whole prefill vs transformers: max |logit difference| "

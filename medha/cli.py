@@ -218,6 +218,62 @@ def _cmd_profile(args: argparse.Namespace) -> None:
           f"(or pass --predictor profiled:{out})")
 
 
+def _cmd_serve(args: argparse.Namespace) -> None:
+    import logging
+    import os
+    import signal
+
+    import uvicorn
+
+    from medha.server.api_server import ServerConfig, build_app
+
+    config = dataclass_from_args(ServerConfig, args)
+    if config.api_key is None:
+        config.api_key = os.environ.get("MEDHA_API_KEY") or None
+    if config.max_waiting < 1:
+        raise CliError(f"--max-waiting must be at least 1, got {config.max_waiting}")
+    engine = _engine(args).engine
+    app = build_app(engine, config)
+    logging.basicConfig(level=config.log_level.upper(), format="%(levelname)s %(message)s")
+    print(f"medha {__version__} serving {config.served_model_name or args.model} "
+          f"({engine.spec.name}, {engine.device.type}, policy "
+          f"{engine.scheduler.config.policy or engine.scheduler.packer.default_policy}, chunking "
+          f"{engine.scheduler.config.chunking}) on http://{config.host}:{config.port}/v1",
+          file=sys.stderr, flush=True)
+    # uvicorn drains on SIGTERM, then re-raises the signal to the handler it found: make that
+    # a clean exit, since the shutdown it asked for has completed
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port,
+                                  log_level=config.log_level,
+                                  timeout_graceful_shutdown=config.drain_timeout_s)).run()
+
+
+def _cmd_bench(args: argparse.Namespace) -> None:
+    from medha.benchmark.load_generator import BenchConfig, BenchError, run_bench
+    from medha.sim.workload.traces import TraceError
+
+    try:
+        cfg = dataclass_from_args(BenchConfig, args)
+        summary = run_bench(cfg, progress=not args.quiet)
+    except (ValueError, TraceError, BenchError) as e:
+        raise CliError(str(e)) from None
+    short, long = summary["by_class"]["short"], summary["by_class"]["long"]
+
+    def row(name: str, c: dict) -> str:
+        t = c["ttft_s"]
+        return (f"{name:6s} {c['count']:5d}  TTFT p50 {t['p50']:.3f} s  p99 {t['p99']:.3f} s"
+                if c["count"] and t["p50"] is not None else f"{name:6s} {c['count']:5d}")
+    print(f"{summary['requests']['completed']}/{summary['requests']['total']} completed, "
+          f"{summary['client']['errors']} errors, "
+          f"{summary['throughput']['output_tokens_per_s']:.1f} output tokens/s")
+    print(row("short", short))
+    print(row("long", long))
+    print(f"results in {cfg.out}/", file=sys.stderr)
+    if summary["client"]["errors"]:
+        raise CliError(f"{summary['client']['errors']} requests failed; see "
+                       f"{cfg.out}/requests.csv")
+
+
 def _cmd_hardware(args: argparse.Namespace) -> None:
     from medha.perf.hardware_specs import GPUS, this_cpu
 
@@ -301,6 +357,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_dataclass_args(p, EngineConfig, title="engine")
     p.set_defaults(func=_cmd_profile)
+
+    from medha.server.api_server import ServerConfig
+
+    p = sub.add_parser("serve", help="OpenAI-compatible HTTP server",
+                       description="Serve a model over the OpenAI API (/v1/completions, "
+                       "/v1/chat/completions, /v1/models) with /health and Prometheus "
+                       "/metrics. Per-request targets go in a `medha` object of the request "
+                       "body: priority, ttft_slo_s, tpot_slo_s; the scheduler flags below set "
+                       "the server-wide defaults. SIGTERM drains in-flight requests.")
+    add_dataclass_args(p, ServerConfig, title="server")
+    add_dataclass_args(p, EngineConfig, title="engine")
+    add_dataclass_args(p, SchedulerConfig, title="scheduler")
+    p.set_defaults(func=_cmd_serve)
+
+    from medha.benchmark.load_generator import BenchConfig
+
+    p = sub.add_parser("bench", help="load-test an OpenAI-compatible server",
+                       description=__import__("medha.benchmark.load_generator").benchmark
+                       .load_generator.__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_dataclass_args(p, BenchConfig, title="benchmark")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_bench)
 
     from medha.sim.cli_simulate import DESCRIPTION, add_simulate_args
 

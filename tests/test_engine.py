@@ -84,7 +84,9 @@ def test_chunked_prefill_logits_match_a_whole_prefill(prompts, chunking):
     whole = prefill_logits("none", ids)
     chunked = prefill_logits(chunking, ids)
     assert chunked.shape == whole.shape
-    assert (chunked - whole).abs().max().item() <= 1e-4
+    # fp32 sums in another order (GEMM blocking follows the chunk size): 1e-4 absolute, or
+    # 1e-5 relative on the largest logits (magnitude ~25)
+    torch.testing.assert_close(chunked, whole, atol=1e-4, rtol=1e-5)
 
 
 @pytest.mark.parametrize("policy, chunking", [("fcfs", "none"), ("fcfs", "static:16"),

@@ -166,3 +166,21 @@ def test_every_request_ends_and_no_block_leaks(specs, policy, chunking, blocks):
     assert not sched.has_unfinished() and not pending
     assert all(r.state.is_done for r in reqs)
     assert sched.blocks.num_used == 0
+
+
+def test_a_discarded_batch_ends_its_requests_and_frees_their_kv():
+    sched = toy_scheduler()
+    for i, n in enumerate((300, 40)):
+        sched.add_request(Request(f"r{i}", 0.0, n, 8), 0.0)
+    sched.update(sched.schedule(0.0), BatchResult(0.01), 0.01)
+    sched.add_request(Request("late", 0.02, 50, 8), 0.02)
+    batch = sched.schedule(0.02)
+    sched.abort("late", 0.02)  # aborted while the failing batch runs: released once, too
+    gone = sched.discard(batch, 0.03)
+    assert {r.request_id for r in gone} == {c.request.request_id
+                                            for c in (*batch.prefills, *batch.decodes)}
+    assert all(r.state is S.ABORTED for r in gone)
+    assert all(not sched.blocks.blocks_of(r.request_id) for r in gone)
+    assert sched.blocks.num_used == sum(len(sched.blocks.blocks_of(r.request_id))
+                                        for r in sched.live_requests())
+    sched.check_invariants()

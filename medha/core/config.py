@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -23,8 +24,9 @@ class SchedulerConfig:
         "let several prefills share an iteration (off: at most one prefill chunk per batch)"))
     space_sharing: bool = field(default=True, metadata=_help(
         "a long prefill with slack leaves part of the iteration budget to others"))
-    tpot_target_s: float = field(default=0.05, metadata=_help(
-        "time-per-output-token target (s) counted in SLO attainment; also the default budget"))
+    tpot_target_s: float | None = field(default=None, metadata=_help(
+        "time-per-output-token target (s) counted in SLO attainment; also the default budget "
+        "(default: 0.05 on GPUs; on CPUs 3x a lone decode iteration, at least 0.05)"))
     target_batch_time_s: float | None = field(default=None, metadata=_help(
         "iteration time budget (s) for adaptive chunking (default: the TPOT target; with "
         "spp stages, spp/(spp+1) of it, since a decode may wait one stage for its next slot)"))
@@ -75,6 +77,17 @@ class SchedulerConfig:
             raise ValueError(f"rho_max must lie in [0, 1), got {self.rho_max!r}")
         if not 0 <= self.watermark < 1:
             raise ValueError(f"watermark must lie in [0, 1), got {self.watermark!r}")
+
+    def resolve(self, predictor) -> SchedulerConfig:
+        """This config with the hardware-dependent defaults filled in. On a CPU one decode
+        iteration alone takes about as long as the GPU default budget, which would shrink
+        prefill chunks to a few tokens; there the budget is 3x a lone decode iteration."""
+        if self.tpot_target_s is not None:
+            return self
+        target = 0.05
+        if predictor.hardware.name == "cpu":
+            target = max(target, round(3 * predictor.shape_time((), (128,)), 3))
+        return dataclasses.replace(self, tpot_target_s=target)
 
     def budget_s(self, spp: int = 1) -> float:
         """Iteration time budget. With stream pipelining a decode that returns just after

@@ -205,11 +205,18 @@ class LLMEngine:
         if batch is None:
             return []
         t0 = time.perf_counter()
-        logits, chunks = self.runner.execute(batch, {rid: s.context
-                                                     for rid, s in self._states.items()},
-                                             self.scheduler.blocks)
-        states = [self._states[c.request.request_id] for c in chunks]
-        samples = sample(logits, [s.params for s in states], [s.generator for s in states])
+        try:
+            logits, chunks = self.runner.execute(batch, {rid: s.context
+                                                         for rid, s in self._states.items()},
+                                                 self.scheduler.blocks)
+            states = [self._states[c.request.request_id] for c in chunks]
+            samples = sample(logits, [s.params for s in states], [s.generator for s in states])
+        except BaseException:
+            # the batch's requests cannot continue (their KV is in an unknown state): end them
+            # and give their blocks back before the error goes up
+            for r in self.scheduler.discard(batch, time.monotonic()):
+                self._states.pop(r.request_id, None)
+            raise
         duration = time.perf_counter() - t0
         token_ids, stopped, deltas = {}, set(), {}
         for c, s, smp in zip(chunks, states, samples):

@@ -8,8 +8,7 @@ from pathlib import Path
 import torch
 
 from medha.core.batch import Batch
-from medha.engine.layers.attention import (AttentionMetadata, DecodeGroup, PrefillSpan,
-                                           Workspace)
+from medha.engine.layers.attention import AttentionMetadata, DecodeGroup, PrefillSpan, Workspace
 from medha.engine.models.llama import LlamaArgs, LlamaForCausalLM
 from medha.scheduler.block_manager import BlockManager
 

@@ -40,7 +40,7 @@ class ReplicaScheduler:
     def __init__(self, config: SchedulerConfig, predictor: Predictor,
                  blocks: BlockManager, prefill_times: PrefillTimeCache | None = None) -> None:
         """`prefill_times` lets replicas with the same predictor and packer share one cache."""
-        self.config = config
+        self.config = config = config.resolve(predictor)
         self.predictor = predictor
         self.blocks = blocks
         self.packer = make_packer(config, predictor)
@@ -285,6 +285,18 @@ class ReplicaScheduler:
             if self._sampled(r, batch, tokens, stopped, now):
                 finished.append(r)
         return finished
+
+    def discard(self, batch: Batch, now: float) -> list[Request]:
+        """A batch that never completed (the executor failed): abort its requests and release
+        their KV, since what it would have written is unknown."""
+        self._inflight -= 1
+        requests = {c.request.request_id: c.request for c in (*batch.prefills, *batch.decodes)}
+        for r in requests.values():
+            self.abort(r.request_id, now)
+        for c in (*batch.prefills, *batch.decodes):
+            c.request.num_inflight_batches -= 1
+            self._release_aborted(c.request)
+        return list(requests.values())
 
     def _sampled(self, r: Request, batch: Batch, tokens: dict[str, int] | None,
                  stopped: frozenset[str], now: float) -> bool:

@@ -54,7 +54,8 @@ def simulate(spec: RunSpec, workload: WorkloadConfig, progress: bool = False) ->
     summary, rows = summarize(
         requests, result.log,
         config={**spec.to_json(), "workload": dataclasses.asdict(workload)},
-        long_threshold=spec.long_threshold, tpot_target_s=spec.scheduler.tpot_target_s,
+        long_threshold=spec.long_threshold,
+        tpot_target_s=spec.scheduler.resolve(sim.predictor).tpot_target_s,
         model=sim.predictor.model, dtype_bytes=hw.dtype_bytes, num_devices=result.num_devices,
         num_replicas=spec.cluster.replicas, spp=spec.parallel.spp, peak_flops=hw.peak_flops,
         mem_bw=hw.mem_bw, wall_s=result.wall_s, setup_s=result.setup_s)

@@ -34,7 +34,8 @@ def _finish(ax, fig, path: Path, xlabel: str, title: str, log_x: bool = True) ->
     plt.close(fig)
 
 
-def run_plots(out: Path, rows: list[RequestMetrics], log: IterationLog) -> list[Path]:
+def latency_cdfs(out: Path, rows: list[RequestMetrics]) -> list[Path]:
+    """TTFT and TPOT CDFs by request class (the simulator's and `medha bench`'s)."""
     paths = []
     fig, ax = plt.subplots(figsize=(6, 4))
     for c in ("short", "long"):
@@ -48,7 +49,11 @@ def run_plots(out: Path, rows: list[RequestMetrics], log: IterationLog) -> list[
         _cdf(ax, [m.tpot_s for m in rows if m.request_class == c], c)
     paths.append(out / "tpot_cdf.png")
     _finish(ax, fig, paths[-1], "TPOT (s)", "Time per output token")
+    return paths
 
+
+def run_plots(out: Path, rows: list[RequestMetrics], log: IterationLog) -> list[Path]:
+    paths = latency_cdfs(out, rows)
     longest = max(rows, key=lambda m: m.prompt_len)
     times = [log.start_s[i] - longest.arrival_s
              for i, rid in zip(log.chunk_iteration, log.chunk_request)

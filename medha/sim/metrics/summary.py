@@ -107,19 +107,14 @@ def utilization(log: IterationLog, model: ModelSpec, dtype_bytes: int, span_s: f
             "busy_fraction": float(min(1.0, busy))}
 
 
-def summarize(requests: list[Request], log: IterationLog, *, config: dict,
-              long_threshold: int, tpot_target_s: float, model: ModelSpec, dtype_bytes: int,
-              num_devices: int, num_replicas: int, spp: int, peak_flops: float,
-              mem_bw: float, wall_s: float, setup_s: float
-              ) -> tuple[dict, list[RequestMetrics]]:
-    rows = [request_metrics(r, long_threshold, tpot_target_s) for r in requests]
-    done = [r for r in requests if r.finish_s is not None]
-    start = min(r.arrival_s for r in requests)
-    span = max((r.finish_s for r in done), default=start) - start
-    out_tokens = sum(r.num_output_tokens for r in done)
-    summary = {
-        "config": config,
-        "requests": {"total": len(requests), "completed": len(done)},
+def latency_summary(rows: list[RequestMetrics]) -> dict:
+    """The request-level part of `summary.json`, shared by the simulator and `medha bench`
+    (which measures the same quantities from the client side)."""
+    done = [m for m in rows if m.e2e_s is not None]
+    start = min(m.arrival_s for m in rows)
+    span = max((m.arrival_s + m.e2e_s for m in done), default=start) - start
+    return {
+        "requests": {"total": len(rows), "completed": len(done)},
         "ttft_s": pct(m.ttft_s for m in rows),
         "tpot_s": pct(m.tpot_s for m in rows),
         "tbt_s": pct(t for m in rows for t in m.tbt_s),
@@ -131,12 +126,26 @@ def summarize(requests: list[Request], log: IterationLog, *, config: dict,
                      for c in ("short", "long")},
         "throughput": {
             "requests_per_s": len(done) / span if span > 0 else 0.0,
-            "output_tokens_per_s": out_tokens / span if span > 0 else 0.0,
-            "prefill_tokens_per_s": sum(r.prompt_len for r in done) / span if span else 0.0,
+            "output_tokens_per_s": sum(m.output_len for m in done) / span if span else 0.0,
+            "prefill_tokens_per_s": sum(m.prompt_len for m in done) / span if span else 0.0,
         },
         "slo_attainment": float(np.mean([m.slo_met for m in rows])),
         "ttft_attainment": float(np.mean([m.ttft_met for m in rows])),
         "tpot_attainment": float(np.mean([m.tpot_met for m in rows])),
+    }
+
+
+def summarize(requests: list[Request], log: IterationLog, *, config: dict,
+              long_threshold: int, tpot_target_s: float, model: ModelSpec, dtype_bytes: int,
+              num_devices: int, num_replicas: int, spp: int, peak_flops: float,
+              mem_bw: float, wall_s: float, setup_s: float
+              ) -> tuple[dict, list[RequestMetrics]]:
+    rows = [request_metrics(r, long_threshold, tpot_target_s) for r in requests]
+    done = [r for r in requests if r.finish_s is not None]
+    start = min(r.arrival_s for r in requests)
+    span = max((r.finish_s for r in done), default=start) - start
+    summary = {"config": config, **latency_summary(rows)}
+    summary.update({
         "utilization": utilization(log, model, dtype_bytes, span, num_devices, num_replicas,
                                    spp, peak_flops, mem_bw),
         "batches": {
@@ -148,7 +157,7 @@ def summarize(requests: list[Request], log: IterationLog, *, config: dict,
         "sim": {"simulated_s": span, "wall_s": wall_s, "setup_s": setup_s,
                 "requests_per_wall_s": len(requests) / wall_s if wall_s else None,
                 "simulated_s_per_wall_s": span / wall_s if wall_s else None},
-    }
+    })
     return summary, rows
 
 

@@ -1,0 +1,119 @@
+"""Mixed load through the HTTP API, lars against non-preemptive fcfs, plus the digital twin.
+
+    python bench/server_mixed_load.py [--qps 0.45] [--num-requests 200]
+
+For each scheduler: start `medha serve` on SmolLM2 (CPU), drive it with `medha bench` (95%
+short prompts of 32-256 tokens, 5% long ones of 3,000-6,000, 16-48 output tokens, Poisson),
+read the server's busy share from its /metrics, stop it. Then replay each run's requests.csv
+in `medha simulate` with this machine's profile (`medha profile`) and compare the predicted
+short-request TTFT p50 with the measured one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from medha.benchmark.load_generator import BenchConfig, run_bench
+from medha.perf.hardware_specs import cache_dir
+
+WORKLOAD = "prompt=32-256,output=16-48,long_fraction=0.05,long_prompt=3000-6000"
+POLICIES = {"lars": ["--policy", "lars"],
+            "fcfs-none": ["--policy", "fcfs", "--chunking", "none"]}
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _busy_seconds(url: str) -> float:
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line.startswith("medha_iteration_seconds_sum "):
+            return float(line.split()[1])
+    raise RuntimeError("no medha_iteration_seconds_sum in /metrics")
+
+
+def serve_and_bench(name: str, flags: list[str], args, out: Path) -> dict:
+    port = _port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([sys.executable, "-m", "medha", "serve", "--port", str(port),
+                             "--log-level", "warning", *flags])
+    try:
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        busy0 = _busy_seconds(url)
+        summary = run_bench(BenchConfig(url=url, workload=args.workload, qps=args.qps,
+                                        num_requests=args.num_requests, seed=args.seed,
+                                        out=str(out / name)))
+        summary["busy_share"] = (_busy_seconds(url) - busy0) / summary["client"]["wall_s"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(120)
+    return summary
+
+
+def simulate(name: str, flags: list[str], profile: str, out: Path) -> dict:
+    subprocess.run([sys.executable, "-m", "medha", "simulate", "--model", "smollm2-135m",
+                    "--hardware", "cpu", "--predictor", f"profiled:{profile}",
+                    "--trace", str(out / name / "requests.csv"), "--kv-memory-gb", "2", "--out",
+                    str(out / f"{name}-sim"), "--no-plots", *flags],
+                   check=True, stdout=subprocess.DEVNULL)
+    return json.loads((out / f"{name}-sim" / "summary.json").read_text())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--qps", type=float, default=0.45)
+    ap.add_argument("--num-requests", type=int, default=200)
+    ap.add_argument("--workload", default=WORKLOAD)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default="runs/mixed_load")
+    ap.add_argument("--profile", default=str(cache_dir() / "profiles" /
+                                             "smollm2-135m-instruct-cpu.json"))
+    args = ap.parse_args()
+    out = Path(args.out)
+    measured = {name: serve_and_bench(name, flags, args, out)
+                for name, flags in POLICIES.items()}
+    print(f"\n{args.num_requests} requests, {args.workload}, Poisson {args.qps} req/s\n")
+    print("| scheduler | busy | short TTFT p50 | short TTFT p99 | long completed | long TTFT "
+          "p50 | short TPOT p50 |")
+    print("|---|---|---|---|---|---|---|")
+    for name, s in measured.items():
+        sh, lo = s["by_class"]["short"], s["by_class"]["long"]
+        done = sum(1 for line in (out / name / "requests.csv").read_text().splitlines()[1:]
+                   if ",long,ok," in line)
+        print(f"| {name} | {s['busy_share']:.0%} | {sh['ttft_s']['p50']:.3f} s | "
+              f"{sh['ttft_s']['p99']:.3f} s | {done}/{lo['count']} | "
+              f"{lo['ttft_s']['p50'] or float('nan'):.1f} s | {sh['tpot_s']['p50']:.3f} s |")
+    lars, fcfs = (measured[n]["by_class"]["short"]["ttft_s"] for n in ("lars", "fcfs-none"))
+    print(f"\nfcfs / lars short TTFT: p50 {fcfs['p50'] / lars['p50']:.1f}x, "
+          f"p99 {fcfs['p99'] / lars['p99']:.1f}x (goal p99 >= 10x)")
+    if not os.path.exists(args.profile):
+        print(f"\nno profile at {args.profile}: run `medha profile` for the twin check")
+        return
+    print("\n| scheduler | short TTFT p50 measured | simulated | error |")
+    print("|---|---|---|---|")
+    for name, flags in POLICIES.items():
+        sim = simulate(name, flags, args.profile, out)["by_class"]["short"]["ttft_s"]["p50"]
+        real = measured[name]["by_class"]["short"]["ttft_s"]["p50"]
+        print(f"| {name} | {real:.3f} s | {sim:.3f} s | {(sim - real) / real:+.0%} |")
+
+
+if __name__ == "__main__":
+    main()

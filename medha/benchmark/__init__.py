@@ -1,0 +1,1 @@
+"""`medha bench`: load generation against OpenAI-compatible servers."""

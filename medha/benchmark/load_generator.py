@@ -1,0 +1,238 @@
+"""`medha bench`: an open-loop load generator for any OpenAI-compatible server.
+
+Requests leave at their scheduled arrival times whatever the server is doing (open loop), each
+one streams, and every text chunk is timestamped on arrival: TTFT, each TBT, TPOT and E2E are
+the client's view, network and queueing included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import json
+import os
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import httpx
+from tqdm import tqdm
+
+from medha.benchmark.workload import WORKLOAD_HELP, BenchRequest, build_requests
+from medha.sim.metrics.plots import latency_cdfs
+from medha.sim.metrics.summary import RequestMetrics, latency_summary
+
+_WORDS = ("the cat sat on a mat and we ran to see it go by while you read this line of text "
+          "about time space light sound water fire earth wind rain snow day night sun moon "
+          "star tree leaf root seed bird fish road city town house door room wall").split()
+
+
+@dataclass
+class BenchConfig:
+    url: str = field(default="http://127.0.0.1:8000", metadata={"help": (
+        "server base URL (with or without /v1)")})
+    trace: str | None = field(default=None, metadata={"help": (
+        "request lengths (and times, if it has them and --qps is not given) from a trace: a "
+        "bundled name (sharegpt, arxiv, ...) or a CSV/JSONL file, e.g. a previous run's "
+        "requests.csv")})
+    workload: str | None = field(default=None, metadata={"help": WORKLOAD_HELP})
+    qps: float | None = field(default=None, metadata={"help": "Poisson arrival rate (req/s)"})
+    num_requests: int = field(default=200, metadata={"help": "requests to send"})
+    out: str = field(default="runs/bench", metadata={"help": (
+        "output folder: summary.json, requests.csv, CDF plots")})
+    endpoint: str = field(default="completions", metadata={"help": (
+        "completions (prompts as token ids, exact lengths) or chat (text prompts of about "
+        "that many tokens)")})
+    model: str | None = field(default=None, metadata={"help": (
+        "model id to request (default: the first of the server's /v1/models)")})
+    api_key: str | None = field(default=None, metadata={"help": (
+        "bearer token (default: $OPENAI_API_KEY or $MEDHA_API_KEY)")})
+    ignore_eos: bool = field(default=True, metadata={"help": (
+        "send ignore_eos so every request produces exactly its output length (vLLM and "
+        "medha extension)")})
+    ttft_slo_s: float = field(default=1.0, metadata={"help": "TTFT target for attainment"})
+    tpot_slo_s: float = field(default=0.2, metadata={"help": "TPOT target for attainment"})
+    long_threshold: int = field(default=1024, metadata={"help": (
+        "prompts of at least this many tokens count as long in the by-class tables")})
+    seed: int = field(default=0, metadata={"help": "seed of lengths, arrivals and prompts"})
+    timeout_s: float = field(default=600.0, metadata={"help": "per-request timeout"})
+
+    def __post_init__(self) -> None:
+        if self.endpoint not in ("completions", "chat"):
+            raise ValueError(f"endpoint must be completions or chat, got {self.endpoint!r}")
+        if self.trace and self.workload:
+            raise ValueError("give --trace or --workload, not both")
+        if self.qps is not None and not self.qps > 0:
+            raise ValueError(f"qps must be positive, got {self.qps}")
+        if self.num_requests < 1:
+            raise ValueError(f"num_requests must be at least 1, got {self.num_requests}")
+
+
+@dataclass
+class _Result:
+    req: BenchRequest
+    status: str = "ok"
+    error: str = ""
+    send_s: float = 0.0
+    chunk_s: list[float] = field(default_factory=list)  # arrival of each non-empty text chunk
+    end_s: float | None = None
+    completion_tokens: int | None = None
+
+
+class BenchError(Exception):
+    """The server cannot be benchmarked (unreachable, refuses the model, ...)."""
+
+
+def _base(url: str) -> str:
+    url = url.rstrip("/")
+    return url if url.endswith("/v1") else url + "/v1"
+
+
+def _prompt(req: BenchRequest, seed: int, as_tokens: bool):
+    rng = random.Random(seed * 1_000_003 + req.index)
+    if as_tokens:
+        # ids far from the special tokens at the start of most vocabularies
+        return [rng.randrange(1000, 30000) for _ in range(req.prompt_len)]
+    return " ".join(rng.choice(_WORDS) for _ in range(req.prompt_len))
+
+
+def _body(cfg: BenchConfig, model: str, req: BenchRequest) -> dict:
+    body = {"model": model, "max_tokens": req.output_len, "stream": True, "temperature": 0,
+            "stream_options": {"include_usage": True}}
+    if cfg.ignore_eos:
+        body["ignore_eos"] = True
+    if cfg.endpoint == "chat":
+        body["messages"] = [{"role": "user", "content": _prompt(req, cfg.seed, False)}]
+    else:
+        body["prompt"] = _prompt(req, cfg.seed, True)
+    return body
+
+
+async def _send(client: httpx.AsyncClient, url: str, body: dict, res: _Result) -> None:
+    res.send_s = time.perf_counter()
+    try:
+        async with client.stream("POST", url, json=body) as resp:
+            if resp.status_code != 200:
+                text = (await resp.aread()).decode(errors="replace")[:300]
+                res.status, res.error = "error", f"HTTP {resp.status_code}: {text}"
+                return
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                data = line[6:]
+                if data == "[DONE]":
+                    break
+                event = json.loads(data)
+                if "error" in event:
+                    res.status, res.error = "error", event["error"].get("message", data)
+                    return
+                for choice in event.get("choices") or []:
+                    text = choice.get("text") or (choice.get("delta") or {}).get("content")
+                    if text:
+                        res.chunk_s.append(time.perf_counter())
+                if event.get("usage"):
+                    res.completion_tokens = event["usage"]["completion_tokens"]
+        res.end_s = time.perf_counter()
+    except (httpx.HTTPError, json.JSONDecodeError) as e:
+        res.status, res.error = "error", f"{type(e).__name__}: {e}"
+
+
+def _metrics(res: _Result, cfg: BenchConfig, t0: float) -> RequestMetrics:
+    ok = res.status == "ok" and bool(res.chunk_s) and res.end_s is not None
+    ttft = res.chunk_s[0] - res.send_s if ok else None
+    e2e = res.end_s - res.send_s if ok else None
+    n = res.completion_tokens or len(res.chunk_s)
+    tpot = (res.chunk_s[-1] - res.chunk_s[0]) / (n - 1) if ok and n > 1 else None
+    return RequestMetrics(
+        request_id=str(res.req.index),
+        request_class="long" if res.req.prompt_len >= cfg.long_threshold else "short",
+        arrival_s=res.send_s - t0, prompt_len=res.req.prompt_len, output_len=n if ok else 0,
+        ttft_s=ttft, tpot_s=tpot, e2e_s=e2e,
+        normalized_e2e_s=e2e / n if ok and n else None, scheduling_delay_s=None,
+        ttft_deadline_s=cfg.ttft_slo_s, ttft_met=ttft is not None and ttft <= cfg.ttft_slo_s,
+        tpot_met=ok and (tpot is None or tpot <= cfg.tpot_slo_s), preemptions=0,
+        tbt_s=[b - a for a, b in zip(res.chunk_s, res.chunk_s[1:])] if ok else [])
+
+
+async def _server_counter(client: httpx.AsyncClient, base: str, name: str) -> float | None:
+    """A counter from the server's Prometheus /metrics, if it is a medha server."""
+    try:
+        text = (await client.get(base.removesuffix("/v1") + "/metrics")).text
+    except httpx.HTTPError:
+        return None
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return None
+
+
+async def _run(cfg: BenchConfig, requests: list[BenchRequest], progress: bool) -> tuple:
+    base = _base(cfg.url)
+    key = cfg.api_key or os.environ.get("OPENAI_API_KEY") or os.environ.get("MEDHA_API_KEY")
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+    async with httpx.AsyncClient(headers=headers, timeout=cfg.timeout_s, limits=limits) as c:
+        try:
+            resp = await c.get(base + "/models")
+        except httpx.HTTPError as e:
+            raise BenchError(f"cannot reach {base}/models: {e}") from None
+        if resp.status_code != 200:
+            raise BenchError(f"{base}/models answered HTTP {resp.status_code}: "
+                             f"{resp.text[:200]}")
+        model = cfg.model or resp.json()["data"][0]["id"]
+        preempt0 = await _server_counter(c, base, "medha_preemptions")
+        url = base + ("/chat/completions" if cfg.endpoint == "chat" else "/completions")
+        results = [_Result(r) for r in requests]
+        bar = tqdm(total=len(requests), unit="req", disable=not progress)
+        t0 = time.perf_counter()
+
+        async def one(res: _Result) -> None:
+            await asyncio.sleep(max(0.0, t0 + res.req.arrival_s - time.perf_counter()))
+            await _send(c, url, _body(cfg, model, res.req), res)
+            bar.update(1)
+            if res.status != "ok":
+                bar.set_postfix(errors=sum(r.status != "ok" for r in results))
+
+        await asyncio.gather(*(one(r) for r in results))
+        wall = time.perf_counter() - t0
+        bar.close()
+        preempt1 = await _server_counter(c, base, "medha_preemptions")
+    preemptions = preempt1 - preempt0 if preempt0 is not None and preempt1 is not None \
+        else None
+    return model, results, t0, wall, preemptions
+
+
+def run_bench(cfg: BenchConfig, progress: bool = True) -> dict:
+    requests = build_requests(trace=cfg.trace, workload=cfg.workload, qps=cfg.qps,
+                              num_requests=cfg.num_requests, seed=cfg.seed)
+    model, results, t0, wall, preemptions = asyncio.run(_run(cfg, requests, progress))
+    rows = [_metrics(r, cfg, t0) for r in results]
+    summary = {"config": {"bench": asdict(cfg) | {"api_key": None}, "model": model,
+                          "url": _base(cfg.url)},
+               **latency_summary(rows), "utilization": None, "batches": None, "sim": None,
+               "client": {"wall_s": wall,
+                          "errors": sum(r.status != "ok" for r in results),
+                          "server_preemptions": preemptions}}
+    if preemptions is not None:
+        summary["preemptions"] = int(preemptions)
+    _write(Path(cfg.out), summary, rows, results)
+    return summary
+
+
+def _write(out: Path, summary: dict, rows: list[RequestMetrics], results: list[_Result]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / "requests.csv").open("w", newline="") as fh:
+        w = csv.writer(fh)
+        # the first three columns make the file a Vidur-style trace: `medha simulate --trace`
+        # and `medha bench --trace` replay exactly this run
+        w.writerow(["arrived_at", "num_prefill_tokens", "num_decode_tokens", "request_class",
+                    "status", "ttft_s", "tpot_s", "e2e_s", "completion_tokens", "error"])
+        for m, r in zip(rows, results):
+            w.writerow([f"{r.req.arrival_s:.6f}", r.req.prompt_len, r.req.output_len,
+                        m.request_class, r.status, m.ttft_s, m.tpot_s, m.e2e_s,
+                        r.completion_tokens, r.error])
+    latency_cdfs(out, rows)
+    tmp = out / "summary.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=1))
+    tmp.replace(out / "summary.json")  # written last: its presence means the run completed

@@ -1,0 +1,197 @@
+"""The engine loop on its own thread, with an asyncio face for the HTTP handlers.
+
+Only the engine thread touches the scheduler and the model: handlers send it commands (add,
+abort) through a queue and get outputs back on a per-request asyncio queue, so a long forward
+pass never blocks the event loop and the event loop never races the scheduler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+
+from medha.engine.llm_engine import LLMEngine, RequestOutput
+from medha.engine.sampling_params import SamplingParams
+from medha.server.metrics import ServerMetrics
+
+log = logging.getLogger("medha.server")
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop stopped after an error; new requests get 503."""
+
+
+class QueueFullError(RuntimeError):
+    """The bounded waiting queue is full; new requests get 429."""
+
+
+@dataclass
+class _Stream:
+    queue: asyncio.Queue
+    loop: asyncio.AbstractEventLoop
+    first_token: bool = False
+
+    def put(self, item) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+
+@dataclass
+class _Add:
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    slo: dict
+    stream: _Stream
+    admitted: concurrent.futures.Future
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine, metrics: ServerMetrics, max_waiting: int) -> None:
+        self.engine = engine
+        self.metrics = metrics
+        self.max_waiting = max_waiting
+        self.dead: str | None = None  # why the loop stopped, once it has
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._streams: dict[str, _Stream] = {}  # engine thread only
+        # submitted and without a first token yet: counted when a handler submits (so a burst
+        # cannot slip past the bound before the engine thread sees it), uncounted by the engine
+        self._waiting = 0
+        self._waiting_lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="medha-engine", daemon=True)
+        # read at scrape time: plain counters of the scheduler, safe to read from any thread
+        s = engine.scheduler
+        metrics.waiting.set_function(lambda: s.num_waiting)
+        metrics.running.set_function(lambda: s.num_decoding)
+        metrics.kv_blocks_used.set_function(lambda: s.blocks.num_used)
+        metrics.preemptions.set_function(lambda: s.stats.preemptions)
+
+    # ---- event-loop side ---------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    async def add(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
+                  **slo) -> asyncio.Queue:
+        """Admit one request; its RequestOutputs (then None, or an exception) arrive on the
+        returned queue. Raises ValueError for a request the scheduler refuses."""
+        if self.dead:
+            raise EngineDeadError(self.dead)
+        with self._waiting_lock:
+            if self._waiting >= self.max_waiting:
+                raise QueueFullError(f"{self._waiting} requests are waiting (--max-waiting)")
+            self._waiting += 1
+        loop = asyncio.get_running_loop()
+        stream = _Stream(asyncio.Queue(), loop)
+        admitted: concurrent.futures.Future = concurrent.futures.Future()
+        self._send(_Add(request_id, prompt_ids, params, slo, stream, admitted))
+        await asyncio.wrap_future(admitted)
+        return stream.queue
+
+    def abort(self, request_id: str) -> None:
+        self._send(("abort", request_id))
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout)
+
+    def _send(self, command) -> None:
+        self._commands.put(command)
+        self._wake.set()
+
+    # ---- engine thread -----------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self._apply_commands()
+                if not self.engine.has_unfinished():
+                    self._wake.wait(0.1)
+                    self._wake.clear()
+                    continue
+                self._step()
+        except Exception as e:  # a broken model or device: fail loudly, never hang clients
+            log.exception("engine loop failed")
+            self._fail_all(f"engine failed: {type(e).__name__}: {e}")
+            return
+        self._fail_all("server shutting down", dead=False)
+
+    def _apply_commands(self) -> None:
+        while True:
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(cmd, _Add):
+                self._admit(cmd)
+            elif self.engine.abort(cmd[1]):
+                stream = self._streams.pop(cmd[1], None)
+                if stream and not stream.first_token:
+                    self._left_waiting()
+                self.metrics.requests.labels("aborted").inc()
+
+    def _admit(self, cmd: _Add) -> None:
+        try:
+            self.engine.add_request(cmd.request_id, None, cmd.params,
+                                    prompt_token_ids=cmd.prompt_ids, **cmd.slo)
+        except ValueError as e:
+            self._left_waiting()
+            cmd.admitted.set_exception(e)
+            return
+        self._streams[cmd.request_id] = cmd.stream
+        cmd.admitted.set_result(None)
+
+    def _left_waiting(self) -> None:
+        with self._waiting_lock:
+            self._waiting -= 1
+
+    def _step(self) -> None:
+        t0 = time.perf_counter()
+        outputs = self.engine.step()
+        if not outputs:
+            time.sleep(0.001)  # nothing runnable this instant (e.g. memory held by a batch)
+            return
+        self.metrics.iteration.observe(time.perf_counter() - t0)
+        for out in outputs:
+            stream = self._streams.get(out.request_id)
+            if stream is None:
+                continue
+            if not stream.first_token:
+                stream.first_token = True
+                self._left_waiting()
+            stream.put(out)
+            if out.finished:
+                del self._streams[out.request_id]
+                stream.put(None)
+                self.metrics.finished(out)
+
+    def _fail_all(self, reason: str, dead: bool = True) -> None:
+        if dead:
+            self.dead = reason
+        for rid, stream in list(self._streams.items()):
+            self.engine.abort(rid)
+            stream.put(EngineDeadError(reason))
+            self.metrics.requests.labels("failed" if dead else "aborted").inc()
+        self._streams.clear()
+        with self._waiting_lock:
+            self._waiting = 0
+        # commands that arrived after the loop ended: refuse them instead of leaving them hanging
+        while True:
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(cmd, _Add):
+                cmd.admitted.set_exception(EngineDeadError(reason))
+
+
+def is_final(item) -> bool:
+    return item is None or isinstance(item, BaseException)
+
+
+__all__ = ["AsyncEngine", "EngineDeadError", "QueueFullError", "RequestOutput", "is_final"]

@@ -1,0 +1,53 @@
+"""Prometheus metrics of one server (its own registry, so tests can run several)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
+_TOKEN_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 2.5, 5)
+
+
+class ServerMetrics:
+    def __init__(self, kv_blocks_total: int) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "medha_requests", "Requests by final status: ok (stop or length), aborted (client "
+            "gone or shutdown), rejected (queue full), invalid (4xx), failed (engine error)",
+            ["status"], registry=r)
+        self.ttft = Histogram("medha_time_to_first_token_seconds", "Time to first token",
+                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.tpot = Histogram("medha_time_per_output_token_seconds",
+                              "Mean time per output token after the first",
+                              buckets=_TOKEN_BUCKETS, registry=r)
+        self.e2e = Histogram("medha_e2e_request_latency_seconds", "Arrival to last token",
+                             buckets=_LATENCY_BUCKETS, registry=r)
+        self.iteration = Histogram("medha_iteration_seconds", "Time of one engine iteration",
+                                   buckets=_TOKEN_BUCKETS, registry=r)
+        self.prompt_tokens = Counter("medha_prompt_tokens", "Prompt tokens of finished "
+                                     "requests", registry=r)
+        self.generation_tokens = Counter("medha_generation_tokens", "Tokens generated for "
+                                         "finished requests", registry=r)
+        self.waiting = Gauge("medha_num_requests_waiting", "Requests with prefill left",
+                             registry=r)
+        self.running = Gauge("medha_num_requests_running", "Requests decoding", registry=r)
+        self.kv_blocks_used = Gauge("medha_kv_blocks_used", "KV cache blocks in use",
+                                    registry=r)
+        Gauge("medha_kv_blocks_total", "KV cache blocks", registry=r).set(kv_blocks_total)
+        self.preemptions = Gauge("medha_preemptions", "Preemptions (recompute) since start",
+                                 registry=r)
+        for status in ("ok", "aborted", "rejected", "invalid", "failed"):
+            self.requests.labels(status)  # export zeros from the start
+
+    def finished(self, out) -> None:
+        m = out.metrics
+        self.requests.labels("ok").inc()
+        self.ttft.observe(m["ttft_s"])
+        if m["tpot_s"] is not None:
+            self.tpot.observe(m["tpot_s"])
+        self.e2e.observe(m["e2e_s"])
+        self.prompt_tokens.inc(m["prompt_tokens"])
+        self.generation_tokens.inc(m["completion_tokens"])
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
