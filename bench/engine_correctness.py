@@ -28,14 +28,17 @@ LENGTHS = [5, 9, 17, 30, 50, 80, 120, 180, 250, 330, 420, 520, 640, 780, 930, 11
            1500, 1750, 2000]
 RUNS = [("fcfs", "none", 2.0), ("fcfs", "static:16", 2.0), ("fcfs", "static:64", 2.0),
         ("lars", "adaptive", 2.0), ("edf", "adaptive", 2.0), ("srpt", "static:64", 2.0),
-        ("lrs", "adaptive", 2.0), ("lars", "adaptive", 0.25)]  # the last one preempts
+        ("lrs", "adaptive", 2.0), ("fcfs", "static:64", 0.1)]  # the last one preempts
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--only-preemption", action="store_true",
+                    help="only the run with a KV cache too small for the prompts")
     args = ap.parse_args()
+    runs = RUNS[-1:] if args.only_preemption else RUNS
     from test_engine import prefill_logits
     from transformers import AutoModelForCausalLM
 
@@ -57,7 +60,7 @@ def main() -> None:
     print("| policy | chunking | KV memory | identical prompts | preemptions | wall s |")
     print("|---|---|---|---|---|---|")
     params = SamplingParams(max_tokens=args.new_tokens, temperature=0)
-    for policy, chunking, kv_gb in RUNS:
+    for policy, chunking, kv_gb in runs:
         llm = LLM("smollm2", scheduler=SchedulerConfig(policy=policy, chunking=chunking,
                                                        tpot_target_s=0.2), kv_memory_gb=kv_gb)
         t0 = time.perf_counter()

@@ -63,10 +63,15 @@ def test_chunks_shrink_as_the_kv_grows():
 
 
 def test_space_sharing_leaves_room_while_a_long_prefill_has_slack():
-    sched = gpu_scheduler(long_prefill_threshold=32_768)
+    sched = gpu_scheduler(long_prefill_threshold=32_768, multi_prefill=False)
     sched.add_request(Request("long", 0.0, 200_000, 1, ttft_deadline_s=1000.0), 0.0)
-    batch = sched.schedule(0.0)
-    assert len(batch.prefills) == 1
+    alone = sched.schedule(0.0)
+    # nobody behind it: nothing to leave room for, it takes the whole budget
+    assert alone.predicted_time_s > 0.95 * 0.05
+    sched.update(alone, BatchResult(alone.predicted_time_s), alone.predicted_time_s)
+    sched.add_request(Request("short", 0.05, 100, 1, ttft_deadline_s=1000.0), 0.05)
+    batch = sched.schedule(0.05)
+    assert [c.request.request_id for c in batch.prefills] == ["long"]
     # rho is far above rho_max, so it may use only (1 - 0.4) of the 50 ms budget
     assert 0.5 * 0.05 < batch.predicted_time_s <= 0.6 * 0.05
 

@@ -202,7 +202,8 @@ def build_app(engine: LLMEngine, config: ServerConfig | None = None) -> FastAPI:
             raise
 
     def default_max_tokens(prompt_len: int) -> int:
-        return max(1, engine.scheduler.max_model_len - prompt_len)
+        room = min(engine.scheduler.max_model_len, engine.scheduler.blocks.capacity_tokens)
+        return max(1, room - prompt_len)
 
     async def encode_prompts(body: CompletionRequest) -> list[_Choice]:
         choices = []

@@ -151,9 +151,10 @@ class AsyncEngine:
             self._waiting -= 1
 
     def _step(self) -> None:
+        ran = self.engine.metrics.iterations
         t0 = time.perf_counter()
-        outputs = self.engine.step()
-        if not outputs:
+        outputs = self.engine.step()  # empty after a batch of prefill chunks only
+        if self.engine.metrics.iterations == ran:
             time.sleep(0.001)  # nothing runnable this instant (e.g. memory held by a batch)
             return
         self.metrics.iteration.observe(time.perf_counter() - t0)

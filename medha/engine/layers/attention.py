@@ -7,8 +7,10 @@ one contiguous [tokens, head_dim] matrix: the layout the attention matmuls read 
 
 Every step first writes the batch's new K/V into their slots, then:
 - each prefill chunk attends to its request's whole context so far (the cached prefix and,
-  causally, itself): SDPA with a lower-right causal mask, or plain `is_causal` for a chunk that
-  starts at position 0;
+  causally, itself): plain causal SDPA for a chunk that starts at position 0; after a prefix,
+  on CPU, two unmasked flash calls (all of the prefix, then the chunk causally) merged by their
+  log-sum-exps, since a masked SDPA takes the CPU's slow math path; elsewhere SDPA with a
+  lower-right causal mask;
 - decodes attend in groups of similar context length: a group's blocks are gathered
   (block-sized copies) into one tensor per head, padded to the group's longest context, and
   the padding is masked.
@@ -100,6 +102,44 @@ def _decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     return out.transpose(0, 1).reshape(d_count, heads, dim)
 
 
+# The CPU flash kernel that also returns each query's log-sum-exp (what merging partial
+# attentions needs); absent from some builds, where the masked SDPA path is used.
+_flash_with_lse = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+def merge_partials(o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor,
+                   lse2: torch.Tensor) -> torch.Tensor:
+    """Exact softmax attention over the union of two disjoint key sets, from each set's output
+    [..., n, d] and log-sum-exp [..., n]."""
+    m = torch.maximum(lse1, lse2)
+    w1, w2 = (lse1 - m).exp_(), (lse2 - m).exp_()
+    return (o1 * w1[..., None] + o2 * w2[..., None]) / (w1 + w2)[..., None]
+
+
+def _prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      k_cache: torch.Tensor, v_cache: torch.Tensor, span: PrefillSpan,
+                      scale: float) -> torch.Tensor:
+    """A chunk after a cached prefix, without a mask: the prefix is visible to every query
+    (one flash call, GQA groups folded into the query axis so K/V are not repeated) and the
+    chunk sees itself causally (a second flash call); the two are merged exactly.
+    q: [n, heads, d]; k, v: [n, kv_heads, d] of the chunk itself."""
+    n, heads, dim = q.shape
+    kvh = k_cache.shape[0]
+    per_kv = heads // kvh
+    prefix = span.context_slots[:span.kv_start]
+    kp = k_cache.index_select(1, prefix).unsqueeze(0)  # [1, kvh, prefix, d]
+    vp = v_cache.index_select(1, prefix).unsqueeze(0)
+    qg = q.view(n, kvh, per_kv, dim).permute(1, 2, 0, 3).reshape(1, kvh, per_kv * n, dim)
+    o1, lse1 = _flash_with_lse(qg, kp, vp, 0.0, False, scale=scale)[:2]
+    o1 = o1.reshape(heads, n, dim)
+    lse1 = lse1.reshape(heads, n)
+    qh = q.transpose(0, 1).unsqueeze(0).contiguous()  # [1, heads, n, d]
+    ks = k.transpose(0, 1).repeat_interleave(per_kv, 0).unsqueeze(0)
+    vs = v.transpose(0, 1).repeat_interleave(per_kv, 0).unsqueeze(0)
+    o2, lse2 = _flash_with_lse(qh, ks, vs, 0.0, True, scale=scale)[:2]
+    return merge_partials(o1, lse1, o2[0], lse2[0]).transpose(0, 1)
+
+
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
                     scale: float) -> torch.Tensor:
@@ -112,19 +152,24 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                                        v_cache, g, meta.block_size,
                                                        meta.workspace, scale)
     for span in meta.prefills:
-        n = span.token_end - span.token_start
+        rows = slice(span.token_start, span.token_end)
+        if span.kv_start > 0 and _flash_with_lse is not None and q.device.type == "cpu":
+            out[rows] = _prefix_attention(q[rows], k[rows], v[rows], k_cache, v_cache, span,
+                                          scale)
+            continue
         # contiguous: SDPA's CPU kernels take a pathologically slow path on transposed views
         # when a mask is given
-        qp = q[span.token_start:span.token_end].transpose(0, 1).unsqueeze(0).contiguous()
+        qp = q[rows].transpose(0, 1).unsqueeze(0).contiguous()
         if span.kv_start == 0:  # the chunk is the whole context so far
-            kp = k[span.token_start:span.token_end].transpose(0, 1).unsqueeze(0).contiguous()
-            vp = v[span.token_start:span.token_end].transpose(0, 1).unsqueeze(0).contiguous()
+            kp = k[rows].transpose(0, 1).unsqueeze(0).contiguous()
+            vp = v[rows].transpose(0, 1).unsqueeze(0).contiguous()
             mask, causal = None, True
         else:
             kp = k_cache.index_select(1, span.context_slots).unsqueeze(0)  # [1, kvh, ctx, d]
             vp = v_cache.index_select(1, span.context_slots).unsqueeze(0)
-            mask, causal = _lower_right_causal(n, kp.shape[2], q.device), False
+            mask = _lower_right_causal(rows.stop - rows.start, kp.shape[2], q.device)
+            causal = False
         o = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, is_causal=causal,
                                            scale=scale, enable_gqa=True)
-        out[span.token_start:span.token_end] = o.squeeze(0).transpose(0, 1)
+        out[rows] = o.squeeze(0).transpose(0, 1)
     return out

@@ -28,9 +28,11 @@ class AdaptivePacker(Packer):
             if is_long and has_long:
                 continue  # two long prefills would split the budget and both fall behind
             limit = budget
-            if is_long and cfg.space_sharing:
+            if is_long and cfg.space_sharing and len(queue) > 1:
                 # A long prefill with slack to spare takes a smaller share of the iteration,
-                # leaving the rest to the requests behind it; one with no slack takes it all.
+                # leaving the rest to the requests behind it; one with no slack takes it all,
+                # and so does one with nobody behind it (an arrival joins the next iteration
+                # whatever this one holds, so a share kept free for nobody is only lost).
                 share = 1.0 - min(max(r.relative_slack(now), 0.0), cfg.rho_max)
                 limit = min(budget, builder.timer.time() + share * budget)
             n = self._largest_chunk(builder, r, limit)
