@@ -70,7 +70,8 @@ def serve_and_bench(name: str, flags: list[str], args, out: Path) -> dict:
 def simulate(name: str, flags: list[str], profile: str, out: Path) -> dict:
     subprocess.run([sys.executable, "-m", "medha", "simulate", "--model", "smollm2-135m",
                     "--hardware", "cpu", "--predictor", f"profiled:{profile}",
-                    "--trace", str(out / name / "requests.csv"), "--kv-memory-gb", "2", "--out",
+                    "--trace", str(out / name / "requests.csv"), "--kv-memory-gb", "2",
+                    "--long-threshold", "1024", "--out",
                     str(out / f"{name}-sim"), "--no-plots", "--overwrite", *flags],
                    check=True, stdout=subprocess.DEVNULL)
     return json.loads((out / f"{name}-sim" / "summary.json").read_text())

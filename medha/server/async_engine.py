@@ -89,6 +89,9 @@ class AsyncEngine:
         loop = asyncio.get_running_loop()
         stream = _Stream(asyncio.Queue(), loop)
         admitted: concurrent.futures.Future = concurrent.futures.Future()
+        # arrival is now, not when the engine thread gets to it after its running iteration:
+        # deadlines and TTFT count from here
+        slo = slo | {"arrival_s": time.monotonic()}
         self._send(_Add(request_id, prompt_ids, params, slo, stream, admitted))
         await asyncio.wrap_future(admitted)
         return stream.queue
