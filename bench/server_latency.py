@@ -11,38 +11,24 @@ client, non-streaming; the table gives the client-side latency.
 from __future__ import annotations
 
 import argparse
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import time
+from pathlib import Path
 
-import httpx
 import openai
 
-from medha.engine.checkpoint import resolve_model
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from local_server import local_server  # noqa: E402
+
+from medha.engine.checkpoint import resolve_model  # noqa: E402
 
 MESSAGES = [{"role": "user", "content": "In one sentence, why is the sky blue?"}]
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def measure(name: str, command: list[str], port: int, model: str, repeats: int) -> dict:
-    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.5)
+def measure(name: str, command, model: str, repeats: int) -> dict:
+    with local_server(command, quiet=True) as url:
         client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
         times, usage = [], None
         for i in range(repeats + 2):
@@ -52,14 +38,8 @@ def measure(name: str, command: list[str], port: int, model: str, repeats: int) 
             if i >= 2:
                 times.append(time.perf_counter() - t0)
             usage = out.usage
-        return {"name": name, "times": times, "prompt": usage.prompt_tokens,
-                "completion": usage.completion_tokens, "text": out.choices[0].message.content}
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    return {"name": name, "times": times, "prompt": usage.prompt_tokens,
+            "completion": usage.completion_tokens, "text": out.choices[0].message.content}
 
 
 def main() -> None:
@@ -68,15 +48,13 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=10)
     args = ap.parse_args()
     path = str(resolve_model("smollm2"))
-    runs = []
-    port = _port()
-    runs.append(measure("medha serve", [sys.executable, "-m", "medha", "serve", "--port",
-                                        str(port), "--log-level", "warning"], port, "smollm2",
-                        args.repeats))
-    port = _port()
-    runs.append(measure("transformers serve", ["transformers", "serve", path, "--port",
-                                               str(port), "--device", "cpu"], port, path,
-                        args.repeats))
+    runs = [
+        measure("medha serve", lambda port: [sys.executable, "-m", "medha", "serve", "--port",
+                                             str(port), "--log-level", "warning"],
+                "smollm2", args.repeats),
+        measure("transformers serve", lambda port: ["transformers", "serve", path, "--port",
+                                                    str(port), "--device", "cpu"],
+                path, args.repeats)]
     print(f"chat request: {runs[0]['prompt']} prompt tokens, max_tokens 8, greedy, "
           f"{args.repeats} repeats after 2 warm-ups\n")
     print("| server | completion tokens | median | min | max |")

@@ -14,27 +14,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 
-from medha.benchmark.load_generator import BenchConfig, run_bench
-from medha.perf.hardware_specs import cache_dir
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from local_server import local_server  # noqa: E402
+
+from medha.benchmark.load_generator import BenchConfig, run_bench  # noqa: E402
+from medha.perf.hardware_specs import cache_dir  # noqa: E402
 
 WORKLOAD = "prompt=32-256,output=16-48,long_fraction=0.05,long_prompt=3000-6000"
 POLICIES = {"lars": ["--policy", "lars"],
             "fcfs-none": ["--policy", "fcfs", "--chunking", "none"]}
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _busy_seconds(url: str) -> float:
@@ -45,25 +40,16 @@ def _busy_seconds(url: str) -> float:
 
 
 def serve_and_bench(name: str, flags: list[str], args, out: Path) -> dict:
-    port = _port()
-    url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([sys.executable, "-m", "medha", "serve", "--port", str(port),
-                             "--log-level", "warning", *flags])
-    try:
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.5)
+    def command(port: int) -> list[str]:
+        return [sys.executable, "-m", "medha", "serve", "--port", str(port), "--log-level",
+                "warning", *flags]
+
+    with local_server(command) as url:
         busy0 = _busy_seconds(url)
         summary = run_bench(BenchConfig(url=url, workload=args.workload, qps=args.qps,
                                         num_requests=args.num_requests, seed=args.seed,
                                         out=str(out / name)))
         summary["busy_share"] = (_busy_seconds(url) - busy0) / summary["client"]["wall_s"]
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(120)
     return summary
 
 

@@ -169,7 +169,7 @@ def _engine(args: argparse.Namespace):
 
     try:
         return LLM(scheduler=_scheduler_config(args),
-                   **{k: v for k, v in vars(dataclass_from_args(EngineConfig, args)).items()})
+                   **vars(dataclass_from_args(EngineConfig, args)))
     except EngineError as e:
         raise CliError(str(e)) from None
 

@@ -15,7 +15,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from medha.engine.llm_engine import LLMEngine, RequestOutput
+from medha.engine.llm_engine import LLMEngine
 from medha.engine.sampling_params import SamplingParams
 from medha.server.metrics import ServerMetrics
 
@@ -124,12 +124,15 @@ class AsyncEngine:
             return
         self._fail_all("server shutting down", dead=False)
 
-    def _apply_commands(self) -> None:
+    def _pending_commands(self):
         while True:
             try:
-                cmd = self._commands.get_nowait()
+                yield self._commands.get_nowait()
             except queue.Empty:
                 return
+
+    def _apply_commands(self) -> None:
+        for cmd in self._pending_commands():
             if isinstance(cmd, _Add):
                 self._admit(cmd)
             elif self.engine.abort(cmd[1]):
@@ -185,11 +188,7 @@ class AsyncEngine:
         with self._waiting_lock:
             self._waiting = 0
         # commands that arrived after the loop ended: refuse them instead of leaving them hanging
-        while True:
-            try:
-                cmd = self._commands.get_nowait()
-            except queue.Empty:
-                break
+        for cmd in self._pending_commands():
             if isinstance(cmd, _Add):
                 cmd.admitted.set_exception(EngineDeadError(reason))
 
@@ -197,5 +196,3 @@ class AsyncEngine:
 def is_final(item) -> bool:
     return item is None or isinstance(item, BaseException)
 
-
-__all__ = ["AsyncEngine", "EngineDeadError", "QueueFullError", "RequestOutput", "is_final"]

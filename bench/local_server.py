@@ -1,0 +1,48 @@
+"""Start an OpenAI-compatible server on a free loopback port for a benchmark, and stop it."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def local_server(command: Callable[[int], list[str]], quiet: bool = False,
+                 startup_s: float = 300.0) -> Iterator[str]:
+    """Run `command(port)`, wait until its /health answers 200, yield its base URL; SIGTERM
+    (then kill) on the way out."""
+    port = free_port()
+    out = subprocess.DEVNULL if quiet else None
+    proc = subprocess.Popen(command(port), stdout=out, stderr=out)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + startup_s
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{command(port)[:3]} exited with {proc.returncode}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no /health answer from {url} within {startup_s:.0f} s")
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        yield url
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
