@@ -2,10 +2,12 @@
 
     python bench/server_latency.py [--repeats 10]
 
-Both serve the same converted SmolLM2-135M-Instruct checkpoint on CPU, one at a time on a free
-loopback port. After two warm-up requests, the same chat request (about 40 prompt tokens with
-the chat template, max_tokens 8, greedy) is sent --repeats times with the official openai
-client, non-streaming; the table gives the client-side latency.
+Both serve the same converted SmolLM2-135M-Instruct checkpoint on CPU, each on a free loopback
+port, both up at once. After two warm-up requests each, the same chat request (about 40 prompt
+tokens with the chat template, max_tokens 8, greedy) goes to one server then the other,
+--repeats times, never two in flight: this CPU's speed drifts by 20-30% over minutes, and
+alternating puts both servers under the same drift. The official openai client, non-streaming;
+the table gives the client-side latency.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import argparse
 import statistics
 import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import openai
@@ -27,36 +30,39 @@ from medha.engine.checkpoint import resolve_model  # noqa: E402
 MESSAGES = [{"role": "user", "content": "In one sentence, why is the sky blue?"}]
 
 
-def measure(name: str, command, model: str, repeats: int) -> dict:
-    with local_server(command, quiet=True) as url:
-        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
-        times, usage = [], None
+def measure(servers: list[tuple[str, object, str]], repeats: int) -> list[dict]:
+    """servers: (name, command, model name). Requests alternate between them."""
+    with ExitStack() as stack:
+        runs = []
+        for name, command, model in servers:
+            url = stack.enter_context(local_server(command, quiet=True))
+            client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+            runs.append({"name": name, "client": client, "model": model, "times": []})
         for i in range(repeats + 2):
-            t0 = time.perf_counter()
-            out = client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=8,
-                                                 temperature=0)
-            if i >= 2:
-                times.append(time.perf_counter() - t0)
-            usage = out.usage
-    return {"name": name, "times": times, "prompt": usage.prompt_tokens,
-            "completion": usage.completion_tokens, "text": out.choices[0].message.content}
+            for r in runs:
+                t0 = time.perf_counter()
+                out = r["client"].chat.completions.create(
+                    model=r["model"], messages=MESSAGES, max_tokens=8, temperature=0)
+                if i >= 2:
+                    r["times"].append(time.perf_counter() - t0)
+                r["prompt"] = out.usage.prompt_tokens
+                r["completion"] = out.usage.completion_tokens
+    return runs
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--repeats", type=int, default=30)
     args = ap.parse_args()
     path = str(resolve_model("smollm2"))
-    runs = [
-        measure("medha serve", lambda port: [sys.executable, "-m", "medha", "serve", "--port",
-                                             str(port), "--log-level", "warning"],
-                "smollm2", args.repeats),
-        measure("transformers serve", lambda port: ["transformers", "serve", path, "--port",
-                                                    str(port), "--device", "cpu"],
-                path, args.repeats)]
+    runs = measure([
+        ("medha serve", lambda port: [sys.executable, "-m", "medha", "serve", "--port",
+                                      str(port), "--log-level", "warning"], "smollm2"),
+        ("transformers serve", lambda port: ["transformers", "serve", path, "--port", str(port),
+                                             "--device", "cpu"], path)], args.repeats)
     print(f"chat request: {runs[0]['prompt']} prompt tokens, max_tokens 8, greedy, "
-          f"{args.repeats} repeats after 2 warm-ups\n")
+          f"{args.repeats} alternating repeats after 2 warm-ups\n")
     print("| server | completion tokens | median | min | max |")
     print("|---|---|---|---|---|")
     for r in runs:

@@ -222,6 +222,7 @@ def _cmd_serve(args: argparse.Namespace) -> None:
     import logging
     import os
     import signal
+    import threading
 
     import uvicorn
 
@@ -233,19 +234,27 @@ def _cmd_serve(args: argparse.Namespace) -> None:
     if config.max_waiting < 1:
         raise CliError(f"--max-waiting must be at least 1, got {config.max_waiting}")
     engine = _engine(args).engine
-    app = build_app(engine, config)
+    app = build_app(engine, config, engine_thread=False)
     logging.basicConfig(level=config.log_level.upper(), format="%(levelname)s %(message)s")
     print(f"medha {__version__} serving {config.served_model_name or args.model} "
           f"({engine.spec.name}, {engine.device.type}, policy "
           f"{engine.scheduler.config.policy or engine.scheduler.packer.default_policy}, chunking "
           f"{engine.scheduler.config.chunking}) on http://{config.host}:{config.port}/v1",
           file=sys.stderr, flush=True)
-    # uvicorn drains on SIGTERM, then re-raises the signal to the handler it found: make that
-    # a clean exit, since the shutdown it asked for has completed
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port,
-                                  log_level=config.log_level,
-                                  timeout_graceful_shutdown=config.drain_timeout_s)).run()
+    # The engine loop runs here, on the thread that loaded the model (see AsyncEngine), and
+    # uvicorn on its own thread. SIGTERM/SIGINT ask uvicorn to drain (a second one forces it);
+    # its lifespan shutdown then stops the engine loop.
+    server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port,
+                                           log_level=config.log_level,
+                                           timeout_graceful_shutdown=config.drain_timeout_s))
+    http = threading.Thread(target=server.run, name="medha-http")
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, server.handle_exit)
+    http.start()
+    app.state.engine.run(while_=http.is_alive)
+    http.join()
+    if not server.started:
+        raise CliError(f"could not serve on {config.host}:{config.port} (see the log above)")
 
 
 def _cmd_bench(args: argparse.Namespace) -> None:

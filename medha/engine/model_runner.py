@@ -56,7 +56,10 @@ class ModelRunner:
         last = lens - 1
         slot_parts.append(table[torch.arange(len(chunks)), last // bs] * bs + last % bs)
         mask = (torch.arange(width * bs)[None, :] < lens[:, None])[None, :, None, :]
-        return DecodeGroup(start, end, table.reshape(-1), mask)
+        lone = self._slots(tables[0], 0, int(lens[0])) if len(chunks) == 1 else None
+        dev = self.device
+        return DecodeGroup(start, end, table.reshape(-1).to(dev), mask.to(dev),
+                           None if lone is None else lone.to(dev))
 
     @torch.inference_mode()
     def execute(self, batch: Batch, contexts: dict[str, list[int]], blocks: BlockManager,
@@ -105,8 +108,7 @@ class ModelRunner:
         dev = self.device
         meta = AttentionMetadata(
             slot_mapping=torch.cat(slot_parts).to(dev), num_decodes=len(decodes),
-            decode_groups=[DecodeGroup(g.row_start, g.row_end, g.blocks.to(dev), g.mask.to(dev))
-                           for g in groups],
+            decode_groups=groups,
             block_size=bs, prefills=spans, workspace=self.workspace)
         hidden = self.model(torch.tensor(ids, device=dev), torch.tensor(positions, device=dev),
                             self.kv_caches, meta)

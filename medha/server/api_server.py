@@ -58,7 +58,10 @@ class _Choice:
         self.logprobs: list = []
 
 
-def build_app(engine: LLMEngine, config: ServerConfig | None = None) -> FastAPI:
+def build_app(engine: LLMEngine, config: ServerConfig | None = None,
+              engine_thread: bool = True) -> FastAPI:
+    """The API over `engine`. With `engine_thread` the app starts the engine loop on a thread
+    of its own; without, the caller runs `app.state.engine.run()` on the thread it chooses."""
     config = config or ServerConfig()
     model_name = config.served_model_name or engine.config.model
     metrics = ServerMetrics(engine.scheduler.blocks.num_blocks)
@@ -68,7 +71,8 @@ def build_app(engine: LLMEngine, config: ServerConfig | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        aengine.start()
+        if engine_thread:
+            aengine.start()
         yield
         aengine.stop()
 

@@ -13,7 +13,9 @@ Every step first writes the batch's new K/V into their slots, then:
   lower-right causal mask;
 - decodes attend in groups of similar context length: a group's blocks are gathered
   (block-sized copies) into one tensor per head, padded to the group's longest context, and
-  the padding is masked.
+  the padding is masked. A decode alone in its group (a lone request) gathers its slots and
+  makes one unmasked SDPA call: a third of the small ops, whose fixed cost is what a lone
+  decode's attention is made of.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ class DecodeGroup:
     row_end: int
     blocks: torch.Tensor  # [decodes * max_blocks] block ids, padded, flattened
     mask: torch.Tensor  # [1, decodes, 1, max_blocks * block_size] True where valid
+    slots: torch.Tensor | None = None  # a lone decode's context slots
 
 
 @dataclass
@@ -100,6 +103,17 @@ def _decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     scores.masked_fill_(~group.mask, float("-inf"))
     out = torch.matmul(scores.softmax(-1), v)  # [kvh, D, per_kv, d]
     return out.transpose(0, 1).reshape(d_count, heads, dim)
+
+
+def _lone_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           slots: torch.Tensor, scale: float) -> torch.Tensor:
+    """q: [1, heads, d] -> [1, heads, d] over the context at `slots`, nothing to mask."""
+    _, heads, dim = q.shape
+    kvh = k_cache.shape[0]
+    k = k_cache.index_select(1, slots).unsqueeze(0)  # [1, kvh, L, d]
+    v = v_cache.index_select(1, slots).unsqueeze(0)
+    qg = q.view(1, kvh, heads // kvh, dim)  # a KV head's query heads as its query rows
+    return F.scaled_dot_product_attention(qg, k, v, scale=scale).view(1, heads, dim)
 
 
 # The CPU flash kernel that also returns each query's log-sum-exp (what merging partial
@@ -148,6 +162,10 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     v_cache.index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
     out = torch.empty_like(q)
     for g in meta.decode_groups:
+        if g.slots is not None:
+            out[g.row_start:g.row_end] = _lone_decode_attention(q[g.row_start:g.row_end],
+                                                                k_cache, v_cache, g.slots, scale)
+            continue
         out[g.row_start:g.row_end] = _decode_attention(q[g.row_start:g.row_end], k_cache,
                                                        v_cache, g, meta.block_size,
                                                        meta.workspace, scale)
