@@ -162,6 +162,20 @@ def _cmd_simulate(args: argparse.Namespace) -> None:
     print(f"results in {args.out}/", file=sys.stderr)
 
 
+def _cmd_analyze_deferred(args: argparse.Namespace) -> None:
+    from medha.analysis.cli_analyze import DeferredPrefillArgs, analyze
+    from medha.sim.simulator import ClusterConfig
+
+    predictor = _predictor(args)
+    try:
+        options = dataclass_from_args(DeferredPrefillArgs, args)
+        cluster = ClusterConfig(model=args.model, hardware=args.hardware,
+                                predictor=args.predictor)
+        print(analyze(options, predictor, cluster, predictor.parallel))
+    except ValueError as e:
+        raise CliError(str(e)) from None
+
+
 def _engine(args: argparse.Namespace):
     from medha.engine.errors import EngineError
     from medha.engine.llm import LLM
@@ -398,6 +412,20 @@ def build_parser() -> argparse.ArgumentParser:
     add_simulate_args(p)
     p.set_defaults(func=_cmd_simulate)
     parser.simulate_parser = p
+
+    from medha.analysis.cli_analyze import DESCRIPTION as DEFERRED
+    from medha.analysis.cli_analyze import DeferredPrefillArgs
+
+    p = sub.add_parser("analyze", help="analytic models of scheduling policies",
+                       description="Analytic models of scheduling policies, beside the "
+                       "simulator's numbers.")
+    models = p.add_subparsers(dest="model_name", metavar="MODEL", required=True)
+    q = models.add_parser("deferred-prefill", help="throughput over the departure threshold K",
+                          description=DEFERRED,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_platform_args(q, "llama-3-8b", "h100")
+    add_dataclass_args(q, DeferredPrefillArgs, title="system and curve")
+    q.set_defaults(func=_cmd_analyze_deferred)
 
     p = sub.add_parser("hardware", help="print the hardware specs (measures this CPU once)")
     p.add_argument("--refresh", action="store_true", help="measure this CPU again")

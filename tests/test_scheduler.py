@@ -138,11 +138,15 @@ def test_preempted_decode_recomputes_prompt_and_outputs():
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.tuples(st.floats(0, 1), st.integers(1, 300), st.integers(1, 40),
                           st.booleans()), min_size=1, max_size=15),
-       st.sampled_from(["fcfs", "edf", "lrs", "lars", "srpt"]),
+       st.sampled_from(["fcfs", "edf", "lrs", "lars", "srpt", "deferred"]),
        st.sampled_from(["adaptive", "static:64", "none"]),
-       st.integers(24, 200))
-def test_every_request_ends_and_no_block_leaks(specs, policy, chunking, blocks):
-    sched = toy_scheduler(policy=policy, chunking=chunking, num_blocks=blocks)
+       st.integers(24, 200),
+       st.tuples(st.integers(1, 8), st.integers(1, 8), st.booleans()))
+def test_every_request_ends_and_no_block_leaks(specs, policy, chunking, blocks, deferral):
+    cap, k, prefill_only = deferral  # batch cap C and threshold K of the deferred policy
+    sched = toy_scheduler(policy=policy, chunking=chunking, num_blocks=blocks, batch_cap=cap,
+                          departure_threshold=min(k, cap),
+                          prefill_only_iterations=prefill_only)
     reqs = [Request(f"r{i}", t, p, o) for i, (t, p, o, _) in enumerate(specs)
             if p + o <= blocks * 16]
     abort_at = {r.request_id for r, (_, _, _, ab) in zip(reqs, specs) if ab}

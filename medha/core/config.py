@@ -15,7 +15,8 @@ def _help(text: str, **extra) -> dict:
 class SchedulerConfig:
     policy: str | None = field(default=None, metadata=_help(
         "who goes first: fcfs, edf, lrs, lars or srpt (default: lars with adaptive chunking; "
-        "fcfs with none or static:N, the paper's Orca/vLLM and Sarathi baselines)"))
+        "fcfs with none or static:N, the paper's Orca/vLLM and Sarathi baselines); deferred "
+        "is fcfs that admits new prefills only after --departure-threshold departures"))
     chunking: str = field(default="adaptive", metadata=_help(
         "how many prompt tokens an iteration takes: adaptive (largest chunks that keep the "
         "predicted iteration within the budget), static:N (N-token budget per iteration, "
@@ -54,6 +55,15 @@ class SchedulerConfig:
         "longest context (prompt + output) accepted (default: the model's)"))
     watermark: float = field(default=0.01, metadata=_help(
         "share of KV blocks new prefill chunks leave free for running decodes"))
+    prefill_only_iterations: bool = field(default=False, metadata=_help(
+        "an iteration with prefill work runs prefills only and the decodes wait for the next "
+        "one, as in vLLM without chunked prefill (off: prefills share iterations with decodes)"))
+    departure_threshold: int = field(default=1, metadata=_help(
+        "deferred policy: admit new prefills only once this many requests (K) have left the "
+        "running batch since the last admission; 1 is ordinary continuous batching"))
+    batch_cap: int | None = field(default=None, metadata=_help(
+        "deferred policy: most requests in the running batch (C), admitted and not yet "
+        "finished; at most max_num_seqs (default: max_num_seqs)"))
 
     def __post_init__(self) -> None:
         from medha.scheduler.packers import parse_chunking
@@ -69,7 +79,7 @@ class SchedulerConfig:
                                           and math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a positive number, got {value!r}")
         for name in ("max_num_seqs", "long_prefill_threshold", "min_chunk_tokens",
-                     "max_batch_tokens", "max_model_len"):
+                     "max_batch_tokens", "max_model_len", "departure_threshold", "batch_cap"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, int) and value >= 1):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -77,6 +87,18 @@ class SchedulerConfig:
             raise ValueError(f"rho_max must lie in [0, 1), got {self.rho_max!r}")
         if not 0 <= self.watermark < 1:
             raise ValueError(f"watermark must lie in [0, 1), got {self.watermark!r}")
+        # Every admitted request decodes in every iteration only if the cap fits in one.
+        if self.batch_cap is not None and self.batch_cap > self.max_num_seqs:
+            raise ValueError(f"batch_cap ({self.batch_cap}) exceeds max_num_seqs "
+                             f"({self.max_num_seqs}): raise max_num_seqs too")
+        if self.departure_threshold > self.running_cap:
+            raise ValueError(f"departure_threshold ({self.departure_threshold}) exceeds the "
+                             f"batch cap ({self.running_cap}): no batch could lose that many")
+
+    @property
+    def running_cap(self) -> int:
+        """C: most requests admitted at once under the deferred policy."""
+        return self.batch_cap or self.max_num_seqs
 
     def resolve(self, predictor) -> SchedulerConfig:
         """This config with the hardware-dependent defaults filled in. On a CPU one decode

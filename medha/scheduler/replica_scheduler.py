@@ -44,7 +44,7 @@ class ReplicaScheduler:
         self.predictor = predictor
         self.blocks = blocks
         self.packer = make_packer(config, predictor)
-        self.policy = make_policy(config.policy or self.packer.default_policy)
+        self.policy = make_policy(config.policy or self.packer.default_policy, config)
         # A longer max_model_len than the spec's is allowed: the long-context variants of a
         # model (RoPE-scaled) share its shapes; the engine checks its real checkpoint's limit.
         self.max_model_len = config.max_model_len or predictor.model.max_context
@@ -128,17 +128,12 @@ class ReplicaScheduler:
     # ---- one iteration -----------------------------------------------------------------------
     def schedule(self, now: float) -> Batch | None:
         batch = Batch(self._next_batch_id, now)
-        builder = BatchBuilder(self, batch, self.predictor.timer(), now,
-                               self.config.max_num_seqs, self._max_batch_tokens)
-        self._add_decodes(builder)
-        queue = list(self._prefilling.values())
-        if self._inflight or batch.preempted:
-            # Skip requests whose remaining chunks are all running (pipelined batches), and
-            # those preempted a moment ago: memory is short, they wait a turn.
-            queue = [r for r in queue
-                     if r.num_scheduled < r.num_tokens and r not in batch.preempted]
-        if queue:
-            self.packer.pack(now, self._prefill_order(queue, now), builder)
+        if self.config.prefill_only_iterations:
+            builder = self._prefills_alone(batch, now)
+        else:
+            builder = self._builder(batch, now, self.config.max_num_seqs)
+            self._add_decodes(builder)
+            self._add_prefills(builder, now)
         if builder.is_empty:
             return None
         for chunk in batch.prefills:
@@ -152,6 +147,34 @@ class ReplicaScheduler:
         self._next_batch_id += 1
         self.stats.batches += 1
         return batch
+
+    def _builder(self, batch: Batch, now: float, max_seqs: int) -> BatchBuilder:
+        return BatchBuilder(self, batch, self.predictor.timer(), now, max_seqs,
+                            self._max_batch_tokens)
+
+    def _add_prefills(self, builder: BatchBuilder, now: float) -> None:
+        batch = builder.batch
+        queue = self.policy.admit(list(self._prefilling.values()), self._requests.__contains__)
+        if self._inflight or batch.preempted:
+            # Skip requests whose remaining chunks are all running (pipelined batches), and
+            # those preempted a moment ago: memory is short, they wait a turn.
+            queue = [r for r in queue
+                     if r.num_scheduled < r.num_tokens and r not in batch.preempted]
+        if queue:
+            self.packer.pack(now, self._prefill_order(queue, now), builder)
+
+    def _prefills_alone(self, batch: Batch, now: float) -> BatchBuilder:
+        """An iteration of prefills only, if any can run; else one of decodes. The prefills
+        get the sequence slots the decodes leave, so running requests stay within
+        max_num_seqs (vLLM's cap on its running batch)."""
+        room = self.config.max_num_seqs - len(self._decoding)
+        builder = self._builder(batch, now, room)
+        if room > 0:
+            self._add_prefills(builder, now)
+        if builder.is_empty:
+            builder = self._builder(batch, now, self.config.max_num_seqs)
+            self._add_decodes(builder)
+        return builder
 
     def _prefill_order(self, queue: list[Request], now: float) -> list[Request]:
         """Policy order, except that a short prefill already under way goes first.

@@ -22,16 +22,16 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls, skip: tuple[str, ..
     for f in dataclasses.fields(cls):
         if f.name in skip:
             continue
-        flag = "--" + f.name.replace("_", "-")
+        flags = ["--" + f.name.replace("_", "-"), *f.metadata.get("aliases", ())]
         help_text = f.metadata.get("help", "")
         tp = _base_type(hints[f.name])
         if tp is bool:
-            group.add_argument(flag, dest=f.name, default=f.default, help=help_text,
+            group.add_argument(*flags, dest=f.name, default=f.default, help=help_text,
                                action=argparse.BooleanOptionalAction)
         else:
             default = f.default
             shown = "" if default is None else f" (default: {default})"
-            group.add_argument(flag, dest=f.name, type=tp, default=default,
+            group.add_argument(*flags, dest=f.name, type=tp, default=default,
                                metavar=tp.__name__.upper(), help=help_text + shown)
 
 

@@ -1,13 +1,20 @@
-"""Who goes first: a policy maps each waiting request to a priority key (lower runs first)."""
+"""Who goes first: a policy maps each waiting request to a priority key (lower runs first).
+
+A policy may also hold requests back (`admit`): the deferred-prefill policy lets new prefills
+start only in groups. The scheduler passes it every prefill-phase request each iteration.
+"""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from medha.core.request import Request
 from medha.utils.registry import Registry
+
+if TYPE_CHECKING:
+    from medha.core.config import SchedulerConfig
 
 SortKey = Callable[[Request], float]
 
@@ -15,6 +22,14 @@ SortKey = Callable[[Request], float]
 class Policy(ABC):
     name: ClassVar[str]
     summary: ClassVar[str]
+
+    def __init__(self, config: SchedulerConfig | None = None) -> None:
+        self.config = config
+
+    def admit(self, queue: list[Request], is_live: Callable[[str], bool]) -> list[Request]:
+        """The prefill-phase requests that may be scheduled now (default: all of them).
+        `is_live(request_id)` says whether a request is still in the scheduler."""
+        return queue
 
     @abstractmethod
     def sort_key(self, now: float) -> SortKey:
@@ -27,5 +42,5 @@ class Policy(ABC):
 POLICIES: Registry[Policy] = Registry("policy", __package__, suffix="_policy")
 
 
-def make_policy(name: str) -> Policy:
-    return POLICIES.get(name)()
+def make_policy(name: str, config: SchedulerConfig | None = None) -> Policy:
+    return POLICIES.get(name)(config)

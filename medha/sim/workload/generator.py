@@ -38,12 +38,20 @@ class WorkloadConfig:
         "fraction of requests replaced by long-context ones drawn like Medha-SWE (prefill "
         "P50 393K, P90 839K tokens, 128K-1M; decode P50 518, P90 808)")})
     prompt_len: int = field(default=512, metadata={"help": "prompt tokens for --trace synthetic"})
-    output_len: int = field(default=128, metadata={"help": "output tokens for --trace synthetic"})
+    output_len: int = field(default=128, metadata={"help": (
+        "output tokens for --trace synthetic (the mean with --output-distribution geometric)")})
+    output_distribution: str = field(default="fixed", metadata={"help": (
+        "output lengths for --trace synthetic: fixed (every request --output-len tokens) or "
+        "geometric (each token ends its request with probability 1/--output-len, the "
+        "deferred-prefill paper's model)")})
     seed: int = field(default=0, metadata={"help": "seed for sampling and arrivals"})
 
     def __post_init__(self) -> None:
         if self.arrival not in ("poisson", "gamma"):
             raise ValueError(f"arrival must be poisson or gamma, got {self.arrival!r}")
+        if self.output_distribution not in ("fixed", "geometric"):
+            raise ValueError("output_distribution must be fixed or geometric, got "
+                             f"{self.output_distribution!r}")
         checks = [("qps", self.qps, False), ("gamma_cv", self.gamma_cv, False),
                   ("time_scale", self.time_scale, False)]
         for name, value, _ in checks:
@@ -97,6 +105,15 @@ def sample_long(rng: random.Random, max_context: int) -> tuple[int, int]:
     return min(prompt, max_context - output), output
 
 
+def sample_geometric(rng: random.Random, mean: float, limit: int) -> int:
+    """Tokens until a stop that comes with probability 1/mean after each one (at least 1,
+    at most `limit`): P(n) = (1 - p)^(n-1) p, by inversion."""
+    if mean <= 1:
+        return 1
+    n = 1 + int(math.log(1.0 - rng.random()) / math.log(1.0 - 1.0 / mean))
+    return min(n, limit)
+
+
 def _arrivals(cfg: WorkloadConfig, n: int, rng: random.Random) -> list[float]:
     t, out = 0.0, []
     if cfg.arrival == "poisson":
@@ -117,6 +134,11 @@ def build_requests(cfg: WorkloadConfig, max_context: int) -> list[Request]:
     if cfg.trace == "synthetic":
         n = cfg.num_requests or 1000
         entries = [TraceEntry(None, cfg.prompt_len, cfg.output_len)] * n
+        if cfg.output_distribution == "geometric":
+            limit = max(1, max_context - cfg.prompt_len)
+            entries = [TraceEntry(None, cfg.prompt_len, sample_geometric(rng, cfg.output_len,
+                                                                         limit))
+                       for _ in range(n)]
     else:
         timed_limit = cfg.num_requests if cfg.qps is None else None
         entries = load_trace(cfg.trace, limit=timed_limit)

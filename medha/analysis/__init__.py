@@ -1,0 +1,1 @@
+"""Analytic models of scheduling policies, checked against the simulator."""
