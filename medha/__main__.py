@@ -2,4 +2,6 @@ import sys
 
 from medha.cli import main
 
-sys.exit(main())
+# guarded: tensor-parallel workers are spawned, and a spawned child imports this module again
+if __name__ == "__main__":
+    sys.exit(main())

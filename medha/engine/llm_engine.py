@@ -12,6 +12,7 @@ measured time back to the scheduler (and to `engine.metrics`).
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import dataclasses
 import json
@@ -28,6 +29,7 @@ from medha.engine.checkpoint import check_checkpoint, resolve_model
 from medha.engine.errors import EngineError
 from medha.engine.layers.sampler import Sample, sample
 from medha.engine.model_runner import ModelRunner
+from medha.engine.models.llama import LlamaArgs
 from medha.engine.sampling_params import SamplingParams
 from medha.engine.tokenizer import Detokenizer, Tokenizer
 from medha.perf import ParallelConfig, Predictor, make_predictor
@@ -52,6 +54,9 @@ class EngineConfig:
         "profile` if there is one, else the roofline model of the measured device), roofline, "
         "or profiled:PATH")})
     threads: int | None = field(default=None, metadata={"help": "CPU threads (default: all)"})
+    tp: int = field(default=1, metadata={"help": (
+        "tensor-parallel processes (torch.distributed, gloo on CPU): attention heads and MLP "
+        "columns split across them; at most the model's KV heads")})
 
 
 @dataclass
@@ -115,8 +120,11 @@ class LLMEngine:
         num_blocks = int(config.kv_memory_gb * 2**30 // (kv_per_token * config.block_size))
         if num_blocks < 1:
             raise EngineError(f"kv_memory_gb={config.kv_memory_gb} holds no KV block")
+        self.workers = self._workers(config, hf_config, num_blocks)
         self.runner = ModelRunner(self.model_path, hf_config, self.device, self.dtype,
-                                  num_blocks, config.block_size)
+                                  num_blocks, config.block_size,
+                                  **({} if self.workers is None else
+                                     {"tp": self.workers.tp, "workers": self.workers}))
         self.spec = model_from_hf_config(os.path.basename(str(self.model_path)), hf_config)
         self.predictor = self._predictor(config.predictor)
         sched_cfg = scheduler or SchedulerConfig()
@@ -128,6 +136,28 @@ class LLMEngine:
         self.metrics = EngineMetrics()
 
     # ---- set-up ------------------------------------------------------------------------------
+    def _workers(self, config: EngineConfig, hf_config: dict, num_blocks: int):
+        if not (isinstance(config.tp, int) and config.tp >= 1):
+            raise EngineError(f"tp must be a positive integer, got {config.tp!r}")
+        if config.tp == 1:
+            return None
+        if self.device.type != "cpu":
+            raise EngineError("tp > 1 runs on CPU (gloo) so far; NCCL on CUDA is not built")
+        kv_heads = LlamaArgs.from_config(hf_config).num_kv_heads
+        if config.tp > kv_heads:
+            raise EngineError(f"tp={config.tp} exceeds the model's {kv_heads} KV heads")
+        from medha.engine.parallel.workers import RunnerArgs, WorkerGroup
+
+        group = WorkerGroup(config.tp, RunnerArgs(self.model_path, hf_config, self.dtype,
+                                                  num_blocks, config.block_size))
+        atexit.register(group.close)
+        return group
+
+    def close(self) -> None:
+        """Stop the worker processes, if any (also done at interpreter exit)."""
+        if self.workers is not None:
+            self.workers.close()
+
     @staticmethod
     def _device(name: str) -> torch.device:
         if name == "auto":

@@ -3,6 +3,8 @@ attention metadata from the block tables, and returns logits for the sampling po
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -10,17 +12,47 @@ import torch
 from medha.core.batch import Batch
 from medha.engine.layers.attention import AttentionMetadata, DecodeGroup, PrefillSpan, Workspace
 from medha.engine.models.llama import LlamaArgs, LlamaForCausalLM
+from medha.engine.parallel.tensor_parallel import SINGLE, TensorParallel
 from medha.scheduler.block_manager import BlockManager
+
+
+@dataclass
+class StepInput:
+    """One batch as plain tensors: all a rank needs to run it, picklable for the workers."""
+
+    ids: torch.Tensor
+    positions: torch.Tensor
+    slot_mapping: torch.Tensor
+    decode_groups: list[DecodeGroup]
+    prefills: list[PrefillSpan]
+    sample_rows: list[int] | None  # None: logits of every row
+
+    def to(self, device: torch.device) -> StepInput:
+        if device.type == "cpu":
+            return self
+
+        def move(obj):
+            changes = {f.name: getattr(obj, f.name).to(device)
+                       for f in dataclasses.fields(obj)
+                       if isinstance(getattr(obj, f.name), torch.Tensor)}
+            return dataclasses.replace(obj, **changes)
+        return dataclasses.replace(move(self), decode_groups=[move(g) for g in
+                                                              self.decode_groups],
+                                   prefills=[move(p) for p in self.prefills])
 
 
 class ModelRunner:
     def __init__(self, path: Path, config: dict, device: torch.device, dtype: torch.dtype,
-                 num_blocks: int, block_size: int) -> None:
+                 num_blocks: int, block_size: int, tp: TensorParallel = SINGLE,
+                 workers=None) -> None:
+        """`tp`: this process's tensor-parallel rank; `workers` (rank 0 only): the
+        WorkerGroup running the other ranks, which gets every step before rank 0 runs it."""
         self.args = LlamaArgs.from_config(config)
         self.device, self.dtype = device, dtype
         self.block_size = block_size
+        self.workers = workers
         with torch.device("meta"):  # no random init: the weights are loaded next
-            model = LlamaForCausalLM(self.args)
+            model = LlamaForCausalLM(self.args, tp)
         model.to_empty(device=device)
         model.rotary = model.rotary.__class__(self.args.head_dim, self.args.rope_theta,
                                               self.args.rope_scaling).to(device)
@@ -28,7 +60,8 @@ class ModelRunner:
         self.model = model.eval()
         self.workspace = Workspace()
         a = self.args
-        shape = (a.num_kv_heads, num_blocks * block_size, a.head_dim)  # see layers/attention
+        # this rank's KV heads only; the layout is in layers/attention
+        shape = (model.layers[0].self_attn.kvh, num_blocks * block_size, a.head_dim)
         # zeros, not empty: stale memory can hold denormals or NaNs, which slow CPU math down
         # even where the attention mask hides them
         self.kv_caches = [(torch.zeros(shape, dtype=dtype, device=device),
@@ -57,17 +90,12 @@ class ModelRunner:
         slot_parts.append(table[torch.arange(len(chunks)), last // bs] * bs + last % bs)
         mask = (torch.arange(width * bs)[None, :] < lens[:, None])[None, :, None, :]
         lone = self._slots(tables[0], 0, int(lens[0])) if len(chunks) == 1 else None
-        dev = self.device
-        return DecodeGroup(start, end, table.reshape(-1).to(dev), mask.to(dev),
-                           None if lone is None else lone.to(dev))
+        return DecodeGroup(start, end, table.reshape(-1), mask, lone)
 
-    @torch.inference_mode()
-    def execute(self, batch: Batch, contexts: dict[str, list[int]], blocks: BlockManager,
-                all_logits: bool = False) -> tuple[torch.Tensor, list]:
-        """Returns (logits [samples, vocab] fp32, the sampling chunks in row order).
-
-        `all_logits` returns every row's logits instead (decodes first, then each prefill
-        chunk's tokens): what correctness tests compare with a reference model."""
+    def prepare(self, batch: Batch, contexts: dict[str, list[int]], blocks: BlockManager,
+                all_logits: bool = False) -> tuple[StepInput, list]:
+        """The batch as tensors (decodes first, then each prefill chunk's tokens), and the
+        chunks whose next token is sampled, in the order of their logits rows."""
         ids: list[int] = []
         positions: list[int] = []
         slot_parts: list[torch.Tensor] = []
@@ -99,22 +127,39 @@ class ModelRunner:
             positions.extend(range(c.start, c.end))
             ctx_slots = self._slots(blocks.blocks_of(rid), 0, c.end)
             slot_parts.append(ctx_slots[c.start:])
-            spans.append(PrefillSpan(row, row + c.num_tokens, c.start, ctx_slots.to(self.device)))
+            spans.append(PrefillSpan(row, row + c.num_tokens, c.start, ctx_slots))
             row += c.num_tokens
             if c.samples:
                 sample_rows.append(row - 1)
                 sample_chunks.append(c)
+        step = StepInput(torch.tensor(ids), torch.tensor(positions), torch.cat(slot_parts),
+                         groups, spans, None if all_logits else sample_rows)
+        return step, sample_chunks
 
-        dev = self.device
+    @torch.inference_mode()
+    def run(self, step: StepInput) -> torch.Tensor:
+        """Logits [rows, vocab] fp32 of the step's sampling rows (of every row if it names
+        none), on the CPU. On a TP rank other than 0 the forward pass only (empty result)."""
+        step = step.to(self.device)
         meta = AttentionMetadata(
-            slot_mapping=torch.cat(slot_parts).to(dev), num_decodes=len(decodes),
-            decode_groups=groups,
-            block_size=bs, prefills=spans, workspace=self.workspace)
-        hidden = self.model(torch.tensor(ids, device=dev), torch.tensor(positions, device=dev),
-                            self.kv_caches, meta)
-        if all_logits:
-            return self.model.logits(hidden).cpu(), sample_chunks
-        if not sample_rows:
-            return torch.empty(0, self.args.vocab_size), []
-        logits = self.model.logits(hidden[torch.tensor(sample_rows, device=dev)])
-        return logits.cpu(), sample_chunks
+            slot_mapping=step.slot_mapping, decode_groups=step.decode_groups,
+            block_size=self.block_size, prefills=step.prefills, workspace=self.workspace)
+        hidden = self.model(step.ids, step.positions, self.kv_caches, meta)
+        if self.model.tp.rank != 0:
+            return torch.empty(0)
+        if step.sample_rows is not None:
+            if not step.sample_rows:
+                return torch.empty(0, self.args.vocab_size)
+            hidden = hidden[torch.tensor(step.sample_rows, device=self.device)]
+        return self.model.logits(hidden).cpu()
+
+    def execute(self, batch: Batch, contexts: dict[str, list[int]], blocks: BlockManager,
+                all_logits: bool = False) -> tuple[torch.Tensor, list]:
+        """Returns (logits [samples, vocab] fp32, the sampling chunks in row order).
+
+        `all_logits` returns every row's logits instead (decodes first, then each prefill
+        chunk's tokens): what correctness tests compare with a reference model."""
+        step, chunks = self.prepare(batch, contexts, blocks, all_logits)
+        if self.workers is not None:
+            self.workers.broadcast(step)
+        return self.run(step), chunks

@@ -68,7 +68,6 @@ class DecodeGroup:
 @dataclass
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [tokens] where each new token's K/V goes
-    num_decodes: int  # the first rows of the batch
     decode_groups: list[DecodeGroup]
     block_size: int
     prefills: list[PrefillSpan]

@@ -14,6 +14,7 @@ from medha.engine.errors import EngineError
 from medha.engine.layers.attention import AttentionMetadata, paged_attention
 from medha.engine.layers.norm import RMSNorm
 from medha.engine.layers.rotary import RotaryEmbedding, apply_rotary, rope_parameters
+from medha.engine.parallel.tensor_parallel import SINGLE, RowParallelLinear, TensorParallel
 
 
 @dataclass(frozen=True)
@@ -77,14 +78,23 @@ def _pad_rows(x: torch.Tensor, pad: int) -> torch.Tensor:
     return F.pad(x, (0, 0, 0, pad)) if pad else x
 
 
+def _row_linear(in_local: int, out_features: int, bias: bool, tp: TensorParallel) -> nn.Module:
+    # one process: a plain Linear, whose fused bias keeps the outputs bitwise as before
+    if tp.size == 1:
+        return nn.Linear(in_local, out_features, bias=bias)
+    return RowParallelLinear(in_local, out_features, bias, tp)
+
+
 class LlamaAttention(nn.Module):
-    def __init__(self, a: LlamaArgs) -> None:
+    def __init__(self, a: LlamaArgs, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
-        self.h, self.kvh, self.d = a.num_heads, a.num_kv_heads, a.head_dim
+        kv0, kv1 = tp.part(a.num_kv_heads)
+        per_kv = a.num_heads // a.num_kv_heads
+        self.h, self.kvh, self.d = (kv1 - kv0) * per_kv, kv1 - kv0, a.head_dim
         # q, k and v as one GEMM: bitwise the same outputs as three, one kernel launch
         self.qkv_proj = nn.Linear(a.hidden_size, (self.h + 2 * self.kvh) * self.d,
                                   bias=a.attention_bias)
-        self.o_proj = nn.Linear(self.h * self.d, a.hidden_size, bias=a.attention_bias)
+        self.o_proj = _row_linear(self.h * self.d, a.hidden_size, a.attention_bias, tp)
         self.scale = self.d ** -0.5
 
     def forward(self, x, cos, sin, k_cache, v_cache, meta: AttentionMetadata):
@@ -99,25 +109,26 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, a: LlamaArgs) -> None:
+    def __init__(self, a: LlamaArgs, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
+        i0, i1 = tp.part(a.intermediate_size)
         # gate and up stay two GEMMs: with MKL on CPU two N=I products run faster than one
         # N=2I product (whose weights no longer fit the caches)
-        self.gate_proj = nn.Linear(a.hidden_size, a.intermediate_size, bias=a.mlp_bias)
-        self.up_proj = nn.Linear(a.hidden_size, a.intermediate_size, bias=a.mlp_bias)
-        self.down_proj = nn.Linear(a.intermediate_size, a.hidden_size, bias=a.mlp_bias)
+        self.gate_proj = nn.Linear(a.hidden_size, i1 - i0, bias=a.mlp_bias)
+        self.up_proj = nn.Linear(a.hidden_size, i1 - i0, bias=a.mlp_bias)
+        self.down_proj = _row_linear(i1 - i0, a.hidden_size, a.mlp_bias, tp)
 
     def forward(self, x):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class LlamaLayer(nn.Module):
-    def __init__(self, a: LlamaArgs) -> None:
+    def __init__(self, a: LlamaArgs, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
-        self.self_attn = LlamaAttention(a)
+        self.self_attn = LlamaAttention(a, tp)
         self.post_attention_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
-        self.mlp = LlamaMLP(a)
+        self.mlp = LlamaMLP(a, tp)
 
     def forward(self, x, cos, sin, k_cache, v_cache, meta):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_cache, v_cache, meta)
@@ -125,11 +136,14 @@ class LlamaLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, a: LlamaArgs) -> None:
+    def __init__(self, a: LlamaArgs, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
-        self.args = a
+        if tp.size > a.num_kv_heads:
+            raise EngineError(f"tp={tp.size} exceeds the model's {a.num_kv_heads} KV heads: "
+                              "every rank needs at least one")
+        self.args, self.tp = a, tp
         self.embed_tokens = nn.Embedding(a.vocab_size, a.hidden_size)
-        self.layers = nn.ModuleList(LlamaLayer(a) for _ in range(a.num_layers))
+        self.layers = nn.ModuleList(LlamaLayer(a, tp) for _ in range(a.num_layers))
         self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
         self.rotary = RotaryEmbedding(a.head_dim, a.rope_theta, a.rope_scaling)
         self.lm_head = None if a.tie_word_embeddings else nn.Linear(a.hidden_size, a.vocab_size,
@@ -165,7 +179,8 @@ class LlamaForCausalLM(nn.Module):
             try:
                 with safe_open(str(file), framework="pt", device="cpu") as f:
                     for name in f.keys():
-                        self._place(name, f.get_tensor(name), params, pending, loaded, file)
+                        self._place(name, self._read_shard(f, name), params, pending, loaded,
+                                    file)
             except EngineError:
                 raise
             except Exception as e:  # safetensors raises its own error types
@@ -180,6 +195,37 @@ class LlamaForCausalLM(nn.Module):
             p.data = p.data.to(dtype)
 
     _FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2)}
+
+    def _read_shard(self, f, name: str) -> torch.Tensor:
+        """Only this rank's slice of a tensor is read from the file."""
+        spec = self._shard_spec(name)
+        if spec is None:
+            return f.get_tensor(name)
+        dim, start, end = spec
+        piece = f.get_slice(name)
+        return piece[start:end] if dim == 0 else piece[:, start:end]
+
+    def _shard_spec(self, name: str) -> tuple[int, int, int] | None:
+        """(dim, start, end) of the slice this TP rank keeps, None for a whole tensor."""
+        tp, a = self.tp, self.args
+        if tp.size == 1:
+            return None
+        kv0, kv1 = tp.part(a.num_kv_heads)
+        per_kv, d = a.num_heads // a.num_kv_heads, a.head_dim
+        i0, i1 = tp.part(a.intermediate_size)
+        parts = name.split(".")
+        module, kind = (parts[-2], parts[-1]) if len(parts) >= 2 else ("", "")
+        if module == "q_proj":
+            return 0, kv0 * per_kv * d, kv1 * per_kv * d
+        if module in ("k_proj", "v_proj"):
+            return 0, kv0 * d, kv1 * d
+        if module == "o_proj" and kind == "weight":
+            return 1, kv0 * per_kv * d, kv1 * per_kv * d
+        if module in ("gate_proj", "up_proj"):
+            return 0, i0, i1
+        if module == "down_proj" and kind == "weight":
+            return 1, i0, i1
+        return None
 
     def _place(self, name, tensor, params, pending, loaded, file) -> None:
         name = name.removeprefix("model.")
