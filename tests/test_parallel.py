@@ -2,9 +2,14 @@
 process, on SmolLM2 (3 KV heads, split 2 + 1 at tp 2) and on a tiny random Llama."""
 
 import json
+import os
 import shutil
+import signal
 import time
+from pathlib import Path
 
+import httpx
+import openai
 import pytest
 import torch
 
@@ -86,3 +91,64 @@ def test_tp_beyond_the_kv_heads_is_refused(tiny_model):
         LLM(tiny_model, kv_memory_gb=0.01, tp=3)
     with pytest.raises(EngineError, match="tp must be a positive integer"):
         LLM(tiny_model, kv_memory_gb=0.01, tp=0)
+
+
+def _spawned_children(pid: int) -> list[int]:
+    """Worker processes of `pid` (torch.multiprocessing spawn children)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            cmd = (stat.parent / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == pid and b"spawn_main" in cmd:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def _stream_until_error(url: str, killed: list[int], worker: int) -> dict:
+    body = {"model": "smollm2", "prompt": "Once upon a time", "max_tokens": 400,
+            "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            if "error" in event:
+                return event["error"]
+            if not killed:  # the request is running: take a rank away under it
+                os.kill(worker, signal.SIGKILL)
+                killed.append(worker)
+    raise AssertionError("the stream ended without an error")
+
+
+def test_a_dead_worker_fails_requests_with_503_and_a_restart_serves_again():
+    from test_server import Server
+
+    server = Server("--tp", "2")
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+        out = client.completions.create(model="smollm2", prompt="The capital of France is",
+                                        max_tokens=4, temperature=0)
+        assert out.usage.completion_tokens == 4
+        workers = _spawned_children(server.proc.pid)
+        assert len(workers) == 1
+        t0 = time.monotonic()
+        error = _stream_until_error(server.url, killed := [], workers[0])
+        assert killed and time.monotonic() - t0 < 30  # failed, not hung
+        assert error["type"] == "service_unavailable" and "engine failed" in error["message"]
+        r = httpx.post(server.url + "/v1/completions",
+                       json={"model": "smollm2", "prompt": "Hi", "max_tokens": 2})
+        assert r.status_code == 503 and "engine failed" in r.json()["error"]["message"]
+        assert httpx.get(server.url + "/health").status_code == 503
+    finally:
+        server.stop()
+    restarted = Server("--tp", "2")
+    try:
+        client = openai.OpenAI(base_url=restarted.url + "/v1", api_key="x", max_retries=0)
+        again = client.completions.create(model="smollm2", prompt="The capital of France is",
+                                          max_tokens=4, temperature=0)
+        assert again.choices[0].text == out.choices[0].text
+    finally:
+        assert restarted.stop() == 0
