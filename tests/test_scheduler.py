@@ -138,15 +138,18 @@ def test_preempted_decode_recomputes_prompt_and_outputs():
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.tuples(st.floats(0, 1), st.integers(1, 300), st.integers(1, 40),
                           st.booleans()), min_size=1, max_size=15),
-       st.sampled_from(["fcfs", "edf", "lrs", "lars", "srpt", "deferred"]),
+       st.sampled_from(["fcfs", "edf", "lrs", "lars", "srpt", "deferred", "aligned"]),
        st.sampled_from(["adaptive", "static:64", "none"]),
        st.integers(24, 200),
        st.tuples(st.integers(1, 8), st.integers(1, 8), st.booleans()))
 def test_every_request_ends_and_no_block_leaks(specs, policy, chunking, blocks, deferral):
     cap, k, prefill_only = deferral  # batch cap C and threshold K of the deferred policy
+    # aligned: a small memory threshold and min batch make it split the decodes into batches
+    # (the toy predictor alone would always batch them all)
     sched = toy_scheduler(policy=policy, chunking=chunking, num_blocks=blocks, batch_cap=cap,
                           departure_threshold=min(k, cap),
-                          prefill_only_iterations=prefill_only)
+                          prefill_only_iterations=prefill_only, aligned_min_batch=k,
+                          aligned_memory_fraction=cap / 8)
     reqs = [Request(f"r{i}", t, p, o) for i, (t, p, o, _) in enumerate(specs)
             if p + o <= blocks * 16]
     abort_at = {r.request_id for r, (_, _, _, ab) in zip(reqs, specs) if ab}

@@ -16,7 +16,8 @@ class SchedulerConfig:
     policy: str | None = field(default=None, metadata=_help(
         "who goes first: fcfs, edf, lrs, lars or srpt (default: lars with adaptive chunking; "
         "fcfs with none or static:N, the paper's Orca/vLLM and Sarathi baselines); deferred "
-        "is fcfs that admits new prefills only after --departure-threshold departures"))
+        "is fcfs that admits new prefills only after --departure-threshold departures; "
+        "aligned is fcfs that runs decodes of similar prefix length together (AlignedServe)"))
     chunking: str = field(default="adaptive", metadata=_help(
         "how many prompt tokens an iteration takes: adaptive (largest chunks that keep the "
         "predicted iteration within the budget), static:N (N-token budget per iteration, "
@@ -65,6 +66,19 @@ class SchedulerConfig:
         "deferred policy: most requests in the running batch (C), admitted and not yet "
         "finished; at most max_num_seqs (default: max_num_seqs)"))
 
+    aligned_min_batch: int = field(default=16, metadata=_help(
+        "aligned policy: fewest decodes a prefix-length cluster must hold to be batched on its "
+        "own; sparser ranges are merged with their neighbours (fewer ready decodes run together)"))
+    aligned_memory_fraction: float = field(default=1.0, metadata=_help(
+        "aligned policy: most of the replica's KV blocks one decode batch may hold (AlignedServe's "
+        "memory threshold; 1 lets only the cache itself bound a batch)"))
+    aligned_starvation_s: float | None = field(default=None, metadata=_help(
+        "aligned policy: a ready decode that has waited this long for its next token promotes "
+        "its length range to the next batch (default: 4 x the TPOT target)"))
+    aligned_batch_iterations: int = field(default=1, metadata=_help(
+        "aligned policy: iterations one decode batch runs before the candidate batch, prepared "
+        "when it started, takes over"))
+
     def __post_init__(self) -> None:
         from medha.scheduler.packers import parse_chunking
         from medha.scheduler.policies import POLICIES
@@ -73,18 +87,22 @@ class SchedulerConfig:
             POLICIES.get(self.policy)  # raises ValueError naming the choices
         parse_chunking(self.chunking)
         for name in ("tpot_target_s", "target_batch_time_s", "ttft_deadline_s",
-                     "ttft_deadline_factor", "min_ttft_deadline_s"):
+                     "ttft_deadline_factor", "min_ttft_deadline_s", "aligned_starvation_s"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, (int, float))
                                           and math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a positive number, got {value!r}")
         for name in ("max_num_seqs", "long_prefill_threshold", "min_chunk_tokens",
-                     "max_batch_tokens", "max_model_len", "departure_threshold", "batch_cap"):
+                     "max_batch_tokens", "max_model_len", "departure_threshold", "batch_cap",
+                     "aligned_min_batch", "aligned_batch_iterations"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, int) and value >= 1):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if not 0 <= self.rho_max < 1:
             raise ValueError(f"rho_max must lie in [0, 1), got {self.rho_max!r}")
+        if not 0 < self.aligned_memory_fraction <= 1:
+            raise ValueError("aligned_memory_fraction must lie in (0, 1], got "
+                             f"{self.aligned_memory_fraction!r}")
         if not 0 <= self.watermark < 1:
             raise ValueError(f"watermark must lie in [0, 1), got {self.watermark!r}")
         # Every admitted request decodes in every iteration only if the cap fits in one.

@@ -7,13 +7,15 @@ from medha.perf.model_specs import ModelSpec, get_model
 from medha.perf.parallel_config import ParallelConfig
 from medha.perf.predictor import BatchTimer, Predictor
 
-PREDICTOR_HELP = ("batch-time model: roofline (analytic), profiled (fitted to the bundled "
-                  "profile of this model and hardware) or profiled:PATH (a profile written by "
-                  "`medha profile`, or a Vidur CSV table or directory)")
+PREDICTOR_HELP = ("batch-time model: roofline (analytic), roofline-padded (the same, with "
+                  "decode attention padded to the batch's longest context), profiled (fitted "
+                  "to the bundled profile of this model and hardware) or profiled:PATH (a "
+                  "profile written by `medha profile`, or a Vidur CSV table or directory)")
 
 
 def make_predictor(spec: str, model: ModelSpec | str, hardware: HardwareSpec | str,
                    parallel: ParallelConfig | None = None) -> Predictor:
+    from medha.perf.padded_predictor import PaddedRooflinePredictor
     from medha.perf.profile_data import bundled_profile, load_profile
     from medha.perf.profiled_predictor import ProfiledPredictor
     from medha.perf.roofline_predictor import RooflinePredictor
@@ -24,11 +26,13 @@ def make_predictor(spec: str, model: ModelSpec | str, hardware: HardwareSpec | s
     kind, _, path = spec.partition(":")
     if kind == "roofline" and not path:
         return RooflinePredictor(model, hardware, parallel)
+    if kind == "roofline-padded" and not path:
+        return PaddedRooflinePredictor(model, hardware, parallel)
     if kind == "profiled":
         profile = load_profile(path) if path else bundled_profile(hardware.name, model.name)
         return ProfiledPredictor(model, hardware, parallel, profile)
-    raise ValueError(f"unknown predictor {spec!r}; expected roofline, profiled or "
-                     "profiled:PATH")
+    raise ValueError(f"unknown predictor {spec!r}; expected roofline, roofline-padded, "
+                     "profiled or profiled:PATH")
 
 
 __all__ = ["BatchTimer", "HardwareSpec", "ModelSpec", "ParallelConfig", "Predictor",

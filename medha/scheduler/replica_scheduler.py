@@ -50,6 +50,7 @@ class ReplicaScheduler:
         self.max_model_len = config.max_model_len or predictor.model.max_context
         self.prefill_times = prefill_times or PrefillTimeCache(
             predictor, self.packer.plan_isolated, self.max_model_len)
+        self.policy.bind(predictor, blocks, self.max_model_len)
         self._max_batch_tokens = self.packer.max_batch_tokens(self.max_model_len)
         self.long_threshold = (config.long_prefill_threshold
                                or min(32768, max(1, self.max_model_len // 4)))
@@ -199,6 +200,7 @@ class ReplicaScheduler:
         decodes = [r for r in self._decoding.values() if r.num_inflight_batches == 0]
         if not decodes:
             return
+        decodes = self.policy.select_decodes(decodes, builder.now)
         short = [r for r in decodes if r.kv_capacity <= r.num_scheduled]  # need a new block
         if len(short) <= self.blocks.num_free and len(decodes) <= builder.room_seqs:
             for r in short:

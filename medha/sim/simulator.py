@@ -28,7 +28,8 @@ class ClusterConfig:
     model: str = field(default="llama-3-8b", metadata={"help": "model spec"})
     hardware: str = field(default="a100", metadata={"help": "device: a100, h100, h200 or cpu"})
     predictor: str = field(default="roofline", metadata={"help": (
-        "batch-time model: roofline, profiled (bundled profile) or profiled:PATH")})
+        "batch-time model: roofline, roofline-padded (decode attention padded to the batch's "
+        "longest context), profiled (bundled profile) or profiled:PATH")})
     replicas: int = field(default=1, metadata={"help": (
         "replicas behind the dispatcher; each has tp x spp x kvp devices")})
     dispatcher: str = field(default="round_robin", metadata={"help": (

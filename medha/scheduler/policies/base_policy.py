@@ -2,6 +2,8 @@
 
 A policy may also hold requests back (`admit`): the deferred-prefill policy lets new prefills
 start only in groups. The scheduler passes it every prefill-phase request each iteration.
+Likewise `select_decodes` picks which ready decodes run this iteration (all of them by
+default): the AlignedServe policy runs decodes of similar prefix length together.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from medha.utils.registry import Registry
 
 if TYPE_CHECKING:
     from medha.core.config import SchedulerConfig
+    from medha.perf.predictor import Predictor
+    from medha.scheduler.block_manager import BlockManager
 
 SortKey = Callable[[Request], float]
 
@@ -30,6 +34,17 @@ class Policy(ABC):
         """The prefill-phase requests that may be scheduled now (default: all of them).
         `is_live(request_id)` says whether a request is still in the scheduler."""
         return queue
+
+    def bind(self, predictor: Predictor, blocks: BlockManager, max_model_len: int) -> None:
+        """Called once by the scheduler that owns this policy (a policy that forms decode
+        batches needs the cost model and the KV cache's size)."""
+        return None
+
+    def select_decodes(self, decodes: list[Request], now: float) -> list[Request]:
+        """The ready decodes (none in a running batch) that join this iteration: all of them by
+        default, as in continuous batching. Must not return an empty list for a non-empty one,
+        or an iteration with no prefill work would run nothing."""
+        return decodes
 
     @abstractmethod
     def sort_key(self, now: float) -> SortKey:
