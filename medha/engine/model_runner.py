@@ -12,6 +12,7 @@ import torch
 from medha.core.batch import Batch
 from medha.engine.layers.attention import AttentionMetadata, DecodeGroup, PrefillSpan, Workspace
 from medha.engine.models.llama import LlamaArgs, LlamaForCausalLM
+from medha.engine.parallel.stage import WHOLE, Stage
 from medha.engine.parallel.tensor_parallel import SINGLE, TensorParallel
 from medha.scheduler.block_manager import BlockManager
 
@@ -44,15 +45,16 @@ class StepInput:
 class ModelRunner:
     def __init__(self, path: Path, config: dict, device: torch.device, dtype: torch.dtype,
                  num_blocks: int, block_size: int, tp: TensorParallel = SINGLE,
-                 workers=None) -> None:
-        """`tp`: this process's tensor-parallel rank; `workers` (rank 0 only): the
-        WorkerGroup running the other ranks, which gets every step before rank 0 runs it."""
+                 workers=None, stage: Stage = WHOLE) -> None:
+        """`tp`: this process's tensor-parallel rank; `stage`: the pipeline stage whose layers
+        it holds; `workers` (rank 0 only): the WorkerGroup running the other ranks, which gets
+        every step before rank 0 runs it."""
         self.args = LlamaArgs.from_config(config)
         self.device, self.dtype = device, dtype
         self.block_size = block_size
         self.workers = workers
         with torch.device("meta"):  # no random init: the weights are loaded next
-            model = LlamaForCausalLM(self.args, tp)
+            model = LlamaForCausalLM(self.args, tp, stage)
         model.to_empty(device=device)
         model.rotary = model.rotary.__class__(self.args.head_dim, self.args.rope_theta,
                                               self.args.rope_scaling).to(device)
@@ -66,7 +68,7 @@ class ModelRunner:
         # even where the attention mask hides them
         self.kv_caches = [(torch.zeros(shape, dtype=dtype, device=device),
                            torch.zeros(shape, dtype=dtype, device=device))
-                          for _ in range(a.num_layers)]
+                          for _ in model.layers]
 
     @staticmethod
     def kv_bytes_per_token(config: dict, dtype: torch.dtype) -> int:
@@ -137,21 +139,32 @@ class ModelRunner:
         return step, sample_chunks
 
     @torch.inference_mode()
-    def run(self, step: StepInput) -> torch.Tensor:
-        """Logits [rows, vocab] fp32 of the step's sampling rows (of every row if it names
-        none), on the CPU. On a TP rank other than 0 the forward pass only (empty result)."""
+    def forward(self, step: StepInput, hidden: torch.Tensor | None = None) -> torch.Tensor:
+        """This rank's stage of the step: from the token ids on the first stage, from the
+        previous stage's output `hidden` elsewhere."""
         step = step.to(self.device)
         meta = AttentionMetadata(
             slot_mapping=step.slot_mapping, decode_groups=step.decode_groups,
             block_size=self.block_size, prefills=step.prefills, workspace=self.workspace)
-        hidden = self.model(step.ids, step.positions, self.kv_caches, meta)
+        if hidden is not None:
+            hidden = hidden.to(self.device)
+        return self.model(step.ids, step.positions, self.kv_caches, meta, hidden)
+
+    @torch.inference_mode()
+    def logits(self, step: StepInput, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits [rows, vocab] fp32 on the CPU of the step's sampling rows (every row if it
+        names none), from the last stage's output; empty on TP ranks other than 0."""
         if self.model.tp.rank != 0:
             return torch.empty(0)
         if step.sample_rows is not None:
             if not step.sample_rows:
                 return torch.empty(0, self.args.vocab_size)
-            hidden = hidden[torch.tensor(step.sample_rows, device=self.device)]
-        return self.model.logits(hidden).cpu()
+            hidden = hidden[torch.tensor(step.sample_rows, device=hidden.device)]
+        return self.model.logits(hidden.to(self.device)).cpu()
+
+    def run(self, step: StepInput) -> torch.Tensor:
+        """The whole model on this process (one TP rank of it)."""
+        return self.logits(step, self.forward(step))
 
     def execute(self, batch: Batch, contexts: dict[str, list[int]], blocks: BlockManager,
                 all_logits: bool = False) -> tuple[torch.Tensor, list]:

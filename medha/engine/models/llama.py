@@ -14,6 +14,7 @@ from medha.engine.errors import EngineError
 from medha.engine.layers.attention import AttentionMetadata, paged_attention
 from medha.engine.layers.norm import RMSNorm
 from medha.engine.layers.rotary import RotaryEmbedding, apply_rotary, rope_parameters
+from medha.engine.parallel.stage import WHOLE, Stage
 from medha.engine.parallel.tensor_parallel import SINGLE, RowParallelLinear, TensorParallel
 
 
@@ -136,29 +137,38 @@ class LlamaLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, a: LlamaArgs, tp: TensorParallel = SINGLE) -> None:
+    """The whole model, or one tensor-parallel shard of one pipeline stage of it."""
+
+    def __init__(self, a: LlamaArgs, tp: TensorParallel = SINGLE, stage: Stage = WHOLE) -> None:
         super().__init__()
         if tp.size > a.num_kv_heads:
             raise EngineError(f"tp={tp.size} exceeds the model's {a.num_kv_heads} KV heads: "
                               "every rank needs at least one")
-        self.args, self.tp = a, tp
-        self.embed_tokens = nn.Embedding(a.vocab_size, a.hidden_size)
-        self.layers = nn.ModuleList(LlamaLayer(a, tp) for _ in range(a.num_layers))
-        self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        try:
+            self.layer_range = stage.layers(a.num_layers)
+        except ValueError as e:
+            raise EngineError(str(e)) from None
+        self.args, self.tp, self.stage = a, tp, stage
+        # the first stage embeds the tokens and computes the logits; the last one norms
+        self.embed_tokens = nn.Embedding(a.vocab_size, a.hidden_size) if stage.first else None
+        self.layers = nn.ModuleList(LlamaLayer(a, tp) for _ in self.layer_range)
+        self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps) if stage.last else None
         self.rotary = RotaryEmbedding(a.head_dim, a.rope_theta, a.rope_scaling)
-        self.lm_head = None if a.tie_word_embeddings else nn.Linear(a.hidden_size, a.vocab_size,
-                                                                     bias=False)
+        self.lm_head = None if a.tie_word_embeddings or not stage.first else nn.Linear(
+            a.hidden_size, a.vocab_size, bias=False)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-                meta: AttentionMetadata) -> torch.Tensor:
-        x = self.embed_tokens(input_ids)
+                meta: AttentionMetadata, hidden: torch.Tensor | None = None) -> torch.Tensor:
+        """The normed final hidden states on the last stage; elsewhere this stage's output,
+        the next stage's `hidden` input (the first stage embeds `input_ids` instead)."""
+        x = self.embed_tokens(input_ids) if self.stage.first else hidden
         t = x.shape[0]
         cos, sin = self.rotary.cos_sin(positions, x.dtype)
         x = _pad_rows(x, gemm_row_padding(t, x.device, bool(meta.prefills)))
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             x = layer(x, cos, sin, k_cache, v_cache, meta)
-        return self.norm(x[:t])
+        return self.norm(x[:t]) if self.stage.last else x[:t]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
@@ -179,8 +189,9 @@ class LlamaForCausalLM(nn.Module):
             try:
                 with safe_open(str(file), framework="pt", device="cpu") as f:
                     for name in f.keys():
-                        self._place(name, self._read_shard(f, name), params, pending, loaded,
-                                    file)
+                        if self._local_name(name.removeprefix("model.")) is not None:
+                            self._place(name, self._read_shard(f, name), params, pending,
+                                        loaded, file)
             except EngineError:
                 raise
             except Exception as e:  # safetensors raises its own error types
@@ -195,6 +206,22 @@ class LlamaForCausalLM(nn.Module):
             p.data = p.data.to(dtype)
 
     _FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2)}
+
+    def _local_name(self, name: str) -> str | None:
+        """The parameter name in this stage; None for a tensor this rank does not hold
+        (another stage's, a tied LM head, RoPE buffers some checkpoints carry)."""
+        if "rotary_emb" in name or (name.startswith("lm_head.") and self.lm_head is None):
+            return None
+        parts = name.split(".")
+        if parts[0] == "layers" and len(parts) > 1 and parts[1].isdigit():
+            i = int(parts[1])
+            if i not in self.layer_range:
+                return None
+            return ".".join(["layers", str(i - self.layer_range.start), *parts[2:]])
+        if (parts[0] == "embed_tokens" and self.embed_tokens is None) or \
+                (parts[0] == "norm" and self.norm is None):
+            return None
+        return name
 
     def _read_shard(self, f, name: str) -> torch.Tensor:
         """Only this rank's slice of a tensor is read from the file."""
@@ -228,11 +255,7 @@ class LlamaForCausalLM(nn.Module):
         return None
 
     def _place(self, name, tensor, params, pending, loaded, file) -> None:
-        name = name.removeprefix("model.")
-        if name.startswith("lm_head.") and self.lm_head is None:
-            return  # tied: the embedding serves as the LM head
-        if "rotary_emb" in name:
-            return
+        name = self._local_name(name.removeprefix("model."))
         parts = name.split(".")
         if len(parts) >= 2 and parts[-2] in self._FUSED:
             fused, index = self._FUSED[parts[-2]]
