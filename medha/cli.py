@@ -220,7 +220,8 @@ def _cmd_profile(args: argparse.Namespace) -> None:
 
     llm = _engine(args)
     engine = llm.engine
-    out = args.out or _default_profile_path(engine.model_path, engine.device.type)
+    out = args.out or _default_profile_path(engine.model_path, engine.device.type,
+                                            engine.config)
     shapes = grid(engine.scheduler.max_model_len, engine.scheduler.blocks.capacity_tokens,
                   args.mixed, args.seed, quick=args.quick)
     print(f"profiling {engine.spec.name} on {engine.device.type}: {len(shapes)} batch shapes",

@@ -60,8 +60,8 @@ def _prefill_logits(llm, ids):
     rows = []
     while engine.has_unfinished():
         batch = engine.scheduler.schedule(time.monotonic())
-        logits, _ = engine.runner.execute(batch, {"x": engine._states["x"].context},
-                                          engine.scheduler.blocks, all_logits=True)
+        logits, _ = engine.execute(batch, {"x": engine._states["x"].context},
+                                   engine.scheduler.blocks, all_logits=True)
         rows.append(logits)
         tokens = {"x": 0} if batch.prefills[-1].samples else None
         engine.scheduler.update(batch, BatchResult(0.01, tokens), time.monotonic())
@@ -187,3 +187,35 @@ def test_pipeline_stages_chained_equal_the_whole_model(tiny_model):
     with pytest.raises(EngineError, match="pipeline stages for 2 layers"):
         ModelRunner(Path(tiny_model), cfg, engine.device, engine.dtype, 4, 16,
                     stage=Stage(0, 3))
+
+
+@pytest.mark.parametrize("model", ["smollm2", "tiny"])
+def test_spp2_matches_one_process(model, tiny_model):
+    path = tiny_model if model == "tiny" else model
+    tokens1, logits1 = _run(path, 1)
+    llm = LLM(path, kv_memory_gb=0.05, spp=2, scheduler=SCHED)
+    try:
+        prompts = _prompts(llm)
+        assert [o.token_ids for o in llm.generate(prompts, GREEDY)] == tokens1
+        logits2 = _prefill_logits(llm, prompts[-1])
+        torch.testing.assert_close(logits2, logits1, atol=1e-4, rtol=1e-5)
+        assert llm.engine.scheduler.blocks.num_used == 0
+    finally:
+        llm.engine.close()
+
+
+def test_spp_stages_work_on_consecutive_chunks_at_once():
+    llm = LLM("smollm2", kv_memory_gb=0.05, spp=2,
+              scheduler=SchedulerConfig(policy="fcfs", chunking="static:128"))
+    try:
+        ids = llm.tokenizer.encode(TEXT + " " + TEXT)[:1024]
+        llm.generate([ids], SamplingParams(max_tokens=1, temperature=0))
+        times = {(b, s): (t0, t1) for b, s, t0, t1 in llm.engine.pipeline.stage_times}
+        batches = sorted({b for b, _ in times})
+        assert len(batches) == 8  # 1,024 tokens in chunks of 128
+        # stage 0 started chunk i+1 before stage 1 finished chunk i
+        overlaps = [times[(b1, 0)][0] < times[(b0, 1)][1]
+                    for b0, b1 in zip(batches, batches[1:])]
+        assert sum(overlaps) >= len(overlaps) // 2
+    finally:
+        llm.engine.close()

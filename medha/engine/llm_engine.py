@@ -13,6 +13,8 @@ measured time back to the scheduler (and to `engine.metrics`).
 from __future__ import annotations
 
 import atexit
+import collections
+import contextlib
 import ctypes
 import dataclasses
 import json
@@ -57,6 +59,9 @@ class EngineConfig:
     tp: int = field(default=1, metadata={"help": (
         "tensor-parallel processes (torch.distributed, gloo on CPU): attention heads and MLP "
         "columns split across them; at most the model's KV heads")})
+    spp: int = field(default=1, metadata={"help": (
+        "stream-pipeline stages, one process each: layers split across them, the next "
+        "batch (or chunk) enters stage 1 while the previous one runs in later stages")})
 
 
 @dataclass
@@ -84,9 +89,11 @@ class _State:
     logprobs: list[Sample] = field(default_factory=list)
 
 
-def _default_profile_path(model_path, device: str) -> str:
+def _default_profile_path(model_path, device: str, config: EngineConfig) -> str:
+    """One profile per model, device and parallel layout (a tp 2 batch costs otherwise)."""
     name = os.path.basename(os.path.normpath(str(model_path)))
-    return str(cache_dir() / "profiles" / f"{name}-{device}.json")
+    layout = "".join(f"-{k}{v}" for k, v in (("tp", config.tp), ("spp", config.spp)) if v > 1)
+    return str(cache_dir() / "profiles" / f"{name}-{device}{layout}.json")
 
 
 def _keep_freed_memory() -> None:
@@ -121,10 +128,14 @@ class LLMEngine:
         if num_blocks < 1:
             raise EngineError(f"kv_memory_gb={config.kv_memory_gb} holds no KV block")
         self.workers = self._workers(config, hf_config, num_blocks)
+        parallel = {} if self.workers is None else {"tp": self.workers.tp,
+                                                    "stage": self.workers.stage}
+        self.pipeline = self.workers and self.workers.pipeline
+        if self.workers is not None and self.pipeline is None:
+            parallel["workers"] = self.workers  # TP: every step is broadcast first
         self.runner = ModelRunner(self.model_path, hf_config, self.device, self.dtype,
-                                  num_blocks, config.block_size,
-                                  **({} if self.workers is None else
-                                     {"tp": self.workers.tp, "workers": self.workers}))
+                                  num_blocks, config.block_size, **parallel)
+        self._inflight: collections.deque = collections.deque()  # pipelined batches
         self.spec = model_from_hf_config(os.path.basename(str(self.model_path)), hf_config)
         self.predictor = self._predictor(config.predictor)
         sched_cfg = scheduler or SchedulerConfig()
@@ -137,19 +148,26 @@ class LLMEngine:
 
     # ---- set-up ------------------------------------------------------------------------------
     def _workers(self, config: EngineConfig, hf_config: dict, num_blocks: int):
-        if not (isinstance(config.tp, int) and config.tp >= 1):
-            raise EngineError(f"tp must be a positive integer, got {config.tp!r}")
-        if config.tp == 1:
+        for name in ("tp", "spp"):
+            value = getattr(config, name)
+            if not (isinstance(value, int) and value >= 1):
+                raise EngineError(f"{name} must be a positive integer, got {value!r}")
+        if config.tp == 1 and config.spp == 1:
             return None
+        if config.tp > 1 and config.spp > 1:
+            raise EngineError("tp and spp together are not built yet: use one of them")
         if self.device.type != "cpu":
-            raise EngineError("tp > 1 runs on CPU (gloo) so far; NCCL on CUDA is not built")
-        kv_heads = LlamaArgs.from_config(hf_config).num_kv_heads
-        if config.tp > kv_heads:
-            raise EngineError(f"tp={config.tp} exceeds the model's {kv_heads} KV heads")
+            raise EngineError("tp/spp > 1 run on CPU (gloo) so far; NCCL on CUDA is not built")
+        args = LlamaArgs.from_config(hf_config)
+        if config.tp > args.num_kv_heads:
+            raise EngineError(f"tp={config.tp} exceeds the model's {args.num_kv_heads} KV heads")
+        if config.spp > args.num_layers:
+            raise EngineError(f"spp={config.spp} exceeds the model's {args.num_layers} layers")
         from medha.engine.parallel.workers import RunnerArgs, WorkerGroup
 
-        group = WorkerGroup(config.tp, RunnerArgs(self.model_path, hf_config, self.dtype,
-                                                  num_blocks, config.block_size))
+        group = WorkerGroup(config.tp * config.spp,
+                            RunnerArgs(self.model_path, hf_config, self.dtype, num_blocks,
+                                       config.block_size), spp=config.spp)
         atexit.register(group.close)
         return group
 
@@ -182,7 +200,7 @@ class LLMEngine:
         hardware = get_hardware("cpu") if self.device.type == "cpu" else \
             _gpu_spec(torch.cuda.get_device_name())
         if spec == "auto":
-            path = _default_profile_path(self.model_path, self.device.type)
+            path = _default_profile_path(self.model_path, self.device.type, self.config)
             spec = f"profiled:{path}" if os.path.exists(path) else "roofline"
         return make_predictor(spec, self.spec, hardware, ParallelConfig())
 
@@ -230,23 +248,73 @@ class LLMEngine:
 
     # ---- one iteration -----------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        now = time.monotonic()
-        batch = self.scheduler.schedule(now)
+        if self.pipeline is not None:
+            return self._pipelined_step()
+        batch = self.scheduler.schedule(time.monotonic())
         if batch is None:
             return []
         t0 = time.perf_counter()
+        with self._discarding_on_error(batch):
+            logits, chunks = self.runner.execute(batch, self._contexts(), self.scheduler.blocks)
+        return self._finish(batch, chunks, logits, t0)
+
+    def _pipelined_step(self) -> list[RequestOutput]:
+        """Fill the pipeline (a new batch as soon as stage 1 is free, i.e. after this
+        process ran its stage 0), then finish the oldest batch in flight."""
+        while len(self._inflight) < self.config.spp:
+            batch = self.scheduler.schedule(time.monotonic())
+            if batch is None:
+                break
+            t0 = time.perf_counter()
+            with self._discarding_on_error(batch):
+                step, chunks = self.runner.prepare(batch, self._contexts(),
+                                                   self.scheduler.blocks)
+                start = time.monotonic()
+                hidden = self.runner.forward(step)
+                self.pipeline.launch(step, hidden, (start, time.monotonic()))
+            self._inflight.append((batch, step, chunks, t0))
+        if not self._inflight:
+            return []
+        batch, step, chunks, t0 = self._inflight.popleft()
+        with self._discarding_on_error(batch):
+            out = self.pipeline.result(batch.batch_id, step.ids.numel())
+            logits = self.runner.logits(step, out)
+        return self._finish(batch, chunks, logits, t0)
+
+    def execute(self, batch, contexts: dict[str, list[int]], blocks: BlockManager,
+                all_logits: bool = False) -> tuple[torch.Tensor, list]:
+        """Run one batch through every rank and stage now (no overlap with other batches):
+        (logits, sampling chunks) as ModelRunner.execute. The profiler and tests use it."""
+        if self.pipeline is None:
+            return self.runner.execute(batch, contexts, blocks, all_logits)
+        step, chunks = self.runner.prepare(batch, contexts, blocks, all_logits)
+        start = time.monotonic()
+        self.pipeline.launch(step, self.runner.forward(step), (start, time.monotonic()))
+        out = self.pipeline.result(batch.batch_id, step.ids.numel())
+        return self.runner.logits(step, out), chunks
+
+    def _contexts(self) -> dict[str, list[int]]:
+        return {rid: s.context for rid, s in self._states.items()}
+
+    @contextlib.contextmanager
+    def _discarding_on_error(self, batch):
         try:
-            logits, chunks = self.runner.execute(batch, {rid: s.context
-                                                         for rid, s in self._states.items()},
-                                                 self.scheduler.blocks)
-            states = [self._states[c.request.request_id] for c in chunks]
-            samples = sample(logits, [s.params for s in states], [s.generator for s in states])
+            yield
         except BaseException:
             # the batch's requests cannot continue (their KV is in an unknown state): end them
             # and give their blocks back before the error goes up
             for r in self.scheduler.discard(batch, time.monotonic()):
                 self._states.pop(r.request_id, None)
             raise
+
+    def _finish(self, batch, chunks, logits: torch.Tensor, t0: float) -> list[RequestOutput]:
+        """Sample the batch's next tokens and hand its result to the scheduler."""
+        keep = [i for i, c in enumerate(chunks) if c.request.request_id in self._states]
+        if len(keep) < len(chunks):  # aborted while its batch was in the pipeline
+            chunks, logits = [chunks[i] for i in keep], logits[keep]
+        with self._discarding_on_error(batch):
+            states = [self._states[c.request.request_id] for c in chunks]
+            samples = sample(logits, [s.params for s in states], [s.generator for s in states])
         duration = time.perf_counter() - t0
         token_ids, stopped, deltas = {}, set(), {}
         for c, s, smp in zip(chunks, states, samples):
