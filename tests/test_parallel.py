@@ -68,8 +68,8 @@ def _prefill_logits(llm, ids):
     return torch.cat(rows)
 
 
-def _run(model, tp):
-    llm = LLM(model, kv_memory_gb=0.05, tp=tp, scheduler=SCHED)
+def _run(model, **parallel):
+    llm = LLM(model, kv_memory_gb=0.05, scheduler=SCHED, **parallel)
     try:
         prompts = _prompts(llm)
         tokens = [o.token_ids for o in llm.generate(prompts, GREEDY)]
@@ -80,22 +80,28 @@ def _run(model, tp):
         llm.engine.close()
 
 
+@pytest.mark.parametrize("parallel", [{"tp": 2}, {"spp": 2}], ids=["tp2", "spp2"])
 @pytest.mark.parametrize("model", ["smollm2", "tiny"])
-def test_tp2_matches_one_process(model, tiny_model):
+def test_parallel_run_matches_one_process(model, parallel, tiny_model):
     path = tiny_model if model == "tiny" else model
-    tokens1, logits1 = _run(path, 1)
-    tokens2, logits2 = _run(path, 2)
+    tokens1, logits1 = _run(path)
+    tokens2, logits2 = _run(path, **parallel)
     assert tokens2 == tokens1
-    # the all-reduce adds the ranks' partial sums, an order one process never uses: as for
-    # chunked prefills, 1e-4 absolute or 1e-5 relative on the largest logits (~20)
+    # the all-reduce adds the ranks' partial sums, an order one process never uses, and each
+    # stage process has one thread: as for chunked prefills, 1e-4 absolute or 1e-5 relative
+    # on the largest logits (~20)
     torch.testing.assert_close(logits2, logits1, atol=1e-4, rtol=1e-5)
 
 
-def test_tp_beyond_the_kv_heads_is_refused(tiny_model):
+def test_impossible_layouts_are_refused(tiny_model):
     with pytest.raises(EngineError, match="KV heads"):
         LLM(tiny_model, kv_memory_gb=0.01, tp=3)
     with pytest.raises(EngineError, match="tp must be a positive integer"):
         LLM(tiny_model, kv_memory_gb=0.01, tp=0)
+    with pytest.raises(EngineError, match="spp=3 exceeds the model's 2 layers"):
+        LLM(tiny_model, kv_memory_gb=0.01, spp=3)
+    with pytest.raises(EngineError, match="tp and spp together are not built yet"):
+        LLM(tiny_model, kv_memory_gb=0.01, tp=2, spp=2)
 
 
 def _spawned_children(pid: int) -> list[int]:
@@ -187,21 +193,6 @@ def test_pipeline_stages_chained_equal_the_whole_model(tiny_model):
     with pytest.raises(EngineError, match="pipeline stages for 2 layers"):
         ModelRunner(Path(tiny_model), cfg, engine.device, engine.dtype, 4, 16,
                     stage=Stage(0, 3))
-
-
-@pytest.mark.parametrize("model", ["smollm2", "tiny"])
-def test_spp2_matches_one_process(model, tiny_model):
-    path = tiny_model if model == "tiny" else model
-    tokens1, logits1 = _run(path, 1)
-    llm = LLM(path, kv_memory_gb=0.05, spp=2, scheduler=SCHED)
-    try:
-        prompts = _prompts(llm)
-        assert [o.token_ids for o in llm.generate(prompts, GREEDY)] == tokens1
-        logits2 = _prefill_logits(llm, prompts[-1])
-        torch.testing.assert_close(logits2, logits1, atol=1e-4, rtol=1e-5)
-        assert llm.engine.scheduler.blocks.num_used == 0
-    finally:
-        llm.engine.close()
 
 
 def test_spp_stages_work_on_consecutive_chunks_at_once():
