@@ -269,17 +269,25 @@ class LLMEngine:
             with self._discarding_on_error(batch):
                 step, chunks = self.runner.prepare(batch, self._contexts(),
                                                    self.scheduler.blocks)
-                start = time.monotonic()
-                hidden = self.runner.forward(step)
-                self.pipeline.launch(step, hidden, (start, time.monotonic()))
+                self._launch(step)
             self._inflight.append((batch, step, chunks, t0))
         if not self._inflight:
             return []
         batch, step, chunks, t0 = self._inflight.popleft()
         with self._discarding_on_error(batch):
-            out = self.pipeline.result(batch.batch_id, step.ids.numel())
-            logits = self.runner.logits(step, out)
+            logits = self._collect(batch, step)
         return self._finish(batch, chunks, logits, t0)
+
+    def _launch(self, step) -> None:
+        """Run stage 0 here and send the step into the pipeline."""
+        start = time.monotonic()
+        hidden = self.runner.forward(step)
+        self.pipeline.launch(step, hidden, (start, time.monotonic()))
+
+    def _collect(self, batch, step) -> torch.Tensor:
+        """The logits of the oldest batch in the pipeline, once its last stage is done."""
+        return self.runner.logits(step, self.pipeline.result(batch.batch_id,
+                                                             step.ids.numel()))
 
     def execute(self, batch, contexts: dict[str, list[int]], blocks: BlockManager,
                 all_logits: bool = False) -> tuple[torch.Tensor, list]:
@@ -288,10 +296,8 @@ class LLMEngine:
         if self.pipeline is None:
             return self.runner.execute(batch, contexts, blocks, all_logits)
         step, chunks = self.runner.prepare(batch, contexts, blocks, all_logits)
-        start = time.monotonic()
-        self.pipeline.launch(step, self.runner.forward(step), (start, time.monotonic()))
-        out = self.pipeline.result(batch.batch_id, step.ids.numel())
-        return self.runner.logits(step, out), chunks
+        self._launch(step)
+        return self._collect(batch, step), chunks
 
     def _contexts(self) -> dict[str, list[int]]:
         return {rid: s.context for rid, s in self._states.items()}
