@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING
 from medha.core.config import SchedulerConfig
 from medha.core.request import Request
 from medha.scheduler.length_tree import LengthNode, LengthQuadTree
-from medha.scheduler.policies.base_policy import POLICIES, Policy, SortKey
+from medha.scheduler.policies.base_policy import POLICIES
+from medha.scheduler.policies.fcfs_policy import FcfsPolicy
 
 if TYPE_CHECKING:
     from medha.perf.predictor import Predictor
@@ -45,13 +46,13 @@ LEAF_BLOCKS = 4
 
 
 @POLICIES.register("aligned")
-class AlignedPolicy(Policy):
+class AlignedPolicy(FcfsPolicy):
     summary = ("AlignedServe: fcfs prefills; decodes batched by similar prefix length "
                "(quad-tree, density first, starvation promotion)")
 
     def __init__(self, config: SchedulerConfig | None = None) -> None:
         super().__init__(config)
-        config = config or SchedulerConfig()
+        config = self.config
         self.min_batch = config.aligned_min_batch
         self.batch_iterations = config.aligned_batch_iterations
         target = config.tpot_target_s or 0.05
@@ -70,9 +71,6 @@ class AlignedPolicy(Policy):
         self.tree = LengthQuadTree(max_model_len, LEAF_BLOCKS * blocks.block_size,
                                    blocks.block_size)
         self.max_blocks = max(1, int(self._memory_fraction * blocks.num_blocks))
-
-    def sort_key(self, now: float) -> SortKey:
-        return lambda r: r.arrival_s
 
     # ---- batch-level scheduling --------------------------------------------------------------
     def select_decodes(self, decodes: list[Request], now: float) -> list[Request]:

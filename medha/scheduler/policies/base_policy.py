@@ -12,11 +12,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import TYPE_CHECKING, ClassVar
 
+from medha.core.config import SchedulerConfig
 from medha.core.request import Request
 from medha.utils.registry import Registry
 
 if TYPE_CHECKING:
-    from medha.core.config import SchedulerConfig
     from medha.perf.predictor import Predictor
     from medha.scheduler.block_manager import BlockManager
 
@@ -28,7 +28,7 @@ class Policy(ABC):
     summary: ClassVar[str]
 
     def __init__(self, config: SchedulerConfig | None = None) -> None:
-        self.config = config
+        self.config = config or SchedulerConfig()
 
     def admit(self, queue: list[Request], is_live: Callable[[str], bool]) -> list[Request]:
         """The prefill-phase requests that may be scheduled now (default: all of them).

@@ -19,25 +19,23 @@ from itertools import islice
 
 from medha.core.config import SchedulerConfig
 from medha.core.request import Request
-from medha.scheduler.policies.base_policy import POLICIES, Policy, SortKey
+from medha.scheduler.policies.base_policy import POLICIES
+from medha.scheduler.policies.fcfs_policy import FcfsPolicy
 
 
 @POLICIES.register("deferred")
-class DeferredPolicy(Policy):
+class DeferredPolicy(FcfsPolicy):
     summary = ("deferred prefill: fcfs, new prefills admitted only after K departures, at "
                "most C requests in the batch")
 
     def __init__(self, config: SchedulerConfig | None = None) -> None:
         super().__init__(config)
-        config = config or SchedulerConfig()
+        config = self.config
         self.threshold = config.departure_threshold
         self.cap = config.running_cap
         self.admitted: dict[str, Request] = {}
         self.departures = 0  # since the last admission
         self.admissions = 0  # groups let in so far
-
-    def sort_key(self, now: float) -> SortKey:
-        return lambda r: r.arrival_s
 
     def admit(self, queue: list[Request], is_live: Callable[[str], bool]) -> list[Request]:
         gone = [rid for rid in self.admitted if not is_live(rid)]
