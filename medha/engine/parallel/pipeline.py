@@ -1,10 +1,10 @@
-"""Stream pipeline across processes: stage 0 runs in the engine's process (rank 0), stage s in
-rank s. A batch's tensors and stage 0's output go to rank 1 with non-blocking sends, so rank 0
-is free to schedule the next batch (the next chunk of the same long prefill, say) and run its
-stage 0 while rank 1 works on this one: the stages work on different chunks at once. The last
-stage sends its output, with every stage's (start, end) times, back to rank 0, which picks
-the rows to sample and computes their logits. Messages between two ranks arrive in the order they were sent, and every
-stage takes batches in order, so no batch id is needed on the wire.
+"""Stream pipeline across processes: stage 0 runs in the engine's process (rank 0), stage s in rank
+s. A batch's tensors and stage 0's output go to rank 1 with non-blocking sends, so rank 0 is
+free to schedule the next batch (the next chunk of the same long prefill, say) and run its stage
+0 while rank 1 works on this one: the stages work on different chunks at once. The last stage
+sends its output, with every stage's (start, end) times, back to rank 0, which picks the rows to
+sample and computes their logits. Messages between two ranks arrive in the order they were sent,
+and every stage takes batches in order, so no batch id is needed on the wire.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """The other processes of a replica, driven by the engine's process (rank 0).
 
-Rank 0 keeps the scheduler, the tokenizer and the sampler. With tensor parallelism it
-broadcasts each batch's tensors (a StepInput) and all ranks run their shard of the forward
-pass, joined by all-reduces. With stream-pipeline parallelism rank s holds stage s and batches
-flow from stage to stage (pipeline.py). torch.distributed carries both, over gloo on CPU: one runtime, one process group,
-and the metadata broadcast is ordered with the collectives of the step by construction (a
-separate ZeroMQ channel would need its own ordering and failure handling). The metadata of a
-step is a few kilobytes of tensors; pickling it costs well under a millisecond.
+Rank 0 keeps the scheduler, the tokenizer and the sampler. With tensor parallelism it broadcasts
+each batch's tensors (a StepInput) and all ranks run their shard of the forward pass, joined by
+all-reduces. With stream-pipeline parallelism rank s holds stage s and batches flow from stage
+to stage (pipeline.py). torch.distributed carries both, over gloo on CPU: one runtime, one
+process group, and the metadata broadcast is ordered with the collectives of the step by
+construction (a separate ZeroMQ channel would need its own ordering and failure handling). The
+metadata of a step is a few kilobytes of tensors; pickling it costs well under a millisecond.
 """
 
 from __future__ import annotations
