@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from medha.core.batch import BatchResult
-from medha.core.request import Request
+from medha.core.request import PRIORITY_CLASSES, Request
 from medha.core.request import RequestState as S
 from medha.sim.replay import replay
 
@@ -135,33 +135,52 @@ def test_preempted_decode_recomputes_prompt_and_outputs():
     assert sched.blocks.num_used == 0
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.floats(0, 1), st.integers(1, 300), st.integers(1, 40),
-                          st.booleans()), min_size=1, max_size=15),
-       st.sampled_from(["fcfs", "edf", "lrs", "lars", "srpt", "deferred", "aligned"]),
+                          st.booleans(), st.sampled_from(PRIORITY_CLASSES + (None,))),
+                min_size=1, max_size=15),
+       st.sampled_from(["fcfs", "edf", "lrs", "lars", "srpt", "deferred", "aligned",
+                        "priority", "pla"]),
        st.sampled_from(["adaptive", "static:64", "none"]),
        st.integers(24, 200),
-       st.tuples(st.integers(1, 8), st.integers(1, 8), st.booleans()))
-def test_every_request_ends_and_no_block_leaks(specs, policy, chunking, blocks, deferral):
+       st.tuples(st.integers(1, 8), st.integers(1, 8), st.booleans()),
+       st.tuples(st.sampled_from(["recompute", "swap", "auto"]), st.integers(1, 40),
+                 st.sampled_from([None, 0.0005])))
+def test_every_request_ends_and_no_block_leaks(specs, policy, chunking, blocks, deferral,
+                                               swapping):
     cap, k, prefill_only = deferral  # batch cap C and threshold K of the deferred policy
+    # swap and auto with a host pool of 1-40 blocks; 0.0005 GB/s makes swapping about as
+    # dear as recomputing on the toy predictor, so that auto takes both ways
+    mode, host_blocks, bandwidth = swapping
     # aligned: a small memory threshold and min batch make it split the decodes into batches
     # (the toy predictor alone would always batch them all)
     sched = toy_scheduler(policy=policy, chunking=chunking, num_blocks=blocks, batch_cap=cap,
                           departure_threshold=min(k, cap),
                           prefill_only_iterations=prefill_only, aligned_min_batch=k,
-                          aligned_memory_fraction=cap / 8)
-    reqs = [Request(f"r{i}", t, p, o) for i, (t, p, o, _) in enumerate(specs)
-            if p + o <= blocks * 16]
-    abort_at = {r.request_id for r, (_, _, _, ab) in zip(reqs, specs) if ab}
+                          aligned_memory_fraction=cap / 8, preemption_mode=mode,
+                          host_kv_blocks=host_blocks, swap_bandwidth_gbps=bandwidth,
+                          # pla: boundary 40-320 tokens; short prefills wait for up to C of
+                          # them or k/64 s (adaptive, on the toy predictor, never waits)
+                          pla_boundary_tokens=40 * k, pla_depth=cap, pla_wait_s=k / 64,
+                          pla_adaptive=k % 2 == 0)
+    reqs = [Request(f"r{i}", t, p, o, priority_class=c)
+            for i, (t, p, o, _, c) in enumerate(specs) if p + o <= blocks * 16]
+    abort_at = {r.request_id for r, (_, _, _, ab, _) in zip(reqs, specs) if ab}
     now, pending = 0.0, sorted(reqs, key=lambda r: r.arrival_s)
     for _ in range(100_000):
         while pending and pending[0].arrival_s <= now:
             sched.add_request(pending.pop(0), now)
         batch = sched.schedule(now)
         if batch is None:
-            if not pending:
+            # idle until the next arrival, or until a policy that holds prefills back (pla)
+            # lets them go
+            wake = sched.wake_at()
+            assert wake is None or wake > now
+            times = [pending[0].arrival_s] if pending else []
+            times += [wake] if wake is not None else []
+            if not times:
                 break
-            now = pending[0].arrival_s
+            now = min(times)
             continue
         now += batch.predicted_time_s
         sched.update(batch, BatchResult(batch.predicted_time_s), now)
@@ -173,6 +192,9 @@ def test_every_request_ends_and_no_block_leaks(specs, policy, chunking, blocks, 
     assert not sched.has_unfinished() and not pending
     assert all(r.state.is_done for r in reqs)
     assert sched.blocks.num_used == 0
+    assert sched.host_pool is None or sched.host_pool.num_free == host_blocks
+    st_ = sched.stats
+    assert st_.preemptions == st_.recomputes + st_.swap_outs
 
 
 def test_a_discarded_batch_ends_its_requests_and_frees_their_kv():

@@ -26,6 +26,16 @@ class Chunk:
 
 
 @dataclass(slots=True)
+class KVSwap:
+    """One request's KV moved between device and host blocks: block `device_blocks[i]` holds
+    the same tokens as `host_blocks[i]` (the request's first len(...) blocks, in order)."""
+
+    request: Request
+    device_blocks: list[int]
+    host_blocks: list[int]
+
+
+@dataclass(slots=True)
 class Batch:
     batch_id: int
     scheduled_at_s: float
@@ -36,6 +46,13 @@ class Batch:
     # Requests whose KV the scheduler dropped while forming this batch (recompute preemption):
     # an engine must forget their cache entries before running it.
     preempted: list[Request] = field(default_factory=list)
+    # KV to move before the batch runs, in this order: every swap_in (host -> device), then
+    # every swap_out (device -> host). Swap-ins only take device blocks that were free and
+    # swap-outs may reuse host blocks that swap-ins emptied, so the order matters; the chunks
+    # may write device blocks that swap-outs emptied. A batch may hold swaps and no chunks.
+    swap_in: list[KVSwap] = field(default_factory=list)
+    swap_out: list[KVSwap] = field(default_factory=list)
+    swap_time_s: float = 0.0  # predicted time of the swaps, included in predicted_time_s
 
     @property
     def chunks(self) -> list[Chunk]:
@@ -55,6 +72,8 @@ class Batch:
     def describe(self) -> str:
         parts = [f"{len(self.decodes)} decodes"]
         parts += [f"{c.request.request_id}[{c.start}:{c.end}]" for c in self.prefills]
+        parts += [f"swap in {s.request.request_id}" for s in self.swap_in]
+        parts += [f"swap out {s.request.request_id}" for s in self.swap_out]
         return f"batch {self.batch_id} ({self.predicted_time_s * 1e3:.1f} ms): " + ", ".join(parts)
 
 

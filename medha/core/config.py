@@ -6,6 +6,8 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
+PREEMPTION_MODES = ("recompute", "swap", "auto")
+
 
 def _help(text: str, **extra) -> dict:
     return {"help": text, **extra}
@@ -17,7 +19,11 @@ class SchedulerConfig:
         "who goes first: fcfs, edf, lrs, lars or srpt (default: lars with adaptive chunking; "
         "fcfs with none or static:N, the paper's Orca/vLLM and Sarathi baselines); deferred "
         "is fcfs that admits new prefills only after --departure-threshold departures; "
-        "aligned is fcfs that runs decodes of similar prefix length together (AlignedServe)"))
+        "aligned is fcfs that runs decodes of similar prefix length together (AlignedServe); "
+        "priority orders by the request's class (REALTIME > HIGH > NORMAL > LOW), then by "
+        "--priority-base, and preempts lower classes first; pla splits prefills at a length "
+        "boundary into a short and a long queue, runs one class per batch and batches short "
+        "prefills by an adaptive wait and depth (PLA-Serve)"))
     chunking: str = field(default="adaptive", metadata=_help(
         "how many prompt tokens an iteration takes: adaptive (largest chunks that keep the "
         "predicted iteration within the budget), static:N (N-token budget per iteration, "
@@ -79,6 +85,60 @@ class SchedulerConfig:
         "aligned policy: iterations one decode batch runs before the candidate batch, prepared "
         "when it started, takes over"))
 
+    priority_base: str = field(default="fcfs", metadata=_help(
+        "priority policy: the policy that orders requests within a class (REALTIME > HIGH > "
+        "NORMAL > LOW); any other policy name"))
+    preemption_mode: str = field(default="recompute", metadata=_help(
+        "what a request preempted under KV memory pressure loses: recompute (its KV is "
+        "dropped and its whole context prefilled again), swap (its KV moves to the host pool "
+        "and back, progress kept; recompute when the pool is full) or auto (swap when moving "
+        "the KV out and back is predicted cheaper than recomputing it, and the pool has room)"))
+    swap_space_gb: float = field(default=4.0, metadata=_help(
+        "host memory in GiB per device for swapped-out KV (the host pool), with "
+        "--preemption-mode swap or auto"))
+    host_kv_blocks: int | None = field(default=None, metadata=_help(
+        "host pool size in KV blocks; overrides --swap-space-gb (the engine sets it from its "
+        "own KV dtype)"))
+    swap_bandwidth_gbps: float | None = field(default=None, metadata=_help(
+        "device-host bandwidth in GB/s per device that swaps are timed with (default: the "
+        "hardware's host link: PCIe, 25 GB/s for a100, 50 for h100/h200; the measured copy "
+        "bandwidth for cpu)"))
+
+    pla_boundary_tokens: int | None = field(default=None, metadata=_help(
+        "pla policy and dispatcher: prefills of fewer tokens than this are short (L_m) "
+        "(default: from the predictor, the length at which batching two prefills saves "
+        "less than --pla-batching-gain of running them apart)"))
+    pla_batching_gain: float = field(default=0.25, metadata=_help(
+        "pla: share of the time a batch must save over running its prefills apart to be "
+        "worth forming; sets L_m (two prefills of L_m tokens cost 2 x (1 - gain) x one) and "
+        "the deepest short batch worth waiting for; 0.25 is halfway between memory-bound "
+        "(a second prompt is free) and compute-bound (it costs as much as the first)"))
+    pla_wait_s: float = field(default=0.0, metadata=_help(
+        "pla: initial waiting window W (s): short prefills wait up to this long after the "
+        "oldest one arrived for the batch to reach the target depth"))
+    pla_depth: int = field(default=1, metadata=_help(
+        "pla: initial target depth D: short prefills go as soon as this many wait"))
+    pla_adaptive: bool = field(default=True, metadata=_help(
+        "pla: re-estimate W and D after every short dispatch from the short arrival rate and "
+        "the predictor's bucket grid (off: W and D stay at --pla-wait-s and --pla-depth)"))
+    pla_max_wait_s: float | None = field(default=None, metadata=_help(
+        "pla: longest adaptive waiting window W (s) (default: the iteration budget)"))
+    pla_long_instances: int | None = field(default=None, metadata=_help(
+        "pla dispatcher: replicas that start in the long-prefill pool, the rest serve short "
+        "prefills; each pool keeps at least one (default: max(1, replicas / 4))"))
+    pla_pressure_high: float = field(default=0.5, metadata=_help(
+        "pla dispatcher: a pool whose P90 instance pressure reaches this may take an "
+        "instance from the other pool (pressure: mean of queued prefill work / TTFT "
+        "deadline, TTFT / deadline, KV-cache utilisation; about 1 at saturation)"))
+    pla_pressure_low: float = field(default=0.25, metadata=_help(
+        "pla dispatcher: a pool gives up an instance only while its P90 pressure is at most "
+        "this (hysteresis: between low and high nothing moves)"))
+    pla_cooldown_s: float = field(default=5.0, metadata=_help(
+        "pla dispatcher: least time (s) between two instance moves"))
+    pla_window_s: float = field(default=2.0, metadata=_help(
+        "pla dispatcher: requests dispatched this recently (s), or still waiting for their "
+        "first token, make up an instance's SLO deviation"))
+
     def __post_init__(self) -> None:
         from medha.scheduler.packers import parse_chunking
         from medha.scheduler.policies import POLICIES
@@ -112,6 +172,48 @@ class SchedulerConfig:
         if self.departure_threshold > self.running_cap:
             raise ValueError(f"departure_threshold ({self.departure_threshold}) exceeds the "
                              f"batch cap ({self.running_cap}): no batch could lose that many")
+        self._check_priority_and_swap()
+        self._check_pla()
+
+    def _check_priority_and_swap(self) -> None:
+        from medha.scheduler.policies import POLICIES
+
+        POLICIES.get(self.priority_base)
+        if self.priority_base == "priority":
+            raise ValueError("priority_base must name another policy, got 'priority'")
+        if self.preemption_mode not in PREEMPTION_MODES:
+            raise ValueError(f"preemption_mode must be one of {', '.join(PREEMPTION_MODES)}, "
+                             f"got {self.preemption_mode!r}")
+        if not (isinstance(self.swap_space_gb, (int, float)) and math.isfinite(self.swap_space_gb)
+                and self.swap_space_gb >= 0):
+            raise ValueError(f"swap_space_gb must be a number >= 0, got {self.swap_space_gb!r}")
+        if self.host_kv_blocks is not None and not (isinstance(self.host_kv_blocks, int)
+                                                    and self.host_kv_blocks >= 0):
+            raise ValueError(f"host_kv_blocks must be an integer >= 0, got "
+                             f"{self.host_kv_blocks!r}")
+        bw = self.swap_bandwidth_gbps
+        if bw is not None and not (isinstance(bw, (int, float)) and math.isfinite(bw) and bw > 0):
+            raise ValueError(f"swap_bandwidth_gbps must be a positive number, got {bw!r}")
+
+    def _check_pla(self) -> None:
+        for name in ("pla_max_wait_s", "pla_cooldown_s", "pla_window_s"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, (int, float))
+                                          and math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a positive number, got {value!r}")
+        for name in ("pla_boundary_tokens", "pla_depth", "pla_long_instances"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, int) and value >= 1):
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not 0 < self.pla_batching_gain < 1:
+            raise ValueError("pla_batching_gain must lie in (0, 1), got "
+                             f"{self.pla_batching_gain!r}")
+        wait = self.pla_wait_s
+        if not (isinstance(wait, (int, float)) and math.isfinite(wait) and wait >= 0):
+            raise ValueError(f"pla_wait_s must be a number >= 0, got {wait!r}")
+        if not 0 <= self.pla_pressure_low < self.pla_pressure_high:
+            raise ValueError(f"pla_pressure_low ({self.pla_pressure_low!r}) must be >= 0 and "
+                             f"below pla_pressure_high ({self.pla_pressure_high!r})")
 
     @property
     def running_cap(self) -> int:

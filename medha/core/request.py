@@ -4,7 +4,11 @@ A request's context is its prompt followed by the tokens generated so far. The s
 through that context in chunks: `num_computed` tokens have their KV in the cache, `num_scheduled`
 counts those plus the ones in batches still running. A chunk that reaches the end of the context
 samples one new token, so a decode is simply a one-token chunk that reaches the end.
-Preemption by recompute drops the KV and starts over on the whole context (prompt + outputs).
+Preemption by recompute drops the KV and starts over on the whole context (prompt + outputs);
+preemption by swap moves the KV to a host-memory pool and back, keeping the progress.
+
+A request may carry a priority class (REALTIME > HIGH > NORMAL > LOW; none is NORMAL), which
+the `priority` policy orders by.
 """
 
 from __future__ import annotations
@@ -13,12 +17,17 @@ import enum
 import math
 from dataclasses import dataclass, field
 
+PRIORITY_CLASSES = ("REALTIME", "HIGH", "NORMAL", "LOW")  # most urgent first
+DEFAULT_PRIORITY_CLASS = "NORMAL"
+_PRIORITY_RANK = {name: i for i, name in enumerate(PRIORITY_CLASSES)}
+
 
 class RequestState(enum.Enum):
     WAITING = "waiting"  # admitted, nothing computed yet
     PREFILLING = "prefilling"  # some prompt (or recompute) chunks done
     DECODING = "decoding"  # KV complete, one token per iteration
     PREEMPTED = "preempted"  # KV dropped under memory pressure; waits to recompute
+    SWAPPED = "swapped"  # KV moved to host memory; waits for device blocks to come back
     FINISHED = "finished"
     ABORTED = "aborted"
 
@@ -33,10 +42,14 @@ _ALLOWED = {
         RequestState.DECODING,
         RequestState.FINISHED,  # a one-token completion ends with its first token
         RequestState.PREEMPTED,
+        RequestState.SWAPPED,
         RequestState.ABORTED,
     },
-    RequestState.DECODING: {RequestState.FINISHED, RequestState.PREEMPTED, RequestState.ABORTED},
+    RequestState.DECODING: {RequestState.FINISHED, RequestState.PREEMPTED,
+                            RequestState.SWAPPED, RequestState.ABORTED},
     RequestState.PREEMPTED: {RequestState.PREFILLING, RequestState.ABORTED},
+    # back to the phase it was swapped out of
+    RequestState.SWAPPED: {RequestState.PREFILLING, RequestState.DECODING, RequestState.ABORTED},
     RequestState.FINISHED: set(),
     RequestState.ABORTED: set(),
 }
@@ -58,8 +71,9 @@ class Request:
     """One generation request.
 
     `ttft_deadline_s` is relative to arrival; None lets the scheduler apply its default
-    (max(1.5 x predicted isolated prefill time, 0.5 s), configurable). `priority_class` is carried
-    for policies that use classes; the core policies ignore it.
+    (max(1.5 x predicted isolated prefill time, 0.5 s), configurable). `priority_class` is one of
+    PRIORITY_CLASSES (any case; None counts as NORMAL); the `priority` policy orders by it and
+    evicts lower classes first, the other policies ignore it.
     """
 
     request_id: str
@@ -80,7 +94,8 @@ class Request:
     token_times_s: list[float] = field(default_factory=list, init=False)
     finish_s: float | None = field(default=None, init=False)
     finish_reason: str | None = field(default=None, init=False)
-    num_preemptions: int = field(default=0, init=False)
+    num_preemptions: int = field(default=0, init=False)  # recomputes and swaps
+    num_swaps: int = field(default=0, init=False)  # preemptions that swapped the KV out
     first_scheduled_s: float | None = field(default=None, init=False)
     admission_seq: int = field(default=-1, init=False)  # order of admission, breaks ties
     kv_capacity: int = field(default=0, init=False)  # tokens its KV blocks can hold
@@ -96,6 +111,8 @@ class Request:
                    prompt_token_ids=list(prompt_token_ids), **kwargs)
 
     def __post_init__(self) -> None:
+        if isinstance(self.priority_class, str):
+            self.priority_class = self.priority_class.upper()
         self.validate()
 
     def validate(self, max_model_len: int | None = None) -> None:
@@ -114,6 +131,9 @@ class Request:
             raise ValueError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
         _positive_finite(self.ttft_deadline_s, "ttft_deadline_s")
         _positive_finite(self.tpot_target_s, "tpot_target_s")
+        if self.priority_class is not None and self.priority_class not in _PRIORITY_RANK:
+            raise ValueError(f"priority_class must be one of {', '.join(PRIORITY_CLASSES)} "
+                             f"(or None), got {self.priority_class!r}")
         if max_model_len is not None:
             if self.prompt_len > max_model_len:
                 raise ValueError(f"prompt_len {self.prompt_len} exceeds the model context "
@@ -136,6 +156,11 @@ class Request:
     def in_prefill(self) -> bool:
         return self.state in (RequestState.WAITING, RequestState.PREFILLING,
                               RequestState.PREEMPTED)
+
+    @property
+    def priority_rank(self) -> int:
+        """0 (REALTIME) to 3 (LOW): lower is more urgent."""
+        return _PRIORITY_RANK[self.priority_class or DEFAULT_PRIORITY_CLASS]
 
     # ---- time ----------------------------------------------------------------------------
     @property

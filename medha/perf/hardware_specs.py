@@ -38,9 +38,18 @@ class HardwareSpec:
     elementwise_eff: float  # small unfused kernels: norms, rope, activations
     kernel_overhead_s: float  # per kernel launch
     iteration_overhead_s: float  # per iteration: input preparation, sampling, bookkeeping
+    # device <-> host memory, bytes/s per device, one direction (what KV swapping moves over);
+    # 0: a copy within host memory, half the measured read+write copy bandwidth. GPUs: PCIe
+    # 4.0/5.0 x16 with pinned memory; an H100 here measured 49.7 GB/s host-to-device and 54.8
+    # device-to-host (bench/kv_swap_cuda.py); the A100 figure is PCIe 4.0's usual, unmeasured
+    host_bw: float = 0.0
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
+
+    @property
+    def host_link_bw(self) -> float:
+        return self.host_bw or self.mem_bw / 2
 
 
 _GPU_COMMON = dict(
@@ -51,13 +60,13 @@ _GPU_COMMON = dict(
 GPUS: dict[str, HardwareSpec] = {
     "a100": HardwareSpec("a100", peak_flops=312e12, mem_bw=2.039e12, mem_bytes=80e9,
                          link_bw=200e9, link_latency_s=4.5e-6, gemm_eff=0.75, attn_eff=0.6,
-                         **_GPU_COMMON),
+                         host_bw=25e9, **_GPU_COMMON),
     "h100": HardwareSpec("h100", peak_flops=989e12, mem_bw=3.35e12, mem_bytes=80e9,
                          link_bw=400e9, link_latency_s=3e-6, gemm_eff=0.7, attn_eff=0.6,
-                         **_GPU_COMMON),
+                         host_bw=50e9, **_GPU_COMMON),
     "h200": HardwareSpec("h200", peak_flops=989e12, mem_bw=4.8e12, mem_bytes=141e9,
                          link_bw=400e9, link_latency_s=3e-6, gemm_eff=0.7, attn_eff=0.6,
-                         **_GPU_COMMON),
+                         host_bw=50e9, **_GPU_COMMON),
 }
 _ALIASES = {"a100-80gb": "a100", "a100_80gb": "a100", "h100-80gb": "h100", "h100_80gb": "h100",
             "h100-sxm": "h100", "h200-141gb": "h200"}

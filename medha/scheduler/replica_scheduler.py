@@ -18,8 +18,10 @@ from medha.core.config import SchedulerConfig
 from medha.core.request import Request, RequestState
 from medha.perf.predictor import Predictor
 from medha.perf.prefill_time_cache import PrefillTimeCache
+from medha.perf.swap_cost import SwapCost
 from medha.scheduler.batch_builder import BatchBuilder
 from medha.scheduler.block_manager import BlockManager
+from medha.scheduler.host_kv_pool import HostKVPool
 from medha.scheduler.packers import make_packer
 from medha.scheduler.policies import make_policy
 
@@ -31,9 +33,16 @@ class SchedulerInvariantError(AssertionError):
 @dataclass
 class SchedulerStats:
     batches: int = 0
-    preemptions: int = 0
+    preemptions: int = 0  # recomputes + swap-outs
     finished: int = 0
     aborted: int = 0
+    recomputes: int = 0
+    recomputed_tokens: int = 0  # KV dropped by recompute preemption, to be prefilled again
+    swap_outs: int = 0
+    swap_ins: int = 0
+    swapped_out_blocks: int = 0
+    swapped_in_blocks: int = 0
+    swap_time_s: float = 0.0  # predicted time the swaps added to batches
 
 
 class ReplicaScheduler:
@@ -59,10 +68,27 @@ class ReplicaScheduler:
         self._prefilling: dict[str, Request] = {}  # waiting, prefilling or preempted
         self._decoding: dict[str, Request] = {}
         self._aborted_inflight: dict[str, Request] = {}  # aborted, KV freed when batches return
+        self._swapped: dict[str, Request] = {}  # KV in the host pool, in swap-out order
+        self._resume: dict[str, RequestState] = {}  # the phase each swapped request left
+        self.swap_cost = SwapCost(predictor, blocks.block_size, config.swap_bandwidth_gbps)
+        self.host_pool = self._host_pool(config, blocks)
         self._next_batch_id = 0
         self._admissions = 0
         self._inflight = 0  # batches scheduled and not yet updated
         self.stats = SchedulerStats()
+
+    def _host_pool(self, config: SchedulerConfig, blocks: BlockManager) -> HostKVPool | None:
+        if config.preemption_mode == "recompute":
+            return None
+        if self.predictor.parallel.kvp > 1:
+            raise ValueError("preemption_mode swap/auto with kvp > 1 is not built yet: use "
+                             "preemption_mode recompute")
+        n = config.host_kv_blocks
+        if n is None:
+            n = self.swap_cost.blocks_in(config.swap_space_gb * 2**30)
+        # an empty pool never has room: every preemption recomputes
+        return HostKVPool(n, blocks.block_size, self.swap_cost,
+                          config.preemption_mode) if n > 0 else None
 
     # ---- requests ----------------------------------------------------------------------------
     def add_request(self, request: Request, now: float | None = None) -> None:
@@ -96,6 +122,9 @@ class ReplicaScheduler:
             return None
         self._prefilling.pop(request_id, None)
         self._decoding.pop(request_id, None)
+        if self._swapped.pop(request_id, None) is not None:
+            del self._resume[request_id]
+            self.host_pool.free(request_id)  # a swapped request runs in no batch
         r.transition(RequestState.ABORTED)
         r.finish_s, r.finish_reason = now, "abort"
         if r.num_inflight_batches:
@@ -120,8 +149,17 @@ class ReplicaScheduler:
     def num_decoding(self) -> int:
         return len(self._decoding)
 
+    @property
+    def num_swapped(self) -> int:
+        return len(self._swapped)
+
     def has_unfinished(self) -> bool:
         return bool(self._requests)
+
+    def wake_at(self) -> float | None:
+        """When the policy lets go of prefills it held back at the last `schedule` (None: it
+        holds none); an executor left idle calls `schedule` again then."""
+        return self.policy.wake_at()
 
     def __len__(self) -> int:
         return len(self._requests)
@@ -129,25 +167,61 @@ class ReplicaScheduler:
     # ---- one iteration -----------------------------------------------------------------------
     def schedule(self, now: float) -> Batch | None:
         batch = Batch(self._next_batch_id, now)
-        if self.config.prefill_only_iterations:
-            builder = self._prefills_alone(batch, now)
-        else:
-            builder = self._builder(batch, now, self.config.max_num_seqs)
-            self._add_decodes(builder)
-            self._add_prefills(builder, now)
-        if builder.is_empty:
-            return None
+        if self._swapped:
+            self._swap_in(batch, now)
+        builder = self._fill(batch, now)
+        if builder.is_empty and batch.preempted:
+            # the only decodes picked (aligned picks a subset) preempted themselves for lack of
+            # blocks: form the batch again in the room they left, rather than stall the caller
+            builder = self._fill(batch, now)
+        if builder.is_empty and not (batch.swap_in or batch.swap_out):
+            return None  # (a batch that only moves KV still runs: its copies must happen)
         for chunk in batch.prefills:
             r = chunk.request
             if r.state is not RequestState.PREFILLING:
                 r.transition(RequestState.PREFILLING)
             if r.first_scheduled_s is None:
                 r.first_scheduled_s = now
-        batch.predicted_time_s = builder.timer.time()
+        if batch.swap_in or batch.swap_out:
+            moved = sum(len(s.host_blocks) for s in (*batch.swap_in, *batch.swap_out))
+            batch.swap_time_s = self.swap_cost.time(moved)
+            self.stats.swap_time_s += batch.swap_time_s
+        batch.predicted_time_s = builder.timer.time() + batch.swap_time_s
         self._inflight += 1
         self._next_batch_id += 1
         self.stats.batches += 1
         return batch
+
+    def _fill(self, batch: Batch, now: float) -> BatchBuilder:
+        if self.config.prefill_only_iterations:
+            return self._prefills_alone(batch, now)
+        builder = self._builder(batch, now, self.config.max_num_seqs)
+        if self.policy.uses_classes:
+            self._room_for_urgent_prefill(builder)
+        self._add_decodes(builder)
+        self._add_prefills(builder, now)
+        return builder
+
+    def _most_urgent_prefill(self, now: float) -> Request | None:
+        """The first prefill-phase request in policy order that has work left to schedule."""
+        queue = [r for r in self._prefilling.values() if r.num_scheduled < r.num_tokens]
+        return min(queue, key=self.policy.sort_key(now)) if queue else None
+
+    def _room_for_urgent_prefill(self, builder: BatchBuilder) -> None:
+        """Under a class policy the most urgent prefill may preempt running decodes (and
+        prefills) of less urgent classes. The decodes join the batch before any prefill and a
+        batch member cannot be evicted, so the room is made first: enough for the prefill's
+        whole context, plus a block for each decode that needs one."""
+        r = self._most_urgent_prefill(builder.now)
+        if r is None or (r.num_scheduled == 0 and self._swapped
+                         and not self._outranks_swapped(r)):
+            return
+        bm = self.blocks
+        growing = sum(1 for d in self._decoding.values()
+                      if d.num_inflight_batches == 0 and d.kv_capacity <= d.num_scheduled)
+        target = bm.blocks_needed(r.request_id, r.num_tokens) + growing + self._watermark_blocks
+        if target > bm.num_free:
+            self._evict_below(r, target, builder, evict_decodes=True)
 
     def _builder(self, batch: Batch, now: float, max_seqs: int) -> BatchBuilder:
         return BatchBuilder(self, batch, self.predictor.timer(), now, max_seqs,
@@ -155,7 +229,8 @@ class ReplicaScheduler:
 
     def _add_prefills(self, builder: BatchBuilder, now: float) -> None:
         batch = builder.batch
-        queue = self.policy.admit(list(self._prefilling.values()), self._requests.__contains__)
+        queue = self.policy.admit(list(self._prefilling.values()), self._requests.__contains__,
+                                  now)
         if self._inflight or batch.preempted:
             # Skip requests whose remaining chunks are all running (pipelined batches), and
             # those preempted a moment ago: memory is short, they wait a turn.
@@ -187,6 +262,10 @@ class ReplicaScheduler:
         """
         key = self.policy.sort_key(now)
         threshold = self.long_threshold
+        if self.policy.uses_classes:  # the rule applies within a class, never across
+            queue.sort(key=lambda r: (r.priority_rank,
+                                      not (r.num_scheduled and r.num_tokens < threshold), key(r)))
+            return queue
         started = [r for r in queue if r.num_scheduled and r.num_tokens < threshold]
         if not started:
             queue.sort(key=key)
@@ -207,9 +286,10 @@ class ReplicaScheduler:
                 self.reserve_kv(r, r.num_scheduled + 1, builder)
             builder.add_decodes(decodes)
             return
-        # Someone will wait or be preempted: the oldest decodes keep their place, and each one
-        # joins the batch before the next looks for victims, so it cannot become one.
-        decodes.sort(key=lambda r: (r.arrival_s, r.admission_seq))
+        # Someone will wait or be preempted: the oldest decodes (of the most urgent class, under
+        # a class policy) keep their place, and each one joins the batch before the next looks
+        # for victims, so it cannot become one.
+        decodes.sort(key=self._eviction_rank(builder.now))
         for r in decodes:
             if builder.room_seqs == 0:
                 break
@@ -228,6 +308,8 @@ class ReplicaScheduler:
         so that admitting new work never throws away a running decode. New prefill chunks leave
         a watermark of blocks free for decodes, unless the batch would otherwise be empty.
         """
+        if r.state is RequestState.SWAPPED:
+            return r.num_scheduled  # swapped out while this batch formed (the packer's queue)
         bm = self.blocks
         need = bm.blocks_needed(r.request_id, num_tokens)
         decode = r.state is RequestState.DECODING
@@ -235,9 +317,13 @@ class ReplicaScheduler:
         # A prefill starts (or restarts after preemption) only when its whole context fits,
         # so that it is not evicted half-way by the decodes it would crowd out.
         starting = r.num_scheduled == 0
+        if starting and self._swapped and not self._outranks_swapped(r):
+            return r.num_scheduled  # swapped requests come back before new prefills start
         must_fit = bm.blocks_needed(r.request_id, r.num_tokens) if starting else need
         if must_fit > bm.num_free - reserve:
-            self._evict_below(r, must_fit + reserve, builder, evict_decodes=decode)
+            # under a class policy the ranks alone keep a prefill off its own class's decodes
+            self._evict_below(r, must_fit + reserve, builder,
+                              evict_decodes=decode or self.policy.uses_classes)
             if (all_or_nothing or starting) and must_fit > bm.num_free - reserve:
                 return r.num_scheduled
         held = bm.grow(r.request_id, num_tokens, reserve)
@@ -247,18 +333,34 @@ class ReplicaScheduler:
     def _eviction_rank(self, now: float):
         """Lower ranks are kept longer. Running decodes outrank every prefill (evicting one
         throws away admitted work and stalls its token stream); among decodes the newest goes
-        first, as in vLLM; among prefills the policy decides."""
+        first, as in vLLM; among prefills the policy decides. A class policy ranks by class
+        before all that: a LOW decode goes before a HIGH prefill."""
         key = self.policy.sort_key(now)
-        return lambda r: ((0, r.arrival_s, r.admission_seq) if r.state is RequestState.DECODING
+        decoding = RequestState.DECODING
+        if self.policy.uses_classes:
+            return lambda r: ((r.priority_rank, 0, r.arrival_s, r.admission_seq)
+                              if r.state is decoding
+                              else (r.priority_rank, 1, key(r), r.admission_seq))
+        return lambda r: ((0, r.arrival_s, r.admission_seq) if r.state is decoding
                           else (1, key(r), r.admission_seq))
 
     def _evict_below(self, r: Request, free_target: int, builder: BatchBuilder,
                      evict_decodes: bool) -> None:
         rank = self._eviction_rank(builder.now)
         mine = rank(r)
-        victims = [v for v in self._requests.values()  # batch members are in flight
+        # batch members are in flight; swapped requests hold no device blocks; a request
+        # swapped in for this batch stays (its copy is already planned)
+        back = {s.request.request_id for s in builder.batch.swap_in}
+        victims = [v for v in self._requests.values()
                    if v is not r and v.num_inflight_batches == 0 and v.num_scheduled > 0
-                   and (evict_decodes or v.in_prefill) and rank(v) > mine]
+                   and (evict_decodes or v.in_prefill) and v.request_id not in self._swapped
+                   and v.request_id not in back and rank(v) > mine]
+        # Evict only when that makes enough room: work thrown away for nothing can livelock
+        # (a prefill evicted for a request that still does not fit restarts in the room it
+        # left, and is evicted again by the next try).
+        held = sum(len(self.blocks.blocks_of(v.request_id)) for v in victims)
+        if self.blocks.num_free + held < free_target:
+            return
         victims.sort(key=rank, reverse=True)
         for v in victims:
             if self.blocks.num_free >= free_target:
@@ -266,17 +368,80 @@ class ReplicaScheduler:
             self._preempt(v, builder)
 
     def _preempt(self, r: Request, builder: BatchBuilder) -> None:
+        """Free `r`'s device blocks: by swapping its KV to the host pool (swap or auto mode,
+        when the pool has room and, for auto, swapping is predicted cheaper) or by dropping it."""
+        r.num_preemptions += 1
+        self.stats.preemptions += 1
+        pool = self.host_pool
+        if pool is not None and pool.should_swap(r, self.prefill_times.time(r.num_computed)):
+            self._swap_out(r, builder.batch)
+        else:
+            self._recompute(r, builder.batch)
+
+    def _recompute(self, r: Request, batch: Batch) -> None:
         """Recompute preemption: drop the KV; the whole context is prefilled again later."""
+        self.stats.recomputes += 1
+        self.stats.recomputed_tokens += r.num_computed
         self.blocks.free(r.request_id)
         r.num_computed = r.num_scheduled = r.kv_capacity = 0
         r.transition(RequestState.PREEMPTED)
-        r.num_preemptions += 1
         self._decoding.pop(r.request_id, None)
         self._prefilling[r.request_id] = r
         r.total_work_s = max(self.prefill_times.time(r.num_tokens), 1e-12)
         r.remaining_work_s = r.total_work_s
-        builder.batch.preempted.append(r)
-        self.stats.preemptions += 1
+        batch.preempted.append(r)
+
+    def _swap_out(self, r: Request, batch: Batch) -> None:
+        """Swap preemption: the KV goes to host blocks (copied before the batch runs); the
+        request keeps its progress and waits, out of every queue, to be swapped back in."""
+        swap = self.host_pool.swap_out(r, self.blocks)
+        batch.swap_out.append(swap)
+        self._resume[r.request_id] = r.state
+        r.transition(RequestState.SWAPPED)
+        r.kv_capacity = 0
+        r.num_swaps += 1
+        self._decoding.pop(r.request_id, None)
+        self._prefilling.pop(r.request_id, None)
+        self._swapped[r.request_id] = r
+        self.stats.swap_outs += 1
+        self.stats.swapped_out_blocks += len(swap.host_blocks)
+
+    def _swap_in(self, batch: Batch, now: float) -> None:
+        """Bring swapped requests back while device blocks allow, most urgent first (under a
+        class policy; else in swap-out order), each with room for its next token. New
+        prefills leave the watermark to running decodes, and so do these, unless the cache is
+        empty. Order is kept: a request that does not fit stops the others behind it."""
+        pool, bm = self.host_pool, self.blocks
+        waiting = list(self._swapped.values())
+        urgent = None
+        if self.policy.uses_classes:
+            waiting.sort(key=lambda r: r.priority_rank)  # stable: swap-out order in a class
+            urgent = self._most_urgent_prefill(now)
+        for r in waiting:
+            if urgent is not None and urgent.priority_rank < r.priority_rank:
+                break  # a more urgent prefill would only evict it again
+            need = pool.swap_in_need(r)
+            if need > bm.num_free - (self._watermark_blocks if bm.num_used else 0):
+                break
+            swap = pool.swap_in(r, bm)
+            bm.grow(r.request_id, need * bm.block_size)
+            r.kv_capacity = bm.tokens_held(r.request_id)
+            del self._swapped[r.request_id]
+            resume = self._resume.pop(r.request_id)
+            r.transition(resume)
+            queue = self._decoding if resume is RequestState.DECODING else self._prefilling
+            queue[r.request_id] = r
+            batch.swap_in.append(swap)
+            self.stats.swap_ins += 1
+            self.stats.swapped_in_blocks += len(swap.host_blocks)
+
+    def _outranks_swapped(self, r: Request) -> bool:
+        """May `r` start while swapped requests wait for blocks? Only under a class policy, and
+        only when it is of a more urgent class than every one of them (else they would starve
+        behind new arrivals)."""
+        if not self.policy.uses_classes:
+            return False
+        return r.priority_rank < min(s.priority_rank for s in self._swapped.values())
 
     # ---- results -----------------------------------------------------------------------------
     def update(self, batch: Batch, result: BatchResult, now: float) -> list[Request]:
@@ -316,6 +481,10 @@ class ReplicaScheduler:
         their KV, since what it would have written is unknown."""
         self._inflight -= 1
         requests = {c.request.request_id: c.request for c in (*batch.prefills, *batch.decodes)}
+        # the KV a failed batch was moving is as unknown as the KV it was writing
+        requests.update((s.request.request_id, s.request)
+                        for s in (*batch.swap_in, *batch.swap_out)
+                        if s.request.request_id in self._requests)
         for r in requests.values():
             self.abort(r.request_id, now)
         for c in (*batch.prefills, *batch.decodes):
@@ -363,10 +532,15 @@ class ReplicaScheduler:
         self.blocks.check_invariants()
         bm = self.blocks
         for rid, r in self._requests.items():
-            queued = (rid in self._prefilling) + (rid in self._decoding)
+            queued = (rid in self._prefilling) + (rid in self._decoding) + (rid in self._swapped)
             if queued != 1 or r.in_prefill != (rid in self._prefilling):
                 raise SchedulerInvariantError(f"{r} is in the wrong queue")
-            if bm.tokens_held(rid) < r.num_scheduled:
+            if (r.state is RequestState.SWAPPED) != (rid in self._swapped):
+                raise SchedulerInvariantError(f"{r} is in the wrong queue")
+            if rid in self._swapped:
+                if r.num_inflight_batches or r.num_scheduled != r.num_computed:
+                    raise SchedulerInvariantError(f"{r} was swapped out with work in flight")
+            elif bm.tokens_held(rid) < r.num_scheduled:
                 raise SchedulerInvariantError(f"{r} scheduled tokens it holds no KV for")
             if r.kv_capacity != bm.tokens_held(rid):
                 raise SchedulerInvariantError(f"{r} records KV capacity {r.kv_capacity}, "
@@ -377,6 +551,10 @@ class ReplicaScheduler:
         for rid in bm.owners():
             if rid not in owners:
                 raise SchedulerInvariantError(f"blocks of {rid} outlived the request")
+        if self.host_pool is not None:
+            self.host_pool.check_invariants(self._swapped, bm)
+        elif self._swapped:
+            raise SchedulerInvariantError("requests are swapped out without a host pool")
 
     def predicted_isolated_prefill_s(self, num_tokens: int) -> float:
         return self.prefill_times.time(num_tokens)

@@ -34,8 +34,8 @@ class ServerMetrics:
         self.kv_blocks_used = Gauge("medha_kv_blocks_used", "KV cache blocks in use",
                                     registry=r)
         Gauge("medha_kv_blocks_total", "KV cache blocks", registry=r).set(kv_blocks_total)
-        self.preemptions = Gauge("medha_preemptions", "Preemptions (recompute) since start",
-                                 registry=r)
+        self.preemptions = Gauge("medha_preemptions",
+                                 "Preemptions (recompute and swap) since start", registry=r)
         for status in ("ok", "aborted", "rejected", "invalid", "failed"):
             self.requests.labels(status)  # export zeros from the start
 

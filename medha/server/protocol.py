@@ -11,7 +11,9 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-PRIORITIES = ("REALTIME", "HIGH", "NORMAL", "LOW")
+from medha.core.request import PRIORITY_CLASSES
+
+PRIORITIES = PRIORITY_CLASSES  # one list for the API, the scheduler and the simulator
 
 PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
@@ -22,7 +24,8 @@ class MedhaOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     priority: Literal[PRIORITIES] | None = Field(  # type: ignore[valid-type]
-        None, description="priority class, carried to the scheduler")
+        None, description="priority class, REALTIME > HIGH > NORMAL (the default) > LOW; "
+        "`medha serve --policy priority` orders and preempts by it")
     ttft_slo_s: PositiveFloat | None = Field(
         None, description="time-to-first-token target in seconds (the scheduler's deadline)")
     tpot_slo_s: PositiveFloat | None = Field(

@@ -30,10 +30,13 @@ def replay(scheduler: ReplicaScheduler, requests: Iterable[Request],
             i += 1
         batch = scheduler.schedule(now)
         if batch is None:
-            if i == len(pending):
+            # idle until the next arrival, or until the policy lets held prefills go
+            wake = scheduler.wake_at()
+            wake = wake if wake is not None and wake > now else float("inf")
+            if i == len(pending) and wake == float("inf"):
                 raise RuntimeError(f"scheduler stalled at t={now:.3f}s with "
                                    f"{len(scheduler)} unfinished requests")
-            now = max(now, pending[i].arrival_s)
+            now = min(wake, pending[i].arrival_s if i < len(pending) else wake)
             continue
         duration = batch_time(batch) if batch_time else batch.predicted_time_s
         now += duration

@@ -1,10 +1,11 @@
 """A simulated replica: the real scheduler, with batches timed by the predictor.
 
 With stream-pipeline parallelism the replica's layers form `spp` stages and a batch occupies
-each stage for `latency / spp` in turn. A new batch is formed as soon as stage 1 is free, so
-several batches are in flight at once and the next chunk of a long prefill enters stage 1 while
-the previous chunk is still in the later stages (it needs that chunk's KV, not its output, and
-the KV of every layer of a stage is written before the chunk leaves the stage).
+each stage for `latency / spp` in turn. A new batch is formed as soon as stage 1 is free and
+fewer than `spp` batches are in flight, as the engine does, so the next chunk of a long prefill
+enters stage 1 while the previous chunk is still in the later stages (it needs that chunk's KV,
+not its output, and the KV of every layer of a stage is written before the chunk leaves the
+stage).
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ class SimReplica:
         self.spp = scheduler.predictor.parallel.spp
         self._stage_free_at = [0.0] * self.spp
         self.stage1_free = True
+        self.inflight = 0
+        self.stage_times: list[tuple[int, int, float, float]] = []  # spp > 1: (batch, stage,
+        # start, end), as the engine's pipeline records them
         # Work of one decode token in a typical batch (32 decodes at 4K context).
         p = scheduler.predictor
         self._decode_token_s = p.shape_time((), [4096] * 32) / 32
@@ -37,14 +41,23 @@ class SimReplica:
         t = now
         free = self._stage_free_at
         for s in range(self.spp):
-            t = max(t, free[s]) + stage
-            free[s] = t
+            start = max(t, free[s])
+            t = free[s] = start + stage
             if s == 0:
                 stage1_end = t
+            if self.spp > 1:
+                self.stage_times.append((batch.batch_id, s, start, t))
         self.stage1_free = False
+        self.inflight += 1
         return batch, stage1_end, t
 
+    @property
+    def ready(self) -> bool:
+        """Whether a new batch may enter the pipeline now."""
+        return self.stage1_free and self.inflight < self.spp
+
     def finish_batch(self, batch: Batch, now: float) -> list[Request]:
+        self.inflight -= 1
         return self.scheduler.update(batch, BatchResult(batch.predicted_time_s), now)
 
     def outstanding_work_s(self) -> float:

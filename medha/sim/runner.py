@@ -15,8 +15,9 @@ from pathlib import Path
 
 from medha.core.config import SchedulerConfig
 from medha.perf import ParallelConfig
+from medha.perf.swap_cost import SwapCost
 from medha.sim.metrics.plots import compare_plots, run_plots
-from medha.sim.metrics.summary import RequestMetrics, summarize
+from medha.sim.metrics.summary import RequestMetrics, preemption_summary, summarize
 from medha.sim.simulator import ClusterConfig, SimResult, Simulator
 from medha.sim.workload.generator import WorkloadConfig, build_requests
 
@@ -59,6 +60,9 @@ def simulate(spec: RunSpec, workload: WorkloadConfig, progress: bool = False) ->
         model=sim.predictor.model, dtype_bytes=hw.dtype_bytes, num_devices=result.num_devices,
         num_replicas=spec.cluster.replicas, spp=spec.parallel.spp, peak_flops=hw.peak_flops,
         mem_bw=hw.mem_bw, wall_s=result.wall_s, setup_s=result.setup_s)
+    # per device, 16-token blocks as kv_blocks_per_replica makes them
+    block_bytes = SwapCost(sim.predictor, 16).block_bytes
+    summary["preemption"] = preemption_summary(result.scheduler_stats, block_bytes)
     return RunOutcome(spec, summary, rows, result)
 
 
@@ -88,7 +92,7 @@ def output_dir(out: str | Path, overwrite: bool):
 REQUEST_COLUMNS = ["request_id", "class", "arrival_s", "prompt_len", "output_len", "ttft_s",
                    "tpot_s", "e2e_s", "normalized_e2e_s", "scheduling_delay_s",
                    "ttft_deadline_s", "ttft_met", "tpot_met", "preemptions", "tbt_p50_s",
-                   "tbt_p99_s", "tbt_max_s"]
+                   "tbt_p99_s", "tbt_max_s", "priority", "swaps"]
 
 
 def _fmt(x) -> str:
@@ -110,7 +114,8 @@ def write_run(out: Path, outcome: RunOutcome, plots: bool = True,
             w.writerow([_fmt(x) for x in (
                 m.request_id, m.request_class, m.arrival_s, m.prompt_len, m.output_len,
                 m.ttft_s, m.tpot_s, m.e2e_s, m.normalized_e2e_s, m.scheduling_delay_s,
-                m.ttft_deadline_s, int(m.ttft_met), int(m.tpot_met), m.preemptions, *tbt)])
+                m.ttft_deadline_s, int(m.ttft_met), int(m.tpot_met), m.preemptions, *tbt,
+                m.priority, m.swaps)])
     log = outcome.result.log
     with (out / "iterations.csv").open("w", newline="") as fh:
         w = csv.writer(fh)

@@ -16,11 +16,13 @@ from medha.perf import ParallelConfig, Predictor, make_predictor
 from medha.perf.prefill_time_cache import PrefillTimeCache
 from medha.scheduler.block_manager import BlockManager
 from medha.scheduler.replica_scheduler import ReplicaScheduler
-from medha.sim.dispatchers import DISPATCHERS
+from medha.sim.dispatchers import DISPATCHERS, Dispatcher
 from medha.sim.metrics.iteration_log import IterationLog
 from medha.sim.replica import SimReplica
 
-_STAGE1, _DONE = 0, 1  # events: a batch leaves stage 1 / leaves the pipeline
+# events: a batch leaves stage 1 / leaves the pipeline / an idle replica's policy lets go of
+# prefills it held back (Policy.wake_at)
+_STAGE1, _DONE, _WAKE = 0, 1, 2
 
 
 @dataclass
@@ -33,7 +35,9 @@ class ClusterConfig:
     replicas: int = field(default=1, metadata={"help": (
         "replicas behind the dispatcher; each has tp x spp x kvp devices")})
     dispatcher: str = field(default="round_robin", metadata={"help": (
-        "how requests are spread over replicas: round_robin or least_work")})
+        "how requests are spread over replicas: round_robin, least_work, or pla (PLA-Serve: "
+        "replicas in a short- and a long-prefill pool, requests routed by prompt length, "
+        "an instance-pressure controller moving replicas between the pools; --pla-* flags)")})
     kv_memory_gb: float | None = field(default=None, metadata={"help": (
         "KV cache memory per device in GiB (default: device memory x utilization - weights)")})
     gpu_memory_utilization: float = field(default=0.9, metadata={"help": (
@@ -58,6 +62,10 @@ class SimResult:
     predictor: Predictor
     wall_s: float
     setup_s: float
+    dispatcher: Dispatcher | None = None  # as the run left it (e.g. pla's pool moves)
+    scheduler_stats: list = field(default_factory=list)  # each replica's SchedulerStats
+    # with spp > 1: (replica, batch, stage, start, end) of every batch
+    stage_times: list[tuple[int, int, int, float, float]] = field(default_factory=list)
 
     @property
     def simulated_s(self) -> float:
@@ -119,13 +127,15 @@ class Simulator:
             # Batches finishing now go first, so that their decodes can join the next batch.
             while heap and heap[0][0] <= now:
                 _, _, kind, replica, batch = heapq.heappop(heap)
+                dirty[replica.replica_id] = replica
+                if kind == _WAKE:
+                    continue
                 if kind == _STAGE1 or replica.spp == 1:
                     replica.stage1_free = True
                 if kind == _DONE:
                     finished = replica.finish_batch(batch, now)
                     if finished:
                         bar.update(len(finished))
-                dirty[replica.replica_id] = replica
             while i < n and arrivals[i].arrival_s <= now:
                 r = arrivals[i]
                 i += 1
@@ -134,10 +144,14 @@ class Simulator:
                 dirty[replica.replica_id] = replica
             for rid in sorted(dirty):
                 replica = dirty[rid]
-                if not replica.stage1_free:
+                if not replica.ready:
                     continue
                 started = replica.start_batch(now)
                 if started is None:
+                    wake = replica.scheduler.wake_at()
+                    if wake is not None and wake > now:
+                        seq += 1
+                        heapq.heappush(heap, (wake, seq, _WAKE, replica, None))
                     continue
                 batch, stage1_end, end = started
                 log.record(rid, batch, now, end)
@@ -151,5 +165,7 @@ class Simulator:
         if stuck:
             raise RuntimeError(f"simulation stalled with {stuck} unfinished requests")
         return SimResult(requests, log, self.cluster.replicas * self.parallel.world_size,
-                         self.predictor, time.perf_counter() - t0, self.setup_s)
+                         self.predictor, time.perf_counter() - t0, self.setup_s, dispatcher,
+                         [r.scheduler.stats for r in replicas],
+                         [(r.replica_id, *row) for r in replicas for row in r.stage_times])
 

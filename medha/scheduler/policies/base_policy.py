@@ -3,7 +3,8 @@
 A policy may also hold requests back (`admit`): the deferred-prefill policy lets new prefills
 start only in groups. The scheduler passes it every prefill-phase request each iteration.
 Likewise `select_decodes` picks which ready decodes run this iteration (all of them by
-default): the AlignedServe policy runs decodes of similar prefix length together.
+default): the AlignedServe policy runs decodes of similar prefix length together. A policy that
+holds prefills back to batch them later (PLA-Serve) says when through `wake_at`.
 """
 
 from __future__ import annotations
@@ -26,14 +27,24 @@ SortKey = Callable[[Request], float]
 class Policy(ABC):
     name: ClassVar[str]
     summary: ClassVar[str]
+    # True: requests are ranked by priority class before anything else, in the queue and when
+    # the scheduler picks whom to preempt (a prefill may then evict a lower class's decode)
+    uses_classes: ClassVar[bool] = False
 
     def __init__(self, config: SchedulerConfig | None = None) -> None:
         self.config = config or SchedulerConfig()
 
-    def admit(self, queue: list[Request], is_live: Callable[[str], bool]) -> list[Request]:
+    def admit(self, queue: list[Request], is_live: Callable[[str], bool],
+              now: float) -> list[Request]:
         """The prefill-phase requests that may be scheduled now (default: all of them).
         `is_live(request_id)` says whether a request is still in the scheduler."""
         return queue
+
+    def wake_at(self) -> float | None:
+        """When prefills that the last `admit` held back will be let go if nothing else
+        happens (None: none held). An idle executor must call `schedule` again then, or a
+        policy that waits to batch (PLA-Serve's window) would never be asked again."""
+        return None
 
     def bind(self, predictor: Predictor, blocks: BlockManager, max_model_len: int) -> None:
         """Called once by the scheduler that owns this policy (a policy that forms decode

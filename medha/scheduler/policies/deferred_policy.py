@@ -37,7 +37,8 @@ class DeferredPolicy(FcfsPolicy):
         self.departures = 0  # since the last admission
         self.admissions = 0  # groups let in so far
 
-    def admit(self, queue: list[Request], is_live: Callable[[str], bool]) -> list[Request]:
+    def admit(self, queue: list[Request], is_live: Callable[[str], bool],
+              now: float) -> list[Request]:
         gone = [rid for rid in self.admitted if not is_live(rid)]
         for rid in gone:
             del self.admitted[rid]

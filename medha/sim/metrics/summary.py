@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from medha.core.request import Request
+from medha.core.request import DEFAULT_PRIORITY_CLASS, PRIORITY_CLASSES, Request
 from medha.perf.model_specs import ModelSpec
 from medha.sim.metrics.iteration_log import IterationLog
 
@@ -41,6 +41,8 @@ class RequestMetrics:
     tpot_met: bool
     preemptions: int
     tbt_s: list[float]
+    priority: str = DEFAULT_PRIORITY_CLASS
+    swaps: int = 0  # preemptions that swapped the KV out (the others recomputed)
 
     @property
     def slo_met(self) -> bool:
@@ -66,7 +68,8 @@ def request_metrics(r: Request, long_threshold: int, tpot_target_s: float) -> Re
         ttft_deadline_s=deadline,
         ttft_met=ttft is not None and ttft <= deadline,
         tpot_met=tpot is None or tpot <= target,
-        preemptions=r.num_preemptions, tbt_s=tbt)
+        preemptions=r.num_preemptions, tbt_s=tbt,
+        priority=r.priority_class or DEFAULT_PRIORITY_CLASS, swaps=r.num_swaps)
 
 
 def _class_summary(rows: list[RequestMetrics]) -> dict:
@@ -124,6 +127,9 @@ def latency_summary(rows: list[RequestMetrics]) -> dict:
         "preemptions": sum(m.preemptions for m in rows),
         "by_class": {c: _class_summary([m for m in rows if m.request_class == c])
                      for c in ("short", "long")},
+        # priority classes present in the workload (requests without one are NORMAL)
+        "by_priority": {c: _class_summary([m for m in rows if m.priority == c])
+                        for c in PRIORITY_CLASSES if any(m.priority == c for m in rows)},
         "throughput": {
             "requests_per_s": len(done) / span if span > 0 else 0.0,
             "output_tokens_per_s": sum(m.output_len for m in done) / span if span else 0.0,
@@ -159,6 +165,17 @@ def summarize(requests: list[Request], log: IterationLog, *, config: dict,
                 "simulated_s_per_wall_s": span / wall_s if wall_s else None},
     })
     return summary, rows
+
+
+def preemption_summary(stats: list, block_bytes: float) -> dict:
+    """Recompute and swap preemptions over every replica's SchedulerStats; bytes are per
+    device (each device moves its own shard of a block, `block_bytes`)."""
+    total = {k: sum(getattr(s, k) for s in stats) for k in (
+        "preemptions", "recomputes", "recomputed_tokens", "swap_outs", "swap_ins",
+        "swapped_out_blocks", "swapped_in_blocks", "swap_time_s")}
+    total["swapped_out_bytes_per_device"] = total["swapped_out_blocks"] * block_bytes
+    total["swapped_in_bytes_per_device"] = total["swapped_in_blocks"] * block_bytes
+    return total
 
 
 WALL_CLOCK_KEYS = ("wall_s", "setup_s", "requests_per_wall_s", "simulated_s_per_wall_s")

@@ -8,7 +8,7 @@ import random
 from dataclasses import dataclass, field
 from functools import cache
 
-from medha.core.request import Request
+from medha.core.request import PRIORITY_CLASSES, Request
 from medha.sim.workload.traces import TraceEntry, TraceError, load_trace
 
 # The Medha-SWE long-context set: prefill P50 393K, P90 839K, within 128K..1M tokens;
@@ -45,6 +45,10 @@ class WorkloadConfig:
         "geometric (each token ends its request with probability 1/--output-len, the "
         "deferred-prefill paper's model)")})
     seed: int = field(default=0, metadata={"help": "seed for sampling and arrivals"})
+    priority_mix: str | None = field(default=None, metadata={"help": (
+        "priority classes drawn per request, as CLASS:SHARE,... over REALTIME, HIGH, NORMAL, "
+        "LOW (e.g. REALTIME:0.1,NORMAL:0.6,LOW:0.3; shares are normalized); the lengths and "
+        "arrivals stay those of the same seed without it (default: every request NORMAL)")})
 
     def __post_init__(self) -> None:
         if self.arrival not in ("poisson", "gamma"):
@@ -64,6 +68,39 @@ class WorkloadConfig:
             value = getattr(self, name)
             if value is not None and not (isinstance(value, int) and value >= 1):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.priority_mix is not None:
+            parse_priority_mix(self.priority_mix)
+
+
+def parse_priority_mix(text: str) -> dict[str, float]:
+    """'REALTIME:0.1,LOW:0.9' -> {class: share}, shares normalized to sum to 1."""
+    shares: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, value = part.partition(":")
+        name = name.strip().upper()
+        if not sep or name not in PRIORITY_CLASSES:
+            raise ValueError(f"priority_mix: {part!r} is not CLASS:SHARE with CLASS one of "
+                             f"{', '.join(PRIORITY_CLASSES)}")
+        try:
+            share = float(value)
+        except ValueError:
+            raise ValueError(f"priority_mix: share {value!r} of {name} is not a number") from None
+        if not (math.isfinite(share) and share >= 0) or name in shares:
+            raise ValueError(f"priority_mix: {name} needs one share >= 0, got {part!r}")
+        shares[name] = share
+    total = sum(shares.values())
+    if total <= 0:
+        raise ValueError(f"priority_mix {text!r}: the shares add up to nothing")
+    return {name: share / total for name, share in shares.items()}
+
+
+def _assign_classes(requests: list[Request], mix: str, seed: int) -> None:
+    # a generator of its own, so that the lengths and arrivals stay those of the seed
+    rng = random.Random(f"priority-{seed}")
+    shares = parse_priority_mix(mix)
+    names, weights = list(shares), list(shares.values())
+    for r in requests:
+        r.priority_class = rng.choices(names, weights)[0]
 
 
 def _truncated_lognormal(p50: float, p90: float, low: float, high: float):
@@ -164,4 +201,6 @@ def build_requests(cfg: WorkloadConfig, max_context: int) -> list[Request]:
             raise TraceError(f"request {i} of {cfg.trace}: {prompt} prompt + {output} output "
                              f"tokens exceed the model context of {max_context}")
         requests.append(Request(f"r{i}", at, prompt, output))
+    if cfg.priority_mix:
+        _assign_classes(requests, cfg.priority_mix, cfg.seed)
     return requests

@@ -1,0 +1,104 @@
+"""Swap preemption in the engine: KV blocks copied to a host-memory pool and back.
+
+The scheduler decides (`--preemption-mode swap|auto`) and puts the block mappings on the batch
+(`Batch.swap_in`, `Batch.swap_out`); `HostKVCache.apply` moves the data before the batch runs,
+swap-ins first (see `Batch`). The host pool is one tensor, block-major: a host block holds
+every layer's K and V for its tokens and is one contiguous copy, pinned on CUDA so that the
+copies run at the link's speed. On CPU both sides are host memory and a swap is a memcpy.
+
+Only one process holds the KV here: with tp, spp or kvp > 1 every rank would have to move its
+own shard, which is not built yet, so swapping is refused there with an error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from medha.core.batch import Batch
+from medha.core.config import SchedulerConfig
+from medha.engine.errors import EngineError
+
+
+def swap_config(scheduler: SchedulerConfig, parallel: dict[str, int],
+                kv_bytes_per_token: int, block_size: int) -> SchedulerConfig:
+    """The scheduler config with the host pool sized in blocks of this engine's KV dtype;
+    refuses swapping where it is not built. `parallel`: tp, spp and kvp of the engine."""
+    if scheduler.preemption_mode == "recompute":
+        return scheduler
+    layout = {k: v for k, v in parallel.items() if v > 1}
+    if layout:
+        raise EngineError(f"preemption_mode {scheduler.preemption_mode} runs in one process "
+                          f"so far, not with {', '.join(f'{k}={v}' for k, v in layout.items())}"
+                          ": use preemption_mode recompute")
+    if scheduler.host_kv_blocks is not None:
+        return scheduler
+    blocks = int(scheduler.swap_space_gb * 2**30 // (kv_bytes_per_token * block_size))
+    return dataclasses.replace(scheduler, host_kv_blocks=blocks)
+
+
+class HostKVCache:
+    def __init__(self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], num_blocks: int,
+                 block_size: int) -> None:
+        """`kv_caches`: the model runner's per-layer (K, V) tensors, [..., slots, head_dim]."""
+        self.caches = [t for kv in kv_caches for t in kv]
+        first = self.caches[0]
+        self.device = first.device
+        self.block_size = block_size
+        # [host block, K/V of each layer, ..., token in block, head_dim]; empty, not zeros:
+        # only blocks that were written are ever copied back
+        shape = (num_blocks, len(self.caches), *first.shape[:-2], block_size, first.shape[-1])
+        self.host = torch.empty(shape, dtype=first.dtype,
+                                pin_memory=self.device.type == "cuda")
+
+    @classmethod
+    def for_engine(cls, scheduler: SchedulerConfig, runner) -> HostKVCache | None:
+        if scheduler.preemption_mode == "recompute" or not scheduler.host_kv_blocks:
+            return None
+        return cls(runner.kv_caches, scheduler.host_kv_blocks, runner.block_size)
+
+    def apply(self, batch: Batch) -> None:
+        """Move the batch's swaps: host -> device first, then device -> host (a swap-out may
+        reuse a host block a swap-in of the same batch emptied)."""
+        if batch.swap_in:
+            self.swap_in([h for s in batch.swap_in for h in s.host_blocks],
+                         [d for s in batch.swap_in for d in s.device_blocks])
+        if batch.swap_out:
+            self.swap_out([d for s in batch.swap_out for d in s.device_blocks],
+                          [h for s in batch.swap_out for h in s.host_blocks])
+
+    def _blocks(self, cache: torch.Tensor) -> torch.Tensor:
+        """A cache tensor as [..., block, token in block, head_dim] (a view)."""
+        return cache.unflatten(-2, (-1, self.block_size))
+
+    @torch.inference_mode()
+    def swap_out(self, device_blocks: list[int], host_blocks: list[int]) -> None:
+        idx = torch.tensor(device_blocks, device=self.device)
+        # gather every layer's blocks on the device, then one contiguous copy per run of
+        # consecutive host blocks
+        staged = torch.stack([self._blocks(c).index_select(-3, idx) for c in self.caches])
+        staged = staged.movedim(-3, 0).contiguous()  # [block, K/V of each layer, ...]
+        # non-blocking on CUDA: the host pool is read only by later swap-ins, copies on the
+        # same stream, and the step that may overwrite these device blocks queues behind
+        for i, h, n in _runs(host_blocks):
+            self.host[h:h + n].copy_(staged[i:i + n], non_blocking=True)
+
+    @torch.inference_mode()
+    def swap_in(self, host_blocks: list[int], device_blocks: list[int]) -> None:
+        staged = torch.empty((len(host_blocks), *self.host.shape[1:]), dtype=self.host.dtype,
+                             device=self.device)
+        for i, h, n in _runs(host_blocks):
+            staged[i:i + n].copy_(self.host[h:h + n], non_blocking=True)
+        idx = torch.tensor(device_blocks, device=self.device)
+        for j, cache in enumerate(self.caches):
+            self._blocks(cache).index_copy_(-3, idx, staged[:, j].movedim(0, -3))
+
+
+def _runs(blocks: list[int]):
+    """(position, first block, length) of each run of consecutive block ids."""
+    start = 0
+    for i in range(1, len(blocks) + 1):
+        if i == len(blocks) or blocks[i] != blocks[i - 1] + 1:
+            yield start, blocks[start], i - start
+            start = i
