@@ -1,9 +1,10 @@
-"""Tensor-parallel worker processes (torch.distributed, gloo): the same tokens and logits as one
-process, on SmolLM2 (3 KV heads, split 2 + 1 at tp 2) and on a tiny random Llama."""
+"""Parallel worker processes (torch.distributed, gloo): every tp x spp x kvp layout of up to 4
+processes gives the same tokens and logits as one process, on SmolLM2 (3 KV heads, split 2 + 1
+at tp 2) and on a tiny random Llama."""
 
+import functools
 import json
 import os
-import shutil
 import signal
 import time
 from pathlib import Path
@@ -25,25 +26,6 @@ GREEDY = SamplingParams(max_tokens=12, temperature=0)
 SCHED = SchedulerConfig(policy="fcfs", chunking="static:64")
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    """A 2-layer random Llama with SmolLM2's tokenizer, saved as safetensors."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    src = resolve_model("smollm2")
-    out = tmp_path_factory.mktemp("tiny-llama")
-    for f in src.iterdir():
-        if f.suffix != ".safetensors" and f.name != "config.json":
-            shutil.copy(f, out / f.name)
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=json.loads((src / "config.json").read_text())["vocab_size"],
-                      hidden_size=64, intermediate_size=160, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                      tie_word_embeddings=True)
-    LlamaForCausalLM(cfg).save_pretrained(out, safe_serialization=True)
-    return str(out)
-
-
 TEXT = " ".join(f"Report {i}: the harbour of town {i * 7 % 13} saw {i * 3 % 11} ships arrive "
                 "before noon, and the market sold fish, bread and oil." for i in range(30))
 
@@ -54,42 +36,54 @@ def _prompts(llm):
 
 
 def _prefill_logits(llm, ids):
+    """Every row's logits of one prefill, and the most KVP groups its KV spanned."""
     engine = llm.engine
+    blocks = engine.scheduler.blocks
     engine.add_request("x", None, SamplingParams(max_tokens=1, temperature=0),
                        prompt_token_ids=ids)
-    rows = []
+    rows, groups = [], 1
     while engine.has_unfinished():
         batch = engine.scheduler.schedule(time.monotonic())
-        logits, _ = engine.execute(batch, {"x": engine._states["x"].context},
-                                   engine.scheduler.blocks, all_logits=True)
+        logits, _ = engine.execute(batch, {"x": engine._states["x"].context}, blocks,
+                                   all_logits=True)
         rows.append(logits)
+        groups = max(groups, getattr(blocks, "groups_holding", lambda _: 1)("x"))
         tokens = {"x": 0} if batch.prefills[-1].samples else None
         engine.scheduler.update(batch, BatchResult(0.01, tokens), time.monotonic())
-    return torch.cat(rows)
+    return torch.cat(rows), groups
 
 
+@functools.cache
 def _run(model, **parallel):
     llm = LLM(model, kv_memory_gb=0.05, scheduler=SCHED, **parallel)
     try:
         prompts = _prompts(llm)
         tokens = [o.token_ids for o in llm.generate(prompts, GREEDY)]
-        logits = _prefill_logits(llm, prompts[-1])
+        logits, groups = _prefill_logits(llm, prompts[-1])
         assert llm.engine.scheduler.blocks.num_used == 0
-        return tokens, logits
+        return tokens, logits, groups
     finally:
         llm.engine.close()
 
 
-@pytest.mark.parametrize("parallel", [{"tp": 2}, {"spp": 2}], ids=["tp2", "spp2"])
+# 64 tokens per KVP group: the 230-token prompt (and the 90-token one) span both groups
+KVP = {"kvp": 2, "max_tokens_per_kvp_group": 64}
+LAYOUTS = {"tp2": {"tp": 2}, "spp2": {"spp": 2}, "kvp2": KVP, "tp2-spp2": {"tp": 2, "spp": 2},
+           "tp2-kvp2": {"tp": 2, **KVP}, "spp2-kvp2": {"spp": 2, **KVP}}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("model", ["smollm2", "tiny"])
-def test_parallel_run_matches_one_process(model, parallel, tiny_model):
+def test_parallel_run_matches_one_process(model, layout, tiny_model):
     path = tiny_model if model == "tiny" else model
-    tokens1, logits1 = _run(path)
-    tokens2, logits2 = _run(path, **parallel)
+    parallel = LAYOUTS[layout]
+    tokens1, logits1, _ = _run(path)
+    tokens2, logits2, groups = _run(path, **parallel)
     assert tokens2 == tokens1
-    # the all-reduce adds the ranks' partial sums, an order one process never uses, and each
-    # stage process has one thread: as for chunked prefills, 1e-4 absolute or 1e-5 relative
-    # on the largest logits (~20)
+    assert groups == parallel.get("kvp", 1)
+    # the all-reduce adds the ranks' partial sums, and the KVP merge the groups' partial
+    # attentions, in orders one process never uses; each stage process has one thread: as for
+    # chunked prefills, 1e-4 absolute or 1e-5 relative on the largest logits (~20)
     torch.testing.assert_close(logits2, logits1, atol=1e-4, rtol=1e-5)
 
 
@@ -100,8 +94,10 @@ def test_impossible_layouts_are_refused(tiny_model):
         LLM(tiny_model, kv_memory_gb=0.01, tp=0)
     with pytest.raises(EngineError, match="spp=3 exceeds the model's 2 layers"):
         LLM(tiny_model, kv_memory_gb=0.01, spp=3)
-    with pytest.raises(EngineError, match="tp and spp together are not built yet"):
-        LLM(tiny_model, kv_memory_gb=0.01, tp=2, spp=2)
+    with pytest.raises(EngineError, match="kvp must be a positive integer"):
+        LLM(tiny_model, kv_memory_gb=0.01, kvp=0)
+    with pytest.raises(EngineError, match=r"max_tokens_per_kvp_group \(40\) must be a multiple"):
+        LLM(tiny_model, kv_memory_gb=0.01, kvp=2, max_tokens_per_kvp_group=40)
 
 
 def _spawned_children(pid: int) -> list[int]:
@@ -210,3 +206,41 @@ def test_spp_stages_work_on_consecutive_chunks_at_once():
         assert sum(overlaps) >= len(overlaps) // 2
     finally:
         llm.engine.close()
+
+
+def test_serve_with_tp_and_kvp_answers_the_openai_client_as_one_process():
+    from test_server import Server
+
+    prompt = TEXT[:600]  # about 130 tokens: both KVP groups of 64 tokens hold some
+    llm = LLM("smollm2", kv_memory_gb=0.05)
+    try:
+        expected = llm.generate([prompt], SamplingParams(max_tokens=8, temperature=0))[0].text
+    finally:
+        llm.engine.close()
+    server = Server("--tp", "2", "--kvp", "2", "--max-tokens-per-kvp-group", "64")
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+        out = client.completions.create(model="smollm2", prompt=prompt, max_tokens=8,
+                                        temperature=0)
+        assert out.choices[0].text == expected
+        assert len(_spawned_children(server.proc.pid)) == 3
+        assert server.wait_idle()["medha_kv_blocks_used"] == 0
+    finally:
+        assert server.stop() == 0
+
+
+def test_profile_runs_on_a_parallel_layout(tiny_model, tmp_path):
+    import subprocess
+    import sys
+
+    from medha.perf.profile_data import load_profile
+
+    out = tmp_path / "p.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "medha", "profile", "--model", tiny_model, "--spp", "2",
+         "--kvp", "2", "--max-tokens-per-kvp-group", "256", "--kv-memory-gb", "0.05",
+         "--quick", "--mixed", "2", "--quiet", "--out", str(out)],
+        capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    rows = load_profile(out).iteration_rows
+    assert len(rows) > 10 and all(r.seconds > 0 for r in rows)

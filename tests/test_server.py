@@ -8,7 +8,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,19 +18,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from medha.utils.net import free_port
+
 KEY = "test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Server:
     def __init__(self, *flags: str) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "medha", "serve", "--port", str(self.port),
@@ -334,7 +329,7 @@ def test_bench_against_the_server(server, tmp_path):
 
 def test_bench_reports_an_unreachable_server(tmp_path):
     r = subprocess.run([sys.executable, "-m", "medha", "bench", "--url",
-                        f"http://127.0.0.1:{_free_port()}", "--qps", "1", "--num-requests",
+                        f"http://127.0.0.1:{free_port()}", "--qps", "1", "--num-requests",
                         "2", "--out", str(tmp_path / "x"), "--quiet"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "cannot reach" in r.stderr

@@ -29,15 +29,18 @@ from medha.core.config import SchedulerConfig
 from medha.core.request import Request
 from medha.engine.checkpoint import check_checkpoint, resolve_model
 from medha.engine.errors import EngineError
+from medha.engine.kv_swap import HostKVCache, swap_config
 from medha.engine.layers.sampler import Sample, sample
 from medha.engine.model_runner import ModelRunner
 from medha.engine.models.llama import LlamaArgs
+from medha.engine.parallel.layout import Layout
 from medha.engine.sampling_params import SamplingParams
 from medha.engine.tokenizer import Detokenizer, Tokenizer
 from medha.perf import ParallelConfig, Predictor, make_predictor
 from medha.perf.hardware_specs import cache_dir, get_hardware
 from medha.perf.model_specs import model_from_hf_config
 from medha.scheduler.block_manager import BlockManager
+from medha.scheduler.kvp_block_manager import KvpBlockManager
 from medha.scheduler.replica_scheduler import ReplicaScheduler
 
 
@@ -49,7 +52,8 @@ class EngineConfig:
     device: str = field(default="auto", metadata={"help": "cpu, cuda, or auto"})
     dtype: str = field(default="auto", metadata={"help": (
         "float32, bfloat16 or float16 (auto: float32 on CPU, bfloat16 on CUDA)")})
-    kv_memory_gb: float = field(default=2.0, metadata={"help": "KV cache memory in GiB"})
+    kv_memory_gb: float = field(default=2.0, metadata={"help": (
+        "KV cache memory in GiB (of each KVP group)")})
     block_size: int = field(default=16, metadata={"help": "tokens per KV block"})
     predictor: str = field(default="auto", metadata={"help": (
         "batch-time model for the scheduler: auto (this machine's profile from `medha "
@@ -62,6 +66,13 @@ class EngineConfig:
     spp: int = field(default=1, metadata={"help": (
         "stream-pipeline stages, one process each: layers split across them, the next "
         "batch (or chunk) enters stage 1 while the previous one runs in later stages")})
+    kvp: int = field(default=1, metadata={"help": (
+        "KV-cache parallel groups, each a whole tp x spp copy of the model in its own "
+        "processes: a long request's KV fills one group, then the next, and every step "
+        "merges the groups' partial attentions")})
+    max_tokens_per_kvp_group: int = field(default=1 << 20, metadata={"help": (
+        "KV tokens of one request a KVP group holds before the next group joins (a multiple "
+        "of the block size)")})
 
 
 @dataclass
@@ -92,7 +103,8 @@ class _State:
 def _default_profile_path(model_path, device: str, config: EngineConfig) -> str:
     """One profile per model, device and parallel layout (a tp 2 batch costs otherwise)."""
     name = os.path.basename(os.path.normpath(str(model_path)))
-    layout = "".join(f"-{k}{v}" for k, v in (("tp", config.tp), ("spp", config.spp)) if v > 1)
+    layout = "".join(f"-{k}{v}" for k, v in (("tp", config.tp), ("spp", config.spp),
+                                               ("kvp", config.kvp)) if v > 1)
     return str(cache_dir() / "profiles" / f"{name}-{device}{layout}.json")
 
 
@@ -127,12 +139,15 @@ class LLMEngine:
         num_blocks = int(config.kv_memory_gb * 2**30 // (kv_per_token * config.block_size))
         if num_blocks < 1:
             raise EngineError(f"kv_memory_gb={config.kv_memory_gb} holds no KV block")
+        # swap preemption: the host pool in blocks of this KV dtype (refused with workers)
+        scheduler = swap_config(scheduler or SchedulerConfig(),
+                                {"tp": config.tp, "spp": config.spp, "kvp": config.kvp},
+                                kv_per_token, config.block_size)
         self.workers = self._workers(config, hf_config, num_blocks)
-        parallel = {} if self.workers is None else {"tp": self.workers.tp,
-                                                    "stage": self.workers.stage}
+        parallel = {} if self.workers is None else dict(self.workers.roles)
         self.pipeline = self.workers and self.workers.pipeline
         if self.workers is not None and self.pipeline is None:
-            parallel["workers"] = self.workers  # TP: every step is broadcast first
+            parallel["workers"] = self.workers  # no stages: every step is broadcast first
         self.runner = ModelRunner(self.model_path, hf_config, self.device, self.dtype,
                                   num_blocks, config.block_size, **parallel)
         self._inflight: collections.deque = collections.deque()  # pipelined batches
@@ -141,23 +156,29 @@ class LLMEngine:
         sched_cfg = scheduler or SchedulerConfig()
         if sched_cfg.max_model_len is None:
             sched_cfg = dataclasses.replace(sched_cfg, max_model_len=self.spec.max_context)
-        self.scheduler = ReplicaScheduler(sched_cfg, self.predictor,
-                                          BlockManager(num_blocks, config.block_size))
+        blocks = BlockManager(num_blocks, config.block_size) if config.kvp == 1 else \
+            KvpBlockManager(num_blocks, config.block_size, config.kvp,
+                            config.max_tokens_per_kvp_group)
+        self.scheduler = ReplicaScheduler(sched_cfg, self.predictor, blocks)
+        self.kv_swap = HostKVCache.for_engine(sched_cfg, self.runner)  # None: recompute only
         self._states: dict[str, _State] = {}
         self.metrics = EngineMetrics()
 
     # ---- set-up ------------------------------------------------------------------------------
     def _workers(self, config: EngineConfig, hf_config: dict, num_blocks: int):
-        for name in ("tp", "spp"):
+        for name in ("tp", "spp", "kvp", "max_tokens_per_kvp_group"):
             value = getattr(config, name)
             if not (isinstance(value, int) and value >= 1):
                 raise EngineError(f"{name} must be a positive integer, got {value!r}")
-        if config.tp == 1 and config.spp == 1:
+        if config.max_tokens_per_kvp_group % config.block_size:
+            raise EngineError(f"max_tokens_per_kvp_group ({config.max_tokens_per_kvp_group}) "
+                              f"must be a multiple of block_size ({config.block_size})")
+        layout = Layout(config.tp, config.spp, config.kvp)
+        if layout.world == 1:
             return None
-        if config.tp > 1 and config.spp > 1:
-            raise EngineError("tp and spp together are not built yet: use one of them")
         if self.device.type != "cpu":
-            raise EngineError("tp/spp > 1 run on CPU (gloo) so far; NCCL on CUDA is not built")
+            raise EngineError("tp/spp/kvp > 1 run on CPU (gloo) so far; NCCL on CUDA is not "
+                              "built")
         args = LlamaArgs.from_config(hf_config)
         if config.tp > args.num_kv_heads:
             raise EngineError(f"tp={config.tp} exceeds the model's {args.num_kv_heads} KV heads")
@@ -165,9 +186,8 @@ class LLMEngine:
             raise EngineError(f"spp={config.spp} exceeds the model's {args.num_layers} layers")
         from medha.engine.parallel.workers import RunnerArgs, WorkerGroup
 
-        group = WorkerGroup(config.tp * config.spp,
-                            RunnerArgs(self.model_path, hf_config, self.dtype, num_blocks,
-                                       config.block_size), spp=config.spp)
+        group = WorkerGroup(layout, RunnerArgs(self.model_path, hf_config, self.dtype,
+                                               num_blocks, config.block_size))
         atexit.register(group.close)
         return group
 
@@ -202,7 +222,10 @@ class LLMEngine:
         if spec == "auto":
             path = _default_profile_path(self.model_path, self.device.type, self.config)
             spec = f"profiled:{path}" if os.path.exists(path) else "roofline"
-        return make_predictor(spec, self.spec, hardware, ParallelConfig())
+        # tp stays 1: a profile of a tp layout times whole iterations, all-reduces included
+        parallel = ParallelConfig(spp=self.config.spp, kvp=self.config.kvp,
+                                  max_tokens_per_kvp_group=self.config.max_tokens_per_kvp_group)
+        return make_predictor(spec, self.spec, hardware, parallel)
 
     # ---- requests ----------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int] | None,
@@ -255,6 +278,12 @@ class LLMEngine:
             return []
         t0 = time.perf_counter()
         with self._discarding_on_error(batch):
+            if self.kv_swap is not None:
+                self.kv_swap.apply(batch)  # swapped KV moves before the step runs
+            if not batch.num_seqs:  # the batch only moved KV
+                self.scheduler.update(batch, BatchResult(time.perf_counter() - t0),
+                                      time.monotonic())
+                return []
             logits, chunks = self.runner.execute(batch, self._contexts(), self.scheduler.blocks)
         return self._finish(batch, chunks, logits, t0)
 
@@ -280,9 +309,7 @@ class LLMEngine:
 
     def _launch(self, step) -> None:
         """Run stage 0 here and send the step into the pipeline."""
-        start = time.monotonic()
-        hidden = self.runner.forward(step)
-        self.pipeline.launch(step, hidden, (start, time.monotonic()))
+        self.pipeline.launch(step, lambda: self.runner.forward(step))
 
     def _collect(self, batch, step) -> torch.Tensor:
         """The logits of the oldest batch in the pipeline, once its last stage is done."""

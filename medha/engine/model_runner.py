@@ -12,6 +12,7 @@ import torch
 from medha.core.batch import Batch
 from medha.engine.layers.attention import AttentionMetadata, DecodeGroup, PrefillSpan, Workspace
 from medha.engine.models.llama import LlamaArgs, LlamaForCausalLM
+from medha.engine.parallel.kv_parallel import SINGLE_GROUP, KvParallel, build_view
 from medha.engine.parallel.stage import WHOLE, Stage
 from medha.engine.parallel.tensor_parallel import SINGLE, TensorParallel
 from medha.scheduler.block_manager import BlockManager
@@ -45,14 +46,16 @@ class StepInput:
 class ModelRunner:
     def __init__(self, path: Path, config: dict, device: torch.device, dtype: torch.dtype,
                  num_blocks: int, block_size: int, tp: TensorParallel = SINGLE,
-                 workers=None, stage: Stage = WHOLE) -> None:
+                 workers=None, stage: Stage = WHOLE, kvp: KvParallel = SINGLE_GROUP) -> None:
         """`tp`: this process's tensor-parallel rank; `stage`: the pipeline stage whose layers
-        it holds; `workers` (rank 0 only): the WorkerGroup running the other ranks, which gets
-        every step before rank 0 runs it."""
+        it holds; `kvp`: its KV-cache parallel group (`num_blocks` are that group's);
+        `workers` (rank 0 only): the WorkerGroup running the other ranks, which gets every
+        step before rank 0 runs it."""
         self.args = LlamaArgs.from_config(config)
         self.device, self.dtype = device, dtype
         self.block_size = block_size
         self.workers = workers
+        self.kvp = kvp
         with torch.device("meta"):  # no random init: the weights are loaded next
             model = LlamaForCausalLM(self.args, tp, stage)
         model.to_empty(device=device)
@@ -111,7 +114,9 @@ class ModelRunner:
         start = 0
         while start < len(decodes):
             end = start + 1
-            while end < len(decodes) and decodes[end].start < 1.25 * decodes[start].start + bs:
+            # with KVP every decode reads its own slots: groups split its context anyway
+            while (end < len(decodes) and self.kvp.size == 1
+                   and decodes[end].start < 1.25 * decodes[start].start + bs):
                 end += 1
             groups.append(self._decode_group(decodes, start, end, blocks, slot_parts))
             start = end
@@ -145,7 +150,8 @@ class ModelRunner:
         step = step.to(self.device)
         meta = AttentionMetadata(
             slot_mapping=step.slot_mapping, decode_groups=step.decode_groups,
-            block_size=self.block_size, prefills=step.prefills, workspace=self.workspace)
+            block_size=self.block_size, prefills=step.prefills, workspace=self.workspace,
+            kvp=build_view(step, self.kvp, self.block_size) if self.kvp.size > 1 else None)
         if hidden is not None:
             hidden = hidden.to(self.device)
         return self.model(step.ids, step.positions, self.kv_caches, meta, hidden)

@@ -34,10 +34,15 @@ class BlockManager:
         """
         per_token = model.kv_bytes_per_token(dtype_bytes) / (
             min(parallel.tp, model.num_kv_heads) * parallel.spp)
-        blocks = int(kv_memory_bytes // (per_token * block_size)) * parallel.kvp
+        blocks = int(kv_memory_bytes // (per_token * block_size))
         if blocks < 1:
             raise ValueError(f"kv memory of {kv_memory_bytes:.3g} bytes holds no "
                              f"{block_size}-token block of {model.name}")
+        if parallel.kvp > 1:
+            from medha.scheduler.kvp_block_manager import KvpBlockManager
+
+            return KvpBlockManager(blocks, block_size, parallel.kvp,
+                                   parallel.max_tokens_per_kvp_group)
         return cls(blocks, block_size)
 
     # ---- queries -----------------------------------------------------------------------------
@@ -92,11 +97,15 @@ class BlockManager:
         self._free.extend(reversed(blocks))
         return len(blocks)
 
+    def _free_ids(self) -> list[int]:
+        return self._free
+
     def check_invariants(self) -> None:
         """No leak, no double free: free + used = total, and no block in two places."""
         used = [b for table in self._tables.values() for b in table]
-        free, owned = set(self._free), set(used)
-        if len(free) != len(self._free):
+        free_list = self._free_ids()
+        free, owned = set(free_list), set(used)
+        if len(free) != len(free_list):
             raise BlockAccountingError("a block is on the free list twice")
         if len(owned) != len(used):
             raise BlockAccountingError("a block is owned by two requests (or twice by one)")

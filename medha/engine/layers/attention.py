@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from medha.engine.parallel.kv_parallel import KvpView, kvp_attention
+
 
 @dataclass
 class PrefillSpan:
@@ -72,6 +74,7 @@ class AttentionMetadata:
     block_size: int
     prefills: list[PrefillSpan]
     workspace: Workspace
+    kvp: KvpView | None = None  # with KV-cache parallelism: this group's share of the step
 
 
 def _lower_right_causal(n: int, context: int, device) -> torch.Tensor:
@@ -112,7 +115,7 @@ def _lone_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     k = k_cache.index_select(1, slots).unsqueeze(0)  # [1, kvh, L, d]
     v = v_cache.index_select(1, slots).unsqueeze(0)
     qg = q.view(1, kvh, heads // kvh, dim)  # a KV head's query heads as its query rows
-    return F.scaled_dot_product_attention(qg, k, v, scale=scale).view(1, heads, dim)
+    return F.scaled_dot_product_attention(qg, k, v, scale=scale).reshape(1, heads, dim)
 
 
 # The CPU flash kernel that also returns each query's log-sum-exp (what merging partial
@@ -157,6 +160,8 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
                     scale: float) -> torch.Tensor:
     """q: [T, heads, d]; k, v: [T, kv_heads, d]. Returns [T, heads, d]."""
+    if meta.kvp is not None:
+        return kvp_attention(q, k, v, k_cache, v_cache, meta.kvp, scale)
     k_cache.index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
     v_cache.index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
     out = torch.empty_like(q)

@@ -1,19 +1,20 @@
 """The other processes of a replica, driven by the engine's process (rank 0).
 
-Rank 0 keeps the scheduler, the tokenizer and the sampler. With tensor parallelism it broadcasts
-each batch's tensors (a StepInput) and all ranks run their shard of the forward pass, joined by
-all-reduces. With stream-pipeline parallelism rank s holds stage s and batches flow from stage
-to stage (pipeline.py). torch.distributed carries both, over gloo on CPU: one runtime, one
-process group, and the metadata broadcast is ordered with the collectives of the step by
-construction (a separate ZeroMQ channel would need its own ordering and failure handling). The
-metadata of a step is a few kilobytes of tensors; pickling it costs well under a millisecond.
+Rank 0 keeps the scheduler, the tokenizer and the sampler. Ranks form a tp x spp x kvp grid
+(layout.py). Without pipeline stages rank 0 broadcasts each batch's tensors (a StepInput) and
+all ranks run their shard of the forward pass, joined by all-reduces (TP) and by the merge of
+partial attentions (KVP, kv_parallel.py). With stages, rank 0 sends each step to the other
+stage-0 ranks and batches flow from stage to stage (pipeline.py). torch.distributed carries all
+of it, over gloo on CPU: one runtime, and the metadata is ordered with the collectives of the
+step by construction (a separate ZeroMQ channel would need its own ordering and failure
+handling). The metadata of a step is a few kilobytes of tensors; pickling it costs well under a
+millisecond.
 """
 
 from __future__ import annotations
 
 import datetime
 import os
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,9 +22,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from medha.engine.parallel.kv_parallel import KvParallel
+from medha.engine.parallel.layout import Layout
 from medha.engine.parallel.pipeline import StagePipeline, stage_loop
-from medha.engine.parallel.stage import WHOLE, Stage
-from medha.engine.parallel.tensor_parallel import SINGLE, TensorParallel
+from medha.engine.parallel.stage import Stage
+from medha.engine.parallel.tensor_parallel import TensorParallel
+from medha.utils.net import free_port
 
 # A collective that waits longer than this means a rank is gone: fail instead of hanging.
 COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=60)
@@ -36,7 +40,7 @@ class RunnerArgs:
     path: Path
     config: dict
     dtype: torch.dtype
-    num_blocks: int
+    num_blocks: int  # of one KVP group
     block_size: int
 
 
@@ -46,33 +50,25 @@ def threads_per_rank(world: int) -> int:
     return max(1, (os.cpu_count() or 1) // world)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _init(rank: int, world: int, port: int) -> None:
+def _init(rank: int, layout: Layout, port: int, num_blocks: int) -> dict:
+    """Join the process group; returns this rank's roles as ModelRunner arguments."""
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world, timeout=COLLECTIVE_TIMEOUT)
+                            world_size=layout.world, timeout=COLLECTIVE_TIMEOUT)
+    k, s, t = layout.coords(rank)
+    tp_group, kvp_group = layout.groups(rank)
+    return {"tp": TensorParallel(t, layout.tp, tp_group), "stage": Stage(s, layout.spp),
+            "kvp": KvParallel(k, layout.kvp, kvp_group, num_blocks)}
 
 
-def _roles(rank: int, world: int, spp: int) -> tuple[TensorParallel, Stage]:
-    if spp > 1:
-        return SINGLE, Stage(rank, spp)
-    return TensorParallel(rank, world, dist.group.WORLD), WHOLE
-
-
-def _worker_main(rank: int, world: int, spp: int, port: int, args: RunnerArgs) -> None:
+def _worker_main(rank: int, layout: Layout, port: int, args: RunnerArgs) -> None:
     from medha.engine.model_runner import ModelRunner
 
-    torch.set_num_threads(threads_per_rank(world))
-    _init(rank, world, port)
-    tp, stage = _roles(rank, world, spp)
+    torch.set_num_threads(threads_per_rank(layout.world))
+    roles = _init(rank, layout, port, args.num_blocks)
     runner = ModelRunner(args.path, args.config, torch.device("cpu"), args.dtype,
-                         args.num_blocks, args.block_size, tp=tp, stage=stage)
-    if spp > 1:
-        stage_loop(runner, rank, spp, args.config["hidden_size"])
+                         args.num_blocks, args.block_size, **roles)
+    if layout.spp > 1:
+        stage_loop(runner, rank, layout, args.config["hidden_size"])
         dist.destroy_process_group()
         return
     while True:
@@ -85,23 +81,22 @@ def _worker_main(rank: int, world: int, spp: int, port: int, args: RunnerArgs) -
 
 
 class WorkerGroup:
-    """Starts ranks 1 .. world-1 and joins the process group as rank 0: `world` TP ranks,
-    or with `spp` > 1 that many pipeline stages (one rank each)."""
+    """Starts ranks 1 .. world-1 of `layout` and joins the process group as rank 0;
+    `roles` are rank 0's ModelRunner arguments (tp, stage, kvp)."""
 
-    def __init__(self, world: int, args: RunnerArgs, spp: int = 1) -> None:
-        self.world = world
-        port = _free_port()
+    def __init__(self, layout: Layout, args: RunnerArgs) -> None:
+        self.world = layout.world
+        port = free_port()
         ctx = mp.get_context("spawn")
-        self.procs = [ctx.Process(target=_worker_main, args=(rank, world, spp, port, args),
+        self.procs = [ctx.Process(target=_worker_main, args=(rank, layout, port, args),
                                   name=f"medha-rank{rank}", daemon=True)
-                      for rank in range(1, world)]
+                      for rank in range(1, layout.world)]
         for p in self.procs:
             p.start()
-        torch.set_num_threads(threads_per_rank(world))
-        _init(0, world, port)
-        self.tp, self.stage = _roles(0, world, spp)
-        self.pipeline = StagePipeline(spp, args.config["hidden_size"], args.dtype) \
-            if spp > 1 else None
+        torch.set_num_threads(threads_per_rank(layout.world))
+        self.roles = _init(0, layout, port, args.num_blocks)
+        self.pipeline = StagePipeline(layout, args.config["hidden_size"], args.dtype) \
+            if layout.spp > 1 else None
 
     def broadcast(self, step) -> None:
         dist.broadcast_object_list([step], src=0)
