@@ -4,8 +4,9 @@
     python bench/kv_swap_cuda.py                          # bandwidth and HostKVCache copies
     python bench/kv_swap_cuda.py --model DIR --dtype float32   # plus the engine on DIR
 
-DIR: a small Llama checkpoint, e.g. the tiny random one that tests/test_swap_preemption.py
-builds (its `tiny_model` fixture: 2 layers, SmolLM2's tokenizer), saved to a folder.
+DIR: a small Llama checkpoint, e.g. the tiny random one the tests
+builds (the `tiny_model` fixture in tests/conftest.py: 2 layers, SmolLM2's tokenizer), saved to a
+folder.
 The KV layout is Llama-3-8B's (32 layers, 8 KV heads of 128, bf16, 16-token blocks: 2 MiB a
 block), in the engine's own tensors ([kv_heads, slots, head_dim] per layer, K and V).
 """
