@@ -15,10 +15,13 @@ TOKEN_S = 1 / 1024  # exact in binary, so toy timelines carry no rounding drift
 
 
 def toy_scheduler(policy="lars", chunking="adaptive", num_blocks=1 << 16, token_s=TOKEN_S,
-                  iteration_s=0.0, **config) -> ReplicaScheduler:
+                  iteration_s=0.0, blocks: BlockManager | None = None,
+                  **config) -> ReplicaScheduler:
+    """`blocks` replaces the plain BlockManager of `num_blocks` blocks."""
     config.setdefault("target_batch_time_s", 1 / 16)
     cfg = SchedulerConfig(policy=policy, chunking=chunking, **config)
-    return ReplicaScheduler(cfg, FixedCostPredictor(token_s, iteration_s), BlockManager(num_blocks))
+    return ReplicaScheduler(cfg, FixedCostPredictor(token_s, iteration_s),
+                            blocks or BlockManager(num_blocks))
 
 
 @pytest.fixture(scope="session")

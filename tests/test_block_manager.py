@@ -72,3 +72,25 @@ def test_random_operations_keep_accounting_exact(ops):
     for rid in "abcde":
         bm.free(rid)
     assert bm.num_free == 20
+
+
+def test_kvp_blocks_fill_groups_in_order_and_count_room_per_group():
+    from medha.scheduler.kvp_block_manager import KvpBlockManager
+
+    m = KvpBlockManager(4, 16, 2, 32)  # 2 groups of 4 blocks; 32 tokens in group 0 first
+    assert m.capacity_tokens == (2 + 4) * 16
+    assert m.grow("a", 96) == 96
+    assert m.blocks_of("a") == [0, 1, 4, 5, 6, 7] and m.groups_holding("a") == 2
+    # two blocks are free, but in group 0: b's third block onwards lies in the full group 1
+    assert m.num_free == 2
+    assert m.shortfall("b", 32) == 0
+    assert m.shortfall("b", 80) == 3
+    assert m.shortfall("b", 80, freeable=("a",)) == 0
+    assert not m.can_grow_each(1)
+    assert m.grow("b", 80) == 32  # what group 0 could give
+    m.check_invariants()
+    m.free("a")
+    assert m.grow("b", 80) == 80 and m.shortfall("b", 80) == 0
+    m.check_invariants()
+    with pytest.raises(ValueError, match="multiple of the block size"):
+        KvpBlockManager(4, 16, 2, 40)

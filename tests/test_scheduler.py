@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from medha.core.batch import BatchResult
 from medha.core.request import PRIORITY_CLASSES, Request
 from medha.core.request import RequestState as S
+from medha.scheduler.kvp_block_manager import KvpBlockManager
 from medha.sim.replay import replay
 
 
@@ -137,7 +138,8 @@ def test_preempted_decode_recomputes_prompt_and_outputs():
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.floats(0, 1), st.integers(1, 300), st.integers(1, 40),
-                          st.booleans(), st.sampled_from(PRIORITY_CLASSES + (None,))),
+                          st.one_of(st.none(), st.integers(0, 30)),
+                          st.sampled_from(PRIORITY_CLASSES + (None,))),
                 min_size=1, max_size=15),
        st.sampled_from(["fcfs", "edf", "lrs", "lars", "srpt", "deferred", "aligned",
                         "priority", "pla"]),
@@ -145,16 +147,21 @@ def test_preempted_decode_recomputes_prompt_and_outputs():
        st.integers(24, 200),
        st.tuples(st.integers(1, 8), st.integers(1, 8), st.booleans()),
        st.tuples(st.sampled_from(["recompute", "swap", "auto"]), st.integers(1, 40),
-                 st.sampled_from([None, 0.0005])))
+                 st.sampled_from([None, 0.0005])),
+       st.booleans())
 def test_every_request_ends_and_no_block_leaks(specs, policy, chunking, blocks, deferral,
-                                               swapping):
+                                               swapping, kvp):
     cap, k, prefill_only = deferral  # batch cap C and threshold K of the deferred policy
     # swap and auto with a host pool of 1-40 blocks; 0.0005 GB/s makes swapping about as
     # dear as recomputing on the toy predictor, so that auto takes both ways
     mode, host_blocks, bandwidth = swapping
     # aligned: a small memory threshold and min batch make it split the decodes into batches
     # (the toy predictor alone would always batch them all)
+    # KV-cache parallel: 2 groups, a request's group 0 holding 16-64 tokens before group 1
+    kvp_blocks = KvpBlockManager(blocks // 2, 16, 2, 16 * (1 + k % 4)) \
+        if kvp and mode == "recompute" else None
     sched = toy_scheduler(policy=policy, chunking=chunking, num_blocks=blocks, batch_cap=cap,
+                          blocks=kvp_blocks,
                           departure_threshold=min(k, cap),
                           prefill_only_iterations=prefill_only, aligned_min_batch=k,
                           aligned_memory_fraction=cap / 8, preemption_mode=mode,
@@ -163,9 +170,13 @@ def test_every_request_ends_and_no_block_leaks(specs, policy, chunking, blocks, 
                           # them or k/64 s (adaptive, on the toy predictor, never waits)
                           pla_boundary_tokens=40 * k, pla_depth=cap, pla_wait_s=k / 64,
                           pla_adaptive=k % 2 == 0)
+    room = sched.blocks.capacity_tokens
     reqs = [Request(f"r{i}", t, p, o, priority_class=c)
-            for i, (t, p, o, _, c) in enumerate(specs) if p + o <= blocks * 16]
-    abort_at = {r.request_id for r, (_, _, _, ab, _) in zip(reqs, specs) if ab}
+            for i, (t, p, o, _, c) in enumerate(specs) if p + o <= room]
+    # abort each marked request once that many batches have run, wherever it is by then:
+    # waiting, held back by its policy, prefilling, decoding or swapped out
+    abort_at = {f"r{i}": ab for i, (t, p, o, ab, _) in enumerate(specs)
+                if ab is not None and p + o <= room}
     now, pending = 0.0, sorted(reqs, key=lambda r: r.arrival_s)
     for _ in range(100_000):
         while pending and pending[0].arrival_s <= now:
@@ -184,14 +195,15 @@ def test_every_request_ends_and_no_block_leaks(specs, policy, chunking, blocks, 
             continue
         now += batch.predicted_time_s
         sched.update(batch, BatchResult(batch.predicted_time_s), now)
-        for rid in list(abort_at):
-            if sched.get(rid) and sched.get(rid).num_computed:
+        for rid, after in list(abort_at.items()):
+            if sched.get(rid) and sched.stats.batches >= after:
                 sched.abort(rid, now)
-                abort_at.discard(rid)
+                del abort_at[rid]
         sched.check_invariants()
     assert not sched.has_unfinished() and not pending
     assert all(r.state.is_done for r in reqs)
     assert sched.blocks.num_used == 0
+    sched.check_invariants()
     assert sched.host_pool is None or sched.host_pool.num_free == host_blocks
     st_ = sched.stats
     assert st_.preemptions == st_.recomputes + st_.swap_outs

@@ -77,6 +77,17 @@ class BlockManager:
         have = len(self._tables.get(request_id, ()))
         return max(0, math.ceil(num_tokens / self.block_size) - have)
 
+    def shortfall(self, request_id: str, num_tokens: int, reserve: int = 0,
+                  freeable: tuple[str, ...] = ()) -> int:
+        """Blocks still missing for `request_id` to hold `num_tokens` tokens with `reserve`
+        blocks left free (0: it fits), counting the blocks of `freeable` requests as free."""
+        free = self.num_free + sum(len(self._tables.get(v, ())) for v in freeable)
+        return max(0, self.blocks_needed(request_id, num_tokens) - (free - reserve))
+
+    def can_grow_each(self, count: int) -> bool:
+        """Whether `count` requests can each take one more block, wherever their next one lies."""
+        return count <= self.num_free
+
     # ---- changes -----------------------------------------------------------------------------
     def grow(self, request_id: str, num_tokens: int, reserve: int = 0) -> int:
         """Give `request_id` blocks for up to `num_tokens` tokens, keeping `reserve` blocks free.

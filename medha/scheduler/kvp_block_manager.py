@@ -1,6 +1,7 @@
 """KV blocks of a replica with KV-cache parallel groups: each group has its own pages, and a
-request's tokens fill group 0 up to `max_tokens_per_group`, then group 1, and so on (groups
-join as a request grows; the last group takes whatever is left)."""
+request's tokens fill group 0 up to `max_tokens_per_group` (or the group's size, if smaller),
+then group 1, and so on (groups join as a request grows; the last group takes whatever is
+left). A block is of use only in its group, so `shortfall` counts free blocks per group."""
 
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ class KvpBlockManager(BlockManager):
                              f"multiple of the block size ({block_size})")
         self.blocks_per_group = blocks_per_group
         self.groups = groups
-        self._blocks_per_share = max_tokens_per_group // block_size
+        # a request's share of a group that is not its last: G tokens, or the whole group if
+        # that is smaller (a group cannot hold more than its blocks)
+        self._blocks_per_share = min(max_tokens_per_group // block_size, blocks_per_group)
         # group g owns block ids [g * blocks_per_group, (g + 1) * blocks_per_group)
         self._pools = [list(range((g + 1) * blocks_per_group - 1, g * blocks_per_group - 1, -1))
                        for g in range(groups)]
@@ -28,9 +31,34 @@ class KvpBlockManager(BlockManager):
         """The group that holds a request's `block_index`-th block."""
         return min(block_index // self._blocks_per_share, self.groups - 1)
 
+    @property
+    def capacity_tokens(self) -> int:
+        """The longest context one request can hold: a share of each group but the last,
+        all of the last."""
+        return ((self.groups - 1) * self._blocks_per_share + self.blocks_per_group) \
+            * self.block_size
+
     def groups_holding(self, request_id: str) -> int:
         table = self._tables.get(request_id, ())
         return self.group_of(len(table) - 1) + 1 if table else 0
+
+    def shortfall(self, request_id: str, num_tokens: int, reserve: int = 0,
+                  freeable: tuple[str, ...] = ()) -> int:
+        """As BlockManager's, but a block is of use only in the group it belongs to: room in
+        group 0 does not help a request whose next blocks lie in group 1."""
+        free = [len(pool) for pool in self._pools]
+        for v in freeable:
+            for b in self._tables.get(v, ()):
+                free[b // self.blocks_per_group] += 1
+        have = len(self._tables.get(request_id, ()))
+        need = [0] * self.groups
+        for i in range(have, math.ceil(num_tokens / self.block_size)):
+            need[self.group_of(i)] += 1
+        short = sum(max(0, n - f) for n, f in zip(need, free))
+        return max(short, sum(need) - (sum(free) - reserve))
+
+    def can_grow_each(self, count: int) -> bool:
+        return all(count <= len(pool) for pool in self._pools)
 
     @property
     def num_free(self) -> int:

@@ -216,12 +216,11 @@ class ReplicaScheduler:
         if r is None or (r.num_scheduled == 0 and self._swapped
                          and not self._outranks_swapped(r)):
             return
-        bm = self.blocks
         growing = sum(1 for d in self._decoding.values()
                       if d.num_inflight_batches == 0 and d.kv_capacity <= d.num_scheduled)
-        target = bm.blocks_needed(r.request_id, r.num_tokens) + growing + self._watermark_blocks
-        if target > bm.num_free:
-            self._evict_below(r, target, builder, evict_decodes=True)
+        reserve = growing + self._watermark_blocks
+        if self.blocks.shortfall(r.request_id, r.num_tokens, reserve):
+            self._evict_below(r, r.num_tokens, reserve, builder, evict_decodes=True)
 
     def _builder(self, batch: Batch, now: float, max_seqs: int) -> BatchBuilder:
         return BatchBuilder(self, batch, self.predictor.timer(), now, max_seqs,
@@ -281,7 +280,7 @@ class ReplicaScheduler:
             return
         decodes = self.policy.select_decodes(decodes, builder.now)
         short = [r for r in decodes if r.kv_capacity <= r.num_scheduled]  # need a new block
-        if len(short) <= self.blocks.num_free and len(decodes) <= builder.room_seqs:
+        if self.blocks.can_grow_each(len(short)) and len(decodes) <= builder.room_seqs:
             for r in short:
                 self.reserve_kv(r, r.num_scheduled + 1, builder)
             builder.add_decodes(decodes)
@@ -311,7 +310,6 @@ class ReplicaScheduler:
         if r.state is RequestState.SWAPPED:
             return r.num_scheduled  # swapped out while this batch formed (the packer's queue)
         bm = self.blocks
-        need = bm.blocks_needed(r.request_id, num_tokens)
         decode = r.state is RequestState.DECODING
         reserve = 0 if decode or builder.is_empty else self._watermark_blocks
         # A prefill starts (or restarts after preemption) only when its whole context fits,
@@ -319,12 +317,12 @@ class ReplicaScheduler:
         starting = r.num_scheduled == 0
         if starting and self._swapped and not self._outranks_swapped(r):
             return r.num_scheduled  # swapped requests come back before new prefills start
-        must_fit = bm.blocks_needed(r.request_id, r.num_tokens) if starting else need
-        if must_fit > bm.num_free - reserve:
+        must_fit = r.num_tokens if starting else num_tokens
+        if bm.shortfall(r.request_id, must_fit, reserve):
             # under a class policy the ranks alone keep a prefill off its own class's decodes
-            self._evict_below(r, must_fit + reserve, builder,
+            self._evict_below(r, must_fit, reserve, builder,
                               evict_decodes=decode or self.policy.uses_classes)
-            if (all_or_nothing or starting) and must_fit > bm.num_free - reserve:
+            if (all_or_nothing or starting) and bm.shortfall(r.request_id, must_fit, reserve):
                 return r.num_scheduled
         held = bm.grow(r.request_id, num_tokens, reserve)
         r.kv_capacity = bm.tokens_held(r.request_id)
@@ -344,8 +342,10 @@ class ReplicaScheduler:
         return lambda r: ((0, r.arrival_s, r.admission_seq) if r.state is decoding
                           else (1, key(r), r.admission_seq))
 
-    def _evict_below(self, r: Request, free_target: int, builder: BatchBuilder,
+    def _evict_below(self, r: Request, num_tokens: int, reserve: int, builder: BatchBuilder,
                      evict_decodes: bool) -> None:
+        """Preempt requests ranked below `r` until it can hold `num_tokens` tokens with
+        `reserve` blocks left free."""
         rank = self._eviction_rank(builder.now)
         mine = rank(r)
         # batch members are in flight; swapped requests hold no device blocks; a request
@@ -358,12 +358,13 @@ class ReplicaScheduler:
         # Evict only when that makes enough room: work thrown away for nothing can livelock
         # (a prefill evicted for a request that still does not fit restarts in the room it
         # left, and is evicted again by the next try).
-        held = sum(len(self.blocks.blocks_of(v.request_id)) for v in victims)
-        if self.blocks.num_free + held < free_target:
+        bm = self.blocks
+        if bm.shortfall(r.request_id, num_tokens, reserve,
+                        tuple(v.request_id for v in victims)):
             return
         victims.sort(key=rank, reverse=True)
         for v in victims:
-            if self.blocks.num_free >= free_target:
+            if not bm.shortfall(r.request_id, num_tokens, reserve):
                 break
             self._preempt(v, builder)
 
