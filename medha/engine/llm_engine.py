@@ -40,7 +40,6 @@ from medha.perf import ParallelConfig, Predictor, make_predictor
 from medha.perf.hardware_specs import cache_dir, get_hardware
 from medha.perf.model_specs import model_from_hf_config
 from medha.scheduler.block_manager import BlockManager
-from medha.scheduler.kvp_block_manager import KvpBlockManager
 from medha.scheduler.replica_scheduler import ReplicaScheduler
 
 
@@ -153,14 +152,11 @@ class LLMEngine:
         self._inflight: collections.deque = collections.deque()  # pipelined batches
         self.spec = model_from_hf_config(os.path.basename(str(self.model_path)), hf_config)
         self.predictor = self._predictor(config.predictor)
-        sched_cfg = scheduler or SchedulerConfig()
-        if sched_cfg.max_model_len is None:
-            sched_cfg = dataclasses.replace(sched_cfg, max_model_len=self.spec.max_context)
-        blocks = BlockManager(num_blocks, config.block_size) if config.kvp == 1 else \
-            KvpBlockManager(num_blocks, config.block_size, config.kvp,
-                            config.max_tokens_per_kvp_group)
-        self.scheduler = ReplicaScheduler(sched_cfg, self.predictor, blocks)
-        self.kv_swap = HostKVCache.for_engine(sched_cfg, self.runner)  # None: recompute only
+        if scheduler.max_model_len is None:
+            scheduler = dataclasses.replace(scheduler, max_model_len=self.spec.max_context)
+        blocks = BlockManager.for_layout(num_blocks, config.block_size, self.predictor.parallel)
+        self.scheduler = ReplicaScheduler(scheduler, self.predictor, blocks)
+        self.kv_swap = HostKVCache.for_engine(scheduler, self.runner)  # None: recompute only
         self._states: dict[str, _State] = {}
         self.metrics = EngineMetrics()
 

@@ -38,12 +38,18 @@ class BlockManager:
         if blocks < 1:
             raise ValueError(f"kv memory of {kv_memory_bytes:.3g} bytes holds no "
                              f"{block_size}-token block of {model.name}")
-        if parallel.kvp > 1:
-            from medha.scheduler.kvp_block_manager import KvpBlockManager
+        return cls.for_layout(blocks, block_size, parallel)
 
-            return KvpBlockManager(blocks, block_size, parallel.kvp,
-                                   parallel.max_tokens_per_kvp_group)
-        return cls(blocks, block_size)
+    @classmethod
+    def for_layout(cls, blocks_per_group: int, block_size: int,
+                   parallel: ParallelConfig) -> BlockManager:
+        """`blocks_per_group` blocks, or with KV-cache parallelism that many in each group."""
+        if parallel.kvp == 1:
+            return cls(blocks_per_group, block_size)
+        from medha.scheduler.kvp_block_manager import KvpBlockManager
+
+        return KvpBlockManager(blocks_per_group, block_size, parallel.kvp,
+                               parallel.max_tokens_per_kvp_group)
 
     # ---- queries -----------------------------------------------------------------------------
     @property

@@ -422,7 +422,8 @@ class ReplicaScheduler:
             if urgent is not None and urgent.priority_rank < r.priority_rank:
                 break  # a more urgent prefill would only evict it again
             need = pool.swap_in_need(r)
-            if need > bm.num_free - (self._watermark_blocks if bm.num_used else 0):
+            reserve = self._watermark_blocks if bm.num_used else 0
+            if bm.shortfall(r.request_id, need * bm.block_size, reserve):
                 break
             swap = pool.swap_in(r, bm)
             bm.grow(r.request_id, need * bm.block_size)

@@ -35,6 +35,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from medha.core.request import Request
 from medha.scheduler.policies.pla_policy import LONG, SHORT, boundary_tokens
 from medha.sim.dispatchers.base_dispatcher import DISPATCHERS, Dispatcher
@@ -46,12 +48,8 @@ TERM_CAP = 2.0
 
 
 def p90(values: list[float]) -> float:
-    """90th percentile, linear between order statistics (numpy's default)."""
-    xs = sorted(values)
-    pos = 0.9 * (len(xs) - 1)
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+    """90th percentile, linear between order statistics."""
+    return float(np.percentile(values, 90))
 
 
 @dataclass
