@@ -15,9 +15,9 @@ from medha.utils.net import free_port
 
 @contextmanager
 def local_server(command: Callable[[int], list[str]], quiet: bool = False,
-                 startup_s: float = 300.0) -> Iterator[str]:
-    """Run `command(port)`, wait until its /health answers 200, yield its base URL; SIGTERM
-    (then kill) on the way out."""
+                 startup_s: float = 300.0, with_process: bool = False) -> Iterator:
+    """Run `command(port)`, wait until its /health answers 200, yield its base URL (with
+    `with_process`, the pair (URL, Popen)); SIGTERM (then kill) on the way out."""
     port = free_port()
     out = subprocess.DEVNULL if quiet else None
     proc = subprocess.Popen(command(port), stdout=out, stderr=out)
@@ -34,7 +34,7 @@ def local_server(command: Callable[[int], list[str]], quiet: bool = False,
                     break
             except httpx.HTTPError:
                 time.sleep(0.5)
-        yield url
+        yield (url, proc) if with_process else url
     finally:
         proc.send_signal(signal.SIGTERM)
         try:

@@ -125,7 +125,7 @@ def _cmd_predict(args: argparse.Namespace) -> None:
 def _cmd_simulate(args: argparse.Namespace) -> None:
     from medha.perf.profile_data import ProfileError
     from medha.sim.cli_simulate import ConfigError, build_specs
-    from medha.sim.runner import output_dir, simulate, write_compare, write_run
+    from medha.sim.runner import OutputDirError, output_dir, simulate, write_compare, write_run
     from medha.sim.workload.traces import TraceError
 
     try:
@@ -146,7 +146,7 @@ def _cmd_simulate(args: argparse.Namespace) -> None:
                           plots=not args.no_plots, token_times=args.save_token_times)
                 outcomes.append(outcome)
             table = write_compare(tmp, outcomes, plots=not args.no_plots) if compare else None
-    except (ConfigError, TraceError, ProfileError, FileExistsError) as e:
+    except (ConfigError, TraceError, ProfileError, OutputDirError) as e:
         raise CliError(str(e)) from None
     except ValueError as e:  # a request or config the scheduler refuses
         raise CliError(str(e)) from None
@@ -206,6 +206,8 @@ def _cmd_generate(args: argparse.Namespace) -> None:
             out = llm.generate(args.prompt, params)[0]
     except (ValueError, EngineError) as e:
         raise CliError(str(e)) from None
+    if out.finish_reason == "error":
+        raise CliError(f"generation failed: {out.error}")
     print(out.text)
     m = out.metrics
     print(f"[{m['prompt_tokens']} prompt + {m['completion_tokens']} completion tokens, "

@@ -26,28 +26,10 @@ def toy_scheduler(policy="lars", chunking="adaptive", num_blocks=1 << 16, token_
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory):
-    """A 2-layer random Llama (4 heads, 2 KV heads) with SmolLM2's tokenizer, as safetensors:
-    the fast model of the engine tests."""
-    import json
-    import shutil
+    """A 2-layer random Llama with SmolLM2's tokenizer: the fast model of the engine tests."""
+    from tiny_llama import build_tiny_llama
 
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from medha.engine.checkpoint import resolve_model
-
-    src = resolve_model("smollm2")
-    out = tmp_path_factory.mktemp("tiny-llama")
-    for f in src.iterdir():
-        if f.suffix != ".safetensors" and f.name != "config.json":
-            shutil.copy(f, out / f.name)
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=json.loads((src / "config.json").read_text())["vocab_size"],
-                      hidden_size=64, intermediate_size=160, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                      tie_word_embeddings=True)
-    LlamaForCausalLM(cfg).save_pretrained(out, safe_serialization=True)
-    return str(out)
+    return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
 
 
 @pytest.fixture

@@ -1,6 +1,9 @@
 import json
+import shutil
 import subprocess
 import sys
+
+import pytest
 
 
 def medha(*args, check=True):
@@ -49,3 +52,68 @@ def test_user_errors_exit_2_with_a_clear_message():
     assert out.returncode == 2 and "unknown hardware 'tpu'" in out.stderr
     out = medha("chunks", "--tp", "zero", check=False)  # argparse's own type check
     assert out.returncode == 2
+
+
+def simulate(out, *flags) -> tuple[int, list[str]]:
+    """`medha simulate` of five requests in this process: exit code and stderr lines."""
+    import contextlib
+    import io
+
+    from medha.cli import main
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = main(["simulate", "--hardware", "h100", "--qps", "2", "--num-requests", "5",
+                     "--quiet", "--no-plots", "--out", str(out), *flags])
+    return code, err.getvalue().splitlines()
+
+
+def test_simulate_out_that_cannot_be_created_exits_2(tmp_path):
+    import os
+
+    a_file = tmp_path / "a_file"
+    a_file.write_text("keep")
+    cases = [(a_file / "run", f"{a_file} is not a directory"),
+             (a_file / "deeper" / "run", f"{a_file} is not a directory"),
+             ("/proc/medha-test-run", "cannot create a directory in /proc")]
+    if os.geteuid() != 0:  # root writes anywhere
+        (tmp_path / "locked").mkdir(mode=0o500)
+        cases.append((tmp_path / "locked" / "run", "(Permission denied)"))
+    for out, reason in cases:
+        code, lines = simulate(out)
+        assert code == 2 and len(lines) == 1, lines
+        assert lines[0].startswith(f"medha simulate: error: --out {out}: ") and reason in lines[0]
+    assert not list(tmp_path.glob(".*"))  # no partial results left behind
+
+
+def test_simulate_overwrite_replaces_directories_and_links_never_files(tmp_path):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("keep")
+    code, lines = simulate(a_file, "--overwrite")
+    assert code == 2 and lines == [f"medha simulate: error: --out {a_file} is a file, not a "
+                                   "directory; --overwrite replaces only a directory"]
+    assert a_file.read_text() == "keep"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "data").write_text("keep")
+    for target in (elsewhere, a_file, tmp_path / "missing"):
+        link = tmp_path / "link"
+        link.symlink_to(target)
+        code, lines = simulate(link)
+        assert code == 2 and "is a symlink; pass --overwrite" in lines[0], lines
+        assert simulate(link, "--overwrite")[0] == 0  # the link, not its target, is replaced
+        assert not link.is_symlink() and (link / "summary.json").is_file()
+        shutil.rmtree(link)
+    assert (elsewhere / "data").read_text() == "keep" and a_file.read_text() == "keep"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "elsewhere"]
+
+
+def test_output_dir_checks_out_again_before_replacing_it(tmp_path):
+    from medha.sim.runner import OutputDirError, output_dir
+
+    out = tmp_path / "out"
+    with pytest.raises(OutputDirError, match="is a file"):
+        with output_dir(out, overwrite=True) as tmp:
+            (tmp / "summary.json").write_text("{}")
+            out.write_text("appeared during the run")
+    assert out.read_text() == "appeared during the run" and list(tmp_path.iterdir()) == [out]

@@ -186,7 +186,7 @@ def test_bad_prompts_change_nothing(llm):
     e = llm.engine
     with pytest.raises(ValueError, match="empty"):
         e.add_request("e", "", GREEDY)
-    with pytest.raises(ValueError, match="max_model_len"):
+    with pytest.raises(ValueError, match="context is 8192 tokens"):
         e.add_request("long", [5] * 9000, GREEDY)
     with pytest.raises(ValueError, match="token ids"):
         e.add_request("v", [10**6], GREEDY)

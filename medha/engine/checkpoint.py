@@ -6,11 +6,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
 
 from medha.engine.errors import EngineError
+from medha.engine.models.llama_args import LlamaArgs
 from medha.perf.hardware_specs import cache_dir
 
 EMBEDDED = {"smollm2", "smollm2-135m", "smollm2-135m-instruct"}
@@ -32,7 +34,11 @@ def resolve_model(name_or_path: str) -> Path:
 
 
 def check_checkpoint(path: Path) -> dict:
-    """Validate a checkpoint directory before anything is loaded; returns its config."""
+    """Validate a checkpoint directory before anything is loaded; returns its config.
+
+    The config must be sane and agree with the tensor shapes the weight files declare (their
+    headers only are read): the model is allocated from the config, so a config.json with
+    `"vocab_size": 1e12` must fail here and not in the allocator."""
     if not path.is_dir():
         raise EngineError(f"{path}: not a directory")
     cfg_path = path / "config.json"
@@ -42,13 +48,59 @@ def check_checkpoint(path: Path) -> dict:
         config = json.loads(cfg_path.read_text())
     except ValueError as e:
         raise EngineError(f"{cfg_path}: not valid JSON ({e})") from None
+    if not isinstance(config, dict):
+        raise EngineError(f"{cfg_path}: not a JSON object")
     archs = config.get("architectures") or [config.get("model_type", "?")]
-    if not any(a in SUPPORTED_ARCHITECTURES for a in archs):
+    archs = archs if isinstance(archs, list) else [archs]
+    if not any(isinstance(a, str) and a in SUPPORTED_ARCHITECTURES for a in archs):
         raise EngineError(f"{cfg_path}: unsupported architecture {archs[0]!r}; medha runs "
                           f"{', '.join(sorted(SUPPORTED_ARCHITECTURES))}")
-    if not weight_files(path):
+    args = LlamaArgs.from_config(config, cfg_path)
+    files = weight_files(path)
+    if not files:
         raise EngineError(f"{path}: no *.safetensors weights")
+    _check_shapes(args, cfg_path, files)
     return config
+
+
+def _check_shapes(args: LlamaArgs, cfg_path: Path, files: list[Path]) -> None:
+    """Every tensor the config implies is in the weight files with the shape it implies."""
+    found: dict[str, tuple[str, tuple[int, ...], Path]] = {}
+    for file in files:
+        for name, shape in safetensors_shapes(file).items():
+            # load_checkpoint takes names with or without the prefix
+            found.setdefault(name.removeprefix("model."), (name, shape, file))
+    layers = {n.split(".")[1] for n in found if re.fullmatch(r"layers\.\d+\..+", n)}
+    if len(layers) != args.num_layers:  # more would be ignored, fewer missed
+        raise EngineError(f"{cfg_path}: num_hidden_layers is {args.num_layers}, but the weights "
+                          f"hold {len(layers)} layers")
+    for name, dims, asked_by in args.weight_shapes():
+        if name not in found:
+            raise EngineError(f"{cfg_path}: {asked_by}, but no weight file holds {name}"
+                              if asked_by else f"{cfg_path.parent}: no weight file holds {name}")
+        full_name, shape, file = found[name]
+        if len(shape) != len(dims):
+            raise EngineError(f"{file}: {full_name} has shape {list(shape)}; a Llama's has "
+                              f"{len(dims)} dimensions")
+        for (field, size), actual in zip(dims, shape):
+            if size != actual:
+                raise EngineError(f"{cfg_path}: {field} is {size}, but {full_name} in "
+                                  f"{file.name} has shape {list(shape)}")
+
+
+def safetensors_shapes(file: Path) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape from a safetensors header, as the safetensors library reads and
+    checks it on opening (header size, JSON, dtypes, each tensor's bytes inside the file);
+    no tensor data is read."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(file), "numpy") as f:
+            return {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+    except SafetensorError as e:
+        raise EngineError(f"{file}: unreadable safetensors ({e})") from None
+    except OSError as e:
+        raise EngineError(f"{file}: {e.strerror or e}") from None
 
 
 def weight_files(path: Path) -> list[Path]:
@@ -56,12 +108,13 @@ def weight_files(path: Path) -> list[Path]:
     if index.is_file():
         try:
             names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (ValueError, KeyError) as e:
-            raise EngineError(f"{index}: unreadable shard index ({e})") from None
-        missing = [n for n in names if not (path / n).is_file()]
+            files = [path / n for n in names]
+        except (ValueError, KeyError, AttributeError, TypeError) as e:  # not the usual layout
+            raise EngineError(f"{index}: unreadable shard index ({e!r})") from None
+        missing = [f.name for f in files if not f.is_file()]
         if missing:
             raise EngineError(f"{path}: shard {missing[0]} named in the index is missing")
-        return [path / n for n in names]
+        return files
     return sorted(path.glob("*.safetensors"))
 
 

@@ -24,7 +24,13 @@ class LLM:
     def generate(self, prompts: str | list[str] | list[list[int]],
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = False) -> list[RequestOutput]:
-        """Run every prompt to completion, batched by the scheduler; outputs in input order."""
+        """Run every prompt to completion, batched by the scheduler; outputs in input order.
+
+        All or nothing: a prompt the engine refuses raises ValueError (InvalidRequestError
+        names the field) and none of the call's prompts runs. A request that fails on its own
+        once running comes back finished with finish_reason "error" and the message in
+        `error`; the others are unaffected. Whatever happens, the call leaves nothing behind in
+        the engine."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         params = sampling_params if isinstance(sampling_params, list) else \
@@ -32,29 +38,28 @@ class LLM:
         if len(params) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
         ids = [f"gen-{next(self._ids)}" for _ in prompts]
-        added = []
+        final: dict[str, RequestOutput] = {}
+        logprobs: dict[str, list] = {rid: [] for rid in ids}
         try:
             for rid, prompt, p in zip(ids, prompts, params):
                 self.engine.add_request(rid, prompt, p)
-                added.append(rid)
-        except ValueError:
-            for rid in added:  # all or nothing
-                self.engine.abort(rid)
-            raise
-        final: dict[str, RequestOutput] = {}
-        logprobs: dict[str, list] = {rid: [] for rid in ids}
-        with tqdm(total=len(ids), disable=not use_tqdm, unit="req") as bar:
-            while len(final) < len(ids):
-                for out in self.engine.step():
-                    if out.logprobs:
-                        logprobs[out.request_id].extend(out.logprobs)
-                    if out.finished:
-                        out.logprobs = logprobs[out.request_id] or out.logprobs
-                        final[out.request_id] = out
-                        bar.update(1)
+            with tqdm(total=len(ids), disable=not use_tqdm, unit="req") as bar:
+                while len(final) < len(ids):
+                    for out in self.engine.step():
+                        if out.request_id not in logprobs:
+                            continue  # a request of an earlier call that ended meanwhile
+                        if out.logprobs:
+                            logprobs[out.request_id].extend(out.logprobs)
+                        if out.finished:
+                            out.logprobs = logprobs[out.request_id] or out.logprobs
+                            final[out.request_id] = out
+                            bar.update(1)
+        finally:  # refused, interrupted or failed: the call's requests end with it
+            for rid in ids:
+                if rid not in final:
+                    self.engine.abort(rid)
         return [final[rid] for rid in ids]
 
     def chat(self, messages: list[dict], sampling_params: SamplingParams | None = None
              ) -> RequestOutput:
-        ids = self.tokenizer.apply_chat_template(messages)
-        return self.generate([ids], sampling_params)[0]
+        return self.generate([self.engine.encode_chat(messages)], sampling_params)[0]

@@ -8,6 +8,10 @@
 
 Each `step` schedules one batch with the wall clock as `now`, runs it, samples, and reports the
 measured time back to the scheduler (and to `engine.metrics`).
+
+A request that fails on its own (medha/engine/errors.py says which errors those are) comes out
+of `step` finished with finish_reason "error" and the message in `error`; the other requests
+go on. `step` raises only errors that break the engine.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import contextlib
 import ctypes
 import dataclasses
 import json
+import logging
 import os
 import time
 from dataclasses import dataclass, field
@@ -28,7 +33,13 @@ from medha.core.batch import BatchResult
 from medha.core.config import SchedulerConfig
 from medha.core.request import Request
 from medha.engine.checkpoint import check_checkpoint, resolve_model
-from medha.engine.errors import EngineError
+from medha.engine.errors import (
+    EngineError,
+    InvalidRequestError,
+    RequestFailedError,
+    blame,
+    is_fatal,
+)
 from medha.engine.kv_swap import HostKVCache, swap_config
 from medha.engine.layers.sampler import Sample, sample
 from medha.engine.model_runner import ModelRunner
@@ -41,6 +52,12 @@ from medha.perf.hardware_specs import cache_dir, get_hardware
 from medha.perf.model_specs import model_from_hf_config
 from medha.scheduler.block_manager import BlockManager
 from medha.scheduler.replica_scheduler import ReplicaScheduler
+
+log = logging.getLogger("medha.engine")
+
+# Forward passes in a row that failed with one request alone in them: past this, the error is not
+# that request's (every forward fails) and the engine stops.
+MAX_FORWARD_FAILURES = 3
 
 
 @dataclass
@@ -86,6 +103,7 @@ class RequestOutput:
     prompt_token_ids: list[int]
     logprobs: list[Sample] | None = None  # per new token, when asked for
     metrics: dict | None = None  # TTFT etc. once finished
+    error: str | None = None  # why it failed, with finish_reason "error"
 
 
 @dataclass
@@ -158,6 +176,8 @@ class LLMEngine:
         self.scheduler = ReplicaScheduler(scheduler, self.predictor, blocks)
         self.kv_swap = HostKVCache.for_engine(scheduler, self.runner)  # None: recompute only
         self._states: dict[str, _State] = {}
+        self._failed: list[RequestOutput] = []  # requests that failed since the last step
+        self._forward_failures = 0  # single-request forward failures in a row
         self.metrics = EngineMetrics()
 
     # ---- set-up ------------------------------------------------------------------------------
@@ -229,23 +249,55 @@ class LLMEngine:
                     prompt_token_ids: list[int] | None = None, arrival_s: float | None = None,
                     ttft_deadline_s: float | None = None, tpot_target_s: float | None = None,
                     priority_class: str | None = None) -> None:
-        params = params or SamplingParams()
+        """Admit a request, all or nothing: a refused one (ValueError; InvalidRequestError
+        names the field) leaves the engine as it was."""
+        params = params if params is not None else SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise InvalidRequestError(f"params must be SamplingParams, got {type(params)}")
         if prompt_token_ids is None:
             if isinstance(prompt, str):
-                prompt_token_ids = self.tokenizer.encode(prompt)
+                prompt_token_ids = self.encode_prompt(prompt)
             elif prompt is not None:
                 prompt_token_ids = list(prompt)
-        if not prompt_token_ids:
-            raise ValueError("prompt must not be empty")
-        vocab = self.runner.args.vocab_size
-        if any(not isinstance(t, int) or not 0 <= t < vocab for t in prompt_token_ids):
-            raise ValueError(f"prompt token ids must lie in [0, {vocab})")
+        self._check_prompt(prompt_token_ids)
         request = Request.from_tokens(request_id, time.monotonic() if arrival_s is None
                                       else arrival_s, prompt_token_ids, params.max_tokens,
                                       ttft_deadline_s=ttft_deadline_s,
                                       tpot_target_s=tpot_target_s,
                                       priority_class=priority_class)
+        state = self._new_state(params, prompt_token_ids)
         self.scheduler.add_request(request, request.arrival_s)  # validates; raises ValueError
+        self._states[request_id] = state  # nothing after the scheduler took it may fail
+
+    def encode_prompt(self, text: str, param: str = "prompt") -> list[int]:
+        """Token ids of a text prompt; one that cannot fit the context is refused without
+        tokenizing all of it (InvalidRequestError)."""
+        return self.tokenizer.encode(text, param, limit=self.scheduler.max_model_len)
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        """Token ids of a chat through the model's template; refused (InvalidRequestError)
+        without templating when its contents alone cannot fit the context."""
+        limit = self.scheduler.max_model_len
+        at_least = sum(self.tokenizer.min_tokens(m.get("content") or "") for m in messages)
+        if at_least > limit:
+            raise InvalidRequestError(f"messages are at least {at_least} tokens long; the "
+                                      f"model's context is {limit} tokens", "messages")
+        return self.tokenizer.apply_chat_template(messages)
+
+    def _check_prompt(self, ids: list[int] | None) -> None:
+        if not ids:
+            raise InvalidRequestError("prompt must not be empty", "prompt")
+        limit = self.scheduler.max_model_len
+        if len(ids) > limit:  # before looking at each id
+            raise InvalidRequestError(f"prompt is {len(ids)} tokens long; the model's context "
+                                      f"is {limit} tokens", "prompt")
+        vocab = self.runner.args.vocab_size
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids) or \
+                min(ids) < 0 or max(ids) >= vocab:
+            raise InvalidRequestError(f"prompt token ids must be integers in [0, {vocab})",
+                                      "prompt")
+
+    def _new_state(self, params: SamplingParams, prompt_token_ids: list[int]) -> _State:
         generator = None
         if not params.greedy:
             generator = torch.Generator()
@@ -254,21 +306,36 @@ class LLMEngine:
         stop_ids = set(params.stop_token_ids)
         if not params.ignore_eos and self.tokenizer.eos_token_id is not None:
             stop_ids.add(self.tokenizer.eos_token_id)
-        self._states[request_id] = _State(params, list(prompt_token_ids), len(prompt_token_ids),
-                                          Detokenizer(self.tokenizer, params.stop), generator,
-                                          frozenset(stop_ids))
+        return _State(params, list(prompt_token_ids), len(prompt_token_ids),
+                      Detokenizer(self.tokenizer, params.stop), generator, frozenset(stop_ids))
 
     def abort(self, request_id: str) -> bool:
         self._states.pop(request_id, None)
         return self.scheduler.abort(request_id, time.monotonic()) is not None
+
+    def _fail(self, request_id: str, error: RequestFailedError) -> None:
+        """End one request with an error; the others go on."""
+        log.warning("%s", error)
+        state = self._states.pop(request_id, None)
+        self.scheduler.abort(request_id, time.monotonic(), reason="error")
+        generated = state.context[state.prompt_len:] if state else []
+        self._failed.append(RequestOutput(
+            request_id=request_id, new_token_ids=[], delta_text="",
+            text=state.detok.text if state else "", token_ids=generated, finished=True,
+            finish_reason="error", prompt_token_ids=[], error=error.detail))
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
     # ---- one iteration -----------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        if self.pipeline is not None:
-            return self._pipelined_step()
+        """Run one batch; the outputs of its requests, and of any that failed on their own."""
+        outputs = self._pipelined_step() if self.pipeline is not None else self._step()
+        if self._failed:
+            outputs, self._failed = self._failed + outputs, []
+        return outputs
+
+    def _step(self) -> list[RequestOutput]:
         batch = self.scheduler.schedule(time.monotonic())
         if batch is None:
             return []
@@ -280,7 +347,7 @@ class LLMEngine:
                 self.scheduler.update(batch, BatchResult(time.perf_counter() - t0),
                                       time.monotonic())
                 return []
-            logits, chunks = self.runner.execute(batch, self._contexts(), self.scheduler.blocks)
+            logits, chunks = self._run_isolated(batch)
         return self._finish(batch, chunks, logits, t0)
 
     def _pipelined_step(self) -> list[RequestOutput]:
@@ -292,16 +359,67 @@ class LLMEngine:
                 break
             t0 = time.perf_counter()
             with self._discarding_on_error(batch):
-                step, chunks = self.runner.prepare(batch, self._contexts(),
-                                                   self.scheduler.blocks)
-                self._launch(step)
+                step, chunks = self._prepared(batch)
+                if step is not None:
+                    self._launch(step)
             self._inflight.append((batch, step, chunks, t0))
         if not self._inflight:
             return []
         batch, step, chunks, t0 = self._inflight.popleft()
         with self._discarding_on_error(batch):
-            logits = self._collect(batch, step)
+            logits = self._no_logits() if step is None else self._collect(batch, step)
         return self._finish(batch, chunks, logits, t0)
+
+    def _prepared(self, batch):
+        """(StepInput, sampling chunks) of the batch's requests whose inputs can be built:
+        a request whose inputs fail ends, and the step is built without it. (None, []) when
+        no request is left."""
+        while True:
+            if not batch.num_seqs:
+                return None, []
+            try:
+                return self.runner.prepare(batch, self._contexts(), self.scheduler.blocks)
+            except RequestFailedError as e:
+                self._fail(e.request_id, e)
+                batch = _without(batch, e.request_id)
+
+    def _run_isolated(self, batch) -> tuple[torch.Tensor, list]:
+        """(logits, sampling chunks) of the batch, without the requests that fail on their
+        own. In one process a failing forward pass is run again in halves, down to the request
+        it fails with; with worker processes it is fatal (their collectives are out of step).
+        """
+        step, chunks = self._prepared(batch)
+        if step is None:
+            return self._no_logits(), []
+        try:
+            if self.workers is not None:
+                self.workers.broadcast(step)
+            logits = self.runner.run(step)
+        except Exception as e:
+            if is_fatal(e) or self.workers is not None:
+                raise
+            return self._bisect(batch, e)
+        self._forward_failures = 0
+        return logits, chunks
+
+    def _bisect(self, batch, error: Exception) -> tuple[torch.Tensor, list]:
+        members = [c.request.request_id for c in (*batch.decodes, *batch.prefills)
+                   if c.request.request_id in self._states]
+        if len(members) == 1:
+            self._forward_failures += 1
+            if self._forward_failures > MAX_FORWARD_FAILURES:
+                raise error  # every forward fails: not this request's doing
+            self._fail(members[0], RequestFailedError(members[0], error))
+            return self._no_logits(), []
+        half = set(members[:len(members) // 2])
+        parts = [self._run_isolated(_keeping(batch, half)),
+                 self._run_isolated(_keeping(batch, set(members) - half))]
+        if all(m not in self._states for m in members):
+            raise error  # it failed with each request alone: not any one request's doing
+        return torch.cat([p[0] for p in parts]), parts[0][1] + parts[1][1]
+
+    def _no_logits(self) -> torch.Tensor:
+        return torch.empty(0, self.runner.args.vocab_size)
 
     def _launch(self, step) -> None:
         """Run stage 0 here and send the step into the pipeline."""
@@ -339,33 +457,36 @@ class LLMEngine:
     def _finish(self, batch, chunks, logits: torch.Tensor, t0: float) -> list[RequestOutput]:
         """Sample the batch's next tokens and hand its result to the scheduler."""
         keep = [i for i, c in enumerate(chunks) if c.request.request_id in self._states]
-        if len(keep) < len(chunks):  # aborted while its batch was in the pipeline
+        if len(keep) < len(chunks):  # aborted or failed while its batch ran
             chunks, logits = [chunks[i] for i in keep], logits[keep]
         with self._discarding_on_error(batch):
-            states = [self._states[c.request.request_id] for c in chunks]
-            samples = sample(logits, [s.params for s in states], [s.generator for s in states])
+            rids = [c.request.request_id for c in chunks]
+            states = [self._states[rid] for rid in rids]
+            samples = sample(logits, [s.params for s in states], [s.generator for s in states],
+                             rids)
         duration = time.perf_counter() - t0
-        token_ids, stopped, deltas = {}, set(), {}
+        token_ids, stopped, deltas, sampled = {}, set(), {}, []
         for c, s, smp in zip(chunks, states, samples):
             rid = c.request.request_id
-            token_ids[rid] = smp.token
-            s.context.append(smp.token)
-            if s.params.logprobs is not None:
-                s.logprobs.append(smp)
-            if smp.token in s.stop_ids:
-                stopped.add(rid)
-                deltas[rid] = s.detok.flush()
+            try:
+                if isinstance(smp, RequestFailedError):
+                    raise smp
+                with blame(rid):
+                    deltas[rid], stop = self._append(s, smp)
+            except RequestFailedError as e:
+                self._fail(rid, e)
                 continue
-            deltas[rid] = s.detok.add(smp.token)
-            if s.detok.stopped:
+            token_ids[rid] = smp.token
+            if stop:
                 stopped.add(rid)
+            sampled.append((c, s, smp))
         self.metrics.record(batch, duration)
         finished = self.scheduler.update(batch, BatchResult(duration, token_ids,
                                                             frozenset(stopped)),
                                          time.monotonic())
         done = {r.request_id: r for r in finished}
         outputs = []
-        for c, s, smp in zip(chunks, states, samples):
+        for c, s, smp in sampled:
             r = c.request
             end = done.get(r.request_id)
             delta = deltas[r.request_id]
@@ -381,6 +502,30 @@ class LLMEngine:
             if end is not None:
                 del self._states[r.request_id]
         return outputs
+
+    @staticmethod
+    def _append(s: _State, smp: Sample) -> tuple[str, bool]:
+        """Add a sampled token to a request: (the text it makes safe to emit, whether it
+        ends the request)."""
+        s.context.append(smp.token)
+        if s.params.logprobs is not None:
+            s.logprobs.append(smp)
+        if smp.token in s.stop_ids:
+            return s.detok.flush(), True
+        delta = s.detok.add(smp.token)
+        return delta, s.detok.stopped
+
+
+def _without(batch, request_id: str):
+    """The batch without one request's chunk (what the runner reads: decodes, prefills)."""
+    return _keeping(batch, {c.request.request_id for c in (*batch.decodes, *batch.prefills)}
+                    - {request_id})
+
+
+def _keeping(batch, request_ids: set[str]):
+    return dataclasses.replace(
+        batch, decodes=[c for c in batch.decodes if c.request.request_id in request_ids],
+        prefills=[c for c in batch.prefills if c.request.request_id in request_ids])
 
 
 def _request_metrics(r: Request) -> dict:

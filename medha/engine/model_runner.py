@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from medha.core.batch import Batch
+from medha.engine.errors import blame
 from medha.engine.layers.attention import AttentionMetadata, DecodeGroup, PrefillSpan, Workspace
 from medha.engine.models.llama import LlamaArgs, LlamaForCausalLM
 from medha.engine.parallel.kv_parallel import SINGLE_GROUP, KvParallel, build_view
@@ -83,24 +84,42 @@ class ModelRunner:
         table = torch.tensor(blocks, dtype=torch.long)
         return table[pos // self.block_size] * self.block_size + pos % self.block_size
 
-    def _decode_group(self, decodes, start: int, end: int, blocks: BlockManager,
+    def _decode_group(self, decodes, start: int, end: int, tables: dict[str, list[int]],
                       slot_parts: list[torch.Tensor]) -> DecodeGroup:
         bs = self.block_size
         chunks = decodes[start:end]
         lens = torch.tensor([c.start + 1 for c in chunks])  # contexts incl. the new token
-        tables = [blocks.blocks_of(c.request.request_id) for c in chunks]
-        width = max(len(t) for t in tables)
-        table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long)
+        rows = [tables[c.request.request_id] for c in chunks]
+        width = max(len(t) for t in rows)
+        table = torch.tensor([t + [0] * (width - len(t)) for t in rows], dtype=torch.long)
         last = lens - 1
         slot_parts.append(table[torch.arange(len(chunks)), last // bs] * bs + last % bs)
         mask = (torch.arange(width * bs)[None, :] < lens[:, None])[None, :, None, :]
-        lone = self._slots(tables[0], 0, int(lens[0])) if len(chunks) == 1 else None
+        lone = self._slots(rows[0], 0, int(lens[0])) if len(chunks) == 1 else None
         return DecodeGroup(start, end, table.reshape(-1), mask, lone)
+
+    def chunk_inputs(self, batch: Batch, contexts: dict[str, list[int]], blocks: BlockManager
+                     ) -> dict[str, tuple[list[int], list[int]]]:
+        """Each chunk's token ids and its request's block table, read under the request's
+        name: a request whose inputs cannot be read fails alone, before anything runs."""
+        inputs = {}
+        for c in (*batch.decodes, *batch.prefills):
+            rid = c.request.request_id
+            with blame(rid):
+                tokens, table = contexts[rid][c.start:c.end], blocks.blocks_of(rid)
+                if len(tokens) != c.num_tokens or len(table) * self.block_size < c.end:
+                    raise IndexError(f"chunk [{c.start}:{c.end}) lies beyond its {len(tokens)}"
+                                     f" tokens or {len(table)} KV blocks")
+                inputs[rid] = tokens, table
+        return inputs
 
     def prepare(self, batch: Batch, contexts: dict[str, list[int]], blocks: BlockManager,
                 all_logits: bool = False) -> tuple[StepInput, list]:
         """The batch as tensors (decodes first, then each prefill chunk's tokens), and the
-        chunks whose next token is sampled, in the order of their logits rows."""
+        chunks whose next token is sampled, in the order of their logits rows. Raises
+        RequestFailedError, before anything runs, for a request whose inputs are broken."""
+        inputs = self.chunk_inputs(batch, contexts, blocks)
+        tables = {rid: table for rid, (_, table) in inputs.items()}
         ids: list[int] = []
         positions: list[int] = []
         slot_parts: list[torch.Tensor] = []
@@ -118,10 +137,10 @@ class ModelRunner:
             while (end < len(decodes) and self.kvp.size == 1
                    and decodes[end].start < 1.25 * decodes[start].start + bs):
                 end += 1
-            groups.append(self._decode_group(decodes, start, end, blocks, slot_parts))
+            groups.append(self._decode_group(decodes, start, end, tables, slot_parts))
             start = end
         for i, c in enumerate(decodes):
-            ids.append(contexts[c.request.request_id][c.start])
+            ids.extend(inputs[c.request.request_id][0])
             positions.append(c.start)
             sample_rows.append(i)
             sample_chunks.append(c)
@@ -129,10 +148,10 @@ class ModelRunner:
         spans = []
         row = len(decodes)
         for c in batch.prefills:
-            rid = c.request.request_id
-            ids.extend(contexts[rid][c.start:c.end])
+            tokens, table = inputs[c.request.request_id]
+            ids.extend(tokens)
             positions.extend(range(c.start, c.end))
-            ctx_slots = self._slots(blocks.blocks_of(rid), 0, c.end)
+            ctx_slots = self._slots(table, 0, c.end)
             slot_parts.append(ctx_slots[c.start:])
             spans.append(PrefillSpan(row, row + c.num_tokens, c.start, ctx_slots))
             row += c.num_tokens

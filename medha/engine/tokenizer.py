@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from medha.engine.errors import EngineError
+from medha.engine.errors import EngineError, InvalidRequestError
 
 
 class Tokenizer:
@@ -20,9 +20,38 @@ class Tokenizer:
             raise EngineError(f"{path}: cannot load the tokenizer ({e})") from None
         self.eos_token_id = self._tok.eos_token_id
         self.vocab_size = len(self._tok)
+        # The longest token, in characters of its vocabulary entry (a byte each for byte-level
+        # BPE, more for SentencePiece's byte fallback "<0x0A>"): every token covers at most
+        # this many characters of a text, which bounds a text's token count from below.
+        self.max_token_chars = max(1, max(len(t) for t in self._tok.get_vocab()))
 
-    def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=False)
+    def min_tokens(self, text: str) -> int:
+        """A lower bound on len(encode(text)), computed without tokenizing. (It assumes the
+        tokenizer drops no characters, as byte-level BPE does.)"""
+        return -(-len(text) // self.max_token_chars)
+
+    def encode(self, text: str, param: str = "prompt", limit: int | None = None) -> list[int]:
+        """Raises InvalidRequestError naming `param` for text the tokenizer cannot take and,
+        with `limit`, for text of more than `limit` tokens: found by tokenizing prefixes of
+        growing length (about twice the text that `limit` tokens cover, at most), not the
+        whole of a long text."""
+        _check_text(text, param)
+        if limit is None:
+            return self._tok.encode(text, add_special_tokens=False)
+        at_least, n = self.min_tokens(text), 8 * (limit + 1)
+        while at_least <= limit and n < len(text):
+            cut = _word_boundary(text, n)
+            if cut is None:  # one giant word: no prefix is safe to count
+                break
+            at_least = len(self._tok.encode(text[:cut], add_special_tokens=False))
+            n *= 2
+        if at_least <= limit:
+            ids = self._tok.encode(text, add_special_tokens=False)
+            at_least = len(ids)
+        if at_least > limit:
+            raise InvalidRequestError(f"{param} is more than {limit} tokens long (at least "
+                                      f"{at_least}), the model's context", param)
+        return ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
@@ -30,13 +59,43 @@ class Tokenizer:
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True
                             ) -> list[int]:
         if not self._tok.chat_template:
-            raise EngineError("this model has no chat template; send a plain prompt")
+            raise InvalidRequestError("this model has no chat template; send a plain prompt",
+                                      "messages")
+        for i, m in enumerate(messages):
+            _check_text(m.get("content") or "", f"messages.{i}.content")
         try:
             ids = self._tok.apply_chat_template(
                 messages, add_generation_prompt=add_generation_prompt, tokenize=True)
         except Exception as e:  # jinja raises its own types for malformed messages
-            raise EngineError(f"cannot apply the chat template: {e}") from None
+            raise InvalidRequestError(f"cannot apply the chat template: {e}",
+                                      "messages") from None
         return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+
+
+def _word_boundary(text: str, end: int, tries: int = 64) -> int | None:
+    """A position at or before `end` where `text` has one space between two other characters.
+    Tokenizers split words there (byte-level BPE pre-tokenizes " word" as a piece), so the
+    tokens of text[:cut] are exactly the first tokens of the whole text."""
+    for _ in range(tries):
+        cut = text.rfind(" ", 1, end)
+        if cut == -1:
+            return None
+        if not text[cut - 1].isspace() and cut + 1 < len(text) and not text[cut + 1].isspace():
+            return cut
+        end = cut
+    return None
+
+
+def _check_text(text: str, param: str) -> None:
+    """Text the tokenizer can encode: a str of valid Unicode scalar values (JSON can carry
+    lone surrogates, "\\ud800", which no UTF-8 encoder accepts)."""
+    if not isinstance(text, str):
+        raise InvalidRequestError(f"{param} must be a string", param)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InvalidRequestError(f"{param} holds a lone surrogate ({text[e.start]!a} at "
+                                  f"character {e.start}), which is not text", param) from None
 
 
 class Detokenizer:

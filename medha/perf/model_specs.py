@@ -91,10 +91,10 @@ def model_from_hf_config(name: str, config: dict) -> ModelSpec:
         num_layers=config["num_hidden_layers"],
         hidden_size=config["hidden_size"],
         num_heads=heads,
-        num_kv_heads=config.get("num_key_value_heads", heads),
+        num_kv_heads=config.get("num_key_value_heads") or heads,  # null: absent, as in HF
         head_dim=config.get("head_dim") or config["hidden_size"] // heads,
         intermediate_size=config["intermediate_size"],
         vocab_size=config["vocab_size"],
-        max_context=config.get("max_position_embeddings", 4096),
+        max_context=config.get("max_position_embeddings") or 4096,
         tied_embeddings=bool(config.get("tie_word_embeddings", False)),
     )

@@ -115,8 +115,10 @@ class ReplicaScheduler:
         self._requests[request.request_id] = request
         self._prefilling[request.request_id] = request
 
-    def abort(self, request_id: str, now: float) -> Request | None:
-        """Stop a live request and release its KV (once no running batch still writes it)."""
+    def abort(self, request_id: str, now: float, reason: str = "abort") -> Request | None:
+        """Stop a live request and release its KV (once no running batch still writes it).
+        `reason` becomes its finish_reason: "abort" (the client's choice) or "error" (it
+        failed on its own)."""
         r = self._requests.pop(request_id, None)
         if r is None:
             return None
@@ -126,7 +128,7 @@ class ReplicaScheduler:
             del self._resume[request_id]
             self.host_pool.free(request_id)  # a swapped request runs in no batch
         r.transition(RequestState.ABORTED)
-        r.finish_s, r.finish_reason = now, "abort"
+        r.finish_s, r.finish_reason = now, reason
         if r.num_inflight_batches:
             self._aborted_inflight[request_id] = r
         else:

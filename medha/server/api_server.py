@@ -14,21 +14,27 @@ from dataclasses import dataclass, field
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from medha import __version__
-from medha.engine.errors import EngineError
+from medha.engine.errors import (
+    EngineDeadError,
+    InvalidRequestError,
+    RequestFailedError,
+    is_fatal,
+)
 from medha.engine.llm_engine import LLMEngine, RequestOutput
 from medha.engine.sampling_params import SamplingParams
-from medha.server.async_engine import AsyncEngine, EngineDeadError, QueueFullError, is_final
+from medha.server.async_engine import AsyncEngine, QueueFullError, is_final
+from medha.server.body_guard import BodyGuard
+from medha.server.errors import RequestError, SafeJSONResponse, from_validation
 from medha.server.metrics import ServerMetrics
-from medha.server.protocol import ChatCompletionRequest, CompletionRequest, RequestError
+from medha.server.openapi import document
+from medha.server.protocol import ChatCompletionRequest, CompletionRequest
 
 log = logging.getLogger("medha.server")
-
-_TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "function-after"}
 
 
 @dataclass
@@ -43,7 +49,18 @@ class ServerConfig:
         "requests waiting for their first token before new ones get 429 with Retry-After")})
     drain_timeout_s: float = field(default=30.0, metadata={"help": (
         "on SIGTERM, seconds in-flight requests get to finish before they are aborted")})
+    max_request_bytes: int | None = field(default=None, metadata={"help": (
+        "request bodies above this size get 413 before they are read (default: 64 bytes per "
+        "token of the model's context + 1 MiB, room for any prompt that fits)")})
     log_level: str = field(default="info", metadata={"help": "uvicorn log level"})
+
+
+def max_request_bytes(config: ServerConfig, max_model_len: int) -> int:
+    """The body limit: the flag, else room for a context of tokens written the longest way
+    JSON allows (a long token, escaped) plus the rest of a request."""
+    if config.max_request_bytes is not None:
+        return config.max_request_bytes
+    return 64 * max_model_len + (1 << 20)
 
 
 class _Choice:
@@ -80,56 +97,35 @@ def build_app(engine: LLMEngine, config: ServerConfig | None = None,
                   description="OpenAI-compatible API of the medha engine. Per-request service "
                   "targets go in a `medha` object: priority, ttft_slo_s, tpot_slo_s.")
     app.state.engine = aengine
+    body_limit = max_request_bytes(config, engine.scheduler.max_model_len)
+    app.add_middleware(BodyGuard, max_bytes=body_limit)
+    app.openapi = lambda: app.openapi_schema or document(app, config.api_key is not None)
 
     # ---- errors: always OpenAI's shape -------------------------------------------------------
     @app.exception_handler(RequestError)
     async def _request_error(request: Request, e: RequestError):
-        if e.status != 429 and e.status != 503:
+        if e.status < 500 and e.status != 429:
             metrics.requests.labels("invalid").inc()
-        headers = {"Retry-After": "1"} if e.status in (429, 503) else None
-        return JSONResponse(e.body(), status_code=e.status, headers=headers)
+        return e.response(headers={"Retry-After": "1"} if e.status in (429, 503) else None)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, e: RequestValidationError):
         metrics.requests.labels("invalid").inc()
-        err = e.errors()[0] if e.errors() else {"loc": (), "msg": "invalid request"}
-        if err.get("type") == "json_invalid":
-            detail = err.get("ctx", {}).get("error", err.get("msg"))
-            return JSONResponse(RequestError(f"the body is not valid JSON: {detail}").body(),
-                                status_code=400)
-        loc = []
-        for x in err.get("loc", ())[1:]:  # after "body"; stop at union tags like list[int]
-            if isinstance(x, int):
-                loc.append(str(x))
-                continue
-            if not isinstance(x, str) or x in _TYPE_TAGS or "[" in x:
-                break
-            loc.append(x)
-        msg = str(err.get("msg", "invalid request")).removeprefix("Value error, ")
-        param = ".".join(loc) or None
-        if param == "prompt" and err.get("type") != "value_error":
-            msg = "must be a string, a list of strings, token ids or a list of token-id lists"
-        if not param and ": " in msg:  # our model validators name the field first
-            param, msg = msg.split(": ", 1)
-        elif param:
-            msg = f"{param}: {msg}"
-        if not loc and err.get("type") in ("model_attributes_type", "dict_type"):
-            param, msg = None, "the body must be a JSON object (Content-Type: application/json)"
-        return JSONResponse(RequestError(msg, param).body(), status_code=400)
+        return from_validation(list(e.errors())).response()
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, e: StarletteHTTPException):
         kind = {401: "authentication_error", 404: "not_found_error"}.get(e.status_code,
                                                                           "invalid_request_error")
-        return JSONResponse(RequestError(str(e.detail), None, e.status_code, kind).body(),
-                            status_code=e.status_code, headers=getattr(e, "headers", None))
+        return RequestError(str(e.detail), None, e.status_code, kind).response(
+            headers=getattr(e, "headers", None))
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, e: Exception):  # a bug: say so, keep serving
         log.exception("unhandled error")
         metrics.requests.labels("failed").inc()
-        return JSONResponse(RequestError(f"internal error: {type(e).__name__}", None, 500,
-                                         "server_error").body(), status_code=500)
+        return RequestError(f"internal error: {type(e).__name__}", None, 500,
+                            "server_error").response()
 
     api_key = config.api_key
 
@@ -145,7 +141,8 @@ def build_app(engine: LLMEngine, config: ServerConfig | None = None,
     @app.get("/health")
     async def health():
         if aengine.dead:
-            return JSONResponse({"status": "error", "reason": aengine.dead}, status_code=503)
+            return SafeJSONResponse({"status": "error", "reason": aengine.dead},
+                                    status_code=503)
         return {"status": "ok"}
 
     @app.get("/metrics")
@@ -172,8 +169,10 @@ def build_app(engine: LLMEngine, config: ServerConfig | None = None,
                 top_k=body.top_k, seed=body.seed, stop=body.stops,
                 stop_token_ids=body.stop_token_ids or [], ignore_eos=body.ignore_eos,
                 logprobs=logprobs)
-        except ValueError as e:
-            raise RequestError(str(e), str(e).split(" ", 1)[0]) from None
+        except InvalidRequestError as e:
+            param = "top_logprobs" if e.param == "logprobs" and \
+                isinstance(body, ChatCompletionRequest) else e.param
+            raise RequestError(str(e), param) from None
 
     def slo(body) -> dict:
         m = body.medha
@@ -199,10 +198,16 @@ def build_app(engine: LLMEngine, config: ServerConfig | None = None,
                 metrics.requests.labels("failed").inc()
                 raise RequestError(f"engine unavailable: {e}", None, 503,
                                    "service_unavailable") from None
-            if isinstance(e, ValueError):
+            if isinstance(e, InvalidRequestError):
+                raise RequestError(str(e), e.param) from None
+            if isinstance(e, ValueError):  # the scheduler's: context or KV capacity
                 msg = str(e)
                 param = "max_tokens" if "max_tokens" in msg else "prompt"
                 raise RequestError(msg, param) from None
+            if isinstance(e, Exception) and not is_fatal(e):  # a bug, this request's alone
+                log.exception("admission failed")
+                raise RequestError(f"internal error admitting the request: "
+                                   f"{type(e).__name__}", None, 500, "server_error") from None
             raise
 
     def default_max_tokens(prompt_len: int) -> int:
@@ -210,18 +215,30 @@ def build_app(engine: LLMEngine, config: ServerConfig | None = None,
         return max(1, room - prompt_len)
 
     async def encode_prompts(body: CompletionRequest) -> list[_Choice]:
+        prompts = body.prompts
+        if len(prompts) > config.max_waiting:  # could never be admitted at once
+            raise RequestError(f"{len(prompts)} prompts in one request; at most "
+                               f"{config.max_waiting} (--max-waiting)", "prompt")
         choices = []
         base = f"cmpl-{uuid.uuid4().hex}"
-        for i, p in enumerate(body.prompts):
+        for i, p in enumerate(prompts):
+            param = "prompt" if len(prompts) == 1 else f"prompt.{i}"
             if isinstance(p, str):
-                ids = await run_in_threadpool(tokenizer.encode, p)
+                ids = await run_in_threadpool(engine_call, engine.encode_prompt, p, param)
                 text = p
             else:
                 ids, text = list(p), None
             if not ids:
-                raise RequestError("prompt encodes to no tokens", "prompt")
+                raise RequestError("prompt encodes to no tokens", param)
             choices.append(_Choice(i, f"{base}-{i}", ids, text))
         return choices
+
+    def engine_call(fn, *args):
+        """Tokenizing for the engine, on a worker thread: its refusals are 400s."""
+        try:
+            return fn(*args)
+        except InvalidRequestError as e:
+            raise RequestError(str(e), e.param) from None
 
     @app.post("/v1/completions", dependencies=[Depends(authorize)])
     async def completions(body: CompletionRequest, request: Request):
@@ -240,10 +257,7 @@ def build_app(engine: LLMEngine, config: ServerConfig | None = None,
     async def chat(body: ChatCompletionRequest, request: Request):
         check_model(body.model)
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-        try:
-            ids = await run_in_threadpool(tokenizer.apply_chat_template, messages)
-        except EngineError as e:
-            raise RequestError(str(e), "messages") from None
+        ids = await run_in_threadpool(engine_call, engine.encode_chat, messages)
         choice = _Choice(0, f"chatcmpl-{uuid.uuid4().hex}", ids, None)
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         params = sampling(body, body.max_new_tokens or default_max_tokens(len(ids)), logprobs)
@@ -280,6 +294,8 @@ def build_app(engine: LLMEngine, config: ServerConfig | None = None,
         except EngineDeadError as e:
             raise RequestError(f"engine failed during the request: {e}", None, 503,
                                "service_unavailable") from None
+        except RequestFailedError as e:
+            raise RequestError(str(e), None, 500, "server_error") from None
         finally:
             watch.cancel()
             for c in choices:
@@ -409,9 +425,11 @@ def _sse(events: AsyncIterator[dict], choices: list[_Choice], aengine: AsyncEngi
             async for event in events:
                 yield f"data: {json.dumps(event)}\n\n"
             yield "data: [DONE]\n\n"
-        except EngineDeadError as e:
+        except (EngineDeadError, RequestFailedError) as e:
+            # the stream has started (status 200): the error goes in an event of its own
             error = RequestError(f"engine failed during the request: {e}", None, 503,
-                                 "service_unavailable")
+                                 "service_unavailable") if isinstance(e, EngineDeadError) \
+                else RequestError(str(e), None, 500, "server_error")
             yield f"data: {json.dumps(error.body())}\n\n"
             yield "data: [DONE]\n\n"
         finally:

@@ -21,15 +21,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from medha.engine.errors import EngineDeadError, RequestFailedError, is_fatal
 from medha.engine.llm_engine import LLMEngine
 from medha.engine.sampling_params import SamplingParams
 from medha.server.metrics import ServerMetrics
 
 log = logging.getLogger("medha.server")
-
-
-class EngineDeadError(RuntimeError):
-    """The engine loop stopped after an error; new requests get 503."""
 
 
 class QueueFullError(RuntimeError):
@@ -85,8 +82,9 @@ class AsyncEngine:
 
     async def add(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
                   **slo) -> asyncio.Queue:
-        """Admit one request; its RequestOutputs (then None, or an exception) arrive on the
-        returned queue. Raises ValueError for a request the scheduler refuses."""
+        """Admit one request; its RequestOutputs (then None, or an exception: the request's
+        RequestFailedError, or EngineDeadError) arrive on the returned queue. Raises what
+        admission raised (ValueError for a request the engine refuses), the engine unchanged."""
         if self.dead:
             raise EngineDeadError(self.dead)
         with self._waiting_lock:
@@ -127,7 +125,7 @@ class AsyncEngine:
                     continue
                 self._step()
             self._fail_all("server shutting down", dead=False)
-        except Exception as e:  # a broken model or device: fail loudly, never hang clients
+        except Exception as e:  # only fatal errors leave engine.step: fail loudly, never hang
             log.exception("engine loop failed")
             self._fail_all(f"engine failed: {type(e).__name__}: {e}")
         self._stopped.set()
@@ -153,7 +151,9 @@ class AsyncEngine:
         try:
             self.engine.add_request(cmd.request_id, None, cmd.params,
                                     prompt_token_ids=cmd.prompt_ids, **cmd.slo)
-        except ValueError as e:
+        except Exception as e:  # admission is all or nothing: the request's error alone
+            if is_fatal(e):
+                raise
             self._left_waiting()
             cmd.admitted.set_exception(e)
             return
@@ -179,6 +179,11 @@ class AsyncEngine:
             if not stream.first_token:
                 stream.first_token = True
                 self._left_waiting()
+            if out.finish_reason == "error":  # this request failed on its own
+                del self._streams[out.request_id]
+                stream.put(RequestFailedError(out.request_id, out.error or "unknown error"))
+                self.metrics.requests.labels("failed").inc()
+                continue
             stream.put(out)
             if out.finished:
                 del self._streams[out.request_id]

@@ -1,8 +1,13 @@
-"""The OpenAI request bodies the server accepts, with medha's SLO extension.
+"""The OpenAI request and response bodies the server speaks, with medha's SLO extension.
 
-Unknown top-level fields are ignored (clients send many optional ones), but a field medha does
-not implement and that would change the result (n > 1, penalties, tools, ...) is refused with a
-400 naming it, rather than silently ignored.
+Requests are parsed strictly, as the OpenAI API parses them: `"max_tokens": 2.0`, `"true"` or
+`"0.5"` where an integer, boolean or number belongs is a 400, not a silent conversion (numbers
+may still be written as integers). Unknown top-level fields are ignored (clients send many
+optional ones), but a field medha does not implement and that would change the result (n > 1,
+penalties, tools, ...) is refused with a 400 naming it, rather than silently ignored.
+
+The response models describe what the routes return, for the OpenAPI document (`/openapi.json`);
+the routes build plain dicts.
 """
 
 from __future__ import annotations
@@ -12,17 +17,21 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from medha.core.request import PRIORITY_CLASSES
+from medha.engine.sampling_params import FLOAT32_TINY, MAX_LOGPROBS, SEED_MAX, SEED_MIN
 
 PRIORITIES = PRIORITY_CLASSES  # one list for the API, the scheduler and the simulator
 
 PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+TokenId = Annotated[int, Field(ge=0)]
+NonEmptyStr = Annotated[str, Field(min_length=1)]
+FinishReason = Literal["stop", "length"]
 
 
 class MedhaOptions(BaseModel):
     """Per-request service targets, sent as `"medha": {...}` (extra_body with the openai
     client). Absent fields take the server's defaults (`medha serve --help`)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     priority: Literal[PRIORITIES] | None = Field(  # type: ignore[valid-type]
         None, description="priority class, REALTIME > HIGH > NORMAL (the default) > LOW; "
         "`medha serve --policy priority` orders and preempts by it")
@@ -33,43 +42,44 @@ class MedhaOptions(BaseModel):
 
 
 class StreamOptions(BaseModel):
+    model_config = ConfigDict(strict=True)
     include_usage: bool = False
 
 
 class _Common(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0, le=2, allow_inf_nan=False)
-    top_p: float = Field(1.0, gt=0, le=1, allow_inf_nan=False)
+    temperature: float = Field(1.0, ge=0, le=2, allow_inf_nan=False, description=(
+        "0 or at least 1.2e-38 (a normal float32); below 1e-5 the request is greedy"))
+    top_p: float = Field(1.0, ge=FLOAT32_TINY, le=1, allow_inf_nan=False, description=(
+        "nucleus mass, at least 1.2e-38 (a normal float32); the likeliest token is always "
+        "kept"))
     top_k: int = Field(0, ge=-1, description="extension (vLLM): keep the k likeliest tokens")
-    n: int = Field(1, ge=1)
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
+    n: int = Field(1, ge=1, le=1, description="only 1: send several requests for more")
+    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
+    stop: NonEmptyStr | Annotated[list[NonEmptyStr], Field(max_length=4)] | None = None
+    stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool = Field(False, description="extension (vLLM): do not stop at EOS")
     stream: bool = False
-    stream_options: StreamOptions | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logit_bias: dict[str, float] | None = None
+    stream_options: StreamOptions | None = Field(None, description="only with stream: true")
+    presence_penalty: float = Field(0.0, description="only 0 (not supported)")
+    frequency_penalty: float = Field(0.0, description="only 0 (not supported)")
+    logit_bias: dict[str, float] | None = Field(None, description="not supported")
     user: str | None = None
     medha: MedhaOptions | None = None
 
     @model_validator(mode="after")
     def _supported(self):
-        if self.n != 1:
-            raise _unsupported("n", "n > 1 is not supported; send several requests")
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(self, name):
                 raise _unsupported(name, f"{name} is not supported (send 0 or omit it)")
         if self.logit_bias:
             raise _unsupported("logit_bias", "logit_bias is not supported")
-        if isinstance(self.stop, list) and len(self.stop) > 4:
-            raise _unsupported("stop", "at most 4 stop sequences")
-        if self.stop == "" or (isinstance(self.stop, list) and "" in self.stop):
-            raise _unsupported("stop", "stop sequences must not be empty")
+        if self.stream_options is not None and not self.stream:
+            raise _unsupported("stream_options", "The 'stream_options' parameter is only "
+                               "allowed when 'stream' is enabled.")
         return self
 
     @property
@@ -78,21 +88,22 @@ class _Common(BaseModel):
 
 
 class CompletionRequest(_Common):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: (NonEmptyStr | Annotated[list[NonEmptyStr], Field(min_length=1)]
+             | Annotated[list[TokenId], Field(min_length=1)]
+             | Annotated[list[Annotated[list[TokenId], Field(min_length=1)]],
+                         Field(min_length=1)])
     echo: bool = False
-    logprobs: int | None = Field(None, ge=0, le=20)
-    suffix: str | None = None
-    best_of: int | None = None
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    suffix: str | None = Field(None, description="not supported")
+    best_of: int | None = Field(None, ge=1, le=1, description="only 1")
 
     @model_validator(mode="after")
     def _prompts(self):
         if self.suffix:
             raise _unsupported("suffix", "suffix is not supported")
-        if self.best_of not in (None, 1):
-            raise _unsupported("best_of", "best_of > 1 is not supported")
-        if self.prompt in ("", []) or (isinstance(self.prompt, list) and
-                                      any(p in ("", []) for p in self.prompt)):
-            raise _unsupported("prompt", "prompt must not be empty")
+        if self.echo and self.logprobs is not None:
+            raise _unsupported("logprobs", "echo with logprobs (the prompt's logprobs) is not "
+                               "supported; send one or the other")
         return self
 
     @property
@@ -101,18 +112,19 @@ class CompletionRequest(_Common):
         p = self.prompt
         if isinstance(p, str):
             return [p]
-        if p and isinstance(p[0], int):
+        if isinstance(p[0], int):
             return [p]
         return list(p)
 
 
 class TextPart(BaseModel):
+    model_config = ConfigDict(strict=True)
     type: Literal["text"]
     text: str
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
@@ -127,9 +139,9 @@ class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=20)
-    tools: list[dict] | None = None
-    response_format: dict | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    tools: list[dict] | None = Field(None, description="not supported")
+    response_format: dict | None = Field(None, description="only {\"type\": \"text\"}")
 
     @model_validator(mode="after")
     def _chat(self):
@@ -146,19 +158,100 @@ class ChatCompletionRequest(_Common):
         return self.max_completion_tokens or self.max_tokens
 
 
-class RequestError(ValueError):
-    """A request medha refuses: HTTP status, message, and the offending parameter."""
-
-    def __init__(self, message: str, param: str | None = None, status: int = 400,
-                 type_: str = "invalid_request_error", code: str | None = None) -> None:
-        super().__init__(message)
-        self.param, self.status, self.type, self.code = param, status, type_, code
-
-    def body(self) -> dict:
-        return {"error": {"message": str(self), "type": self.type, "param": self.param,
-                          "code": self.code}}
-
-
 def _unsupported(param: str, message: str) -> ValueError:
     # pydantic wraps ValueErrors raised in validators; the handler reads `param` back.
     return ValueError(f"{param}: {message}")
+
+
+# ---- responses (for the OpenAPI document) ----------------------------------------------------
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None
+    finish_reason: FinishReason | None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[TokenLogprob]
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"]
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    logprobs: ChatLogprobs | None
+    finish_reason: FinishReason | None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+    max_model_len: int
+
+
+class ModelList(BaseModel):
+    object: Literal["list"]
+    data: list[ModelCard]
+
+
+class Health(BaseModel):
+    status: Literal["ok", "error"]
+    reason: str | None = Field(None, description="why the engine stopped (with 503)")

@@ -48,7 +48,9 @@ def add_simulate_args(p: argparse.ArgumentParser) -> None:
                    help="prompt tokens from which a request counts as long in the metrics "
                         "(default: 32768)")
     g.add_argument("--out", default="sim-out", help="output directory (default: sim-out)")
-    g.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    g.add_argument("--overwrite", action="store_true",
+                   help="replace an existing --out directory, or a symlink there (the link, "
+                        "not what it points to); a file is never replaced")
     g.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     g.add_argument("--save-token-times", action="store_true",
                    help="also write every request's token timestamps (token_times.jsonl)")

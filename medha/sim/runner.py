@@ -66,27 +66,65 @@ def simulate(spec: RunSpec, workload: WorkloadConfig, progress: bool = False) ->
     return RunOutcome(spec, summary, rows, result)
 
 
+class OutputDirError(Exception):
+    """--out cannot take the results; the message names the path and why."""
+
+
 @contextlib.contextmanager
 def output_dir(out: str | Path, overwrite: bool):
     """Yield a fresh directory that becomes `out` only if the block succeeds, so that a failed
-    run never leaves a directory that looks like a finished one."""
+    run never leaves a directory that looks like a finished one. Missing parents are created.
+
+    `out` may be absent or an empty directory; with `overwrite` also a directory with files, or
+    a symlink, which the new directory replaces (what the link points to is left alone). A
+    file is never replaced."""
     out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
-        raise FileExistsError(f"--out {out} exists and is not empty; pass --overwrite")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    _check_out(out, overwrite)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    except (FileExistsError, NotADirectoryError):  # mkdir met a file on the way
+        blocker = next(p for p in out.parents if os.path.lexists(p))
+        raise OutputDirError(f"--out {out}: {blocker} is not a directory") from None
+    except OSError as e:
+        raise OutputDirError(f"--out {out}: cannot create a directory in {out.parent} "
+                             f"({e.strerror})") from None
     try:
         yield tmp
+        _check_out(out, overwrite)  # a run takes a while: something may be at `out` by now
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    if out.exists():
-        trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-        os.replace(out, trash / "old")
+    trash = None
+    try:
+        if os.path.lexists(out):  # lexists: a dangling symlink too
+            trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+            os.replace(out, trash / "old")  # a symlink moves itself, not what it points to
         os.replace(tmp, out)
+    except OSError as e:  # e.g. --out .
+        shutil.rmtree(tmp, ignore_errors=True)
+        if trash is not None:
+            with contextlib.suppress(OSError):
+                trash.rmdir()  # when empty; a moved `out` stays there, not lost
+        raise OutputDirError(f"--out {out}: cannot replace it ({e.strerror})") from None
+    if trash is not None:
         shutil.rmtree(trash, ignore_errors=True)
-    else:
-        os.replace(tmp, out)
+
+
+def _check_out(out: Path, overwrite: bool) -> None:
+    try:
+        if out.is_symlink():
+            if not overwrite:
+                raise OutputDirError(f"--out {out} is a symlink; pass --overwrite to replace "
+                                     "the link (what it points to is left alone)")
+        elif out.exists():
+            if not out.is_dir():
+                raise OutputDirError(f"--out {out} is a file, not a directory; --overwrite "
+                                     "replaces only a directory")
+            if not overwrite and any(out.iterdir()):
+                raise OutputDirError(f"--out {out} exists and is not empty; pass --overwrite")
+    except OSError as e:  # e.g. a directory on the way that may not be read
+        raise OutputDirError(f"--out {out}: {e.strerror}") from None
 
 
 REQUEST_COLUMNS = ["request_id", "class", "arrival_s", "prompt_len", "output_len", "ttft_s",

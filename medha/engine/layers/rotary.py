@@ -10,14 +10,21 @@ import torch
 from medha.engine.errors import EngineError
 
 
-def rope_parameters(config: dict) -> tuple[float, dict | None]:
+def rope_parameters(config: dict) -> tuple[object, dict | None]:
     """(theta, scaling) from either config layout: transformers 5 `rope_parameters`, or
-    `rope_theta` + `rope_scaling`."""
+    `rope_theta` + `rope_scaling`; as the config holds them (LlamaArgs checks them)."""
     params = config.get("rope_parameters") or {}
     theta = params.get("rope_theta", config.get("rope_theta", 10000.0))
     scaling = config.get("rope_scaling") or (params if params.get("rope_type", "default")
                                              not in ("default", None) else None)
-    return float(theta), scaling
+    return theta, scaling
+
+
+ROPE_TYPES = ("default", "linear", "llama3")
+
+
+def rope_type(scaling: dict) -> str:
+    return scaling.get("rope_type", scaling.get("type", "default"))
 
 
 def inverse_frequencies(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
@@ -25,7 +32,7 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: dict | None) -> to
                                 / head_dim))
     if not scaling:
         return inv_freq
-    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    kind = rope_type(scaling)
     if kind == "default":
         return inv_freq
     if kind == "linear":
@@ -41,8 +48,8 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: dict | None) -> to
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
         return torch.where(medium, smoothed, scaled)
-    raise EngineError(f"unsupported rope scaling type {kind!r} (supported: default, linear, "
-                      "llama3)")
+    raise EngineError(f"unsupported rope scaling type {kind!r} (supported: "
+                      f"{', '.join(ROPE_TYPES)})")
 
 
 class RotaryEmbedding(torch.nn.Module):

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from medha.engine.errors import RequestFailedError, blame
 from medha.engine.sampling_params import SamplingParams
 
 
@@ -17,43 +18,59 @@ class Sample:
 
 
 def _filter(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
-    logits = logits / p.temperature
+    logits = logits / p.temperature  # >= MIN_TEMPERATURE here: finite in float32
     if p.top_k > 0 and p.top_k < logits.shape[-1]:
         kth = torch.topk(logits, p.top_k).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if p.top_p < 1.0:
         sorted_logits, order = torch.sort(logits, descending=True)
-        cumulative = sorted_logits.softmax(-1).cumsum(-1)
-        # keep the smallest prefix whose mass reaches top_p (always the first token)
-        drop = cumulative - sorted_logits.softmax(-1) >= p.top_p
+        probs = sorted_logits.softmax(-1)
+        # keep the smallest prefix whose mass reaches top_p; the likeliest token always stays,
+        # as the mass before it is 0, below any top_p SamplingParams accepts
+        drop = probs.cumsum(-1) - probs >= p.top_p
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         logits = torch.full_like(logits, float("-inf")).scatter(0, order, sorted_logits)
     return logits
 
 
 def sample(logits: torch.Tensor, params: list[SamplingParams],
-           generators: list[torch.Generator | None]) -> list[Sample]:
+           generators: list[torch.Generator | None], request_ids: list[str]
+           ) -> list[Sample | RequestFailedError]:
     """logits: [rows, vocab] fp32. Greedy rows are decided together; the others one by one
-    with their own generator, so a seeded request samples the same tokens in any batch."""
-    out: list[Sample | None] = [None] * len(params)
-    greedy = [i for i, p in enumerate(params) if p.greedy]
+    with their own generator, so a seeded request samples the same tokens in any batch.
+
+    A row whose own work fails comes back as the RequestFailedError that ends its request
+    (non-finite logits, or an error sampling it); the other rows are unaffected."""
+    out: list[Sample | RequestFailedError | None] = [None] * len(params)
+    # NaN or +inf from the model (an fp16/bf16 overflow, say) would sample garbage silently
+    for i in (~torch.isfinite(logits).all(-1)).nonzero().flatten().tolist():
+        if torch.isnan(logits[i]).any() or torch.isposinf(logits[i]).any():
+            out[i] = RequestFailedError(request_ids[i], "the model produced non-finite logits")
+    greedy = [i for i, p in enumerate(params) if p.greedy and out[i] is None]
     if greedy:
         tokens = logits[greedy].argmax(-1).tolist()
         for i, t in zip(greedy, tokens):
             out[i] = Sample(t)
     for i, p in enumerate(params):
-        if out[i] is None:
-            probs = _filter(logits[i], p).softmax(-1)
-            out[i] = Sample(int(torch.multinomial(probs, 1, generator=generators[i]).item()))
-    for i, p in enumerate(params):
-        if p.logprobs is not None:
-            # logprobs of the model's own distribution, before temperature and cuts
-            lp = logits[i].log_softmax(-1)
-            s = out[i]
-            s.logprob = float(lp[s.token])
-            if p.logprobs:
-                values, ids = lp.topk(p.logprobs)
-                s.top_logprobs = list(zip(ids.tolist(), values.tolist()))
-            else:
-                s.top_logprobs = []
+        try:
+            with blame(request_ids[i]):
+                if out[i] is None:
+                    probs = _filter(logits[i], p).softmax(-1)
+                    out[i] = Sample(int(torch.multinomial(probs, 1,
+                                                          generator=generators[i]).item()))
+                if p.logprobs is not None and isinstance(out[i], Sample):
+                    _add_logprobs(out[i], logits[i], p.logprobs)
+        except RequestFailedError as e:
+            out[i] = e
     return out
+
+
+def _add_logprobs(s: Sample, logits: torch.Tensor, top: int) -> None:
+    """Logprobs of the model's own distribution, before temperature and cuts."""
+    lp = logits.log_softmax(-1)
+    s.logprob = float(lp[s.token])
+    if top:
+        values, ids = lp.topk(top)
+        s.top_logprobs = list(zip(ids.tolist(), values.tolist()))
+    else:
+        s.top_logprobs = []

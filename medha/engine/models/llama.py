@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -13,52 +12,10 @@ from medha.engine.checkpoint import weight_files
 from medha.engine.errors import EngineError
 from medha.engine.layers.attention import AttentionMetadata, paged_attention
 from medha.engine.layers.norm import RMSNorm
-from medha.engine.layers.rotary import RotaryEmbedding, apply_rotary, rope_parameters
+from medha.engine.layers.rotary import RotaryEmbedding, apply_rotary
+from medha.engine.models.llama_args import LlamaArgs
 from medha.engine.parallel.stage import WHOLE, Stage
 from medha.engine.parallel.tensor_parallel import SINGLE, RowParallelLinear, TensorParallel
-
-
-@dataclass(frozen=True)
-class LlamaArgs:
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    vocab_size: int
-    rms_norm_eps: float
-    rope_theta: float
-    rope_scaling: dict | None
-    tie_word_embeddings: bool
-    attention_bias: bool
-    mlp_bias: bool
-    max_position_embeddings: int
-
-    @classmethod
-    def from_config(cls, config: dict) -> LlamaArgs:
-        try:
-            heads = config["num_attention_heads"]
-            theta, scaling = rope_parameters(config)
-            if config.get("hidden_act", "silu") != "silu":
-                raise EngineError(f"unsupported activation {config['hidden_act']!r}")
-            return cls(
-                hidden_size=config["hidden_size"],
-                intermediate_size=config["intermediate_size"],
-                num_layers=config["num_hidden_layers"],
-                num_heads=heads,
-                num_kv_heads=config.get("num_key_value_heads") or heads,
-                head_dim=config.get("head_dim") or config["hidden_size"] // heads,
-                vocab_size=config["vocab_size"],
-                rms_norm_eps=config.get("rms_norm_eps", 1e-6),
-                rope_theta=theta, rope_scaling=scaling,
-                tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-                attention_bias=bool(config.get("attention_bias", False)),
-                mlp_bias=bool(config.get("mlp_bias", False)),
-                max_position_embeddings=config.get("max_position_embeddings", 4096),
-            )
-        except KeyError as e:
-            raise EngineError(f"config.json lacks {e.args[0]!r}") from None
 
 
 def gemm_row_padding(rows: int, device: torch.device, exact: bool) -> int:

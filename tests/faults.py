@@ -1,0 +1,71 @@
+"""Fault injection into a real engine, for tests/test_isolation.py and
+bench/engine_fault_injection.py: make the engine raise for one chosen request at one place of
+its step."""
+
+from __future__ import annotations
+
+from medha.engine import model_runner
+from medha.engine.tokenizer import Detokenizer
+
+PLACES = ("inputs", "forward", "sampler", "detokenizer")
+
+
+def inject(monkeypatch, llm, where: str, victim: str, prompt: list[int], after: int) -> None:
+    """Make the engine raise for request `victim` (and only it) at `where`, from the
+    `after`-th time its work passes there."""
+    seen = {"n": 0}
+
+    def hits() -> bool:
+        seen["n"] += 1
+        return seen["n"] > after
+
+    engine, runner = llm.engine, llm.engine.runner
+    if where == "inputs":  # the runner reading the victim's tokens and block table
+        real_inputs = model_runner.ModelRunner.chunk_inputs
+
+        def chunk_inputs(self, batch, contexts, blocks):
+            if any(c.request.request_id == victim for c in (*batch.decodes, *batch.prefills)) \
+                    and hits():
+                contexts = {**contexts, victim: None}
+            return real_inputs(self, batch, contexts, blocks)
+        monkeypatch.setattr(model_runner.ModelRunner, "chunk_inputs", chunk_inputs)
+    elif where == "forward":  # deep in the forward pass, whenever the victim's rows are in it
+        real_prepare, real_forward = runner.prepare, runner.forward
+        last = {}
+
+        def prepare(batch, *args, **kwargs):
+            step, chunks = real_prepare(batch, *args, **kwargs)
+            last["step"] = step
+            last["ids"] = {c.request.request_id for c in (*batch.decodes, *batch.prefills)}
+            return step, chunks
+
+        def forward(step, hidden=None):
+            if step is last.get("step") and victim in last["ids"] and hits():
+                raise RuntimeError("a kernel failed on the victim's shape")
+            return real_forward(step, hidden)
+        monkeypatch.setattr(runner, "prepare", prepare)
+        monkeypatch.setattr(runner, "forward", forward)
+    elif where == "sampler":  # non-finite logits in the victim's row
+        from medha.engine import llm_engine
+        real_sample = llm_engine.sample
+
+        def sample(logits, params, generators, request_ids):
+            if victim in request_ids and hits():
+                logits = logits.clone()
+                logits[request_ids.index(victim), 5] = float("nan")
+            return real_sample(logits, params, generators, request_ids)
+        monkeypatch.setattr(llm_engine, "sample", sample)
+    elif where == "detokenizer":  # decoding the victim's text
+        real_add, real_state = Detokenizer.add, engine._new_state
+
+        def add(self, token):
+            if getattr(self, "victim", False) and hits():
+                raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")
+            return real_add(self, token)
+
+        def new_state(params, ids):
+            state = real_state(params, ids)
+            state.detok.victim = ids == prompt
+            return state
+        monkeypatch.setattr(Detokenizer, "add", add)
+        monkeypatch.setattr(engine, "_new_state", new_state)

@@ -1,0 +1,18 @@
+"""schemathesis against a real `medha serve` (bench/server_fuzz.py, bounded for CI): no
+response >= 500, every documented status and body as the OpenAPI document says, schema-invalid
+input refused, /health 200 throughout."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+
+from server_fuzz import main as fuzz  # noqa: E402
+
+
+def test_schemathesis_finds_nothing_and_health_stays_200(tmp_path):
+    summary = fuzz(["--max-examples", "25", "--seeds", "7", "--json", str(tmp_path / "s.json")])
+    assert summary["cases"] >= 500  # coverage phase + fuzzing of 5 operations
+    assert summary["failures"] == [] and summary["errors"] == []
+    assert summary["health_polls"] > 10 and summary["health_not_200"] == []
+    assert summary["server_alive"] and summary["serves_after"] == 200
