@@ -13,7 +13,9 @@ from fastapi.openapi.utils import get_openapi
 from pydantic.json_schema import models_json_schema
 
 from medha.server.protocol import (
+    ChatCompletionChunk,
     ChatCompletionResponse,
+    CompletionChunk,
     CompletionResponse,
     ErrorResponse,
     Health,
@@ -37,8 +39,9 @@ def document(app: FastAPI, api_key: bool) -> dict:
     schema = get_openapi(title=app.title, version=app.version, description=app.description,
                          routes=app.routes)
     keys, defs = models_json_schema(
-        [(m, "serialization") for m in (ErrorResponse, CompletionResponse,
-                                        ChatCompletionResponse, ModelList, Health)],
+        [(m, "serialization") for m in (ErrorResponse, CompletionResponse, CompletionChunk,
+                                        ChatCompletionResponse, ChatCompletionChunk, ModelList,
+                                        Health)],
         ref_template=_REF)
     components = schema.setdefault("components", {})
     schemas = components.setdefault("schemas", {})
@@ -59,8 +62,10 @@ def document(app: FastAPI, api_key: bool) -> dict:
 
     generation = ("400", "401", "404", "413", "429", "500", "503")
     responses = {
-        "/v1/completions": {"200": _generated(ref(CompletionResponse)), **errors(*generation)},
-        "/v1/chat/completions": {"200": _generated(ref(ChatCompletionResponse)),
+        "/v1/completions": {"200": _generated(ref(CompletionResponse), ref(CompletionChunk)),
+                            **errors(*generation)},
+        "/v1/chat/completions": {"200": _generated(ref(ChatCompletionResponse),
+                                                   ref(ChatCompletionChunk)),
                                  **errors(*generation)},
         "/v1/models": {"200": json_body(ModelList, "the served model"), **errors("401")},
         "/health": {"200": json_body(Health, "the engine runs"),
@@ -80,9 +85,16 @@ def document(app: FastAPI, api_key: bool) -> dict:
     return schema
 
 
-def _generated(body_ref: dict) -> dict:
-    return {"description": "the completion, or with `stream: true` server-sent events (one "
+def _generated(body_ref: dict, chunk_ref: dict) -> dict:
+    # OpenAPI 3.1 reads an event stream's schema as the schema of one event
+    event = {"type": "object", "required": ["data"], "properties": {
+        "data": {"anyOf": [{"const": "[DONE]"}, {
+            "type": "string", "contentMediaType": "application/json",
+            "contentSchema": {"anyOf": [chunk_ref, {"$ref": _REF.format(
+                model=ErrorResponse.__name__)}]}}]},
+        "event": {"type": "string"}, "id": {"type": "string"}, "retry": {"type": "integer"}}}
+    return {"description": "the completion, or with `stream: true` server-sent events: one "
             "JSON chunk per `data:` line, an error object if the request fails mid-stream, "
-            "then `data: [DONE]`)",
+            "then `data: [DONE]`",
             "content": {"application/json": {"schema": body_ref},
-                        "text/event-stream": {"schema": {"type": "string"}}}}
+                        "text/event-stream": {"schema": event}}}

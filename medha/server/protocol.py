@@ -204,6 +204,17 @@ class CompletionResponse(BaseModel):
     usage: Usage
 
 
+class CompletionChunk(BaseModel):
+    """One event of a streamed completion; with stream_options.include_usage every chunk has a
+    usage field, null but in the last one, whose choices are empty."""
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
 class TopLogprob(BaseModel):
     token: str
     logprob: float
@@ -237,6 +248,28 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage
+
+
+class ChatDelta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int
+    delta: ChatDelta
+    logprobs: ChatLogprobs | None
+    finish_reason: FinishReason | None
+
+
+class ChatCompletionChunk(BaseModel):
+    """One event of a streamed chat completion (usage as in CompletionChunk)."""
+    id: str
+    object: Literal["chat.completion.chunk"]
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
 
 
 class ModelCard(BaseModel):
