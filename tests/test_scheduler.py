@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from medha.core.batch import BatchResult
 from medha.core.request import PRIORITY_CLASSES, Request
 from medha.core.request import RequestState as S
-from medha.scheduler.kvp_block_manager import KvpBlockManager
+from medha.scheduler.block_manager import KvpBlockManager
 from medha.sim.replay import replay
 
 
