@@ -144,6 +144,9 @@ class BlockManager:
 
 
 class KvpBlockManager(BlockManager):
+    """Blocks owned by KV-cache parallel groups, a request's filled group by group (see the
+    module's docstring)."""
+
     def __init__(self, blocks_per_group: int, block_size: int, groups: int,
                  max_tokens_per_group: int) -> None:
         super().__init__(blocks_per_group * groups, block_size)

@@ -216,7 +216,8 @@ class KVArbiter:
             self.stats.swapped_in_blocks += len(swap.host_blocks)
 
     def time_swaps(self, batch: Batch) -> None:
-        """Set the predicted time of the batch's copies (all of them, one transfer each way)."""
+        """Set the batch's `swap_time_s`, the predicted time of all its copies, in and out,
+        and count it."""
         if batch.swap_in or batch.swap_out:
             moved = sum(len(s.host_blocks) for s in (*batch.swap_in, *batch.swap_out))
             batch.swap_time_s = self.swap_cost.time(moved)

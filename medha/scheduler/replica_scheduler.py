@@ -238,7 +238,8 @@ class ReplicaScheduler:
                                   now)
         if self._inflight or batch.preempted:
             # Skip requests whose remaining chunks are all running (pipelined batches), and
-            # those preempted a moment ago: memory is short, they wait a turn.
+            # those the arbiter recomputed for this batch so far (for its decodes, an urgent
+            # prefill, or a first try at it): memory is short, they wait a turn.
             queue = [r for r in queue
                      if r.num_scheduled < r.num_tokens and r not in batch.preempted]
         if queue:
