@@ -75,7 +75,7 @@ def test_random_operations_keep_accounting_exact(ops):
 
 
 def test_kvp_blocks_fill_groups_in_order_and_count_room_per_group():
-    from medha.scheduler.kvp_block_manager import KvpBlockManager
+    from medha.scheduler.block_manager import KvpBlockManager
 
     m = KvpBlockManager(4, 16, 2, 32)  # 2 groups of 4 blocks; 32 tokens in group 0 first
     assert m.capacity_tokens == (2 + 4) * 16

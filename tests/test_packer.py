@@ -3,11 +3,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from medha.core.batch import BatchResult
-from medha.core.config import SchedulerConfig
+from medha.core.config import CHUNKING_MODES, SchedulerConfig, parse_chunking
 from medha.core.request import Request
 from medha.perf import ParallelConfig, make_predictor
 from medha.scheduler.block_manager import BlockManager
-from medha.scheduler.packers import make_packer, parse_chunking
+from medha.scheduler.packers import PACKERS, make_packer
 from medha.scheduler.replica_scheduler import ReplicaScheduler
 from medha.sim.replay import replay
 
@@ -147,6 +147,11 @@ def test_no_chunking_runs_each_prompt_whole():
 def test_bad_chunking_specs(spec):
     with pytest.raises(ValueError, match="chunking"):
         parse_chunking(spec)
+
+
+def test_every_chunking_mode_has_a_packer():
+    # the config checks names against its list; the registry must implement exactly those
+    assert PACKERS.names() == sorted(CHUNKING_MODES)
 
 
 def test_default_budget_leaves_room_for_a_pipeline_slot():

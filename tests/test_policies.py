@@ -1,5 +1,6 @@
 import pytest
 
+from medha.core.config import POLICY_NAMES
 from medha.core.request import Request
 from medha.scheduler.policies import POLICIES, make_policy
 
@@ -12,6 +13,11 @@ def req(rid, arrival, deadline, total, remaining):
 
 def test_registry_lists_the_core_policies():
     assert {"fcfs", "edf", "lrs", "lars", "srpt"} <= set(POLICIES.names())
+
+
+def test_the_config_knows_every_policy_and_no_other():
+    # the config checks names against its list; the registry must implement exactly those
+    assert POLICIES.names() == sorted(POLICY_NAMES)
 
 
 def test_unknown_policy_names_the_choices():

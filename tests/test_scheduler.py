@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from medha.core.batch import BatchResult
 from medha.core.request import PRIORITY_CLASSES, Request
 from medha.core.request import RequestState as S
-from medha.scheduler.kvp_block_manager import KvpBlockManager
+from medha.scheduler.block_manager import KvpBlockManager
 from medha.sim.replay import replay
 
 
@@ -204,7 +204,7 @@ def test_every_request_ends_and_no_block_leaks(specs, policy, chunking, blocks, 
     assert all(r.state.is_done for r in reqs)
     assert sched.blocks.num_used == 0
     sched.check_invariants()
-    assert sched.host_pool is None or sched.host_pool.num_free == host_blocks
+    assert sched.kv.host_pool is None or sched.kv.host_pool.num_free == host_blocks
     st_ = sched.stats
     assert st_.preemptions == st_.recomputes + st_.swap_outs
 

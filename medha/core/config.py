@@ -6,11 +6,37 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
+from medha.utils.registry import unknown_name
+
 PREEMPTION_MODES = ("recompute", "swap", "auto")
+# The scheduler's policies and chunking modes, by name. Each is implemented by one module of
+# medha/scheduler/policies (or packers) that registers under that name; the names are listed
+# here, below the scheduler, so that a config is checked without importing what it configures
+# (tests/test_policies.py and test_packer.py keep the lists and the registries equal).
+POLICY_NAMES = ("fcfs", "edf", "lrs", "lars", "srpt", "deferred", "aligned", "priority", "pla")
+CHUNKING_MODES = ("none", "static", "adaptive")
+_CHUNKING_TAKES_ARGUMENT = ("static",)  # static:N, a token budget
 
 
 def _help(text: str, **extra) -> dict:
     return {"help": text, **extra}
+
+
+def parse_chunking(spec: str) -> tuple[str, int | None]:
+    """'adaptive' | 'none' | 'static:N' -> (chunking mode, N)."""
+    if not isinstance(spec, str) or not spec:
+        raise ValueError(f"chunking must be none, static:N or adaptive, got {spec!r}")
+    name, _, arg = spec.partition(":")
+    if name not in CHUNKING_MODES:
+        raise ValueError(f"unknown chunking {spec!r}; expected none, static:N or adaptive")
+    if name in _CHUNKING_TAKES_ARGUMENT:
+        if not arg.isdigit() or int(arg) < 1:
+            raise ValueError(f"chunking {spec!r}: static chunking needs a positive token "
+                             "budget, e.g. static:512")
+        return name, int(arg)
+    if arg:
+        raise ValueError(f"chunking {spec!r}: {name} takes no argument")
+    return name, None
 
 
 @dataclass
@@ -140,11 +166,8 @@ class SchedulerConfig:
         "first token, make up an instance's SLO deviation"))
 
     def __post_init__(self) -> None:
-        from medha.scheduler.packers import parse_chunking
-        from medha.scheduler.policies import POLICIES
-
-        if self.policy is not None:
-            POLICIES.get(self.policy)  # raises ValueError naming the choices
+        if self.policy is not None and self.policy not in POLICY_NAMES:
+            raise unknown_name("policy", self.policy, POLICY_NAMES)
         parse_chunking(self.chunking)
         for name in ("tpot_target_s", "target_batch_time_s", "ttft_deadline_s",
                      "ttft_deadline_factor", "min_ttft_deadline_s", "aligned_starvation_s"):
@@ -176,9 +199,8 @@ class SchedulerConfig:
         self._check_pla()
 
     def _check_priority_and_swap(self) -> None:
-        from medha.scheduler.policies import POLICIES
-
-        POLICIES.get(self.priority_base)
+        if self.priority_base not in POLICY_NAMES:
+            raise unknown_name("policy", self.priority_base, POLICY_NAMES)
         if self.priority_base == "priority":
             raise ValueError("priority_base must name another policy, got 'priority'")
         if self.preemption_mode not in PREEMPTION_MODES:

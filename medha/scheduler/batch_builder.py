@@ -1,22 +1,22 @@
-"""A batch being formed: its predicted time, its caps, and the KV memory behind each chunk."""
+"""A batch being formed: its predicted time, its caps, and the KV memory behind each chunk.
+
+The packer adds prefill chunks here; the KV arbiter grants the blocks behind each one (and may
+preempt others for them, which it records in the batch for the scheduler to act on later).
+"""
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 from medha.core.batch import Batch, Chunk
 from medha.core.request import Request
 from medha.perf.predictor import BatchTimer
-
-if TYPE_CHECKING:
-    from medha.scheduler.replica_scheduler import ReplicaScheduler
+from medha.scheduler.kv_arbiter import KVArbiter
 
 
 class BatchBuilder:
-    def __init__(self, scheduler: ReplicaScheduler, batch: Batch, timer: BatchTimer,
-                 now: float, max_seqs: int, max_tokens: int | None) -> None:
-        self._scheduler = scheduler
-        self.long_threshold = scheduler.long_threshold
+    def __init__(self, kv: KVArbiter, batch: Batch, timer: BatchTimer, now: float,
+                 max_seqs: int, max_tokens: int | None, long_threshold: int) -> None:
+        self._kv = kv
+        self.long_threshold = long_threshold
         self.batch = batch
         self.timer = timer
         self.now = now
@@ -61,7 +61,7 @@ class BatchBuilder:
     def add_prefill(self, r: Request, num_tokens: int, all_or_nothing: bool = False) -> int:
         """Add up to `num_tokens` of `r` (fewer if KV memory runs short); returns how many."""
         start = r.num_scheduled
-        held = self._scheduler.reserve_kv(r, start + num_tokens, self, all_or_nothing)
+        held = self._kv.reserve(r, start + num_tokens, self.batch, self.now, all_or_nothing)
         n = held - start
         if n <= 0 or (all_or_nothing and n < num_tokens):
             return 0

@@ -7,6 +7,9 @@ It never reads a clock. Callers pass `now` to every call and report each batch b
     batch = sched.schedule(now)          # None when there is nothing to run
     ... run it ...
     finished = sched.update(batch, BatchResult(duration_s, token_ids), now_after)
+
+The scheduler keeps the queues, the policy and the packer, and applies results; KV memory,
+and whom to preempt when it runs short, is its KV arbiter's (`kv`, see kv_arbiter.py).
 """
 
 from __future__ import annotations
@@ -18,10 +21,9 @@ from medha.core.config import SchedulerConfig
 from medha.core.request import Request, RequestState
 from medha.perf.predictor import Predictor
 from medha.perf.prefill_time_cache import PrefillTimeCache
-from medha.perf.swap_cost import SwapCost
 from medha.scheduler.batch_builder import BatchBuilder
 from medha.scheduler.block_manager import BlockManager
-from medha.scheduler.host_kv_pool import HostKVPool
+from medha.scheduler.kv_arbiter import KVArbiter, KVStats
 from medha.scheduler.packers import make_packer
 from medha.scheduler.policies import make_policy
 
@@ -31,18 +33,12 @@ class SchedulerInvariantError(AssertionError):
 
 
 @dataclass
-class SchedulerStats:
+class SchedulerStats(KVStats):
+    """The KV arbiter's preemption and swap counters, and the scheduler's own."""
+
     batches: int = 0
-    preemptions: int = 0  # recomputes + swap-outs
     finished: int = 0
     aborted: int = 0
-    recomputes: int = 0
-    recomputed_tokens: int = 0  # KV dropped by recompute preemption, to be prefilled again
-    swap_outs: int = 0
-    swap_ins: int = 0
-    swapped_out_blocks: int = 0
-    swapped_in_blocks: int = 0
-    swap_time_s: float = 0.0  # predicted time the swaps added to batches
 
 
 class ReplicaScheduler:
@@ -51,7 +47,6 @@ class ReplicaScheduler:
         """`prefill_times` lets replicas with the same predictor and packer share one cache."""
         self.config = config = config.resolve(predictor)
         self.predictor = predictor
-        self.blocks = blocks
         self.packer = make_packer(config, predictor)
         self.policy = make_policy(config.policy or self.packer.default_policy, config)
         # A longer max_model_len than the spec's is allowed: the long-context variants of a
@@ -63,32 +58,23 @@ class ReplicaScheduler:
         self._max_batch_tokens = self.packer.max_batch_tokens(self.max_model_len)
         self.long_threshold = (config.long_prefill_threshold
                                or min(32768, max(1, self.max_model_len // 4)))
-        self._watermark_blocks = int(config.watermark * blocks.num_blocks)
         self._requests: dict[str, Request] = {}  # every live request
-        self._prefilling: dict[str, Request] = {}  # waiting, prefilling or preempted
+        # A live request is in exactly one of: _prefilling (waiting, prefilling or preempted),
+        # _decoding, or the arbiter's `swapped` (its KV in the host pool).
+        self._prefilling: dict[str, Request] = {}
         self._decoding: dict[str, Request] = {}
         self._aborted_inflight: dict[str, Request] = {}  # aborted, KV freed when batches return
-        self._swapped: dict[str, Request] = {}  # KV in the host pool, in swap-out order
-        self._resume: dict[str, RequestState] = {}  # the phase each swapped request left
-        self.swap_cost = SwapCost(predictor, blocks.block_size, config.swap_bandwidth_gbps)
-        self.host_pool = self._host_pool(config, blocks)
+        self.stats = SchedulerStats()
+        self.kv = KVArbiter(config, predictor, blocks, self.policy, self.prefill_times,
+                            self._requests, self.stats)
         self._next_batch_id = 0
         self._admissions = 0
         self._inflight = 0  # batches scheduled and not yet updated
-        self.stats = SchedulerStats()
 
-    def _host_pool(self, config: SchedulerConfig, blocks: BlockManager) -> HostKVPool | None:
-        if config.preemption_mode == "recompute":
-            return None
-        if self.predictor.parallel.kvp > 1:
-            raise ValueError("preemption_mode swap/auto with kvp > 1 is not built yet: use "
-                             "preemption_mode recompute")
-        n = config.host_kv_blocks
-        if n is None:
-            n = self.swap_cost.blocks_in(config.swap_space_gb * 2**30)
-        # an empty pool never has room: every preemption recomputes
-        return HostKVPool(n, blocks.block_size, self.swap_cost,
-                          config.preemption_mode) if n > 0 else None
+    @property
+    def blocks(self) -> BlockManager:
+        """The device KV blocks (the arbiter's; read them, never change them from outside)."""
+        return self.kv.blocks
 
     # ---- requests ----------------------------------------------------------------------------
     def add_request(self, request: Request, now: float | None = None) -> None:
@@ -124,15 +110,12 @@ class ReplicaScheduler:
             return None
         self._prefilling.pop(request_id, None)
         self._decoding.pop(request_id, None)
-        if self._swapped.pop(request_id, None) is not None:
-            del self._resume[request_id]
-            self.host_pool.free(request_id)  # a swapped request runs in no batch
         r.transition(RequestState.ABORTED)
         r.finish_s, r.finish_reason = now, reason
-        if r.num_inflight_batches:
+        if r.num_inflight_batches:  # (a swapped request runs in no batch)
             self._aborted_inflight[request_id] = r
         else:
-            self.blocks.free(request_id)
+            self.kv.free(r)
         self.stats.aborted += 1
         return r
 
@@ -153,7 +136,7 @@ class ReplicaScheduler:
 
     @property
     def num_swapped(self) -> int:
-        return len(self._swapped)
+        return len(self.kv.swapped)
 
     def has_unfinished(self) -> bool:
         return bool(self._requests)
@@ -168,9 +151,16 @@ class ReplicaScheduler:
 
     # ---- one iteration -----------------------------------------------------------------------
     def schedule(self, now: float) -> Batch | None:
+        """Form the next batch: swap-ins, then (under a class policy) room for the most urgent
+        prefill, then decodes, then the packer's prefill chunks. The KV arbiter records whom
+        it preempted or swapped in the batch; after each step `_settle` moves them between the
+        queues, so no step iterates a queue that changes under it, and each step sees the
+        requests the step before moved where they now belong."""
         batch = Batch(self._next_batch_id, now)
-        if self._swapped:
-            self._swap_in(batch, now)
+        if self.kv.swapped:
+            urgent = self._most_urgent_prefill(now) if self.policy.uses_classes else None
+            self.kv.swap_in(batch, urgent)
+            self._settle(batch)  # their decodes join this batch
         builder = self._fill(batch, now)
         if builder.is_empty and batch.preempted:
             # the only decodes picked (aligned picks a subset) preempted themselves for lack of
@@ -184,10 +174,7 @@ class ReplicaScheduler:
                 r.transition(RequestState.PREFILLING)
             if r.first_scheduled_s is None:
                 r.first_scheduled_s = now
-        if batch.swap_in or batch.swap_out:
-            moved = sum(len(s.host_blocks) for s in (*batch.swap_in, *batch.swap_out))
-            batch.swap_time_s = self.swap_cost.time(moved)
-            self.stats.swap_time_s += batch.swap_time_s
+        self.kv.time_swaps(batch)
         batch.predicted_time_s = builder.timer.time() + batch.swap_time_s
         self._inflight += 1
         self._next_batch_id += 1
@@ -200,9 +187,29 @@ class ReplicaScheduler:
         builder = self._builder(batch, now, self.config.max_num_seqs)
         if self.policy.uses_classes:
             self._room_for_urgent_prefill(builder)
+            self._settle(batch)
         self._add_decodes(builder)
+        self._settle(batch)  # a decode recomputed for an older one is a prefill again
         self._add_prefills(builder, now)
+        self._settle(batch)
         return builder
+
+    def _settle(self, batch: Batch) -> None:
+        """Move the requests the arbiter swapped in, recomputed or swapped out for this batch
+        to the queue of their state, in the order it moved them. Each step repeats it for the
+        whole batch: a request already in its queue keeps its place there."""
+        for s in batch.swap_in:  # back in the phase it left (unless preempted again since)
+            r = s.request
+            if r.state is RequestState.DECODING:
+                self._decoding[r.request_id] = r
+            elif r.state is RequestState.PREFILLING:
+                self._prefilling[r.request_id] = r
+        for r in batch.preempted:  # its KV dropped: prefilled again from the start
+            self._decoding.pop(r.request_id, None)
+            self._prefilling[r.request_id] = r
+        for s in batch.swap_out:  # out of every queue until it is swapped back in
+            self._decoding.pop(s.request.request_id, None)
+            self._prefilling.pop(s.request.request_id, None)
 
     def _most_urgent_prefill(self, now: float) -> Request | None:
         """The first prefill-phase request in policy order that has work left to schedule."""
@@ -215,18 +222,15 @@ class ReplicaScheduler:
         batch member cannot be evicted, so the room is made first: enough for the prefill's
         whole context, plus a block for each decode that needs one."""
         r = self._most_urgent_prefill(builder.now)
-        if r is None or (r.num_scheduled == 0 and self._swapped
-                         and not self._outranks_swapped(r)):
+        if r is None or not self.kv.may_start(r):
             return
         growing = sum(1 for d in self._decoding.values()
                       if d.num_inflight_batches == 0 and d.kv_capacity <= d.num_scheduled)
-        reserve = growing + self._watermark_blocks
-        if self.blocks.shortfall(r.request_id, r.num_tokens, reserve):
-            self._evict_below(r, r.num_tokens, reserve, builder, evict_decodes=True)
+        self.kv.make_room(r, growing, builder.batch, builder.now)
 
     def _builder(self, batch: Batch, now: float, max_seqs: int) -> BatchBuilder:
-        return BatchBuilder(self, batch, self.predictor.timer(), now, max_seqs,
-                            self._max_batch_tokens)
+        return BatchBuilder(self.kv, batch, self.predictor.timer(), now, max_seqs,
+                            self._max_batch_tokens, self.long_threshold)
 
     def _add_prefills(self, builder: BatchBuilder, now: float) -> None:
         batch = builder.batch
@@ -234,7 +238,8 @@ class ReplicaScheduler:
                                   now)
         if self._inflight or batch.preempted:
             # Skip requests whose remaining chunks are all running (pipelined batches), and
-            # those preempted a moment ago: memory is short, they wait a turn.
+            # those the arbiter recomputed for this batch so far (for its decodes, an urgent
+            # prefill, or a first try at it): memory is short, they wait a turn.
             queue = [r for r in queue
                      if r.num_scheduled < r.num_tokens and r not in batch.preempted]
         if queue:
@@ -248,9 +253,11 @@ class ReplicaScheduler:
         builder = self._builder(batch, now, room)
         if room > 0:
             self._add_prefills(builder, now)
+            self._settle(batch)
         if builder.is_empty:
             builder = self._builder(batch, now, self.config.max_num_seqs)
             self._add_decodes(builder)
+            self._settle(batch)
         return builder
 
     def _prefill_order(self, queue: list[Request], now: float) -> list[Request]:
@@ -277,175 +284,30 @@ class ReplicaScheduler:
         return started + rest
 
     def _add_decodes(self, builder: BatchBuilder) -> None:
+        batch, now = builder.batch, builder.now
         decodes = [r for r in self._decoding.values() if r.num_inflight_batches == 0]
         if not decodes:
             return
-        decodes = self.policy.select_decodes(decodes, builder.now)
+        decodes = self.policy.select_decodes(decodes, now)
         short = [r for r in decodes if r.kv_capacity <= r.num_scheduled]  # need a new block
         if self.blocks.can_grow_each(len(short)) and len(decodes) <= builder.room_seqs:
             for r in short:
-                self.reserve_kv(r, r.num_scheduled + 1, builder)
+                self.kv.reserve(r, r.num_scheduled + 1, batch, now)
             builder.add_decodes(decodes)
             return
         # Someone will wait or be preempted: the oldest decodes (of the most urgent class, under
         # a class policy) keep their place, and each one joins the batch before the next looks
-        # for victims, so it cannot become one.
-        decodes.sort(key=self._eviction_rank(builder.now))
+        # for victims, so it cannot become one. The victims rank below it: later in this list.
+        decodes.sort(key=self.policy.eviction_rank(now))
         for r in decodes:
             if builder.room_seqs == 0:
                 break
             if r.state is not RequestState.DECODING:
-                continue  # preempted a moment ago to make room for an older decode
-            if self.reserve_kv(r, r.num_scheduled + 1, builder) > r.num_scheduled:
+                continue  # the arbiter preempted it for an older decode of this list
+            if self.kv.reserve(r, r.num_scheduled + 1, batch, now) > r.num_scheduled:
                 builder.add_decodes([r])
             else:
-                self._preempt(r, builder)  # nobody below it to evict: it recomputes later
-
-    def reserve_kv(self, r: Request, num_tokens: int, builder: BatchBuilder,
-                   all_or_nothing: bool = False) -> int:
-        """Make `r` hold KV for `num_tokens` tokens, evicting lower-priority requests if needed.
-
-        Decodes may evict anyone ranked below them; prefill chunks only evict other prefills,
-        so that admitting new work never throws away a running decode. New prefill chunks leave
-        a watermark of blocks free for decodes, unless the batch would otherwise be empty.
-        """
-        if r.state is RequestState.SWAPPED:
-            return r.num_scheduled  # swapped out while this batch formed (the packer's queue)
-        bm = self.blocks
-        decode = r.state is RequestState.DECODING
-        reserve = 0 if decode or builder.is_empty else self._watermark_blocks
-        # A prefill starts (or restarts after preemption) only when its whole context fits,
-        # so that it is not evicted half-way by the decodes it would crowd out.
-        starting = r.num_scheduled == 0
-        if starting and self._swapped and not self._outranks_swapped(r):
-            return r.num_scheduled  # swapped requests come back before new prefills start
-        must_fit = r.num_tokens if starting else num_tokens
-        if bm.shortfall(r.request_id, must_fit, reserve):
-            # under a class policy the ranks alone keep a prefill off its own class's decodes
-            self._evict_below(r, must_fit, reserve, builder,
-                              evict_decodes=decode or self.policy.uses_classes)
-            if (all_or_nothing or starting) and bm.shortfall(r.request_id, must_fit, reserve):
-                return r.num_scheduled
-        held = bm.grow(r.request_id, num_tokens, reserve)
-        r.kv_capacity = bm.tokens_held(r.request_id)
-        return held
-
-    def _eviction_rank(self, now: float):
-        """Lower ranks are kept longer. Running decodes outrank every prefill (evicting one
-        throws away admitted work and stalls its token stream); among decodes the newest goes
-        first, as in vLLM; among prefills the policy decides. A class policy ranks by class
-        before all that: a LOW decode goes before a HIGH prefill."""
-        key = self.policy.sort_key(now)
-        decoding = RequestState.DECODING
-        if self.policy.uses_classes:
-            return lambda r: ((r.priority_rank, 0, r.arrival_s, r.admission_seq)
-                              if r.state is decoding
-                              else (r.priority_rank, 1, key(r), r.admission_seq))
-        return lambda r: ((0, r.arrival_s, r.admission_seq) if r.state is decoding
-                          else (1, key(r), r.admission_seq))
-
-    def _evict_below(self, r: Request, num_tokens: int, reserve: int, builder: BatchBuilder,
-                     evict_decodes: bool) -> None:
-        """Preempt requests ranked below `r` until it can hold `num_tokens` tokens with
-        `reserve` blocks left free."""
-        rank = self._eviction_rank(builder.now)
-        mine = rank(r)
-        # batch members are in flight; swapped requests hold no device blocks; a request
-        # swapped in for this batch stays (its copy is already planned)
-        back = {s.request.request_id for s in builder.batch.swap_in}
-        victims = [v for v in self._requests.values()
-                   if v is not r and v.num_inflight_batches == 0 and v.num_scheduled > 0
-                   and (evict_decodes or v.in_prefill) and v.request_id not in self._swapped
-                   and v.request_id not in back and rank(v) > mine]
-        # Evict only when that makes enough room: work thrown away for nothing can livelock
-        # (a prefill evicted for a request that still does not fit restarts in the room it
-        # left, and is evicted again by the next try).
-        bm = self.blocks
-        if bm.shortfall(r.request_id, num_tokens, reserve,
-                        tuple(v.request_id for v in victims)):
-            return
-        victims.sort(key=rank, reverse=True)
-        for v in victims:
-            if not bm.shortfall(r.request_id, num_tokens, reserve):
-                break
-            self._preempt(v, builder)
-
-    def _preempt(self, r: Request, builder: BatchBuilder) -> None:
-        """Free `r`'s device blocks: by swapping its KV to the host pool (swap or auto mode,
-        when the pool has room and, for auto, swapping is predicted cheaper) or by dropping it."""
-        r.num_preemptions += 1
-        self.stats.preemptions += 1
-        pool = self.host_pool
-        if pool is not None and pool.should_swap(r, self.prefill_times.time(r.num_computed)):
-            self._swap_out(r, builder.batch)
-        else:
-            self._recompute(r, builder.batch)
-
-    def _recompute(self, r: Request, batch: Batch) -> None:
-        """Recompute preemption: drop the KV; the whole context is prefilled again later."""
-        self.stats.recomputes += 1
-        self.stats.recomputed_tokens += r.num_computed
-        self.blocks.free(r.request_id)
-        r.num_computed = r.num_scheduled = r.kv_capacity = 0
-        r.transition(RequestState.PREEMPTED)
-        self._decoding.pop(r.request_id, None)
-        self._prefilling[r.request_id] = r
-        r.total_work_s = max(self.prefill_times.time(r.num_tokens), 1e-12)
-        r.remaining_work_s = r.total_work_s
-        batch.preempted.append(r)
-
-    def _swap_out(self, r: Request, batch: Batch) -> None:
-        """Swap preemption: the KV goes to host blocks (copied before the batch runs); the
-        request keeps its progress and waits, out of every queue, to be swapped back in."""
-        swap = self.host_pool.swap_out(r, self.blocks)
-        batch.swap_out.append(swap)
-        self._resume[r.request_id] = r.state
-        r.transition(RequestState.SWAPPED)
-        r.kv_capacity = 0
-        r.num_swaps += 1
-        self._decoding.pop(r.request_id, None)
-        self._prefilling.pop(r.request_id, None)
-        self._swapped[r.request_id] = r
-        self.stats.swap_outs += 1
-        self.stats.swapped_out_blocks += len(swap.host_blocks)
-
-    def _swap_in(self, batch: Batch, now: float) -> None:
-        """Bring swapped requests back while device blocks allow, most urgent first (under a
-        class policy; else in swap-out order), each with room for its next token. New
-        prefills leave the watermark to running decodes, and so do these, unless the cache is
-        empty. Order is kept: a request that does not fit stops the others behind it."""
-        pool, bm = self.host_pool, self.blocks
-        waiting = list(self._swapped.values())
-        urgent = None
-        if self.policy.uses_classes:
-            waiting.sort(key=lambda r: r.priority_rank)  # stable: swap-out order in a class
-            urgent = self._most_urgent_prefill(now)
-        for r in waiting:
-            if urgent is not None and urgent.priority_rank < r.priority_rank:
-                break  # a more urgent prefill would only evict it again
-            need = pool.swap_in_need(r)
-            reserve = self._watermark_blocks if bm.num_used else 0
-            if bm.shortfall(r.request_id, need * bm.block_size, reserve):
-                break
-            swap = pool.swap_in(r, bm)
-            bm.grow(r.request_id, need * bm.block_size)
-            r.kv_capacity = bm.tokens_held(r.request_id)
-            del self._swapped[r.request_id]
-            resume = self._resume.pop(r.request_id)
-            r.transition(resume)
-            queue = self._decoding if resume is RequestState.DECODING else self._prefilling
-            queue[r.request_id] = r
-            batch.swap_in.append(swap)
-            self.stats.swap_ins += 1
-            self.stats.swapped_in_blocks += len(swap.host_blocks)
-
-    def _outranks_swapped(self, r: Request) -> bool:
-        """May `r` start while swapped requests wait for blocks? Only under a class policy, and
-        only when it is of a more urgent class than every one of them (else they would starve
-        behind new arrivals)."""
-        if not self.policy.uses_classes:
-            return False
-        return r.priority_rank < min(s.priority_rank for s in self._swapped.values())
+                self.kv.preempt(r, batch)  # nobody below it to evict: it recomputes later
 
     # ---- results -----------------------------------------------------------------------------
     def update(self, batch: Batch, result: BatchResult, now: float) -> list[Request]:
@@ -516,12 +378,12 @@ class ReplicaScheduler:
 
     def _release_aborted(self, r: Request) -> None:
         if r.num_inflight_batches == 0 and self._aborted_inflight.pop(r.request_id, None):
-            self.blocks.free(r.request_id)
+            self.kv.free(r)
 
     def _finish(self, r: Request, now: float, reason: str) -> None:
         r.transition(RequestState.FINISHED)
         r.finish_s, r.finish_reason = now, reason
-        self.blocks.free(r.request_id)
+        self.kv.free(r)
         del self._requests[r.request_id]
         self._prefilling.pop(r.request_id, None)
         self._decoding.pop(r.request_id, None)
@@ -529,36 +391,19 @@ class ReplicaScheduler:
 
     # ---- checks ------------------------------------------------------------------------------
     def check_invariants(self) -> None:
-        """Block accounting is exact, and every live request holds KV for what it scheduled.
+        """Every live request is in the queue of its state with consistent progress, and the
+        arbiter's accounting is exact (see KVArbiter.check_invariants).
 
         Raises SchedulerInvariantError (or BlockAccountingError); tests call it after every batch.
         """
-        self.blocks.check_invariants()
-        bm = self.blocks
+        swapped = self.kv.swapped
         for rid, r in self._requests.items():
-            queued = (rid in self._prefilling) + (rid in self._decoding) + (rid in self._swapped)
+            queued = (rid in self._prefilling) + (rid in self._decoding) + (rid in swapped)
             if queued != 1 or r.in_prefill != (rid in self._prefilling):
                 raise SchedulerInvariantError(f"{r} is in the wrong queue")
-            if (r.state is RequestState.SWAPPED) != (rid in self._swapped):
-                raise SchedulerInvariantError(f"{r} is in the wrong queue")
-            if rid in self._swapped:
-                if r.num_inflight_batches or r.num_scheduled != r.num_computed:
-                    raise SchedulerInvariantError(f"{r} was swapped out with work in flight")
-            elif bm.tokens_held(rid) < r.num_scheduled:
-                raise SchedulerInvariantError(f"{r} scheduled tokens it holds no KV for")
-            if r.kv_capacity != bm.tokens_held(rid):
-                raise SchedulerInvariantError(f"{r} records KV capacity {r.kv_capacity}, "
-                                              f"holds {bm.tokens_held(rid)}")
             if not r.num_computed <= r.num_scheduled <= r.num_tokens:
                 raise SchedulerInvariantError(f"{r} has inconsistent progress")
-        owners = set(self._requests) | set(self._aborted_inflight)
-        for rid in bm.owners():
-            if rid not in owners:
-                raise SchedulerInvariantError(f"blocks of {rid} outlived the request")
-        if self.host_pool is not None:
-            self.host_pool.check_invariants(self._swapped, bm)
-        elif self._swapped:
-            raise SchedulerInvariantError("requests are swapped out without a host pool")
+        self.kv.check_invariants(self._aborted_inflight)
 
     def predicted_isolated_prefill_s(self, num_tokens: int) -> float:
         return self.prefill_times.time(num_tokens)

@@ -47,5 +47,9 @@ class Registry(Generic[T]):
         try:
             return self._entries[name]
         except KeyError:
-            raise ValueError(f"unknown {self.kind} {name!r}; choose one of: "
-                             f"{', '.join(self.names())}") from None
+            raise unknown_name(self.kind, name, self.names()) from None
+
+
+def unknown_name(kind: str, name: object, choices) -> ValueError:
+    """The error for a name that is none of `choices`, listing them."""
+    return ValueError(f"unknown {kind} {name!r}; choose one of: {', '.join(sorted(choices))}")

@@ -1,3 +1,3 @@
-from medha.scheduler.packers.base_packer import PACKERS, Packer, make_packer, parse_chunking
+from medha.scheduler.packers.base_packer import PACKERS, Packer, make_packer
 
-__all__ = ["PACKERS", "Packer", "make_packer", "parse_chunking"]
+__all__ = ["PACKERS", "Packer", "make_packer"]

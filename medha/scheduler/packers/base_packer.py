@@ -10,19 +10,18 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, ClassVar
 
+from medha.core.config import SchedulerConfig, parse_chunking
 from medha.core.request import Request
 from medha.perf.predictor import Predictor
 from medha.utils.registry import Registry
 
 if TYPE_CHECKING:
-    from medha.core.config import SchedulerConfig
     from medha.scheduler.batch_builder import BatchBuilder
 
 
 class Packer(ABC):
     name: ClassVar[str]
     default_policy: ClassVar[str]
-    takes_argument: ClassVar[bool] = False
 
     def __init__(self, config: SchedulerConfig, predictor: Predictor, arg: int | None) -> None:
         self.config = config
@@ -44,26 +43,6 @@ class Packer(ABC):
 PACKERS: Registry[Packer] = Registry("chunking mode", __package__, suffix="_packer")
 
 
-def parse_chunking(spec: str) -> tuple[type[Packer], int | None]:
-    """'adaptive' | 'none' | 'static:N' -> (packer class, N)."""
-    if not isinstance(spec, str) or not spec:
-        raise ValueError(f"chunking must be none, static:N or adaptive, got {spec!r}")
-    name, _, arg = spec.partition(":")
-    try:
-        cls = PACKERS.get(name)
-    except ValueError:
-        raise ValueError(f"unknown chunking {spec!r}; expected none, static:N or adaptive") \
-            from None
-    if cls.takes_argument:
-        if not arg.isdigit() or int(arg) < 1:
-            raise ValueError(f"chunking {spec!r}: static chunking needs a positive token "
-                             "budget, e.g. static:512")
-        return cls, int(arg)
-    if arg:
-        raise ValueError(f"chunking {spec!r}: {name} takes no argument")
-    return cls, None
-
-
 def make_packer(config: SchedulerConfig, predictor: Predictor) -> Packer:
-    cls, arg = parse_chunking(config.chunking)
-    return cls(config, predictor, arg)
+    mode, arg = parse_chunking(config.chunking)
+    return PACKERS.get(mode)(config, predictor, arg)

@@ -10,7 +10,6 @@ from medha.scheduler.packers.base_packer import PACKERS, Packer
 @PACKERS.register("static")
 class StaticPacker(Packer):
     default_policy = "fcfs"
-    takes_argument = True
 
     def __init__(self, config, predictor, arg: int | None) -> None:
         super().__init__(config, predictor, arg)

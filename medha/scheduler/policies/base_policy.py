@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, ClassVar
 
 from medha.core.config import SchedulerConfig
-from medha.core.request import Request
+from medha.core.request import Request, RequestState
 from medha.utils.registry import Registry
 
 if TYPE_CHECKING:
@@ -63,6 +63,21 @@ class Policy(ABC):
 
     def key(self, request: Request, now: float) -> float:
         return self.sort_key(now)(request)
+
+    def eviction_rank(self, now: float) -> Callable[[Request], tuple]:
+        """Who keeps its KV when blocks run short: lower ranks are kept longer. Running decodes
+        outrank every prefill (evicting one throws away admitted work and stalls its token
+        stream); among decodes the newest goes first, as in vLLM; among prefills the policy's
+        key decides. A class policy ranks by class before all that: a LOW decode goes before a
+        HIGH prefill. Admission order breaks ties, so the rank is a total order."""
+        key = self.sort_key(now)
+        decoding = RequestState.DECODING
+        if self.uses_classes:
+            return lambda r: ((r.priority_rank, 0, r.arrival_s, r.admission_seq)
+                              if r.state is decoding
+                              else (r.priority_rank, 1, key(r), r.admission_seq))
+        return lambda r: ((0, r.arrival_s, r.admission_seq) if r.state is decoding
+                          else (1, key(r), r.admission_seq))
 
 
 POLICIES: Registry[Policy] = Registry("policy", __package__, suffix="_policy")
