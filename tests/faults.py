@@ -23,11 +23,11 @@ def inject(monkeypatch, llm, where: str, victim: str, prompt: list[int], after: 
     if where == "inputs":  # the runner reading the victim's tokens and block table
         real_inputs = model_runner.ModelRunner.chunk_inputs
 
-        def chunk_inputs(self, batch, contexts, blocks):
-            if any(c.request.request_id == victim for c in (*batch.decodes, *batch.prefills)) \
-                    and hits():
-                contexts = {**contexts, victim: None}
-            return real_inputs(self, batch, contexts, blocks)
+        def chunk_inputs(self, batch):
+            for c in (*batch.decodes, *batch.prefills):
+                if c.request.request_id == victim and hits():
+                    c.block_table = None  # unreadable: this batch's chunk only
+            return real_inputs(self, batch)
         monkeypatch.setattr(model_runner.ModelRunner, "chunk_inputs", chunk_inputs)
     elif where == "forward":  # deep in the forward pass, whenever the victim's rows are in it
         real_prepare, real_forward = runner.prepare, runner.forward
@@ -56,16 +56,16 @@ def inject(monkeypatch, llm, where: str, victim: str, prompt: list[int], after: 
             return real_sample(logits, params, generators, request_ids)
         monkeypatch.setattr(llm_engine, "sample", sample)
     elif where == "detokenizer":  # decoding the victim's text
-        real_add, real_state = Detokenizer.add, engine._new_state
+        real_add, real_admit = Detokenizer.add, engine.add_request
 
         def add(self, token):
             if getattr(self, "victim", False) and hits():
                 raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")
             return real_add(self, token)
 
-        def new_state(params, ids):
-            state = real_state(params, ids)
-            state.detok.victim = ids == prompt
-            return state
+        def add_request(request_id, *args, **kwargs):
+            real_admit(request_id, *args, **kwargs)
+            request = engine.scheduler.get(request_id)
+            engine._states[request_id].detok.victim = request.prompt_token_ids == prompt
         monkeypatch.setattr(Detokenizer, "add", add)
-        monkeypatch.setattr(engine, "_new_state", new_state)
+        monkeypatch.setattr(engine, "add_request", add_request)

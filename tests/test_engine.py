@@ -62,8 +62,7 @@ def prefill_logits(chunking: str, ids: list[int]) -> torch.Tensor:
     rows = []
     while engine.has_unfinished():
         batch = engine.scheduler.schedule(time.monotonic())
-        logits, _ = engine.runner.execute(batch, {"x": engine._states["x"].context},
-                                          engine.scheduler.blocks, all_logits=True)
+        logits, _ = engine.runner.execute(batch, all_logits=True)
         rows.append(logits)
         tokens = {"x": 0} if batch.prefills[-1].samples else None
         engine.scheduler.update(batch, BatchResult(0.01, tokens), time.monotonic())
@@ -163,6 +162,20 @@ def test_abort_mid_generation_frees_kv(llm, prompts):
     assert e.scheduler.blocks.num_used > 0
     assert e.abort("gone")
     assert e.scheduler.blocks.num_used == 0 and not e.has_unfinished()
+
+
+def test_outputs_carry_new_tokens_not_copies_of_the_prompt(llm, prompts):
+    e = llm.engine
+    e.add_request("o", None, SamplingParams(max_tokens=3, temperature=0),
+                  prompt_token_ids=prompts[6])
+    prompt = e.scheduler.get("o").prompt_token_ids
+    outs = []
+    while e.has_unfinished():
+        outs += e.step()
+    assert [len(o.new_token_ids) for o in outs] == [1, 1, 1]
+    assert all(o.prompt_token_ids is prompt for o in outs)  # shared, never sliced
+    assert [o.token_ids for o in outs[:-1]] == [None, None]
+    assert outs[-1].token_ids == [t for o in outs for t in o.new_token_ids]
 
 
 def test_chat_template(llm):

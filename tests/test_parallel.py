@@ -44,8 +44,7 @@ def _prefill_logits(llm, ids):
     rows, groups = [], 1
     while engine.has_unfinished():
         batch = engine.scheduler.schedule(time.monotonic())
-        logits, _ = engine.execute(batch, {"x": engine._states["x"].context}, blocks,
-                                   all_logits=True)
+        logits, _ = engine.execute(batch, all_logits=True)
         rows.append(logits)
         groups = max(groups, getattr(blocks, "groups_holding", lambda _: 1)("x"))
         tokens = {"x": 0} if batch.prefills[-1].samples else None
@@ -179,8 +178,7 @@ def test_pipeline_stages_chained_equal_the_whole_model(tiny_model):
                            prompt_token_ids=_prompts(llm)[-1])
         while engine.has_unfinished():
             batch = engine.scheduler.schedule(time.monotonic())
-            step, _ = engine.runner.prepare(batch, {"x": engine._states["x"].context},
-                                            engine.scheduler.blocks, all_logits=True)
+            step, _ = engine.runner.prepare(batch, all_logits=True)
             whole = engine.runner.run(step)
             staged = stages[0].logits(step, stages[1].forward(step, stages[0].forward(step)))
             assert torch.equal(staged, whole)  # the same operations, in the same order

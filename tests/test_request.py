@@ -16,6 +16,15 @@ def test_from_tokens_sets_length():
     assert r.prompt_len == 3 and r.prompt_token_ids == [1, 2, 3]
 
 
+def test_context_token_ids_read_prompt_then_outputs():
+    r = Request.from_tokens("a", 0.0, [1, 2, 3], 4)
+    r.output_token_ids += [4, 5]
+    assert [r.context_token_ids(s, e) for s, e in ((0, 3), (1, 4), (3, 5), (4, 5), (0, 5))] \
+        == [[1, 2, 3], [2, 3, 4], [4, 5], [5], [1, 2, 3, 4, 5]]
+    with pytest.raises(ValueError, match="no token ids"):
+        Request("b", 0.0, 3, 4).context_token_ids(0, 1)
+
+
 @pytest.mark.parametrize("kwargs, field", [
     (dict(max_tokens=0), "max_tokens"),
     (dict(max_tokens=-3), "max_tokens"),

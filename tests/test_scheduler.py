@@ -136,6 +136,30 @@ def test_preempted_decode_recomputes_prompt_and_outputs():
     assert sched.blocks.num_used == 0
 
 
+def test_a_batch_carries_each_chunks_tokens_and_block_table():
+    # Tight memory, so that a request is preempted and recomputes prompt + outputs: every
+    # chunk must still read the right tokens from its request and hold its live block table.
+    sched = toy_scheduler(num_blocks=6, watermark=0.0, target_batch_time_s=0.2)
+    reqs = [Request.from_tokens(n, 0.0, [hash((n, i)) % 1000 for i in range(47)], 30)
+            for n in "ab"]
+    for r in reqs:
+        sched.add_request(r, 0.0)
+    now, recomputed = 0.0, 0
+    while sched.has_unfinished():
+        batch = sched.schedule(now)
+        for c in batch.chunks:
+            r = c.request
+            context = r.prompt_token_ids + r.output_token_ids
+            assert c.token_ids == context[c.start:c.end]
+            assert c.block_table is sched.blocks.blocks_of(r.request_id)  # the live list
+            assert len(c.block_table) * sched.blocks.block_size >= c.end
+            recomputed += c.start == 0 and r.num_output_tokens > 0
+        tokens = {c.request.request_id: 7 + c.end for c in batch.chunks if c.samples}
+        now += batch.predicted_time_s
+        sched.update(batch, BatchResult(batch.predicted_time_s, tokens), now)
+    assert recomputed and all(len(r.output_token_ids) == 30 for r in reqs)
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.floats(0, 1), st.integers(1, 300), st.integers(1, 40),
                           st.one_of(st.none(), st.integers(0, 30)),

@@ -13,16 +13,27 @@ class Chunk:
 
     `samples` is true when the chunk reaches the end of the context: the model's output at its
     last position becomes the request's next token. Every decode is a one-token sampling chunk.
+
+    With `token_ids` and `block_table` a chunk carries all an engine needs to run it: the
+    scheduler sets `block_table` to the request's KV block ids when the batch is formed (the
+    block manager's own list, not a copy: it only grows while the request holds it, so a
+    decode costs the same at any context length).
     """
 
     request: Request
     start: int
     num_tokens: int
     samples: bool
+    block_table: list[int] = field(default_factory=list)
 
     @property
     def end(self) -> int:
         return self.start + self.num_tokens
+
+    @property
+    def token_ids(self) -> list[int]:
+        """The tokens this chunk feeds the model, read from the request (their only store)."""
+        return self.request.context_token_ids(self.start, self.end)
 
 
 @dataclass(slots=True)

@@ -148,6 +148,17 @@ class Request:
         """Length of the context: prompt plus generated tokens."""
         return self.prompt_len + self.num_output_tokens
 
+    def context_token_ids(self, start: int, end: int) -> list[int]:
+        """Token ids of context positions [start, end): prompt, then generated tokens. Costs
+        O(end - start), whatever the prompt's length (a decode reads one token)."""
+        prompt, n = self.prompt_token_ids, self.prompt_len
+        if prompt is None:
+            raise ValueError(f"request {self.request_id} carries no token ids")
+        if end <= n:
+            return prompt[start:end]
+        out = self.output_token_ids[max(0, start - n):end - n]
+        return prompt[start:] + out if start < n else out
+
     @property
     def num_unscheduled(self) -> int:
         return self.num_tokens - self.num_scheduled

@@ -93,11 +93,16 @@ class EngineConfig:
 
 @dataclass
 class RequestOutput:
+    """What one step did for one request. Per-step fields (`new_token_ids`, `delta_text`,
+    `logprobs`) cost the same at any context length: `text` is the detokenizer's string,
+    `prompt_token_ids` the request's own list (shared: do not modify it), and `token_ids`,
+    every generated token, comes with the final output only (None before)."""
+
     request_id: str
     new_token_ids: list[int]
     delta_text: str
     text: str
-    token_ids: list[int]
+    token_ids: list[int] | None
     finished: bool
     finish_reason: str | None
     prompt_token_ids: list[int]
@@ -108,9 +113,10 @@ class RequestOutput:
 
 @dataclass
 class _State:
+    """What the engine keeps of a request beside the scheduler's Request (which alone holds
+    its tokens)."""
+
     params: SamplingParams
-    context: list[int]  # prompt + generated tokens: what a (re)prefill reads
-    prompt_len: int
     detok: Detokenizer
     generator: torch.Generator | None
     stop_ids: frozenset[int]
@@ -265,7 +271,7 @@ class LLMEngine:
                                       ttft_deadline_s=ttft_deadline_s,
                                       tpot_target_s=tpot_target_s,
                                       priority_class=priority_class)
-        state = self._new_state(params, prompt_token_ids)
+        state = self._new_state(params)
         self.scheduler.add_request(request, request.arrival_s)  # validates; raises ValueError
         self._states[request_id] = state  # nothing after the scheduler took it may fail
 
@@ -297,7 +303,7 @@ class LLMEngine:
             raise InvalidRequestError(f"prompt token ids must be integers in [0, {vocab})",
                                       "prompt")
 
-    def _new_state(self, params: SamplingParams, prompt_token_ids: list[int]) -> _State:
+    def _new_state(self, params: SamplingParams) -> _State:
         generator = None
         if not params.greedy:
             generator = torch.Generator()
@@ -306,8 +312,8 @@ class LLMEngine:
         stop_ids = set(params.stop_token_ids)
         if not params.ignore_eos and self.tokenizer.eos_token_id is not None:
             stop_ids.add(self.tokenizer.eos_token_id)
-        return _State(params, list(prompt_token_ids), len(prompt_token_ids),
-                      Detokenizer(self.tokenizer, params.stop), generator, frozenset(stop_ids))
+        return _State(params, Detokenizer(self.tokenizer, params.stop), generator,
+                      frozenset(stop_ids))
 
     def abort(self, request_id: str) -> bool:
         self._states.pop(request_id, None)
@@ -317,12 +323,13 @@ class LLMEngine:
         """End one request with an error; the others go on."""
         log.warning("%s", error)
         state = self._states.pop(request_id, None)
-        self.scheduler.abort(request_id, time.monotonic(), reason="error")
-        generated = state.context[state.prompt_len:] if state else []
+        request = self.scheduler.abort(request_id, time.monotonic(), reason="error")
         self._failed.append(RequestOutput(
             request_id=request_id, new_token_ids=[], delta_text="",
-            text=state.detok.text if state else "", token_ids=generated, finished=True,
-            finish_reason="error", prompt_token_ids=[], error=error.detail))
+            text=state.detok.text if state else "",
+            token_ids=list(request.output_token_ids) if request else [], finished=True,
+            finish_reason="error", prompt_token_ids=request.prompt_token_ids if request else [],
+            error=error.detail))
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -378,7 +385,7 @@ class LLMEngine:
             if not batch.num_seqs:
                 return None, []
             try:
-                return self.runner.prepare(batch, self._contexts(), self.scheduler.blocks)
+                return self.runner.prepare(batch)
             except RequestFailedError as e:
                 self._fail(e.request_id, e)
                 batch = _without(batch, e.request_id)
@@ -430,18 +437,14 @@ class LLMEngine:
         return self.runner.logits(step, self.pipeline.result(batch.batch_id,
                                                              step.ids.numel()))
 
-    def execute(self, batch, contexts: dict[str, list[int]], blocks: BlockManager,
-                all_logits: bool = False) -> tuple[torch.Tensor, list]:
+    def execute(self, batch, all_logits: bool = False) -> tuple[torch.Tensor, list]:
         """Run one batch through every rank and stage now (no overlap with other batches):
         (logits, sampling chunks) as ModelRunner.execute. The profiler and tests use it."""
         if self.pipeline is None:
-            return self.runner.execute(batch, contexts, blocks, all_logits)
-        step, chunks = self.runner.prepare(batch, contexts, blocks, all_logits)
+            return self.runner.execute(batch, all_logits)
+        step, chunks = self.runner.prepare(batch, all_logits)
         self._launch(step)
         return self._collect(batch, step), chunks
-
-    def _contexts(self) -> dict[str, list[int]]:
-        return {rid: s.context for rid, s in self._states.items()}
 
     @contextlib.contextmanager
     def _discarding_on_error(self, batch):
@@ -494,9 +497,9 @@ class LLMEngine:
                 delta += s.detok.flush()
             outputs.append(RequestOutput(
                 request_id=r.request_id, new_token_ids=[smp.token], delta_text=delta,
-                text=s.detok.text, token_ids=s.context[s.prompt_len:],
+                text=s.detok.text, token_ids=list(r.output_token_ids) if end else None,
                 finished=end is not None, finish_reason=end.finish_reason if end else None,
-                prompt_token_ids=s.context[:s.prompt_len],
+                prompt_token_ids=r.prompt_token_ids,
                 logprobs=[smp] if s.params.logprobs is not None else None,
                 metrics=_request_metrics(end) if end else None))
             if end is not None:
@@ -505,9 +508,8 @@ class LLMEngine:
 
     @staticmethod
     def _append(s: _State, smp: Sample) -> tuple[str, bool]:
-        """Add a sampled token to a request: (the text it makes safe to emit, whether it
-        ends the request)."""
-        s.context.append(smp.token)
+        """Add a sampled token to a request's output (the scheduler adds it to its tokens):
+        (the text it makes safe to emit, whether it ends the request)."""
         if s.params.logprobs is not None:
             s.logprobs.append(smp)
         if smp.token in s.stop_ids:

@@ -1,5 +1,6 @@
 """Runs one scheduler Batch through the model: builds the flattened token batch and the
-attention metadata from the block tables, and returns logits for the sampling positions."""
+attention metadata from the chunks' tokens and block tables (the batch is all it reads), and
+returns logits for the sampling positions."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ from medha.engine.models.llama import LlamaArgs, LlamaForCausalLM
 from medha.engine.parallel.kv_parallel import SINGLE_GROUP, KvParallel, build_view
 from medha.engine.parallel.stage import WHOLE, Stage
 from medha.engine.parallel.tensor_parallel import SINGLE, TensorParallel
-from medha.scheduler.block_manager import BlockManager
 
 
 @dataclass
@@ -84,12 +84,12 @@ class ModelRunner:
         table = torch.tensor(blocks, dtype=torch.long)
         return table[pos // self.block_size] * self.block_size + pos % self.block_size
 
-    def _decode_group(self, decodes, start: int, end: int, tables: dict[str, list[int]],
+    def _decode_group(self, decodes, start: int, end: int,
                       slot_parts: list[torch.Tensor]) -> DecodeGroup:
         bs = self.block_size
         chunks = decodes[start:end]
         lens = torch.tensor([c.start + 1 for c in chunks])  # contexts incl. the new token
-        rows = [tables[c.request.request_id] for c in chunks]
+        rows = [c.block_table for c in chunks]
         width = max(len(t) for t in rows)
         table = torch.tensor([t + [0] * (width - len(t)) for t in rows], dtype=torch.long)
         last = lens - 1
@@ -98,28 +98,25 @@ class ModelRunner:
         lone = self._slots(rows[0], 0, int(lens[0])) if len(chunks) == 1 else None
         return DecodeGroup(start, end, table.reshape(-1), mask, lone)
 
-    def chunk_inputs(self, batch: Batch, contexts: dict[str, list[int]], blocks: BlockManager
-                     ) -> dict[str, tuple[list[int], list[int]]]:
-        """Each chunk's token ids and its request's block table, read under the request's
-        name: a request whose inputs cannot be read fails alone, before anything runs."""
+    def chunk_inputs(self, batch: Batch) -> dict[str, tuple[list[int], list[int]]]:
+        """Each chunk's token ids and block table, read under its request's name: a request
+        whose inputs cannot be read fails alone, before anything runs."""
         inputs = {}
         for c in (*batch.decodes, *batch.prefills):
             rid = c.request.request_id
             with blame(rid):
-                tokens, table = contexts[rid][c.start:c.end], blocks.blocks_of(rid)
+                tokens, table = c.token_ids, c.block_table
                 if len(tokens) != c.num_tokens or len(table) * self.block_size < c.end:
                     raise IndexError(f"chunk [{c.start}:{c.end}) lies beyond its {len(tokens)}"
                                      f" tokens or {len(table)} KV blocks")
                 inputs[rid] = tokens, table
         return inputs
 
-    def prepare(self, batch: Batch, contexts: dict[str, list[int]], blocks: BlockManager,
-                all_logits: bool = False) -> tuple[StepInput, list]:
+    def prepare(self, batch: Batch, all_logits: bool = False) -> tuple[StepInput, list]:
         """The batch as tensors (decodes first, then each prefill chunk's tokens), and the
         chunks whose next token is sampled, in the order of their logits rows. Raises
         RequestFailedError, before anything runs, for a request whose inputs are broken."""
-        inputs = self.chunk_inputs(batch, contexts, blocks)
-        tables = {rid: table for rid, (_, table) in inputs.items()}
+        inputs = self.chunk_inputs(batch)
         ids: list[int] = []
         positions: list[int] = []
         slot_parts: list[torch.Tensor] = []
@@ -137,7 +134,7 @@ class ModelRunner:
             while (end < len(decodes) and self.kvp.size == 1
                    and decodes[end].start < 1.25 * decodes[start].start + bs):
                 end += 1
-            groups.append(self._decode_group(decodes, start, end, tables, slot_parts))
+            groups.append(self._decode_group(decodes, start, end, slot_parts))
             start = end
         for i, c in enumerate(decodes):
             ids.extend(inputs[c.request.request_id][0])
@@ -191,13 +188,12 @@ class ModelRunner:
         """The whole model on this process (one TP rank of it)."""
         return self.logits(step, self.forward(step))
 
-    def execute(self, batch: Batch, contexts: dict[str, list[int]], blocks: BlockManager,
-                all_logits: bool = False) -> tuple[torch.Tensor, list]:
+    def execute(self, batch: Batch, all_logits: bool = False) -> tuple[torch.Tensor, list]:
         """Returns (logits [samples, vocab] fp32, the sampling chunks in row order).
 
         `all_logits` returns every row's logits instead (decodes first, then each prefill
         chunk's tokens): what correctness tests compare with a reference model."""
-        step, chunks = self.prepare(batch, contexts, blocks, all_logits)
+        step, chunks = self.prepare(batch, all_logits)
         if self.workers is not None:
             self.workers.broadcast(step)
         return self.run(step), chunks

@@ -77,28 +77,29 @@ class Profiler:
         e = self.engine
         bm = e.scheduler.blocks
         vocab = e.runner.args.vocab_size
-        contexts, decodes, prefills = {}, [], []
+        held, decodes, prefills = [], [], []
+
+        def chunk(name: str, start: int, num_tokens: int) -> Chunk:
+            tokens = start + num_tokens
+            r = Request.from_tokens(name, 0.0, [self.rng.randrange(3, vocab)
+                                                for _ in range(tokens)], 1)
+            held.append(name)
+            self._reserve(r, tokens)
+            return Chunk(r, start, num_tokens, True, bm.blocks_of(name))
+
         try:
-            for i, (n, k) in enumerate(shape.prefills):
-                r = Request(f"p{i}", 0.0, k + n, 1)
-                contexts[r.request_id] = [self.rng.randrange(3, vocab) for _ in range(k + n)]
-                self._reserve(r, k + n)
-                prefills.append(Chunk(r, k, n, True))
-            for i, kv in enumerate(shape.decode_kv):
-                r = Request(f"d{i}", 0.0, kv + 1, 1)
-                contexts[r.request_id] = [self.rng.randrange(3, vocab) for _ in range(kv + 1)]
-                self._reserve(r, kv + 1)
-                decodes.append(Chunk(r, kv, 1, True))
+            prefills = [chunk(f"p{i}", k, n) for i, (n, k) in enumerate(shape.prefills)]
+            decodes = [chunk(f"d{i}", kv, 1) for i, kv in enumerate(shape.decode_kv)]
             batch = Batch(0, 0.0, decodes, prefills)
             best = float("inf")
             for attempt in range(repeats + 1):
                 t0 = time.perf_counter()
-                e.execute(batch, contexts, bm)
+                e.execute(batch)
                 if attempt:  # the first run warms kernels up for the shape
                     best = min(best, time.perf_counter() - t0)
             return best
         finally:
-            for rid in contexts:
+            for rid in held:
                 bm.free(rid)
 
     def _reserve(self, r: Request, tokens: int) -> None:

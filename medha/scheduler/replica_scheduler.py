@@ -168,8 +168,12 @@ class ReplicaScheduler:
             builder = self._fill(batch, now)
         if builder.is_empty and not (batch.swap_in or batch.swap_out):
             return None  # (a batch that only moves KV still runs: its copies must happen)
+        tables = self.blocks.blocks_of
+        for chunk in batch.decodes:
+            chunk.block_table = tables(chunk.request.request_id)
         for chunk in batch.prefills:
             r = chunk.request
+            chunk.block_table = tables(r.request_id)
             if r.state is not RequestState.PREFILLING:
                 r.transition(RequestState.PREFILLING)
             if r.first_scheduled_s is None:
