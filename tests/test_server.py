@@ -496,7 +496,7 @@ def test_slo_fields_reach_the_scheduler_and_engine_failure_gives_503():
     from fastapi.testclient import TestClient
 
     from medha.engine.llm_engine import EngineConfig, LLMEngine
-    from medha.server.api_server import build_app
+    from medha.server.app import build_app
 
     engine = LLMEngine(EngineConfig(kv_memory_gb=0.05))
     seen = []
@@ -529,7 +529,7 @@ def test_a_request_failing_after_admission_ends_alone(tiny_model):
 
     from medha.engine import llm_engine
     from medha.engine.llm_engine import EngineConfig, LLMEngine
-    from medha.server.api_server import build_app
+    from medha.server.app import build_app
 
     engine = LLMEngine(EngineConfig(model=tiny_model, kv_memory_gb=0.01))
     real = llm_engine.sample

@@ -111,6 +111,17 @@ class RequestOutput:
     error: str | None = None  # why it failed, with finish_reason "error"
 
 
+@dataclass(frozen=True)
+class EngineStats:
+    """The engine's queues and KV cache at one instant (LLMEngine.stats)."""
+    waiting: int  # requests with prefill left: waiting, prefilling or preempted
+    running: int  # requests decoding
+    swapped: int  # requests whose KV is in the host pool
+    kv_blocks_used: int
+    kv_blocks_free: int
+    preemptions: int  # recomputes and swap-outs since start
+
+
 @dataclass
 class _State:
     """What the engine keeps of a request beside the scheduler's Request (which alone holds
@@ -333,6 +344,38 @@ class LLMEngine:
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
+
+    # ---- read-only facts and counters (the server and CLI read these, not the scheduler) ----
+    @property
+    def max_model_len(self) -> int:
+        """The longest context (prompt + output) a request may have."""
+        return self.scheduler.max_model_len
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        """The most KV tokens one request can hold (with KVP: across its groups)."""
+        return self.scheduler.blocks.capacity_tokens
+
+    @property
+    def num_kv_blocks(self) -> int:
+        return self.scheduler.blocks.num_blocks
+
+    @property
+    def policy(self) -> str:
+        """The scheduling policy in use (the packer's default when none was asked for)."""
+        return self.scheduler.config.policy or self.scheduler.packer.default_policy
+
+    @property
+    def chunking(self) -> str:
+        return self.scheduler.config.chunking
+
+    def stats(self) -> EngineStats:
+        """A snapshot of plain counters: safe to take from any thread (a metrics scrape),
+        though one taken while a step runs may mix before and after."""
+        s, blocks = self.scheduler, self.scheduler.blocks
+        return EngineStats(waiting=s.num_waiting, running=s.num_decoding,
+                           swapped=s.num_swapped, kv_blocks_used=blocks.num_used,
+                           kv_blocks_free=blocks.num_free, preemptions=s.stats.preemptions)
 
     # ---- one iteration -----------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:

@@ -68,12 +68,6 @@ class AsyncEngine:
         # cannot slip past the bound before the engine thread sees it), uncounted by the engine
         self._waiting = 0
         self._waiting_lock = threading.Lock()
-        # read at scrape time: plain counters of the scheduler, safe to read from any thread
-        s = engine.scheduler
-        metrics.waiting.set_function(lambda: s.num_waiting)
-        metrics.running.set_function(lambda: s.num_decoding)
-        metrics.kv_blocks_used.set_function(lambda: s.blocks.num_used)
-        metrics.preemptions.set_function(lambda: s.stats.preemptions)
 
     # ---- event-loop side ---------------------------------------------------------------------
     def start(self) -> None:

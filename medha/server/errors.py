@@ -109,14 +109,8 @@ def _translate(err: dict) -> RequestError:
     if kind in _EXPECTED:
         return RequestError(f"Invalid type for '{param}': expected {_EXPECTED[kind]}, but got "
                             f"{describe(value)} instead.", param, code="invalid_type")
-    number = "integer" if isinstance(value, int) else "decimal"
-    for bound, word, sign in (("ge", "below minimum", ">="), ("gt", "below minimum", ">"),
-                              ("le", "above maximum", "<="), ("lt", "above maximum", "<")):
-        if bound in ctx:
-            hint = f" ({_HINTS[param]})" if param in _HINTS and word == "above maximum" else ""
-            return RequestError(f"Invalid '{param}': {number} {word} value. Expected a value "
-                                f"{sign} {ctx[bound]}, but got {value!r} instead.{hint}", param,
-                                code=f"{number}_{word.replace(' ', '_')}_value")
+    if (out_of_range := _out_of_range(param, value, ctx)) is not None:
+        return out_of_range
     if kind == "too_short":
         return RequestError(f"Invalid '{param}': empty array. Expected an array with minimum "
                             f"length {ctx.get('min_length', 1)}, but got an empty array "
@@ -140,3 +134,16 @@ def _translate(err: dict) -> RequestError:
         return RequestError(f"Invalid '{param}': expected a finite number, but got {value!r} "
                             "instead.", param, code="invalid_value")
     return RequestError(f"{param}: {msg}" if param else msg, param)
+
+
+def _out_of_range(param: str | None, value: Any, ctx: dict) -> RequestError | None:
+    """A number past a bound (pydantic's ge, gt, le, lt), in OpenAI's words."""
+    number = "integer" if isinstance(value, int) else "decimal"
+    for bound, word, sign in (("ge", "below minimum", ">="), ("gt", "below minimum", ">"),
+                              ("le", "above maximum", "<="), ("lt", "above maximum", "<")):
+        if bound in ctx:
+            hint = f" ({_HINTS[param]})" if param in _HINTS and word == "above maximum" else ""
+            return RequestError(f"Invalid '{param}': {number} {word} value. Expected a value "
+                                f"{sign} {ctx[bound]}, but got {value!r} instead.{hint}", param,
+                                code=f"{number}_{word.replace(' ', '_')}_value")
+    return None

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+if TYPE_CHECKING:
+    from medha.engine.llm_engine import EngineStats
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
 _TOKEN_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 2.5, 5)
 
 
 class ServerMetrics:
-    def __init__(self, kv_blocks_total: int) -> None:
+    def __init__(self, kv_blocks_total: int, stats: Callable[[], EngineStats]) -> None:
+        """`stats`: the engine's, which the gauges read at scrape time (on the HTTP thread)."""
         r = self.registry = CollectorRegistry()
         self.requests = Counter(
             "medha_requests", "Requests by final status: ok (stop or length), aborted (client "
@@ -28,14 +35,15 @@ class ServerMetrics:
                                      "requests", registry=r)
         self.generation_tokens = Counter("medha_generation_tokens", "Tokens generated for "
                                          "finished requests", registry=r)
-        self.waiting = Gauge("medha_num_requests_waiting", "Requests with prefill left",
-                             registry=r)
-        self.running = Gauge("medha_num_requests_running", "Requests decoding", registry=r)
-        self.kv_blocks_used = Gauge("medha_kv_blocks_used", "KV cache blocks in use",
-                                    registry=r)
+        Gauge("medha_num_requests_waiting", "Requests with prefill left",
+              registry=r).set_function(lambda: stats().waiting)
+        Gauge("medha_num_requests_running", "Requests decoding",
+              registry=r).set_function(lambda: stats().running)
+        Gauge("medha_kv_blocks_used", "KV cache blocks in use",
+              registry=r).set_function(lambda: stats().kv_blocks_used)
         Gauge("medha_kv_blocks_total", "KV cache blocks", registry=r).set(kv_blocks_total)
-        self.preemptions = Gauge("medha_preemptions",
-                                 "Preemptions (recompute and swap) since start", registry=r)
+        Gauge("medha_preemptions", "Preemptions (recompute and swap) since start",
+              registry=r).set_function(lambda: stats().preemptions)
         for status in ("ok", "aborted", "rejected", "invalid", "failed"):
             self.requests.labels(status)  # export zeros from the start
 

@@ -1,0 +1,34 @@
+"""The plain routes: GET /health, /metrics and /v1/models.
+
+Routes here and in completions.py and chat.py carry no return annotation: FastAPI would take
+it as a response model, filter the bodies through it and change the OpenAPI document."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends
+from fastapi.responses import Response
+
+from medha.server.errors import SafeJSONResponse
+from medha.server.state import ServerStateDep, authorize
+
+router = APIRouter()
+
+
+@router.get("/health")
+async def health(state: ServerStateDep):
+    if state.async_engine.dead:
+        return SafeJSONResponse({"status": "error", "reason": state.async_engine.dead},
+                                status_code=503)
+    return {"status": "ok"}
+
+
+@router.get("/metrics")
+async def prometheus(state: ServerStateDep):
+    return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
+
+
+@router.get("/v1/models", dependencies=[Depends(authorize)])
+async def models(state: ServerStateDep):
+    return {"object": "list", "data": [{
+        "id": state.model_name, "object": "model", "created": state.created,
+        "owned_by": "medha", "max_model_len": state.engine.max_model_len}]}

@@ -1,0 +1,39 @@
+"""The engine's read-only API (limits, policy, stats): what the server and CLI read instead of
+the scheduler's internals."""
+
+from __future__ import annotations
+
+from medha.core.config import SchedulerConfig
+
+
+def test_engine_stats_follow_a_request(tiny_model):
+    from medha.engine.llm_engine import EngineConfig, EngineStats, LLMEngine
+    from medha.engine.sampling_params import SamplingParams
+
+    engine = LLMEngine(EngineConfig(model=tiny_model, kv_memory_gb=0.01),
+                       SchedulerConfig(max_model_len=512))
+    blocks = engine.num_kv_blocks
+    assert engine.max_model_len == 512
+    assert engine.kv_capacity_tokens == blocks * engine.config.block_size  # no KVP: all of it
+    assert engine.policy == "lars" and engine.chunking == "adaptive"  # adaptive's default
+    idle = EngineStats(waiting=0, running=0, swapped=0, kv_blocks_used=0,
+                       kv_blocks_free=blocks, preemptions=0)
+    assert engine.stats() == idle
+
+    engine.add_request("r", [5, 6, 7, 8], SamplingParams(max_tokens=4, ignore_eos=True))
+    assert engine.stats().waiting == 1 and engine.stats().running == 0
+    engine.step()  # the whole prompt in one chunk: the request decodes from here
+    s = engine.stats()
+    assert (s.waiting, s.running) == (0, 1)
+    assert s.kv_blocks_used >= 1 and s.kv_blocks_used + s.kv_blocks_free == blocks
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.stats() == idle
+
+
+def test_engine_names_the_policy_it_was_given(tiny_model):
+    from medha.engine.llm_engine import EngineConfig, LLMEngine
+
+    engine = LLMEngine(EngineConfig(model=tiny_model, kv_memory_gb=0.01),
+                       SchedulerConfig(policy="edf", chunking="static:256"))
+    assert engine.policy == "edf" and engine.chunking == "static:256"
