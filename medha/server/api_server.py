@@ -10,7 +10,6 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -29,30 +28,13 @@ from medha.engine.llm_engine import LLMEngine, RequestOutput
 from medha.engine.sampling_params import SamplingParams
 from medha.server.async_engine import AsyncEngine, QueueFullError, is_final
 from medha.server.body_guard import BodyGuard
+from medha.server.config import ServerConfig
 from medha.server.errors import RequestError, SafeJSONResponse, from_validation
 from medha.server.metrics import ServerMetrics
 from medha.server.openapi import document
 from medha.server.protocol import ChatCompletionRequest, CompletionRequest
 
 log = logging.getLogger("medha.server")
-
-
-@dataclass
-class ServerConfig:
-    host: str = field(default="127.0.0.1", metadata={"help": "address to listen on"})
-    port: int = field(default=8000, metadata={"help": "TCP port (0: any free port)"})
-    api_key: str | None = field(default=None, metadata={"help": (
-        "require `Authorization: Bearer KEY` on /v1 (default: $MEDHA_API_KEY if set)")})
-    served_model_name: str | None = field(default=None, metadata={"help": (
-        "the model id clients send and /v1/models lists (default: the --model value)")})
-    max_waiting: int = field(default=256, metadata={"help": (
-        "requests waiting for their first token before new ones get 429 with Retry-After")})
-    drain_timeout_s: float = field(default=30.0, metadata={"help": (
-        "on SIGTERM, seconds in-flight requests get to finish before they are aborted")})
-    max_request_bytes: int | None = field(default=None, metadata={"help": (
-        "request bodies above this size get 413 before they are read (default: 64 bytes per "
-        "token of the model's context + 1 MiB, room for any prompt that fits)")})
-    log_level: str = field(default="info", metadata={"help": "uvicorn log level"})
 
 
 def max_request_bytes(config: ServerConfig, max_model_len: int) -> int:

@@ -16,6 +16,7 @@ from medha.perf import ParallelConfig, Predictor, make_predictor
 from medha.perf.prefill_time_cache import PrefillTimeCache
 from medha.scheduler.block_manager import BlockManager
 from medha.scheduler.replica_scheduler import ReplicaScheduler
+from medha.sim.config import ClusterConfig
 from medha.sim.dispatchers import DISPATCHERS, Dispatcher
 from medha.sim.metrics.iteration_log import IterationLog
 from medha.sim.replica import SimReplica
@@ -23,35 +24,6 @@ from medha.sim.replica import SimReplica
 # events: a batch leaves stage 1 / leaves the pipeline / an idle replica's policy lets go of
 # prefills it held back (Policy.wake_at)
 _STAGE1, _DONE, _WAKE = 0, 1, 2
-
-
-@dataclass
-class ClusterConfig:
-    model: str = field(default="llama-3-8b", metadata={"help": "model spec"})
-    hardware: str = field(default="a100", metadata={"help": "device: a100, h100, h200 or cpu"})
-    predictor: str = field(default="roofline", metadata={"help": (
-        "batch-time model: roofline, roofline-padded (decode attention padded to the batch's "
-        "longest context), profiled (bundled profile) or profiled:PATH")})
-    replicas: int = field(default=1, metadata={"help": (
-        "replicas behind the dispatcher; each has tp x spp x kvp devices")})
-    dispatcher: str = field(default="round_robin", metadata={"help": (
-        "how requests are spread over replicas: round_robin, least_work, or pla (PLA-Serve: "
-        "replicas in a short- and a long-prefill pool, requests routed by prompt length, "
-        "an instance-pressure controller moving replicas between the pools; --pla-* flags)")})
-    kv_memory_gb: float | None = field(default=None, metadata={"help": (
-        "KV cache memory per device in GiB (default: device memory x utilization - weights)")})
-    gpu_memory_utilization: float = field(default=0.9, metadata={"help": (
-        "share of device memory for weights and KV cache")})
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.replicas, int) or self.replicas < 1:
-            raise ValueError(f"replicas must be a positive integer, got {self.replicas!r}")
-        DISPATCHERS.get(self.dispatcher)
-        if self.kv_memory_gb is not None and not self.kv_memory_gb > 0:
-            raise ValueError(f"kv_memory_gb must be positive, got {self.kv_memory_gb!r}")
-        if not 0 < self.gpu_memory_utilization <= 1:
-            raise ValueError("gpu_memory_utilization must lie in (0, 1], got "
-                             f"{self.gpu_memory_utilization!r}")
 
 
 @dataclass
