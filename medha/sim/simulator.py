@@ -14,6 +14,7 @@ from medha.core.config import SchedulerConfig
 from medha.core.request import Request
 from medha.perf import ParallelConfig, Predictor, make_predictor
 from medha.perf.prefill_time_cache import PrefillTimeCache
+from medha.perf.setup_cache import StoredWalk
 from medha.scheduler.block_manager import BlockManager
 from medha.scheduler.replica_scheduler import ReplicaScheduler
 from medha.sim.config import ClusterConfig
@@ -67,12 +68,14 @@ class Simulator:
         self.cluster, self.parallel, self.scheduler_config = cluster, parallel, scheduler
         self.predictor = predictor or make_predictor(cluster.predictor, cluster.model,
                                                      cluster.hardware, parallel)
-        # Building one scheduler validates the whole configuration and fills the prefill-time
-        # cache, which every replica of every run then shares.
+        # Building one scheduler validates the whole configuration. Its prefill-time cache,
+        # which every replica of every run then shares, starts from the walk an earlier run
+        # with the same inputs left on disk.
         template = ReplicaScheduler(scheduler, self.predictor,
                                     kv_blocks_per_replica(cluster, self.predictor))
         self.max_model_len = template.max_model_len
         self._prefill_times: PrefillTimeCache = template.prefill_times
+        self.stored_walk = StoredWalk(self._prefill_times, self.predictor, template.config)
         self.setup_s = time.perf_counter() - t0
 
     def _replicas(self) -> list[SimReplica]:
@@ -133,11 +136,13 @@ class Simulator:
                     seq += 1
                     heapq.heappush(heap, (stage1_end, seq, _STAGE1, replica, None))
         bar.close()
+        wall_s = time.perf_counter() - t0
         stuck = sum(len(r.scheduler) for r in replicas)
         if stuck:
             raise RuntimeError(f"simulation stalled with {stuck} unfinished requests")
+        self.stored_walk.save()
         return SimResult(requests, log, self.cluster.replicas * self.parallel.world_size,
-                         self.predictor, time.perf_counter() - t0, self.setup_s, dispatcher,
+                         self.predictor, wall_s, self.setup_s, dispatcher,
                          [r.scheduler.stats for r in replicas],
                          [(r.replica_id, *row) for r in replicas for row in r.stage_times])
 
