@@ -28,6 +28,8 @@ class ProfiledPredictor(RooflinePredictor):
                  profile: Profile):
         super().__init__(model, hardware, parallel)
         self.profile = profile
+        rows = (profile.op_rows, profile.collective_rows, profile.iteration_rows)
+        self._profile_digest = hashlib.sha256(repr(rows).encode()).hexdigest()
         # Fitting takes seconds (hundreds of least-squares fits): the fits of the same profile
         # on the same layout come from the set-up cache when an earlier run stored them.
         path = setup_cache.path_for("profiled-fits", self.fingerprint())
@@ -112,9 +114,7 @@ class ProfiledPredictor(RooflinePredictor):
         return PiecewiseLinear.fit(x, y)
 
     def fingerprint(self) -> dict | None:
-        p = self.profile
-        rows = repr((p.op_rows, p.collective_rows, p.iteration_rows)).encode()
-        return {**super().fingerprint(), "profile": hashlib.sha256(rows).hexdigest()}
+        return {**super().fingerprint(), "profile": self._profile_digest}
 
     def fitted_components(self) -> dict[str, str]:
         """component -> 'fitted' or 'analytic'."""
