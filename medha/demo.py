@@ -1,9 +1,5 @@
-"""`medha demo`: the convoy effect and how the schedulers handle it, on predicted batch times.
-
-One long prompt lands among a stream of short chat requests. Each configuration runs the same
-request list through the real scheduler; batch times come from the predictor (by default the
-embedded SmolLM2-135M on this machine's CPU, measured once).
-"""
+"""The workload and the comparison table of `medha demo` (medha/cli/demo.py says what it
+shows)."""
 
 from __future__ import annotations
 

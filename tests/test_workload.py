@@ -1,9 +1,18 @@
 import json
+import math
 
 import numpy as np
 import pytest
 
-from medha.sim.workload.generator import WorkloadConfig, build_requests, sample_long
+from medha.sim.workload.generator import (
+    LONG_DECODE,
+    LONG_DECODE_LOGNORMAL,
+    LONG_PREFILL,
+    LONG_PREFILL_LOGNORMAL,
+    WorkloadConfig,
+    build_requests,
+    sample_long,
+)
 from medha.sim.workload.traces import TraceError, load_trace
 
 
@@ -97,6 +106,31 @@ def test_long_context_mixture_matches_medha_swe():
     assert np.percentile(prompts, 90) == pytest.approx(839_000, rel=0.03)
     assert np.percentile(outputs, 50) == pytest.approx(518, rel=0.03)
     assert np.percentile(outputs, 90) == pytest.approx(808, rel=0.03)
+
+
+def truncated_lognormal(p50: float, p90: float, low: float, high: float):
+    """(mu, sigma) of a log-normal that, truncated to [low, high], has the given P50 and P90."""
+    from scipy.optimize import fsolve
+    from scipy.stats import norm
+
+    a, b = math.log(low), math.log(high)
+
+    def quantile(q, mu, s):
+        lo, hi = norm.cdf((a - mu) / s), norm.cdf((b - mu) / s)
+        return math.exp(mu + s * norm.ppf(lo + q * (hi - lo)))
+
+    def equations(params):
+        mu, s = params[0], abs(params[1]) + 1e-9
+        return [math.log(quantile(0.5, mu, s) / p50), math.log(quantile(0.9, mu, s) / p90)]
+
+    mu, s = fsolve(equations, [math.log(p50), math.log(p90 / p50) / 1.2816])
+    return float(mu), abs(float(s))
+
+
+def test_the_stored_long_context_parameters_solve_the_quantiles():
+    for spec, stored in ((LONG_PREFILL, LONG_PREFILL_LOGNORMAL),
+                         (LONG_DECODE, LONG_DECODE_LOGNORMAL)):
+        assert truncated_lognormal(**spec) == pytest.approx(stored, rel=1e-6)
 
 
 def test_requests_beyond_the_context_are_refused(tmp_path):

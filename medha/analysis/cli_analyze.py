@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from medha.analysis.deferred_prefill import (
-    Costs,
-    DeferredSystem,
-    StepTimes,
-    approx_throughput,
-    best_k,
-    curve_ks,
-    fit_costs_at_optimum,
-    renewal_throughput,
-)
 from medha.perf import ParallelConfig, Predictor
+
+# The model (numpy, scipy) is imported where it is used: `medha`'s parser is built from this
+# module's DESCRIPTION and DeferredPrefillArgs.
+if TYPE_CHECKING:
+    from medha.analysis.deferred_prefill import Costs, DeferredSystem
 
 DESCRIPTION = """\
 Throughput of the deferred-prefill policy (Mohanty et al., EuroMLSys 2025) over the departure
@@ -56,11 +52,15 @@ class DeferredPrefillArgs:
                              f"(the first 2 C departures are warm-up), got {self.num_requests}")
 
     def system(self) -> DeferredSystem:
+        from medha.analysis.deferred_prefill import DeferredSystem
+
         return DeferredSystem(self.batch_cap, self.prompt_tokens, float(self.mean_output),
                               self.prefill_only_iterations)
 
     def ks(self, extra: tuple[int, ...]) -> list[int]:
         """The K values to print: --k-values (or the default grid), K=1 and `extra`."""
+        from medha.analysis.deferred_prefill import curve_ks
+
         if self.k_values is None:
             return curve_ks(self.batch_cap, (1, *extra))
         try:
@@ -106,6 +106,14 @@ class Curve:
 def compute(args: DeferredPrefillArgs, predictor: Predictor, cluster=None,
             parallel: ParallelConfig | None = None) -> Curve:
     """The curve; simulates when args.simulate (then `cluster` is required)."""
+    from medha.analysis.deferred_prefill import (
+        StepTimes,
+        approx_throughput,
+        best_k,
+        fit_costs_at_optimum,
+        renewal_throughput,
+    )
+
     system = args.system()
     times = StepTimes(predictor, system)
     costs, k_approx = fit_costs_at_optimum(times)

@@ -15,20 +15,23 @@ PREDICTOR_HELP = ("batch-time model: roofline (analytic), roofline-padded (the s
 
 def make_predictor(spec: str, model: ModelSpec | str, hardware: HardwareSpec | str,
                    parallel: ParallelConfig | None = None) -> Predictor:
-    from medha.perf.padded_predictor import PaddedRooflinePredictor
-    from medha.perf.profile_data import bundled_profile, load_profile
-    from medha.perf.profiled_predictor import ProfiledPredictor
-    from medha.perf.roofline_predictor import RooflinePredictor
-
+    # Each kind imports its own module: the fitted one brings numpy and scipy along.
     model = get_model(model) if isinstance(model, str) else model
     hardware = get_hardware(hardware) if isinstance(hardware, str) else hardware
     parallel = parallel or ParallelConfig()
     kind, _, path = spec.partition(":")
     if kind == "roofline" and not path:
+        from medha.perf.roofline_predictor import RooflinePredictor
+
         return RooflinePredictor(model, hardware, parallel)
     if kind == "roofline-padded" and not path:
+        from medha.perf.padded_predictor import PaddedRooflinePredictor
+
         return PaddedRooflinePredictor(model, hardware, parallel)
     if kind == "profiled":
+        from medha.perf.profile_data import bundled_profile, load_profile
+        from medha.perf.profiled_predictor import ProfiledPredictor
+
         profile = load_profile(path) if path else bundled_profile(hardware.name, model.name)
         return ProfiledPredictor(model, hardware, parallel, profile)
     raise ValueError(f"unknown predictor {spec!r}; expected roofline, roofline-padded, "

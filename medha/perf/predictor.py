@@ -64,6 +64,12 @@ class Predictor(ABC):
         """Time a batch occupies one pipeline stage (stages are balanced by layer count)."""
         return batch_time / self.parallel.spp
 
+    def fingerprint(self) -> dict | None:
+        """Everything its predictions depend on, as JSON data, for tables derived from them
+        and kept on disk (the simulator's set-up cache); None, the default, keeps them off
+        the disk. A subclass with inputs of its own must add them."""
+        return None
+
     def describe(self) -> str:
         p = self.parallel
         return (f"{self.name} predictor: {self.model.name} on {self.hardware.name}, "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Callable
+from itertools import accumulate
 
 from medha.perf.predictor import Predictor
 
@@ -19,10 +20,16 @@ ChunkPlanner = Callable[[int, int], int]
 
 
 class PrefillTimeCache:
+    """The walk runs on demand, only as far as the longest prompt asked about so far: a model
+    may allow a million tokens, and a workload of short prompts needs the first chunks only.
+    Each step is the one the whole walk would take (the planner sees the same remaining
+    length), so every answer is the same as after a walk to `max_len`."""
+
     def __init__(self, predictor: Predictor, plan_chunk: ChunkPlanner, max_len: int) -> None:
         if max_len < 1:
             raise ValueError(f"max_len must be positive, got {max_len}")
         self._p = predictor
+        self._plan = plan_chunk
         self.max_len = max_len
         spp = predictor.parallel.spp
         # With SPP the next chunk enters stage 1 as soon as the previous leaves it, so a chunk
@@ -31,9 +38,12 @@ class PrefillTimeCache:
         self.boundaries = [0]
         self.cumulative_s = [0.0]
         self.chunks: list[int] = []
-        k, t = 0, 0.0
-        while k < max_len:
-            n = plan_chunk(k, max_len - k)
+
+    def _walk_to(self, num_tokens: int) -> None:
+        """Walk on until a chunk boundary reaches `num_tokens`."""
+        k, t = self.boundaries[-1], self.cumulative_s[-1]
+        while k < num_tokens:
+            n = self._plan(k, self.max_len - k)
             if n < 1:
                 raise RuntimeError(f"chunk planner returned {n} at offset {k}")
             t += self._chunk_time(n, k) * self._stage_share
@@ -41,6 +51,23 @@ class PrefillTimeCache:
             self.chunks.append(n)
             self.boundaries.append(k)
             self.cumulative_s.append(t)
+
+    def walked(self) -> dict:
+        """The walk so far, as JSON data (the simulator keeps it on disk)."""
+        return {"chunks": self.chunks, "cumulative_s": self.cumulative_s}
+
+    def restore(self, walked: dict) -> None:
+        """Continue from `walked()` of a cache with the same predictor, planner and max_len.
+        Raises ValueError, and changes nothing, when it is not such a walk."""
+        chunks, cumulative = walked.get("chunks"), walked.get("cumulative_s")
+        if not (isinstance(chunks, list) and isinstance(cumulative, list)
+                and len(cumulative) == len(chunks) + 1 and cumulative[0] == 0.0
+                and all(type(n) is int and n > 0 for n in chunks)
+                and all(type(t) is float for t in cumulative)
+                and sum(chunks) <= self.max_len):
+            raise ValueError("not a walk of this prefill-time cache")
+        self.chunks, self.cumulative_s = chunks, cumulative
+        self.boundaries = [0, *accumulate(chunks)]
 
     def _chunk_time(self, n: int, k: int) -> float:
         p = self._p
@@ -52,6 +79,8 @@ class PrefillTimeCache:
             return 0.0
         if num_tokens > self.max_len:
             raise ValueError(f"{num_tokens} tokens exceed the cache's max_len {self.max_len}")
+        if num_tokens > self.boundaries[-1]:
+            self._walk_to(num_tokens)
         i = bisect_right(self.boundaries, num_tokens) - 1
         start = self.boundaries[i]
         done = self.cumulative_s[i]

@@ -7,11 +7,12 @@ analytic (the bundled A100 tables, for instance, hold no attention kernels and n
 
 from __future__ import annotations
 
+import hashlib
 from collections import defaultdict
 
 import numpy as np
-from scipy.optimize import nnls
 
+from medha.perf import setup_cache
 from medha.perf.fitting import PiecewiseLinear, _hat_basis
 from medha.perf.hardware_specs import HardwareSpec
 from medha.perf.model_specs import ModelSpec
@@ -27,6 +28,17 @@ class ProfiledPredictor(RooflinePredictor):
                  profile: Profile):
         super().__init__(model, hardware, parallel)
         self.profile = profile
+        rows = (profile.op_rows, profile.collective_rows, profile.iteration_rows)
+        self._profile_digest = hashlib.sha256(repr(rows).encode()).hexdigest()
+        # Fitting takes seconds (hundreds of least-squares fits): the fits of the same profile
+        # on the same layout come from the set-up cache when an earlier run stored them.
+        path = setup_cache.path_for("profiled-fits", self.fingerprint())
+        stored = setup_cache.read(path)
+        if stored is None or not self._restore(stored):
+            self._fit(profile, hardware, parallel)
+            setup_cache.write(path, self._fits())
+
+    def _fit(self, profile: Profile, hardware: HardwareSpec, parallel: ParallelConfig) -> None:
         tp = parallel.tp
         self._ops = self._fit_ops(profile, tp)
         self._all_reduce = self._fit_collective(
@@ -40,6 +52,42 @@ class ProfiledPredictor(RooflinePredictor):
         self._iteration = IterationModel.fit(rows) if rows else None
         if not (self._ops or self._iteration or self._all_reduce or self._send_recv):
             raise ProfileError(f"profile {profile.sources} holds no timings usable for tp={tp}")
+
+    def _fits(self) -> dict:
+        """The fitted models as JSON data (what the set-up cache stores)."""
+        def line(f: PiecewiseLinear | None) -> list | None:
+            return None if f is None else [f.knots, f.values]
+
+        it = self._iteration
+        return {"ops": {op: line(f) for op, f in self._ops.items()},
+                "all_reduce": line(self._all_reduce), "send_recv": line(self._send_recv),
+                "iteration": None if it is None else [
+                    it.knots, it.token_values, it.per_seq, it.attn_compute, it.attn_read,
+                    it.per_decode, it.decode_read]}
+
+    def _restore(self, fits: dict) -> bool:
+        """Take the models from `_fits()` data; False, changing nothing, if it is not that."""
+        def line(x) -> PiecewiseLinear | None:
+            if x is None:
+                return None
+            knots, values = x
+            if not (isinstance(knots, list) and isinstance(values, list)
+                    and len(knots) == len(values) >= 1):
+                raise ValueError("not a fitted line")
+            return PiecewiseLinear(knots, values)
+
+        try:
+            ops = {op: line(x) for op, x in fits["ops"].items()}
+            all_reduce, send_recv = line(fits["all_reduce"]), line(fits["send_recv"])
+            it = fits["iteration"]
+            iteration = None if it is None else IterationModel(*it)
+            if iteration is not None and len(iteration.knots) != len(iteration.token_values):
+                raise ValueError("not a fitted iteration model")
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return False
+        self._ops, self._all_reduce, self._send_recv = ops, all_reduce, send_recv
+        self._iteration = iteration
+        return True
 
     @staticmethod
     def _fit_ops(profile: Profile, tp: int) -> dict[str, PiecewiseLinear]:
@@ -64,6 +112,9 @@ class ProfiledPredictor(RooflinePredictor):
             return None
         x, y = zip(*rows)
         return PiecewiseLinear.fit(x, y)
+
+    def fingerprint(self) -> dict | None:
+        return {**super().fingerprint(), "profile": self._profile_digest}
 
     def fitted_components(self) -> dict[str, str]:
         """component -> 'fitted' or 'analytic'."""
@@ -125,11 +176,22 @@ class IterationModel:
     def __init__(self, knots, token_values, per_seq, attn_compute, attn_read, per_decode,
                  decode_read):
         self._tokens = PiecewiseLinear(knots, token_values)
-        self.per_seq, self.attn_compute, self.attn_read = per_seq, attn_compute, attn_read
-        self.per_decode, self.decode_read = per_decode, decode_read
+        self.per_seq, self.attn_compute, self.attn_read = (
+            float(per_seq), float(attn_compute), float(attn_read))
+        self.per_decode, self.decode_read = float(per_decode), float(decode_read)
+
+    @property
+    def knots(self) -> list[float]:
+        return self._tokens.knots
+
+    @property
+    def token_values(self) -> list[float]:
+        return self._tokens.values
 
     @classmethod
     def fit(cls, rows: list[IterationRow], num_knots: int = 12) -> IterationModel:
+        from scipy.optimize import nnls  # a second to import: fits from the set-up cache skip it
+
         if len(rows) < 8:
             raise ProfileError(f"need at least 8 measured iterations to fit, got {len(rows)}")
         tokens = np.array([sum(n for n, _ in r.prefills) + len(r.decode_kv) for r in rows], float)

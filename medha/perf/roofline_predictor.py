@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from functools import lru_cache
 
@@ -46,6 +47,13 @@ class RooflinePredictor(Predictor):
         # Lookups by batch size repeat constantly during packing; cache them per instance.
         self._token_time = lru_cache(maxsize=1 << 16)(self._token_time_uncached)
         self._seq_time = lru_cache(maxsize=1 << 12)(self._seq_time_uncached)
+
+    def fingerprint(self) -> dict | None:
+        cls = type(self)
+        return {"class": f"{cls.__module__}.{cls.__qualname__}",
+                "model": dataclasses.asdict(self.model),
+                "hardware": dataclasses.asdict(self.hardware),
+                "parallel": dataclasses.asdict(self.parallel)}
 
     # ---- kernels ---------------------------------------------------------------------------
     def _gemm(self, n: int, k: int, m: int) -> float:

@@ -16,7 +16,6 @@ from pathlib import Path
 from medha.core.config import SchedulerConfig
 from medha.perf import ParallelConfig
 from medha.perf.swap_cost import SwapCost
-from medha.sim.metrics.plots import compare_plots, run_plots
 from medha.sim.metrics.summary import RequestMetrics, preemption_summary, summarize
 from medha.sim.simulator import ClusterConfig, SimResult, Simulator
 from medha.sim.workload.generator import WorkloadConfig, build_requests
@@ -168,6 +167,8 @@ def write_run(out: Path, outcome: RunOutcome, plots: bool = True,
                 fh.write(json.dumps({"request_id": r.request_id, "arrival_s": r.arrival_s,
                                      "token_times_s": r.token_times_s}) + "\n")
     if plots:
+        from medha.sim.metrics.plots import run_plots  # matplotlib: only when it draws
+
         run_plots(out, outcome.rows, log)
 
 
@@ -221,5 +222,7 @@ def write_compare(out: Path, outcomes: list[RunOutcome], plots: bool = True) -> 
     with (out / "compare.csv").open("w", newline="") as fh:
         csv.writer(fh).writerows(rows)
     if plots:
+        from medha.sim.metrics.plots import compare_plots
+
         compare_plots(out, {o.spec.name: o.rows for o in outcomes})
     return table

@@ -14,8 +14,10 @@ from medha.core.config import SchedulerConfig
 from medha.core.request import Request
 from medha.perf import ParallelConfig, Predictor, make_predictor
 from medha.perf.prefill_time_cache import PrefillTimeCache
+from medha.perf.setup_cache import StoredWalk
 from medha.scheduler.block_manager import BlockManager
 from medha.scheduler.replica_scheduler import ReplicaScheduler
+from medha.sim.config import ClusterConfig
 from medha.sim.dispatchers import DISPATCHERS, Dispatcher
 from medha.sim.metrics.iteration_log import IterationLog
 from medha.sim.replica import SimReplica
@@ -23,35 +25,6 @@ from medha.sim.replica import SimReplica
 # events: a batch leaves stage 1 / leaves the pipeline / an idle replica's policy lets go of
 # prefills it held back (Policy.wake_at)
 _STAGE1, _DONE, _WAKE = 0, 1, 2
-
-
-@dataclass
-class ClusterConfig:
-    model: str = field(default="llama-3-8b", metadata={"help": "model spec"})
-    hardware: str = field(default="a100", metadata={"help": "device: a100, h100, h200 or cpu"})
-    predictor: str = field(default="roofline", metadata={"help": (
-        "batch-time model: roofline, roofline-padded (decode attention padded to the batch's "
-        "longest context), profiled (bundled profile) or profiled:PATH")})
-    replicas: int = field(default=1, metadata={"help": (
-        "replicas behind the dispatcher; each has tp x spp x kvp devices")})
-    dispatcher: str = field(default="round_robin", metadata={"help": (
-        "how requests are spread over replicas: round_robin, least_work, or pla (PLA-Serve: "
-        "replicas in a short- and a long-prefill pool, requests routed by prompt length, "
-        "an instance-pressure controller moving replicas between the pools; --pla-* flags)")})
-    kv_memory_gb: float | None = field(default=None, metadata={"help": (
-        "KV cache memory per device in GiB (default: device memory x utilization - weights)")})
-    gpu_memory_utilization: float = field(default=0.9, metadata={"help": (
-        "share of device memory for weights and KV cache")})
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.replicas, int) or self.replicas < 1:
-            raise ValueError(f"replicas must be a positive integer, got {self.replicas!r}")
-        DISPATCHERS.get(self.dispatcher)
-        if self.kv_memory_gb is not None and not self.kv_memory_gb > 0:
-            raise ValueError(f"kv_memory_gb must be positive, got {self.kv_memory_gb!r}")
-        if not 0 < self.gpu_memory_utilization <= 1:
-            raise ValueError("gpu_memory_utilization must lie in (0, 1], got "
-                             f"{self.gpu_memory_utilization!r}")
 
 
 @dataclass
@@ -95,12 +68,14 @@ class Simulator:
         self.cluster, self.parallel, self.scheduler_config = cluster, parallel, scheduler
         self.predictor = predictor or make_predictor(cluster.predictor, cluster.model,
                                                      cluster.hardware, parallel)
-        # Building one scheduler validates the whole configuration and fills the prefill-time
-        # cache, which every replica of every run then shares.
+        # Building one scheduler validates the whole configuration. Its prefill-time cache,
+        # which every replica of every run then shares, starts from the walk an earlier run
+        # with the same inputs left on disk.
         template = ReplicaScheduler(scheduler, self.predictor,
                                     kv_blocks_per_replica(cluster, self.predictor))
         self.max_model_len = template.max_model_len
         self._prefill_times: PrefillTimeCache = template.prefill_times
+        self.stored_walk = StoredWalk(self._prefill_times, self.predictor, template.config)
         self.setup_s = time.perf_counter() - t0
 
     def _replicas(self) -> list[SimReplica]:
@@ -161,11 +136,13 @@ class Simulator:
                     seq += 1
                     heapq.heappush(heap, (stage1_end, seq, _STAGE1, replica, None))
         bar.close()
+        wall_s = time.perf_counter() - t0
         stuck = sum(len(r.scheduler) for r in replicas)
         if stuck:
             raise RuntimeError(f"simulation stalled with {stuck} unfinished requests")
+        self.stored_walk.save()
         return SimResult(requests, log, self.cluster.replicas * self.parallel.world_size,
-                         self.predictor, time.perf_counter() - t0, self.setup_s, dispatcher,
+                         self.predictor, wall_s, self.setup_s, dispatcher,
                          [r.scheduler.stats for r in replicas],
                          [(r.replica_id, *row) for r in replicas for row in r.stage_times])
 

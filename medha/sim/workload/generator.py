@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field
-from functools import cache
 
 from medha.core.request import PRIORITY_CLASSES, Request
 from medha.sim.workload.traces import TraceEntry, TraceError, load_trace
@@ -15,6 +14,11 @@ from medha.sim.workload.traces import TraceEntry, TraceError, load_trace
 # decode P50 518, P90 808 tokens.
 LONG_PREFILL = dict(p50=393_000, p90=839_000, low=128 * 1024, high=1 << 20)
 LONG_DECODE = dict(p50=518, p90=808, low=1, high=1 << 14)
+# (mu, sigma) of the log-normals that, truncated to [low, high], have those P50 and P90: solved
+# once with scipy (tests/test_workload.py solves them again and compares) and kept, because
+# importing scipy would cost every `medha simulate` seconds of start-up.
+LONG_PREFILL_LOGNORMAL = (13.00428080652011, 1.1774316300736176)
+LONG_DECODE_LOGNORMAL = (6.249975242259483, 0.34691293501805504)
 
 
 @dataclass
@@ -103,33 +107,9 @@ def _assign_classes(requests: list[Request], mix: str, seed: int) -> None:
         r.priority_class = rng.choices(names, weights)[0]
 
 
-def _truncated_lognormal(p50: float, p90: float, low: float, high: float):
-    """(mu, sigma) of a log-normal that, truncated to [low, high], has the given P50 and P90."""
-    from scipy.optimize import fsolve
-    from scipy.stats import norm
-
-    a, b = math.log(low), math.log(high)
-
-    def quantile(q, mu, s):
-        lo, hi = norm.cdf((a - mu) / s), norm.cdf((b - mu) / s)
-        return math.exp(mu + s * norm.ppf(lo + q * (hi - lo)))
-
-    def equations(params):
-        mu, s = params[0], abs(params[1]) + 1e-9
-        return [math.log(quantile(0.5, mu, s) / p50), math.log(quantile(0.9, mu, s) / p90)]
-
-    mu, s = fsolve(equations, [math.log(p50), math.log(p90 / p50) / 1.2816])
-    return float(mu), abs(float(s))
-
-
-@cache
-def _long_params():
-    return _truncated_lognormal(**LONG_PREFILL), _truncated_lognormal(**LONG_DECODE)
-
-
 def sample_long(rng: random.Random, max_context: int) -> tuple[int, int]:
     """One long-context request, (prompt tokens, output tokens), drawn like Medha-SWE."""
-    (pm, ps), (dm, ds) = _long_params()
+    (pm, ps), (dm, ds) = LONG_PREFILL_LOGNORMAL, LONG_DECODE_LOGNORMAL
 
     def draw(mu, s, low, high):
         while True:

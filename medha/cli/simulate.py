@@ -1,21 +1,24 @@
-"""Arguments of `medha simulate`: flags, an optional YAML file, and --compare runs."""
+"""`medha simulate`: flags, an optional YAML file, and --compare runs."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import re
+import sys
 import typing
 from pathlib import Path
 
-import yaml
-
+from medha.cli.common import CliError
 from medha.core.config import SchedulerConfig
 from medha.perf import ParallelConfig
-from medha.sim.runner import RunSpec
-from medha.sim.simulator import ClusterConfig
+from medha.sim.config import ClusterConfig
 from medha.sim.workload.generator import WorkloadConfig
 from medha.utils.dataclass_cli import _base_type, add_dataclass_args, dataclass_from_args
+
+if typing.TYPE_CHECKING:
+    from medha.sim.runner import RunSpec
 
 RUN_CONFIGS = (ClusterConfig, ParallelConfig, SchedulerConfig)
 DESCRIPTION = """\
@@ -34,7 +37,10 @@ class ConfigError(ValueError):
     pass
 
 
-def add_simulate_args(p: argparse.ArgumentParser) -> None:
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("simulate", help="simulate a cluster serving a workload",
+                       description=DESCRIPTION,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     add_dataclass_args(p, ClusterConfig, title="cluster")
     add_dataclass_args(p, ParallelConfig, title="parallelism (per replica)")
     add_dataclass_args(p, SchedulerConfig, title="scheduler")
@@ -55,6 +61,7 @@ def add_simulate_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--save-token-times", action="store_true",
                    help="also write every request's token timestamps (token_times.jsonl)")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
 
 
 def _field_types() -> dict[str, type]:
@@ -89,6 +96,8 @@ def _normalize(key: str) -> str:
 
 
 def load_yaml(path: str, parser: argparse.ArgumentParser) -> tuple[dict, list[dict] | None]:
+    import yaml
+
     try:
         data = yaml.safe_load(Path(path).read_text())
     except OSError as e:
@@ -115,6 +124,20 @@ def load_yaml(path: str, parser: argparse.ArgumentParser) -> tuple[dict, list[di
     return values, compare
 
 
+def parse_with_config(parser: argparse.ArgumentParser, argv: list[str] | None,
+                      path: str) -> argparse.Namespace:
+    """Parse `argv` again with the YAML file's values as defaults: flags override the file,
+    which overrides the defaults."""
+    try:
+        values, compare = load_yaml(path, parser.simulate_parser)
+    except ConfigError as e:
+        raise CliError(str(e)) from None
+    parser.simulate_parser.set_defaults(**values)
+    args = parser.parse_args(argv)
+    args.yaml_compare = compare
+    return args
+
+
 def parse_compare_spec(spec: str) -> dict:
     out = {}
     for part in spec.split(","):
@@ -128,6 +151,8 @@ def parse_compare_spec(spec: str) -> dict:
 
 
 def _run_spec(values: dict, where: str) -> RunSpec:
+    from medha.sim.runner import RunSpec  # the simulator, numpy and matplotlib
+
     try:
         return RunSpec(
             name=str(values.get("name", "run")),
@@ -170,3 +195,42 @@ def build_specs(args: argparse.Namespace, yaml_compare: list[dict] | None
     if len(set(names)) != len(names):
         raise ConfigError(f"run names must be unique, got {names}")
     return runs, workload
+
+
+def run(args: argparse.Namespace) -> None:
+    from medha.perf.profile_data import ProfileError
+    from medha.sim.runner import OutputDirError, output_dir, simulate, write_compare, write_run
+    from medha.sim.workload.traces import TraceError
+
+    try:
+        specs, workload = build_specs(args, getattr(args, "yaml_compare", None))
+        compare = len(specs) > 1 or bool(args.compare) or bool(getattr(args, "yaml_compare",
+                                                                           None))
+        outcomes = []
+        with output_dir(args.out, args.overwrite) as tmp:
+            for spec in specs:
+                if not args.quiet:
+                    print(f"[{spec.name}] {spec.cluster.replicas} x {spec.cluster.model} on "
+                          f"{spec.parallel.world_size} {spec.cluster.hardware} (tp "
+                          f"{spec.parallel.tp}, spp {spec.parallel.spp}, kvp "
+                          f"{spec.parallel.kvp}); {spec.scheduler.policy or 'default'} policy, "
+                          f"{spec.scheduler.chunking} chunking", file=sys.stderr)
+                outcome = simulate(spec, workload, progress=not args.quiet)
+                write_run(tmp / spec.name if compare else tmp, outcome,
+                          plots=not args.no_plots, token_times=args.save_token_times)
+                outcomes.append(outcome)
+            table = write_compare(tmp, outcomes, plots=not args.no_plots) if compare else None
+    except (ConfigError, TraceError, ProfileError, OutputDirError) as e:
+        raise CliError(str(e)) from None
+    except ValueError as e:  # a request or config the scheduler refuses
+        raise CliError(str(e)) from None
+    if table:
+        print(table)
+    else:
+        s = outcomes[0].summary
+        short, long_ = s["by_class"]["short"], s["by_class"]["long"]
+        print(json.dumps({"requests": s["requests"], "ttft_s": s["ttft_s"],
+                          "short_ttft_s": short["ttft_s"], "long_ttft_s": long_["ttft_s"],
+                          "tpot_s": s["tpot_s"], "slo_attainment": s["slo_attainment"],
+                          "throughput": s["throughput"], "sim": s["sim"]}, indent=1))
+    print(f"results in {args.out}/", file=sys.stderr)
