@@ -98,9 +98,10 @@ class ModelRunner:
         lone = self._slots(rows[0], 0, int(lens[0])) if len(chunks) == 1 else None
         return DecodeGroup(start, end, table.reshape(-1), mask, lone)
 
-    def chunk_inputs(self, batch: Batch) -> dict[str, tuple[list[int], list[int]]]:
-        """Each chunk's token ids and block table, read under its request's name: a request
-        whose inputs cannot be read fails alone, before anything runs."""
+    def chunk_inputs(self, batch: Batch) -> dict[str, list[int]]:
+        """Each chunk's token ids, read and checked against its block table under its
+        request's name: a request whose inputs cannot be read fails alone, before anything
+        runs."""
         inputs = {}
         for c in (*batch.decodes, *batch.prefills):
             rid = c.request.request_id
@@ -109,7 +110,7 @@ class ModelRunner:
                 if len(tokens) != c.num_tokens or len(table) * self.block_size < c.end:
                     raise IndexError(f"chunk [{c.start}:{c.end}) lies beyond its {len(tokens)}"
                                      f" tokens or {len(table)} KV blocks")
-                inputs[rid] = tokens, table
+                inputs[rid] = tokens
         return inputs
 
     def prepare(self, batch: Batch, all_logits: bool = False) -> tuple[StepInput, list]:
@@ -137,7 +138,7 @@ class ModelRunner:
             groups.append(self._decode_group(decodes, start, end, slot_parts))
             start = end
         for i, c in enumerate(decodes):
-            ids.extend(inputs[c.request.request_id][0])
+            ids.extend(inputs[c.request.request_id])
             positions.append(c.start)
             sample_rows.append(i)
             sample_chunks.append(c)
@@ -145,10 +146,9 @@ class ModelRunner:
         spans = []
         row = len(decodes)
         for c in batch.prefills:
-            tokens, table = inputs[c.request.request_id]
-            ids.extend(tokens)
+            ids.extend(inputs[c.request.request_id])
             positions.extend(range(c.start, c.end))
-            ctx_slots = self._slots(table, 0, c.end)
+            ctx_slots = self._slots(c.block_table, 0, c.end)
             slot_parts.append(ctx_slots[c.start:])
             spans.append(PrefillSpan(row, row + c.num_tokens, c.start, ctx_slots))
             row += c.num_tokens
