@@ -259,12 +259,12 @@ class LLMEngine:
     def encode_prompt(self, text: str, param: str = "prompt") -> list[int]:
         """Token ids of a text prompt; one that cannot fit the context is refused without
         tokenizing all of it (InvalidRequestError)."""
-        return self.tokenizer.encode(text, param, limit=self.scheduler.max_model_len)
+        return self.tokenizer.encode(text, param, limit=self.max_model_len)
 
     def encode_chat(self, messages: list[dict]) -> list[int]:
         """Token ids of a chat through the model's template; refused (InvalidRequestError)
         without templating when its contents alone cannot fit the context."""
-        limit = self.scheduler.max_model_len
+        limit = self.max_model_len
         at_least = sum(self.tokenizer.min_tokens(m.get("content") or "") for m in messages)
         if at_least > limit:
             raise InvalidRequestError(f"messages are at least {at_least} tokens long; the "
@@ -274,7 +274,7 @@ class LLMEngine:
     def _check_prompt(self, ids: list[int] | None) -> None:
         if not ids:
             raise InvalidRequestError("prompt must not be empty", "prompt")
-        limit = self.scheduler.max_model_len
+        limit = self.max_model_len
         if len(ids) > limit:  # before looking at each id
             raise InvalidRequestError(f"prompt is {len(ids)} tokens long; the model's context "
                                       f"is {limit} tokens", "prompt")
