@@ -37,7 +37,7 @@ def main() -> None:
 
     rng = random.Random(args.seed)
     pred = make_predictor("roofline", "llama-3-8b", "h100", ParallelConfig(tp=8))
-    cfg = SchedulerConfig(policy=args.policy, chunking=args.chunking, target_batch_time_s=0.05,
+    cfg = SchedulerConfig(policy=args.policy, chunking=args.chunking, iteration_budget_s=0.05,
                           max_num_seqs=args.decoding + 64)
     sched = ReplicaScheduler(cfg, pred, BlockManager(1 << 20))
     now, counter = 0.0, 0

@@ -112,7 +112,7 @@ def test_preemption_under_memory_pressure_loses_nothing():
 def test_preempted_decode_recomputes_prompt_and_outputs():
     # Six 16-token blocks; two 47-token prompts fill three blocks each once they have their
     # first token. The next decode needs a fourth block: the older request evicts the newer.
-    sched = toy_scheduler(num_blocks=6, watermark=0.0, target_batch_time_s=0.2)
+    sched = toy_scheduler(num_blocks=6, watermark=0.0, iteration_budget_s=0.2)
     a, b = Request("a", 0.0, 47, 30), Request("b", 0.0, 47, 30)
     sched.add_request(a, 0.0)
     sched.add_request(b, 0.0)
@@ -139,7 +139,7 @@ def test_preempted_decode_recomputes_prompt_and_outputs():
 def test_a_batch_carries_each_chunks_tokens_and_block_table():
     # Tight memory, so that a request is preempted and recomputes prompt + outputs: every
     # chunk must still read the right tokens from its request and hold its live block table.
-    sched = toy_scheduler(num_blocks=6, watermark=0.0, target_batch_time_s=0.2)
+    sched = toy_scheduler(num_blocks=6, watermark=0.0, iteration_budget_s=0.2)
     reqs = [Request.from_tokens(n, 0.0, [hash((n, i)) % 1000 for i in range(47)], 30)
             for n in "ab"]
     for r in reqs:

@@ -16,7 +16,7 @@ from medha.sim.workload.generator import WorkloadConfig
 
 
 def toy_sim(replicas=1, dispatcher="round_robin", **sched):
-    sched.setdefault("target_batch_time_s", 1 / 16)
+    sched.setdefault("iteration_budget_s", 1 / 16)
     return Simulator(ClusterConfig(replicas=replicas, dispatcher=dispatcher, kv_memory_gb=1.0),
                      ParallelConfig(), SchedulerConfig(**sched),
                      predictor=FixedCostPredictor(TOKEN_S))
@@ -51,7 +51,7 @@ def test_round_robin_and_least_work_dispatch():
 def test_stream_pipeline_overlaps_chunks_of_one_prefill():
     def ttft(spp):
         sim = Simulator(ClusterConfig(hardware="h100"), ParallelConfig(tp=8, spp=spp),
-                        SchedulerConfig(target_batch_time_s=0.05))
+                        SchedulerConfig(iteration_budget_s=0.05))
         r = Request("long", 0.0, 200_000, 1)
         res = sim.run([r])
         return r.ttft_s, res.log
@@ -67,7 +67,7 @@ def test_kv_parallelism_cuts_long_context_decode_time():
     def tpot(kvp):
         sim = Simulator(ClusterConfig(hardware="h100"),
                         ParallelConfig(tp=8, spp=2, kvp=kvp, max_tokens_per_kvp_group=1 << 19),
-                        SchedulerConfig(max_model_len=1_600_000, target_batch_time_s=0.2))
+                        SchedulerConfig(max_model_len=1_600_000, iteration_budget_s=0.2))
         r = Request("long", 0.0, 1_500_000, 20)
         sim.run([r])
         times = r.token_times_s

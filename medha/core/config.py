@@ -59,11 +59,15 @@ class SchedulerConfig:
     space_sharing: bool = field(default=True, metadata=_help(
         "a long prefill with slack leaves part of the iteration budget to others"))
     tpot_target_s: float | None = field(default=None, metadata=_help(
-        "time-per-output-token target (s) counted in SLO attainment; also the default budget "
-        "(default: 0.05 on GPUs; on CPUs 6x a lone decode iteration, at least 0.05)"))
-    target_batch_time_s: float | None = field(default=None, metadata=_help(
-        "iteration time budget (s) for adaptive chunking (default: the TPOT target; with "
-        "spp stages, spp/(spp+1) of it, since a decode may wait one stage for its next slot)"))
+        "time-per-output-token target (s) counted in SLO attainment, and what the iteration "
+        "budget defaults from (default: 0.05 on GPUs; on CPUs 6x a lone decode iteration, at "
+        "least 0.05)"))
+    iteration_budget_s: float | None = field(default=None, metadata=_help(
+        "iteration time budget (s): adaptive chunking keeps each batch's predicted time within "
+        "it, and pla keeps one iteration of slack for the other class's batch (default: the "
+        "TPOT target; with spp stages, spp/(spp+1) of it, since a decode may wait one stage "
+        "for its next slot). A batch that carries the decode of a request with its own TPOT "
+        "target (the API's tpot_slo_s) gets at most that target, scaled the same way"))
     rho_max: float = field(default=0.4, metadata=_help(
         "most of the budget a long prefill yields to others under space sharing"))
     long_prefill_threshold: int | None = field(default=None, metadata=_help(
@@ -169,7 +173,7 @@ class SchedulerConfig:
         if self.policy is not None and self.policy not in POLICY_NAMES:
             raise unknown_name("policy", self.policy, POLICY_NAMES)
         parse_chunking(self.chunking)
-        for name in ("tpot_target_s", "target_batch_time_s", "ttft_deadline_s",
+        for name in ("tpot_target_s", "iteration_budget_s", "ttft_deadline_s",
                      "ttft_deadline_factor", "min_ttft_deadline_s", "aligned_starvation_s"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, (int, float))
@@ -242,26 +246,38 @@ class SchedulerConfig:
         """C: most requests admitted at once under the deferred policy."""
         return self.batch_cap or self.max_num_seqs
 
+    @property
+    def is_resolved(self) -> bool:
+        """Whether `resolve` has filled in the hardware-dependent defaults."""
+        return None not in (self.tpot_target_s, self.iteration_budget_s)
+
     def resolve(self, predictor) -> SchedulerConfig:
-        """This config with the hardware-dependent defaults filled in. On a CPU one decode
-        iteration alone takes about as long as the GPU default budget (it reads every weight),
-        which would shrink prefill chunks to a few tokens and spend most of the machine on
-        that fixed cost; there the budget is 6x a lone decode iteration (with SmolLM2 on a
-        2-core CPU, a 4,500-token prefill is predicted 2.4x slower chunked at 3x, 1.5x at
-        6x)."""
-        if self.tpot_target_s is not None:
+        """This config with the hardware-dependent defaults filled in, so that everyone (the
+        scheduler, its packer and policy, the KV arbiter, the simulator's metrics) reads one
+        value of each; ReplicaScheduler resolves once and hands the result around. Resolving a
+        resolved config returns it unchanged (the same object).
+
+        tpot_target_s: 0.05 s. On a CPU one decode iteration alone takes about as long as
+        that (it reads every weight), which would shrink prefill chunks to a few tokens and
+        spend most of the machine on that fixed cost; there the target is 6x a lone decode
+        iteration (with SmolLM2 on a 2-core CPU, a 4,500-token prefill is predicted 2.4x
+        slower chunked at 3x, 1.5x at 6x).
+
+        iteration_budget_s: the TPOT target scaled for pipelining (`iteration_budget`)."""
+        if self.is_resolved:
             return self
-        target = 0.05
-        if predictor.hardware.name == "cpu":
-            target = max(target, round(6 * predictor.shape_time((), (128,)), 3))
-        return dataclasses.replace(self, tpot_target_s=target)
+        target = self.tpot_target_s
+        if target is None:
+            target = 0.05
+            if predictor.hardware.name == "cpu":
+                target = max(target, round(6 * predictor.shape_time((), (128,)), 3))
+        budget = self.iteration_budget_s or iteration_budget(target, predictor.parallel.spp)
+        return dataclasses.replace(self, tpot_target_s=target, iteration_budget_s=budget)
 
-    def budget_s(self, spp: int = 1) -> float:
-        """Iteration time budget. With stream pipelining a decode that returns just after
-        stage 1 was refilled waits for the next slot, one stage time, so the default budget
-        leaves room for it: a token's time stays within the TPOT target. Without pipelining
-        a batch returns exactly when the next one starts."""
-        if self.target_batch_time_s:
-            return self.target_batch_time_s
-        return self.tpot_target_s if spp == 1 else self.tpot_target_s * spp / (spp + 1)
 
+def iteration_budget(tpot_target_s: float, spp: int = 1) -> float:
+    """The iteration time budget that keeps a token within `tpot_target_s`. With stream
+    pipelining (spp stages) a decode that returns just after stage 1 was refilled waits for the
+    next slot, one stage time, so the budget leaves room for it: spp/(spp+1) of the target.
+    Without pipelining a batch returns exactly when the next one starts: the whole target."""
+    return tpot_target_s if spp == 1 else tpot_target_s * spp / (spp + 1)

@@ -19,7 +19,7 @@ class AdaptivePacker(Packer):
 
     def pack(self, now: float, queue: list[Request], builder: BatchBuilder) -> None:
         cfg = self.config
-        budget = self.budget_s
+        budget = self.iteration_budget_s
         has_long = False
         for r in queue:
             if builder.room_seqs == 0 or builder.room_tokens == 0:
@@ -69,7 +69,7 @@ class AdaptivePacker(Packer):
         return lo
 
     def plan_isolated(self, kv_offset: int, remaining: int) -> int:
-        budget, p = self.budget_s, self.predictor
+        budget, p = self.iteration_budget_s, self.predictor
 
         def fits(n: int) -> bool:
             return p.linear_time(n, 1) + p.prefill_attention_time(n, kv_offset) <= budget

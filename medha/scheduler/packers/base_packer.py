@@ -24,9 +24,10 @@ class Packer(ABC):
     default_policy: ClassVar[str]
 
     def __init__(self, config: SchedulerConfig, predictor: Predictor, arg: int | None) -> None:
+        """`config` must be resolved (make_packer resolves it)."""
         self.config = config
         self.predictor = predictor
-        self.budget_s = config.budget_s(predictor.parallel.spp)
+        self.iteration_budget_s: float = config.iteration_budget_s
 
     @abstractmethod
     def pack(self, now: float, queue: list[Request], builder: BatchBuilder) -> None:
@@ -44,5 +45,8 @@ PACKERS: Registry[Packer] = Registry("chunking mode", __package__, suffix="_pack
 
 
 def make_packer(config: SchedulerConfig, predictor: Predictor) -> Packer:
+    """The packer of `config`'s chunking mode. The scheduler passes its resolved config, which
+    `resolve` returns unchanged; a tool that builds a packer alone gets the same defaults."""
+    config = config.resolve(predictor)
     mode, arg = parse_chunking(config.chunking)
     return PACKERS.get(mode)(config, predictor, arg)
