@@ -6,9 +6,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from medha.core.batch import BatchResult
+from medha.core.config import SchedulerConfig, default_long_threshold
 from medha.core.request import PRIORITY_CLASSES, Request
 from medha.core.request import RequestState as S
-from medha.scheduler.block_manager import KvpBlockManager
+from medha.scheduler.block_manager import BlockManager, KvpBlockManager
+from medha.scheduler.replica_scheduler import ReplicaScheduler
 from medha.sim.replay import replay
 
 
@@ -249,3 +251,28 @@ def test_a_discarded_batch_ends_its_requests_and_frees_their_kv():
     assert sched.blocks.num_used == sum(len(sched.blocks.blocks_of(r.request_id))
                                         for r in sched.live_requests())
     sched.check_invariants()
+
+
+def test_config_is_resolved_once_and_resolve_is_idempotent():
+    sched = toy_scheduler(policy="pla", iteration_budget_s=None, tpot_target_s=0.08)
+    cfg = sched.config
+    assert cfg.is_resolved and cfg.iteration_budget_s == 0.08  # from the TPOT target
+    assert cfg.resolve(sched.predictor) is cfg  # resolving a resolved config changes nothing
+    # the packer and the policy read the scheduler's resolved config, not copies of their own
+    assert sched.packer.config is cfg and sched.policy.config is cfg
+    assert sched.packer.iteration_budget_s == sched.policy.iteration_budget_s == 0.08
+    # a scheduler handed a resolved config keeps that very object
+    assert ReplicaScheduler(cfg, sched.predictor, BlockManager(64)).config is cfg
+    # an explicit budget is kept; resolve fills only what is missing
+    explicit = SchedulerConfig(tpot_target_s=0.08, iteration_budget_s=0.03)
+    assert explicit.resolve(sched.predictor).iteration_budget_s == 0.03
+
+
+@pytest.mark.parametrize("max_model_len, expected", [(8192, 2048), (4096, 1024),
+                                                     (1 << 20, 32768), (3, 1)])
+def test_one_default_long_threshold(max_model_len, expected):
+    assert default_long_threshold(max_model_len) == expected
+    sched = toy_scheduler(max_model_len=max_model_len)
+    assert sched.long_threshold == sched.config.long_prefill_threshold == expected
+    assert toy_scheduler(max_model_len=max_model_len,
+                         long_prefill_threshold=77).long_threshold == 77

@@ -18,6 +18,20 @@ CHUNKING_MODES = ("none", "static", "adaptive")
 _CHUNKING_TAKES_ARGUMENT = ("static",)  # static:N, a token budget
 
 
+# A prefill counts as long from a quarter of the model's context, and at most from this many
+# prompt tokens (see default_long_threshold).
+LONG_THRESHOLD_CAP = 32768
+
+
+def default_long_threshold(max_model_len: int) -> int:
+    """Prompt tokens from which a request counts as long, for a context of `max_model_len`:
+    min(32768, max_model_len / 4). The one default of the scheduler's long_prefill_threshold
+    (at most one long prefill per batch, space sharing), the simulator's per-class metrics
+    (which follow the scheduler's resolved threshold) and `medha bench`'s class tables (from
+    the server's max_model_len in /v1/models)."""
+    return min(LONG_THRESHOLD_CAP, max(1, max_model_len // 4))
+
+
 def _help(text: str, **extra) -> dict:
     return {"help": text, **extra}
 
@@ -249,7 +263,8 @@ class SchedulerConfig:
     @property
     def is_resolved(self) -> bool:
         """Whether `resolve` has filled in the hardware-dependent defaults."""
-        return None not in (self.tpot_target_s, self.iteration_budget_s)
+        return None not in (self.tpot_target_s, self.iteration_budget_s, self.max_model_len,
+                            self.long_prefill_threshold)
 
     def resolve(self, predictor) -> SchedulerConfig:
         """This config with the hardware-dependent defaults filled in, so that everyone (the
@@ -263,7 +278,10 @@ class SchedulerConfig:
         iteration (with SmolLM2 on a 2-core CPU, a 4,500-token prefill is predicted 2.4x
         slower chunked at 3x, 1.5x at 6x).
 
-        iteration_budget_s: the TPOT target scaled for pipelining (`iteration_budget`)."""
+        iteration_budget_s: the TPOT target scaled for pipelining (`iteration_budget`).
+        max_model_len: the model's context. A longer one than the spec's is allowed: the
+        long-context variants of a model (RoPE-scaled) share its shapes; the engine checks its
+        real checkpoint's limit. long_prefill_threshold: `default_long_threshold`."""
         if self.is_resolved:
             return self
         target = self.tpot_target_s
@@ -272,7 +290,11 @@ class SchedulerConfig:
             if predictor.hardware.name == "cpu":
                 target = max(target, round(6 * predictor.shape_time((), (128,)), 3))
         budget = self.iteration_budget_s or iteration_budget(target, predictor.parallel.spp)
-        return dataclasses.replace(self, tpot_target_s=target, iteration_budget_s=budget)
+        max_model_len = self.max_model_len or predictor.model.max_context
+        long_threshold = self.long_prefill_threshold or default_long_threshold(max_model_len)
+        return dataclasses.replace(self, tpot_target_s=target, iteration_budget_s=budget,
+                                   max_model_len=max_model_len,
+                                   long_prefill_threshold=long_threshold)
 
 
 def iteration_budget(tpot_target_s: float, spp: int = 1) -> float:
