@@ -563,3 +563,13 @@ def test_a_request_failing_after_admission_ends_alone(tiny_model):
             assert 'medha_requests_total{status="failed"} 1.0' in metrics
     finally:
         llm_engine.sample = real
+
+
+def test_bench_long_threshold_follows_the_models_max_model_len():
+    from medha.benchmark.config import BenchConfig
+    from medha.benchmark.load_generator import long_threshold
+
+    card = {"id": "smollm2", "max_model_len": 8192}
+    assert long_threshold(BenchConfig(), card) == (2048, "server max_model_len")
+    assert long_threshold(BenchConfig(long_threshold=300), card) == (300, "flag")
+    assert long_threshold(BenchConfig(), {"id": "other"}) == (32768, "default")
