@@ -76,7 +76,8 @@ def main() -> None:
             if r.state.name == "DECODING":
                 sched.abort(r.request_id, now)
                 sched.add_request(fresh(), now)
-    assert sched.num_waiting == args.waiting and sched.num_decoding == args.decoding
+    # --waiting counts the whole prefill-phase queue: not started and started alike
+    assert sum(sched.prefill_counts()) == args.waiting and sched.num_decoding == args.decoding
 
     ms = np.array(sched_ns) / 1e6
     print(f"schedule() with {args.waiting} waiting + {args.decoding} decoding, "

@@ -276,3 +276,19 @@ def test_one_default_long_threshold(max_model_len, expected):
     assert sched.long_threshold == sched.config.long_prefill_threshold == expected
     assert toy_scheduler(max_model_len=max_model_len,
                          long_prefill_threshold=77).long_threshold == 77
+
+
+def test_waiting_and_prefilling_are_counted_apart():
+    sched = toy_scheduler(policy="fcfs", multi_prefill=False)
+    for i in range(3):
+        sched.add_request(Request(f"r{i}", 0.0, 200, 2), 0.0)
+    assert (sched.num_waiting, sched.num_prefilling) == (3, 0)
+    step(sched, 0.0)  # r0's first 64-token chunk
+    assert sched.prefill_counts() == (2, 1) == (sched.num_waiting, sched.num_prefilling)
+    r0 = sched.get("r0")
+    batch = sched.schedule(1.0)  # r0's second chunk, in flight: still prefilling
+    assert r0.state is S.PREFILLING and sched.prefill_counts() == (2, 1)
+    sched.update(batch, BatchResult(batch.predicted_time_s), 1.1)
+    sched.kv.preempt(r0, batch)  # recompute: its KV is dropped, it waits to start over
+    sched._settle(batch)
+    assert r0.state is S.PREEMPTED and sched.prefill_counts() == (3, 0)

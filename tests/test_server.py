@@ -59,7 +59,7 @@ class Server:
         while True:
             m = self.metrics()
             busy = m["medha_kv_blocks_used"] + m["medha_num_requests_waiting"] + \
-                m["medha_num_requests_running"]
+                m["medha_num_requests_prefilling"] + m["medha_num_requests_running"]
             if busy == 0 or time.monotonic() > deadline:
                 return m
             time.sleep(0.2)
@@ -204,6 +204,8 @@ def test_metrics_count_requests_and_latencies(server, client):
         before["medha_time_to_first_token_seconds_count"] + 1
     assert after["medha_iteration_seconds_count"] > before["medha_iteration_seconds_count"]
     assert after["medha_kv_blocks_total"] > 0 and after["medha_kv_blocks_used"] == 0
+    # the prefill-phase queue in two gauges: not started, and started
+    assert after["medha_num_requests_waiting"] == after["medha_num_requests_prefilling"] == 0
 
 
 async def _disconnect(url: str, rng: random.Random) -> None:
@@ -237,7 +239,8 @@ def test_random_disconnects_leave_no_kv_in_use(server, client):
     asyncio.run(main())
     after = server.wait_idle()
     assert after["medha_kv_blocks_used"] == 0
-    assert after["medha_num_requests_waiting"] == 0 and after["medha_num_requests_running"] == 0
+    assert after["medha_num_requests_waiting"] == after["medha_num_requests_prefilling"] == 0
+    assert after["medha_num_requests_running"] == 0
     assert after['medha_requests_total{status="aborted"}'] - before >= 90
     # and it still serves
     assert client.completions.create(model="smollm2", prompt="Still there?",

@@ -15,7 +15,7 @@ from medha.scheduler.replica_scheduler import ReplicaScheduler
 
 
 def snapshot(sched):
-    return (len(sched), sched.num_waiting, sched.num_decoding, sched.blocks.num_free,
+    return (len(sched), sched.prefill_counts(), sched.num_decoding, sched.blocks.num_free,
             dataclasses.astuple(sched.stats), sched._admissions,
             sorted(sched.blocks.owners()))
 

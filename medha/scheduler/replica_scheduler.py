@@ -127,7 +127,23 @@ class ReplicaScheduler:
 
     @property
     def num_waiting(self) -> int:
-        return len(self._prefilling)
+        """Requests whose prefill has not started: new ones, and those preempted by recompute
+        (their KV dropped, they start over)."""
+        return self.prefill_counts()[0]
+
+    @property
+    def num_prefilling(self) -> int:
+        """Requests whose prefill has started (a chunk scheduled) and not finished."""
+        return self.prefill_counts()[1]
+
+    def prefill_counts(self) -> tuple[int, int]:
+        """(num_waiting, num_prefilling) of one instant: together, the prefill-phase queue.
+        The queue is copied without running Python code in between, so without letting another
+        thread in: a metrics scrape may count while the engine's thread changes it."""
+        queue = tuple(self._prefilling.values())
+        prefilling = RequestState.PREFILLING
+        started = sum(r.state is prefilling for r in queue)
+        return len(queue) - started, started
 
     @property
     def num_decoding(self) -> int:
