@@ -292,3 +292,33 @@ def test_waiting_and_prefilling_are_counted_apart():
     sched.kv.preempt(r0, batch)  # recompute: its KV is dropped, it waits to start over
     sched._settle(batch)
     assert r0.state is S.PREEMPTED and sched.prefill_counts() == (3, 0)
+
+
+@pytest.mark.parametrize("spp", [1, 2])
+def test_a_decodes_own_tpot_target_caps_the_prefill_chunk_beside_it(spp):
+    from medha.perf import ParallelConfig
+    from medha.perf.toy_predictor import FixedCostPredictor
+
+    def chunk_beside_decode(target):
+        # 1/1024 s per token, no fixed cost: a budget of B seconds holds 1024 B tokens
+        pred = FixedCostPredictor(1 / 1024)
+        pred.parallel = ParallelConfig(spp=spp)
+        sched = ReplicaScheduler(SchedulerConfig(policy="fcfs", iteration_budget_s=1 / 16),
+                                 pred, BlockManager(1 << 12))
+        d = Request("d", 0.0, 8, 50, tpot_target_s=target)
+        sched.add_request(d, 0.0)
+        step(sched, 0.0)  # d's prompt: it decodes from here
+        assert d.state is S.DECODING
+        sched.add_request(Request("p", 0.1, 4000, 1, tpot_target_s=0.001), 0.1)
+        batch = sched.schedule(0.1)
+        assert [c.request.request_id for c in batch.decodes] == ["d"]
+        return batch.prefills[0].num_tokens, batch.predicted_time_s
+
+    # the configured budget (1/16 s = 64 tokens) without a target of its own, or a looser one
+    assert chunk_beside_decode(None) == (63, 1 / 16)
+    assert chunk_beside_decode(0.5) == (63, 1 / 16)
+    # a 20 ms target: the batch gets 20 ms (x spp/(spp+1) when pipelined, as the default);
+    # p's own 1 ms target does not count while p is in prefill (TTFT judges it, not TPOT)
+    n, t = chunk_beside_decode(0.02)
+    budget = 0.02 if spp == 1 else 0.02 * spp / (spp + 1)
+    assert n == int(budget * 1024) - 1 and t <= budget

@@ -10,7 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, ClassVar
 
-from medha.core.config import SchedulerConfig, parse_chunking
+from medha.core.config import SchedulerConfig, iteration_budget, parse_chunking
 from medha.core.request import Request
 from medha.perf.predictor import Predictor
 from medha.utils.registry import Registry
@@ -28,6 +28,20 @@ class Packer(ABC):
         self.config = config
         self.predictor = predictor
         self.iteration_budget_s: float = config.iteration_budget_s
+        self._spp = predictor.parallel.spp
+
+    def batch_budget_s(self, builder: BatchBuilder) -> float:
+        """The time budget of the batch being built: the configured iteration budget, or less
+        when the batch carries the decode of a request with its own TPOT target (the API's
+        tpot_slo_s): at most that target, scaled for pipelining as the default budget is.
+        Decodes only: a request still in prefill is judged by its TTFT deadline, not by its
+        TPOT target, which bounds nothing until its first token is out. Packers that size
+        chunks by time (adaptive) use it; token-budget ones (static, none) have no time
+        budget to bound."""
+        target = builder.tpot_target_s
+        if target is None:
+            return self.iteration_budget_s
+        return min(self.iteration_budget_s, iteration_budget(target, self._spp))
 
     @abstractmethod
     def pack(self, now: float, queue: list[Request], builder: BatchBuilder) -> None:
