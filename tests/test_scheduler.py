@@ -303,7 +303,8 @@ def test_a_decodes_own_tpot_target_caps_the_prefill_chunk_beside_it(spp):
         # 1/1024 s per token, no fixed cost: a budget of B seconds holds 1024 B tokens
         pred = FixedCostPredictor(1 / 1024)
         pred.parallel = ParallelConfig(spp=spp)
-        sched = ReplicaScheduler(SchedulerConfig(policy="fcfs", iteration_budget_s=1 / 16),
+        sched = ReplicaScheduler(SchedulerConfig(policy="fcfs", iteration_budget_s=1 / 16,
+                                                 min_chunk_tokens=4),
                                  pred, BlockManager(1 << 12))
         d = Request("d", 0.0, 8, 50, tpot_target_s=target)
         sched.add_request(d, 0.0)
@@ -322,3 +323,5 @@ def test_a_decodes_own_tpot_target_caps_the_prefill_chunk_beside_it(spp):
     n, t = chunk_beside_decode(0.02)
     budget = 0.02 if spp == 1 else 0.02 * spp / (spp + 1)
     assert n == int(budget * 1024) - 1 and t <= budget
+    # a target no batch can meet still leaves one minimum chunk (4 tokens) for the prefills
+    assert chunk_beside_decode(1e-9) == (4, 5 / 1024)

@@ -35,13 +35,19 @@ class Packer(ABC):
         when the batch carries the decode of a request with its own TPOT target (the API's
         tpot_slo_s): at most that target, scaled for pipelining as the default budget is.
         Decodes only: a request still in prefill is judged by its TTFT deadline, not by its
-        TPOT target, which bounds nothing until its first token is out. Packers that size
+        TPOT target, which bounds nothing until its first token is out. Never below the time
+        of the decodes plus one fresh --min-chunk-tokens prefill chunk. Packers that size
         chunks by time (adaptive) use it; token-budget ones (static, none) have no time
         budget to bound."""
         target = builder.tpot_target_s
         if target is None:
             return self.iteration_budget_s
-        return min(self.iteration_budget_s, iteration_budget(target, self._spp))
+        capped = min(self.iteration_budget_s, iteration_budget(target, self._spp))
+        # A target never stops the prefills: the batch keeps room for one minimum chunk of a
+        # new prompt beside its decodes, or one client asking for token times the hardware
+        # cannot give would hold every newcomer at zero progress until it finished.
+        floor = builder.time_with_chunk(self.config.min_chunk_tokens, 0)
+        return max(capped, min(floor, self.iteration_budget_s))
 
     @abstractmethod
     def pack(self, now: float, queue: list[Request], builder: BatchBuilder) -> None:
