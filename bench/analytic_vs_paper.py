@@ -45,7 +45,7 @@ def main() -> None:
     rows.append(("  same iteration with Llama-3-70B (8xH100 TP8), for reference", "~250 ms",
                  f"{alt70 * 1e3:.0f} ms", alt70 / 0.25))
 
-    packer = make_packer(SchedulerConfig(target_batch_time_s=0.05), p8)
+    packer = make_packer(SchedulerConfig(iteration_budget_s=0.05), p8)
     k, chunks = 0, []
     while k < n:
         c = packer.plan_isolated(k, n - k)

@@ -37,7 +37,7 @@ def main() -> None:
 
     rng = random.Random(args.seed)
     pred = make_predictor("roofline", "llama-3-8b", "h100", ParallelConfig(tp=8))
-    cfg = SchedulerConfig(policy=args.policy, chunking=args.chunking, target_batch_time_s=0.05,
+    cfg = SchedulerConfig(policy=args.policy, chunking=args.chunking, iteration_budget_s=0.05,
                           max_num_seqs=args.decoding + 64)
     sched = ReplicaScheduler(cfg, pred, BlockManager(1 << 20))
     now, counter = 0.0, 0
@@ -76,7 +76,8 @@ def main() -> None:
             if r.state.name == "DECODING":
                 sched.abort(r.request_id, now)
                 sched.add_request(fresh(), now)
-    assert sched.num_waiting == args.waiting and sched.num_decoding == args.decoding
+    # --waiting counts the whole prefill-phase queue: not started and started alike
+    assert sum(sched.prefill_counts()) == args.waiting and sched.num_decoding == args.decoding
 
     ms = np.array(sched_ns) / 1e6
     print(f"schedule() with {args.waiting} waiting + {args.decoding} decoding, "

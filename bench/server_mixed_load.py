@@ -48,7 +48,7 @@ def serve_and_bench(name: str, flags: list[str], args, out: Path) -> dict:
         busy0 = _busy_seconds(url)
         summary = run_bench(BenchConfig(url=url, workload=args.workload, qps=args.qps,
                                         num_requests=args.num_requests, seed=args.seed,
-                                        out=str(out / name)))
+                                        long_threshold=1024, out=str(out / name)))
         summary["busy_share"] = (_busy_seconds(url) - busy0) / summary["client"]["wall_s"]
     return summary
 

@@ -20,7 +20,7 @@ from medha.sim.simulator import ClusterConfig, Simulator
 
 def ttft_1m(hardware: str, spp: int) -> float:
     sim = Simulator(ClusterConfig(hardware=hardware), ParallelConfig(tp=8, spp=spp),
-                    SchedulerConfig(target_batch_time_s=0.05))
+                    SchedulerConfig(iteration_budget_s=0.05))
     r = Request("long", 0.0, 1_000_000, 1)
     sim.run([r])
     return r.ttft_s
@@ -29,7 +29,7 @@ def ttft_1m(hardware: str, spp: int) -> float:
 def tpot(hardware: str, context: int, kvp: int) -> float:
     sim = Simulator(ClusterConfig(hardware=hardware),
                     ParallelConfig(tp=8, spp=4, kvp=kvp, max_tokens_per_kvp_group=1 << 20),
-                    SchedulerConfig(max_model_len=context + 64, target_batch_time_s=0.2))
+                    SchedulerConfig(max_model_len=context + 64, iteration_budget_s=0.2))
     r = Request("long", 0.0, context, 17)
     sim.run([r])
     t = r.token_times_s

@@ -18,7 +18,7 @@ def toy_scheduler(policy="lars", chunking="adaptive", num_blocks=1 << 16, token_
                   iteration_s=0.0, blocks: BlockManager | None = None,
                   **config) -> ReplicaScheduler:
     """`blocks` replaces the plain BlockManager of `num_blocks` blocks."""
-    config.setdefault("target_batch_time_s", 1 / 16)
+    config.setdefault("iteration_budget_s", 1 / 16)
     cfg = SchedulerConfig(policy=policy, chunking=chunking, **config)
     return ReplicaScheduler(cfg, FixedCostPredictor(token_s, iteration_s),
                             blocks or BlockManager(num_blocks))

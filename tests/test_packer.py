@@ -15,7 +15,7 @@ H100_8B_TP8 = make_predictor("roofline", "llama-3-8b", "h100", ParallelConfig(tp
 
 
 def gpu_scheduler(**config) -> ReplicaScheduler:
-    config.setdefault("target_batch_time_s", 0.05)
+    config.setdefault("iteration_budget_s", 0.05)
     return ReplicaScheduler(SchedulerConfig(**config), H100_8B_TP8, BlockManager(1 << 16))
 
 
@@ -36,7 +36,7 @@ def check_budget(batch, budget, min_chunk):
        st.sampled_from(["fcfs", "edf", "lrs", "lars", "srpt"]),
        st.sampled_from([0.02, 0.05, 0.2]), st.booleans())
 def test_adaptive_batches_stay_within_budget(specs, policy, budget, multi):
-    sched = gpu_scheduler(policy=policy, target_batch_time_s=budget, multi_prefill=multi,
+    sched = gpu_scheduler(policy=policy, iteration_budget_s=budget, multi_prefill=multi,
                           max_model_len=65_536)
     reqs = [Request(f"r{i}", t, p, o) for i, (t, p, o) in enumerate(specs)]
 
@@ -50,7 +50,7 @@ def test_adaptive_batches_stay_within_budget(specs, policy, budget, multi):
 
 
 def test_chunks_shrink_as_the_kv_grows():
-    packer = make_packer(SchedulerConfig(target_batch_time_s=0.05), H100_8B_TP8)
+    packer = make_packer(SchedulerConfig(iteration_budget_s=0.05), H100_8B_TP8)
     chunks, k = [], 0
     while k < 1_000_000:
         n = packer.plan_isolated(k, 1_000_000 - k)
@@ -156,7 +156,11 @@ def test_every_chunking_mode_has_a_packer():
 
 def test_default_budget_leaves_room_for_a_pipeline_slot():
     cfg = SchedulerConfig(tpot_target_s=0.06)
-    assert cfg.budget_s(1) == 0.06  # a batch returns exactly when the next one starts
-    assert cfg.budget_s(2) == pytest.approx(0.04)  # a decode may wait one stage (latency/2)
-    assert cfg.budget_s(4) == pytest.approx(0.048)
-    assert SchedulerConfig(tpot_target_s=0.06, target_batch_time_s=0.03).budget_s(4) == 0.03
+
+    def budget(config, spp):
+        return config.resolve(make_predictor("roofline", "llama-3-8b", "h100",
+                                             ParallelConfig(spp=spp))).iteration_budget_s
+    assert budget(cfg, 1) == 0.06  # a batch returns exactly when the next one starts
+    assert budget(cfg, 2) == pytest.approx(0.04)  # a decode may wait one stage (latency/2)
+    assert budget(cfg, 4) == pytest.approx(0.048)
+    assert budget(SchedulerConfig(tpot_target_s=0.06, iteration_budget_s=0.03), 4) == 0.03

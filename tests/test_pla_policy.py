@@ -25,7 +25,7 @@ BOUNDARY = 100  # toy runs: prompts below 100 tokens are short
 
 
 def toy_sim(replicas=1, dispatcher="round_robin", **sched):
-    sched.setdefault("target_batch_time_s", 1 / 16)
+    sched.setdefault("iteration_budget_s", 1 / 16)
     return Simulator(ClusterConfig(replicas=replicas, dispatcher=dispatcher, kv_memory_gb=1.0),
                      ParallelConfig(), SchedulerConfig(**sched),
                      predictor=FixedCostPredictor(TOKEN_S))
@@ -95,12 +95,12 @@ def test_a_ready_short_batch_cuts_in_between_long_chunks():
 
 
 def test_a_long_request_about_to_miss_its_deadline_goes_first():
-    sched = pla(target_batch_time_s=1 / 16)
+    sched = pla(iteration_budget_s=1 / 16)
     sched.add_request(Request("long", 0.0, 200, 2, ttft_deadline_s=0.3), 0.0)
     sched.add_request(Request("short", 0.0, 30, 2, ttft_deadline_s=5.0), 0.0)
     # slack of the long one: 0.3 - 200/1024 = 0.105 s, above one budget (0.0625): shorts first
     assert [c.request.request_id for c in sched.schedule(0.0).prefills] == ["short"]
-    sched2 = pla(target_batch_time_s=1 / 16)
+    sched2 = pla(iteration_budget_s=1 / 16)
     sched2.add_request(Request("long", 0.0, 200, 2, ttft_deadline_s=0.25), 0.0)
     sched2.add_request(Request("short", 0.0, 30, 2, ttft_deadline_s=5.0), 0.0)
     # slack 0.055 s < one budget, and its deadline comes first
@@ -184,8 +184,8 @@ def shorts(n, t0, gap, length=32):
 
 @pytest.mark.parametrize("rate", [20.0, 3000.0])
 def test_wait_and_depth_adapt_to_the_arrival_rate(rate):
-    awd = AdaptiveWaitDepth(grid(), wait_s=0.0, depth=1, max_wait_s=0.05, margin_s=0.05,
-                            adaptive=True)
+    awd = AdaptiveWaitDepth(grid(), wait_s=0.0, depth=1, max_wait_s=0.05,
+                            iteration_budget_s=0.05, adaptive=True)
     t, gap = 0.0, 1 / rate
     for _ in range(30):  # dispatches of 4 shorts each, arriving `rate` per second
         batch = shorts(4, t, gap)

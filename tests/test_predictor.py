@@ -132,7 +132,7 @@ def test_iteration_profile_round_trip(tmp_path):
 @pytest.mark.parametrize("chunking", ["adaptive", "static:512", "none"])
 def test_prefill_time_cache_matches_the_packer_schedule(chunking):
     pred = roofline(tp=8)
-    packer = make_packer(SchedulerConfig(chunking=chunking, target_batch_time_s=0.05), pred)
+    packer = make_packer(SchedulerConfig(chunking=chunking, iteration_budget_s=0.05), pred)
     cache = PrefillTimeCache(pred, packer.plan_isolated, 300_000)
     for n in (1, 100, 5000, 77_777, 300_000):
         k, expected = 0, 0.0
@@ -149,7 +149,7 @@ def test_prefill_time_cache_matches_the_packer_schedule(chunking):
 def test_prefill_time_cache_counts_pipeline_overlap():
     one = roofline(tp=8)
     four = roofline(tp=8, spp=4)
-    plan = make_packer(SchedulerConfig(target_batch_time_s=0.05), one).plan_isolated
+    plan = make_packer(SchedulerConfig(iteration_budget_s=0.05), one).plan_isolated
     t1 = PrefillTimeCache(one, plan, 400_000).time(400_000)
     t4 = PrefillTimeCache(four, plan, 400_000).time(400_000)
     assert t4 < 0.3 * t1  # chunks pipeline through the four stages

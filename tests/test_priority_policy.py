@@ -65,7 +65,7 @@ def test_base_policy_orders_within_a_class():
 def two_decodes(policy, first_class, second_class):
     # Six 16-token blocks; two 47-token prompts fill three blocks each once they have their
     # first token. The next decode needs a fourth block: one of the two must go.
-    sched = toy_scheduler(policy=policy, num_blocks=6, watermark=0.0, target_batch_time_s=0.2)
+    sched = toy_scheduler(policy=policy, num_blocks=6, watermark=0.0, iteration_budget_s=0.2)
     a = Request("a", 0.0, 47, 30, priority_class=first_class)
     b = Request("b", 0.0, 47, 30, priority_class=second_class)
     for r in (a, b):

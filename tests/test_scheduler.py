@@ -6,9 +6,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from medha.core.batch import BatchResult
+from medha.core.config import SchedulerConfig, default_long_threshold
 from medha.core.request import PRIORITY_CLASSES, Request
 from medha.core.request import RequestState as S
-from medha.scheduler.block_manager import KvpBlockManager
+from medha.scheduler.block_manager import BlockManager, KvpBlockManager
+from medha.scheduler.replica_scheduler import ReplicaScheduler
 from medha.sim.replay import replay
 
 
@@ -112,7 +114,7 @@ def test_preemption_under_memory_pressure_loses_nothing():
 def test_preempted_decode_recomputes_prompt_and_outputs():
     # Six 16-token blocks; two 47-token prompts fill three blocks each once they have their
     # first token. The next decode needs a fourth block: the older request evicts the newer.
-    sched = toy_scheduler(num_blocks=6, watermark=0.0, target_batch_time_s=0.2)
+    sched = toy_scheduler(num_blocks=6, watermark=0.0, iteration_budget_s=0.2)
     a, b = Request("a", 0.0, 47, 30), Request("b", 0.0, 47, 30)
     sched.add_request(a, 0.0)
     sched.add_request(b, 0.0)
@@ -139,7 +141,7 @@ def test_preempted_decode_recomputes_prompt_and_outputs():
 def test_a_batch_carries_each_chunks_tokens_and_block_table():
     # Tight memory, so that a request is preempted and recomputes prompt + outputs: every
     # chunk must still read the right tokens from its request and hold its live block table.
-    sched = toy_scheduler(num_blocks=6, watermark=0.0, target_batch_time_s=0.2)
+    sched = toy_scheduler(num_blocks=6, watermark=0.0, iteration_budget_s=0.2)
     reqs = [Request.from_tokens(n, 0.0, [hash((n, i)) % 1000 for i in range(47)], 30)
             for n in "ab"]
     for r in reqs:
@@ -249,3 +251,77 @@ def test_a_discarded_batch_ends_its_requests_and_frees_their_kv():
     assert sched.blocks.num_used == sum(len(sched.blocks.blocks_of(r.request_id))
                                         for r in sched.live_requests())
     sched.check_invariants()
+
+
+def test_config_is_resolved_once_and_resolve_is_idempotent():
+    sched = toy_scheduler(policy="pla", iteration_budget_s=None, tpot_target_s=0.08)
+    cfg = sched.config
+    assert cfg.is_resolved and cfg.iteration_budget_s == 0.08  # from the TPOT target
+    assert cfg.resolve(sched.predictor) is cfg  # resolving a resolved config changes nothing
+    # the packer and the policy read the scheduler's resolved config, not copies of their own
+    assert sched.packer.config is cfg and sched.policy.config is cfg
+    assert sched.packer.iteration_budget_s == sched.policy.iteration_budget_s == 0.08
+    # a scheduler handed a resolved config keeps that very object
+    assert ReplicaScheduler(cfg, sched.predictor, BlockManager(64)).config is cfg
+    # an explicit budget is kept; resolve fills only what is missing
+    explicit = SchedulerConfig(tpot_target_s=0.08, iteration_budget_s=0.03)
+    assert explicit.resolve(sched.predictor).iteration_budget_s == 0.03
+
+
+@pytest.mark.parametrize("max_model_len, expected", [(8192, 2048), (4096, 1024),
+                                                     (1 << 20, 32768), (3, 1)])
+def test_one_default_long_threshold(max_model_len, expected):
+    assert default_long_threshold(max_model_len) == expected
+    sched = toy_scheduler(max_model_len=max_model_len)
+    assert sched.long_threshold == sched.config.long_prefill_threshold == expected
+    assert toy_scheduler(max_model_len=max_model_len,
+                         long_prefill_threshold=77).long_threshold == 77
+
+
+def test_waiting_and_prefilling_are_counted_apart():
+    sched = toy_scheduler(policy="fcfs", multi_prefill=False)
+    for i in range(3):
+        sched.add_request(Request(f"r{i}", 0.0, 200, 2), 0.0)
+    assert (sched.num_waiting, sched.num_prefilling) == (3, 0)
+    step(sched, 0.0)  # r0's first 64-token chunk
+    assert sched.prefill_counts() == (2, 1) == (sched.num_waiting, sched.num_prefilling)
+    r0 = sched.get("r0")
+    batch = sched.schedule(1.0)  # r0's second chunk, in flight: still prefilling
+    assert r0.state is S.PREFILLING and sched.prefill_counts() == (2, 1)
+    sched.update(batch, BatchResult(batch.predicted_time_s), 1.1)
+    sched.kv.preempt(r0, batch)  # recompute: its KV is dropped, it waits to start over
+    sched._settle(batch)
+    assert r0.state is S.PREEMPTED and sched.prefill_counts() == (3, 0)
+
+
+@pytest.mark.parametrize("spp", [1, 2])
+def test_a_decodes_own_tpot_target_caps_the_prefill_chunk_beside_it(spp):
+    from medha.perf import ParallelConfig
+    from medha.perf.toy_predictor import FixedCostPredictor
+
+    def chunk_beside_decode(target):
+        # 1/1024 s per token, no fixed cost: a budget of B seconds holds 1024 B tokens
+        pred = FixedCostPredictor(1 / 1024)
+        pred.parallel = ParallelConfig(spp=spp)
+        sched = ReplicaScheduler(SchedulerConfig(policy="fcfs", iteration_budget_s=1 / 16,
+                                                 min_chunk_tokens=4),
+                                 pred, BlockManager(1 << 12))
+        d = Request("d", 0.0, 8, 50, tpot_target_s=target)
+        sched.add_request(d, 0.0)
+        step(sched, 0.0)  # d's prompt: it decodes from here
+        assert d.state is S.DECODING
+        sched.add_request(Request("p", 0.1, 4000, 1, tpot_target_s=0.001), 0.1)
+        batch = sched.schedule(0.1)
+        assert [c.request.request_id for c in batch.decodes] == ["d"]
+        return batch.prefills[0].num_tokens, batch.predicted_time_s
+
+    # the configured budget (1/16 s = 64 tokens) without a target of its own, or a looser one
+    assert chunk_beside_decode(None) == (63, 1 / 16)
+    assert chunk_beside_decode(0.5) == (63, 1 / 16)
+    # a 20 ms target: the batch gets 20 ms (x spp/(spp+1) when pipelined, as the default);
+    # p's own 1 ms target does not count while p is in prefill (TTFT judges it, not TPOT)
+    n, t = chunk_beside_decode(0.02)
+    budget = 0.02 if spp == 1 else 0.02 * spp / (spp + 1)
+    assert n == int(budget * 1024) - 1 and t <= budget
+    # a target no batch can meet still leaves one minimum chunk (4 tokens) for the prefills
+    assert chunk_beside_decode(1e-9) == (4, 5 / 1024)

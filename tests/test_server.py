@@ -59,7 +59,7 @@ class Server:
         while True:
             m = self.metrics()
             busy = m["medha_kv_blocks_used"] + m["medha_num_requests_waiting"] + \
-                m["medha_num_requests_running"]
+                m["medha_num_requests_prefilling"] + m["medha_num_requests_running"]
             if busy == 0 or time.monotonic() > deadline:
                 return m
             time.sleep(0.2)
@@ -204,6 +204,8 @@ def test_metrics_count_requests_and_latencies(server, client):
         before["medha_time_to_first_token_seconds_count"] + 1
     assert after["medha_iteration_seconds_count"] > before["medha_iteration_seconds_count"]
     assert after["medha_kv_blocks_total"] > 0 and after["medha_kv_blocks_used"] == 0
+    # the prefill-phase queue in two gauges: not started, and started
+    assert after["medha_num_requests_waiting"] == after["medha_num_requests_prefilling"] == 0
 
 
 async def _disconnect(url: str, rng: random.Random) -> None:
@@ -237,7 +239,8 @@ def test_random_disconnects_leave_no_kv_in_use(server, client):
     asyncio.run(main())
     after = server.wait_idle()
     assert after["medha_kv_blocks_used"] == 0
-    assert after["medha_num_requests_waiting"] == 0 and after["medha_num_requests_running"] == 0
+    assert after["medha_num_requests_waiting"] == after["medha_num_requests_prefilling"] == 0
+    assert after["medha_num_requests_running"] == 0
     assert after['medha_requests_total{status="aborted"}'] - before >= 90
     # and it still serves
     assert client.completions.create(model="smollm2", prompt="Still there?",
@@ -563,3 +566,13 @@ def test_a_request_failing_after_admission_ends_alone(tiny_model):
             assert 'medha_requests_total{status="failed"} 1.0' in metrics
     finally:
         llm_engine.sample = real
+
+
+def test_bench_long_threshold_follows_the_models_max_model_len():
+    from medha.benchmark.config import BenchConfig
+    from medha.benchmark.load_generator import long_threshold
+
+    card = {"id": "smollm2", "max_model_len": 8192}
+    assert long_threshold(BenchConfig(), card) == (2048, "server max_model_len")
+    assert long_threshold(BenchConfig(long_threshold=300), card) == (300, "flag")
+    assert long_threshold(BenchConfig(), {"id": "other"}) == (32768, "default")

@@ -16,7 +16,7 @@ from medha.sim.workload.generator import WorkloadConfig
 
 
 def toy_sim(replicas=1, dispatcher="round_robin", **sched):
-    sched.setdefault("target_batch_time_s", 1 / 16)
+    sched.setdefault("iteration_budget_s", 1 / 16)
     return Simulator(ClusterConfig(replicas=replicas, dispatcher=dispatcher, kv_memory_gb=1.0),
                      ParallelConfig(), SchedulerConfig(**sched),
                      predictor=FixedCostPredictor(TOKEN_S))
@@ -51,7 +51,7 @@ def test_round_robin_and_least_work_dispatch():
 def test_stream_pipeline_overlaps_chunks_of_one_prefill():
     def ttft(spp):
         sim = Simulator(ClusterConfig(hardware="h100"), ParallelConfig(tp=8, spp=spp),
-                        SchedulerConfig(target_batch_time_s=0.05))
+                        SchedulerConfig(iteration_budget_s=0.05))
         r = Request("long", 0.0, 200_000, 1)
         res = sim.run([r])
         return r.ttft_s, res.log
@@ -67,7 +67,7 @@ def test_kv_parallelism_cuts_long_context_decode_time():
     def tpot(kvp):
         sim = Simulator(ClusterConfig(hardware="h100"),
                         ParallelConfig(tp=8, spp=2, kvp=kvp, max_tokens_per_kvp_group=1 << 19),
-                        SchedulerConfig(max_model_len=1_600_000, target_batch_time_s=0.2))
+                        SchedulerConfig(max_model_len=1_600_000, iteration_budget_s=0.2))
         r = Request("long", 0.0, 1_500_000, 20)
         sim.run([r])
         times = r.token_times_s
@@ -171,3 +171,28 @@ def test_cli_bad_trace_leaves_no_output(tmp_path):
     cfg.write_text("qps: 1\nturbo: true\n")
     res = medha("simulate", "--config", str(cfg), "--out", str(out), "--quiet")
     assert res.returncode == 2 and "unknown key 'turbo'" in res.stderr
+
+
+def test_metrics_count_long_requests_as_the_scheduler_does():
+    # no --long-threshold: the scheduler's resolved long_prefill_threshold, the one its "one
+    # long prefill per batch" rule used (here max_model_len / 4 = 2048)
+    work = WorkloadConfig(trace="sharegpt", qps=4.0, num_requests=40, seed=3)
+    spec = RunSpec(cluster=ClusterConfig(hardware="h100"), parallel=ParallelConfig(tp=8),
+                   scheduler=SchedulerConfig(max_model_len=8192))
+    out = simulate(spec, work)
+    assert out.result is not None and out.summary["config"]["long_threshold"] == 2048
+    longs = {m.request_id for m in out.rows if m.request_class == "long"}
+    assert longs == {m.request_id for m in out.rows if m.prompt_len >= 2048}
+    spec = RunSpec(cluster=ClusterConfig(hardware="h100"), parallel=ParallelConfig(tp=8),
+                   scheduler=SchedulerConfig(max_model_len=8192), long_threshold=100)
+    out = simulate(spec, work)  # the flag overrides it
+    assert out.summary["config"]["long_threshold"] == 100
+    assert all((m.request_class == "long") == (m.prompt_len >= 100) for m in out.rows)
+    with pytest.raises(ValueError, match="long_threshold"):
+        RunSpec(long_threshold=0)
+
+
+def test_replicas_share_the_templates_resolved_config():
+    sim = toy_sim(replicas=2)
+    assert sim.scheduler_config.is_resolved
+    assert all(r.scheduler.config is sim.scheduler_config for r in sim._replicas())

@@ -131,7 +131,7 @@ def test_a_cache_that_cannot_be_written_only_costs_time(tmp_path, monkeypatch):
 
 def test_the_walk_is_the_same_in_any_order_and_restored():
     pred = make_predictor("roofline", "llama-3-8b", "h100")
-    plan = make_packer(SchedulerConfig(target_batch_time_s=0.05), pred).plan_isolated
+    plan = make_packer(SchedulerConfig(iteration_budget_s=0.05), pred).plan_isolated
     lengths = [1, 700, 5000, 77_777, 123_456, 300_000]
     up = PrefillTimeCache(pred, plan, 300_000)
     times = [up.time(n) for n in lengths]

@@ -38,7 +38,7 @@ def two_decodes(**config):
     """Six 16-token blocks; two 47-token prompts hold three blocks each once they have their
     first token; at the third iteration the older decode needs a fourth block and evicts the
     newer one. Returns that batch, both requests and the time."""
-    sched = toy_scheduler(num_blocks=6, watermark=0.0, target_batch_time_s=0.2, **config)
+    sched = toy_scheduler(num_blocks=6, watermark=0.0, iteration_budget_s=0.2, **config)
     a, b = Request("a", 0.0, 47, 30), Request("b", 0.0, 47, 30)
     for r in (a, b):
         sched.add_request(r, 0.0)

@@ -15,7 +15,7 @@ from medha.scheduler.replica_scheduler import ReplicaScheduler
 
 
 def snapshot(sched):
-    return (len(sched), sched.num_waiting, sched.num_decoding, sched.blocks.num_free,
+    return (len(sched), sched.prefill_counts(), sched.num_decoding, sched.blocks.num_free,
             dataclasses.astuple(sched.stats), sched._admissions,
             sorted(sched.blocks.owners()))
 
@@ -70,7 +70,7 @@ def test_more_than_the_kv_cache_can_ever_hold():
     (dict(chunking="chunky"), "chunking"),
     (dict(tpot_target_s=0), "tpot_target_s"),
     (dict(ttft_deadline_s=-1.0), "ttft_deadline_s"),
-    (dict(target_batch_time_s=0.0), "target_batch_time_s"),
+    (dict(iteration_budget_s=0.0), "iteration_budget_s"),
     (dict(rho_max=1.5), "rho_max"),
     (dict(max_num_seqs=0), "max_num_seqs"),
     (dict(long_prefill_threshold=-5), "long_prefill_threshold"),

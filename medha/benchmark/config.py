@@ -33,8 +33,10 @@ class BenchConfig:
         "medha extension)")})
     ttft_slo_s: float = field(default=1.0, metadata={"help": "TTFT target for attainment"})
     tpot_slo_s: float = field(default=0.2, metadata={"help": "TPOT target for attainment"})
-    long_threshold: int = field(default=1024, metadata={"help": (
-        "prompts of at least this many tokens count as long in the by-class tables")})
+    long_threshold: int | None = field(default=None, metadata={"help": (
+        "prompts of at least this many tokens count as long in the by-class tables (default: "
+        "the scheduler's default, min(32768, max_model_len / 4), of the max_model_len the "
+        "server's /v1/models reports; 32768 if it reports none)")})
     seed: int = field(default=0, metadata={"help": "seed of lengths, arrivals and prompts"})
     timeout_s: float = field(default=600.0, metadata={"help": "per-request timeout"})
 
@@ -45,5 +47,7 @@ class BenchConfig:
             raise ValueError("give --trace or --workload, not both")
         if self.qps is not None and not self.qps > 0:
             raise ValueError(f"qps must be positive, got {self.qps}")
+        if self.long_threshold is not None and self.long_threshold < 1:
+            raise ValueError(f"long_threshold must be positive, got {self.long_threshold}")
         if self.num_requests < 1:
             raise ValueError(f"num_requests must be at least 1, got {self.num_requests}")

@@ -17,6 +17,7 @@ from tqdm import tqdm
 
 from medha.benchmark.config import BenchConfig
 from medha.benchmark.workload import BenchRequest, build_requests
+from medha.core.config import LONG_THRESHOLD_CAP, default_long_threshold
 from medha.sim.metrics.plots import latency_cdfs
 from medha.sim.metrics.summary import RequestMetrics, latency_summary
 
@@ -94,7 +95,20 @@ async def _send(client: httpx.AsyncClient, url: str, body: dict, res: _Result) -
         res.status, res.error = "error", f"{type(e).__name__}: {e}"
 
 
-def _metrics(res: _Result, cfg: BenchConfig, t0: float) -> RequestMetrics:
+def long_threshold(cfg: BenchConfig, card: dict) -> tuple[int, str]:
+    """The prompt length from which a request counts as long, and where it came from: the
+    flag; else the scheduler's default for the max_model_len of the server's model card
+    (medha and vLLM report it in /v1/models), so that the classes match the requests the
+    server itself treats as long; else that default for an unknown context (32768)."""
+    if cfg.long_threshold is not None:
+        return cfg.long_threshold, "flag"
+    max_len = card.get("max_model_len")
+    if isinstance(max_len, int) and not isinstance(max_len, bool) and max_len > 0:
+        return default_long_threshold(max_len), "server max_model_len"
+    return LONG_THRESHOLD_CAP, "default"
+
+
+def _metrics(res: _Result, cfg: BenchConfig, t0: float, threshold: int) -> RequestMetrics:
     ok = res.status == "ok" and bool(res.chunk_s) and res.end_s is not None
     ttft = res.chunk_s[0] - res.send_s if ok else None
     e2e = res.end_s - res.send_s if ok else None
@@ -102,7 +116,7 @@ def _metrics(res: _Result, cfg: BenchConfig, t0: float) -> RequestMetrics:
     tpot = (res.chunk_s[-1] - res.chunk_s[0]) / (n - 1) if ok and n > 1 else None
     return RequestMetrics(
         request_id=str(res.req.index),
-        request_class="long" if res.req.prompt_len >= cfg.long_threshold else "short",
+        request_class="long" if res.req.prompt_len >= threshold else "short",
         arrival_s=res.send_s - t0, prompt_len=res.req.prompt_len, output_len=n if ok else 0,
         ttft_s=ttft, tpot_s=tpot, e2e_s=e2e,
         normalized_e2e_s=e2e / n if ok and n else None, scheduling_delay_s=None,
@@ -136,7 +150,10 @@ async def _run(cfg: BenchConfig, requests: list[BenchRequest], progress: bool) -
         if resp.status_code != 200:
             raise BenchError(f"{base}/models answered HTTP {resp.status_code}: "
                              f"{resp.text[:200]}")
-        model = cfg.model or resp.json()["data"][0]["id"]
+        cards = resp.json()["data"]
+        model = cfg.model or cards[0]["id"]
+        card = next((c for c in cards if c.get("id") == model), {})
+        threshold = long_threshold(cfg, card)
         preempt0 = await _server_counter(c, base, "medha_preemptions")
         url = base + ("/chat/completions" if cfg.endpoint == "chat" else "/completions")
         results = [_Result(r) for r in requests]
@@ -156,16 +173,18 @@ async def _run(cfg: BenchConfig, requests: list[BenchRequest], progress: bool) -
         preempt1 = await _server_counter(c, base, "medha_preemptions")
     preemptions = preempt1 - preempt0 if preempt0 is not None and preempt1 is not None \
         else None
-    return model, results, t0, wall, preemptions
+    return model, threshold, results, t0, wall, preemptions
 
 
 def run_bench(cfg: BenchConfig, progress: bool = True) -> dict:
     requests = build_requests(trace=cfg.trace, workload=cfg.workload, qps=cfg.qps,
                               num_requests=cfg.num_requests, seed=cfg.seed)
-    model, results, t0, wall, preemptions = asyncio.run(_run(cfg, requests, progress))
-    rows = [_metrics(r, cfg, t0) for r in results]
+    model, (threshold, source), results, t0, wall, preemptions = asyncio.run(
+        _run(cfg, requests, progress))
+    rows = [_metrics(r, cfg, t0, threshold) for r in results]
     summary = {"config": {"bench": asdict(cfg) | {"api_key": None}, "model": model,
-                          "url": _base(cfg.url)},
+                          "url": _base(cfg.url), "long_threshold": threshold,
+                          "long_threshold_from": source},
                **latency_summary(rows), "utilization": None, "batches": None, "sim": None,
                "client": {"wall_s": wall,
                           "errors": sum(r.status != "ok" for r in results),

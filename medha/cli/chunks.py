@@ -12,8 +12,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_platform_args(p, "llama-3-8b", "h100", tp=8)
     p.add_argument("--prompt-len", type=int, default=1_000_000,
                    help="prompt tokens (default: 1000000)")
-    p.add_argument("--budget-ms", type=float, default=50.0,
-                   help="iteration time budget in ms (default: 50)")
+    p.add_argument("--iteration-budget-s", type=float, default=0.05,
+                   help="iteration time budget in seconds, as the scheduler's "
+                        "--iteration-budget-s (default: 0.05)")
     p.add_argument("--chunking", default="adaptive", help="adaptive | static:N | none")
     p.add_argument("--all", action="store_true", help="print every chunk, not a sample")
     p.set_defaults(func=run)
@@ -26,7 +27,10 @@ def run(args: argparse.Namespace) -> None:
     predictor = predictor_from_args(args)
     if args.prompt_len < 1:
         raise CliError(f"--prompt-len must be positive, got {args.prompt_len}")
-    config = SchedulerConfig(chunking=args.chunking, target_batch_time_s=args.budget_ms / 1e3)
+    try:
+        config = SchedulerConfig(chunking=args.chunking, iteration_budget_s=args.iteration_budget_s)
+    except ValueError as e:
+        raise CliError(str(e)) from None
     packer = make_packer(config, predictor)
     chunks, k, total = [], 0, 0.0
     while k < args.prompt_len:
@@ -35,7 +39,8 @@ def run(args: argparse.Namespace) -> None:
         chunks.append((k, n, t))
         total += t
         k += n
-    print(f"{predictor.describe()}; chunking {args.chunking}, budget {args.budget_ms:g} ms")
+    print(f"{predictor.describe()}; chunking {args.chunking}, iteration budget "
+          f"{packer.iteration_budget_s * 1e3:g} ms")
     print(f"{'kv offset':>10s} {'chunk':>7s} {'predicted ms':>13s}")
     step = 1 if args.all else max(1, len(chunks) // 20)
     shown = list(range(0, len(chunks), step))

@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> None:
     from medha.scheduler.block_manager import BlockManager
 
     predictor = predictor_from_args(args)
-    base = scheduler_config_from_args(args)
+    base = scheduler_config_from_args(args).resolve(predictor)
     workload = DemoWorkload(num_short=args.num_short, short_qps=args.short_qps,
                             long_prompt=args.long_prompt, seed=args.seed)
     blocks = BlockManager.from_memory(args.kv_memory_gb * 2**30, predictor.model,
@@ -46,6 +46,6 @@ def run(args: argparse.Namespace) -> None:
     print(f"medha {__version__} scheduling demo: {predictor.describe()}")
     print(f"one {workload.long_prompt}-token prompt at t={workload.long_at_s:.0f}s among "
           f"{workload.num_short} short chat requests ({workload.short_qps}/s); iteration "
-          f"budget {base.budget_s(predictor.parallel.spp) * 1e3:.0f} ms; batch times "
+          f"budget {base.iteration_budget_s * 1e3:.0f} ms; batch times "
           "predicted, not measured\n")
     print(demo_table(predictor, workload, base, blocks.num_blocks))

@@ -18,8 +18,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        description="Serve a model over the OpenAI API (/v1/completions, "
                        "/v1/chat/completions, /v1/models) with /health and Prometheus "
                        "/metrics. Per-request targets go in a `medha` object of the request "
-                       "body: priority, ttft_slo_s, tpot_slo_s; the scheduler flags below set "
-                       "the server-wide defaults. SIGTERM drains in-flight requests.")
+                       "body: priority, ttft_slo_s (the request's TTFT deadline), tpot_slo_s "
+                       "(its TPOT target: a batch that carries its decode gets at most that "
+                       "iteration budget, scaled by spp/(spp+1) with pipeline stages, as "
+                       "--iteration-budget-s is from --tpot-target-s); the scheduler flags "
+                       "below set the server-wide defaults. SIGTERM drains in-flight requests.")
     add_dataclass_args(p, ServerConfig, title="server")
     add_dataclass_args(p, EngineConfig, title="engine")
     add_dataclass_args(p, SchedulerConfig, title="scheduler")

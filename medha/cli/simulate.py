@@ -50,9 +50,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--compare", nargs="+", metavar="SPEC", default=None,
                    help="runs to compare: name=NAME,flag=value,... (flags as above)")
     g.add_argument("--name", default="run", help="name of the run (default: run)")
-    g.add_argument("--long-threshold", type=int, default=32768,
+    g.add_argument("--long-threshold", type=int, default=None,
                    help="prompt tokens from which a request counts as long in the metrics "
-                        "(default: 32768)")
+                        "(default: the scheduler's --long-prefill-threshold, whose default is "
+                        "min(32768, max_model_len / 4))")
     g.add_argument("--out", default="sim-out", help="output directory (default: sim-out)")
     g.add_argument("--overwrite", action="store_true",
                    help="replace an existing --out directory, or a symlink there (the link, "

@@ -18,8 +18,35 @@ CHUNKING_MODES = ("none", "static", "adaptive")
 _CHUNKING_TAKES_ARGUMENT = ("static",)  # static:N, a token budget
 
 
-def _help(text: str, **extra) -> dict:
-    return {"help": text, **extra}
+# A prefill counts as long from a quarter of the model's context, and at most from this many
+# prompt tokens (see default_long_threshold).
+LONG_THRESHOLD_CAP = 32768
+
+
+def default_long_threshold(max_model_len: int) -> int:
+    """Prompt tokens from which a request counts as long, for a context of `max_model_len`:
+    min(32768, max_model_len / 4). The one default of the scheduler's long_prefill_threshold
+    (at most one long prefill per batch, space sharing), the simulator's per-class metrics
+    (which follow the scheduler's resolved threshold) and `medha bench`'s class tables (from
+    the server's max_model_len in /v1/models)."""
+    return min(LONG_THRESHOLD_CAP, max(1, max_model_len // 4))
+
+
+# The groups of SchedulerConfig's fields, in the order `--help` shows them. The field names stay
+# flat (they are Python keyword arguments and flags); the group says which part of the scheduler
+# or which policy a field belongs to.
+SCHEDULER = "scheduler"
+CHUNKING = "chunking and budget"
+KV_MEMORY = "KV memory and preemption"
+DEFERRED = "deferred policy"
+ALIGNED = "aligned policy"
+PRIORITY = "priority policy"
+PLA = "pla policy and dispatcher"
+SCHEDULER_GROUPS = (SCHEDULER, CHUNKING, KV_MEMORY, DEFERRED, ALIGNED, PRIORITY, PLA)
+
+
+def _help(group: str, text: str, **extra) -> dict:
+    return {"group": group, "help": text, **extra}
 
 
 def parse_chunking(spec: str) -> tuple[str, int | None]:
@@ -41,7 +68,7 @@ def parse_chunking(spec: str) -> tuple[str, int | None]:
 
 @dataclass
 class SchedulerConfig:
-    policy: str | None = field(default=None, metadata=_help(
+    policy: str | None = field(default=None, metadata=_help(SCHEDULER,
         "who goes first: fcfs, edf, lrs, lars or srpt (default: lars with adaptive chunking; "
         "fcfs with none or static:N, the paper's Orca/vLLM and Sarathi baselines); deferred "
         "is fcfs that admits new prefills only after --departure-threshold departures; "
@@ -50,118 +77,122 @@ class SchedulerConfig:
         "--priority-base, and preempts lower classes first; pla splits prefills at a length "
         "boundary into a short and a long queue, runs one class per batch and batches short "
         "prefills by an adaptive wait and depth (PLA-Serve)"))
-    chunking: str = field(default="adaptive", metadata=_help(
+    chunking: str = field(default="adaptive", metadata=_help(CHUNKING,
         "how many prompt tokens an iteration takes: adaptive (largest chunks that keep the "
         "predicted iteration within the budget), static:N (N-token budget per iteration, "
         "Sarathi) or none (whole prompt in one iteration, non-preemptive)"))
-    multi_prefill: bool = field(default=True, metadata=_help(
+    multi_prefill: bool = field(default=True, metadata=_help(CHUNKING,
         "let several prefills share an iteration (off: at most one prefill chunk per batch)"))
-    space_sharing: bool = field(default=True, metadata=_help(
+    space_sharing: bool = field(default=True, metadata=_help(CHUNKING,
         "a long prefill with slack leaves part of the iteration budget to others"))
-    tpot_target_s: float | None = field(default=None, metadata=_help(
-        "time-per-output-token target (s) counted in SLO attainment; also the default budget "
-        "(default: 0.05 on GPUs; on CPUs 6x a lone decode iteration, at least 0.05)"))
-    target_batch_time_s: float | None = field(default=None, metadata=_help(
-        "iteration time budget (s) for adaptive chunking (default: the TPOT target; with "
-        "spp stages, spp/(spp+1) of it, since a decode may wait one stage for its next slot)"))
-    rho_max: float = field(default=0.4, metadata=_help(
+    tpot_target_s: float | None = field(default=None, metadata=_help(SCHEDULER,
+        "time-per-output-token target (s) counted in SLO attainment, and what the iteration "
+        "budget defaults from (default: 0.05 on GPUs; on CPUs 6x a lone decode iteration, at "
+        "least 0.05)"))
+    iteration_budget_s: float | None = field(default=None, metadata=_help(CHUNKING,
+        "iteration time budget (s): adaptive chunking keeps each batch's predicted time within "
+        "it, and pla keeps one iteration of slack for the other class's batch (default: the "
+        "TPOT target; with spp stages, spp/(spp+1) of it, since a decode may wait one stage "
+        "for its next slot). A batch that carries the decode of a request with its own TPOT "
+        "target (the API's tpot_slo_s) gets at most that target, scaled the same way"))
+    rho_max: float = field(default=0.4, metadata=_help(CHUNKING,
         "most of the budget a long prefill yields to others under space sharing"))
-    long_prefill_threshold: int | None = field(default=None, metadata=_help(
+    long_prefill_threshold: int | None = field(default=None, metadata=_help(CHUNKING,
         "prompt tokens from which a prefill counts as long: at most one long prefill per "
         "batch, and space sharing applies to it (default: min(32768, max_model_len / 4))"))
-    ttft_deadline_s: float | None = field(default=None, metadata=_help(
+    ttft_deadline_s: float | None = field(default=None, metadata=_help(SCHEDULER,
         "fixed TTFT deadline (s) for requests without their own (default: "
         "max(factor x predicted isolated prefill time, min deadline))"))
-    ttft_deadline_factor: float = field(default=1.5, metadata=_help(
+    ttft_deadline_factor: float = field(default=1.5, metadata=_help(SCHEDULER,
         "TTFT deadline as a multiple of the predicted isolated prefill time"))
-    min_ttft_deadline_s: float = field(default=0.5, metadata=_help(
+    min_ttft_deadline_s: float = field(default=0.5, metadata=_help(SCHEDULER,
         "smallest default TTFT deadline (s)"))
-    max_num_seqs: int = field(default=256, metadata=_help(
+    max_num_seqs: int = field(default=256, metadata=_help(SCHEDULER,
         "most sequences (decodes + prefill chunks) in one iteration"))
-    max_batch_tokens: int | None = field(default=None, metadata=_help(
+    max_batch_tokens: int | None = field(default=None, metadata=_help(CHUNKING,
         "most tokens in one iteration (default: no cap; N for static:N, the model context "
         "for none)"))
-    min_chunk_tokens: int = field(default=32, metadata=_help(
+    min_chunk_tokens: int = field(default=32, metadata=_help(CHUNKING,
         "chunk an otherwise empty iteration still runs when even it exceeds the budget, so "
         "that a request deep into a long context keeps making progress"))
-    max_model_len: int | None = field(default=None, metadata=_help(
+    max_model_len: int | None = field(default=None, metadata=_help(SCHEDULER,
         "longest context (prompt + output) accepted (default: the model's)"))
-    watermark: float = field(default=0.01, metadata=_help(
+    watermark: float = field(default=0.01, metadata=_help(KV_MEMORY,
         "share of KV blocks new prefill chunks leave free for running decodes"))
-    prefill_only_iterations: bool = field(default=False, metadata=_help(
+    prefill_only_iterations: bool = field(default=False, metadata=_help(CHUNKING,
         "an iteration with prefill work runs prefills only and the decodes wait for the next "
         "one, as in vLLM without chunked prefill (off: prefills share iterations with decodes)"))
-    departure_threshold: int = field(default=1, metadata=_help(
+    departure_threshold: int = field(default=1, metadata=_help(DEFERRED,
         "deferred policy: admit new prefills only once this many requests (K) have left the "
         "running batch since the last admission; 1 is ordinary continuous batching"))
-    batch_cap: int | None = field(default=None, metadata=_help(
+    batch_cap: int | None = field(default=None, metadata=_help(DEFERRED,
         "deferred policy: most requests in the running batch (C), admitted and not yet "
         "finished; at most max_num_seqs (default: max_num_seqs)"))
 
-    aligned_min_batch: int = field(default=16, metadata=_help(
+    aligned_min_batch: int = field(default=16, metadata=_help(ALIGNED,
         "aligned policy: fewest decodes a prefix-length cluster must hold to be batched on its "
         "own; sparser ranges are merged with their neighbours (fewer ready decodes run together)"))
-    aligned_memory_fraction: float = field(default=1.0, metadata=_help(
+    aligned_memory_fraction: float = field(default=1.0, metadata=_help(ALIGNED,
         "aligned policy: most of the replica's KV blocks one decode batch may hold (AlignedServe's "
         "memory threshold; 1 lets only the cache itself bound a batch)"))
-    aligned_starvation_s: float | None = field(default=None, metadata=_help(
+    aligned_starvation_s: float | None = field(default=None, metadata=_help(ALIGNED,
         "aligned policy: a ready decode that has waited this long for its next token promotes "
         "its length range to the next batch (default: 4 x the TPOT target)"))
-    aligned_batch_iterations: int = field(default=1, metadata=_help(
+    aligned_batch_iterations: int = field(default=1, metadata=_help(ALIGNED,
         "aligned policy: iterations one decode batch runs before the candidate batch, prepared "
         "when it started, takes over"))
 
-    priority_base: str = field(default="fcfs", metadata=_help(
+    priority_base: str = field(default="fcfs", metadata=_help(PRIORITY,
         "priority policy: the policy that orders requests within a class (REALTIME > HIGH > "
         "NORMAL > LOW); any other policy name"))
-    preemption_mode: str = field(default="recompute", metadata=_help(
+    preemption_mode: str = field(default="recompute", metadata=_help(KV_MEMORY,
         "what a request preempted under KV memory pressure loses: recompute (its KV is "
         "dropped and its whole context prefilled again), swap (its KV moves to the host pool "
         "and back, progress kept; recompute when the pool is full) or auto (swap when moving "
         "the KV out and back is predicted cheaper than recomputing it, and the pool has room)"))
-    swap_space_gb: float = field(default=4.0, metadata=_help(
+    swap_space_gb: float = field(default=4.0, metadata=_help(KV_MEMORY,
         "host memory in GiB per device for swapped-out KV (the host pool), with "
         "--preemption-mode swap or auto"))
-    host_kv_blocks: int | None = field(default=None, metadata=_help(
+    host_kv_blocks: int | None = field(default=None, metadata=_help(KV_MEMORY,
         "host pool size in KV blocks; overrides --swap-space-gb (the engine sets it from its "
         "own KV dtype)"))
-    swap_bandwidth_gbps: float | None = field(default=None, metadata=_help(
+    swap_bandwidth_gbps: float | None = field(default=None, metadata=_help(KV_MEMORY,
         "device-host bandwidth in GB/s per device that swaps are timed with (default: the "
         "hardware's host link: PCIe, 25 GB/s for a100, 50 for h100/h200; the measured copy "
         "bandwidth for cpu)"))
 
-    pla_boundary_tokens: int | None = field(default=None, metadata=_help(
+    pla_boundary_tokens: int | None = field(default=None, metadata=_help(PLA,
         "pla policy and dispatcher: prefills of fewer tokens than this are short (L_m) "
         "(default: from the predictor, the length at which batching two prefills saves "
         "less than --pla-batching-gain of running them apart)"))
-    pla_batching_gain: float = field(default=0.25, metadata=_help(
+    pla_batching_gain: float = field(default=0.25, metadata=_help(PLA,
         "pla: share of the time a batch must save over running its prefills apart to be "
         "worth forming; sets L_m (two prefills of L_m tokens cost 2 x (1 - gain) x one) and "
         "the deepest short batch worth waiting for; 0.25 is halfway between memory-bound "
         "(a second prompt is free) and compute-bound (it costs as much as the first)"))
-    pla_wait_s: float = field(default=0.0, metadata=_help(
+    pla_wait_s: float = field(default=0.0, metadata=_help(PLA,
         "pla: initial waiting window W (s): short prefills wait up to this long after the "
         "oldest one arrived for the batch to reach the target depth"))
-    pla_depth: int = field(default=1, metadata=_help(
+    pla_depth: int = field(default=1, metadata=_help(PLA,
         "pla: initial target depth D: short prefills go as soon as this many wait"))
-    pla_adaptive: bool = field(default=True, metadata=_help(
+    pla_adaptive: bool = field(default=True, metadata=_help(PLA,
         "pla: re-estimate W and D after every short dispatch from the short arrival rate and "
         "the predictor's bucket grid (off: W and D stay at --pla-wait-s and --pla-depth)"))
-    pla_max_wait_s: float | None = field(default=None, metadata=_help(
+    pla_max_wait_s: float | None = field(default=None, metadata=_help(PLA,
         "pla: longest adaptive waiting window W (s) (default: the iteration budget)"))
-    pla_long_instances: int | None = field(default=None, metadata=_help(
+    pla_long_instances: int | None = field(default=None, metadata=_help(PLA,
         "pla dispatcher: replicas that start in the long-prefill pool, the rest serve short "
         "prefills; each pool keeps at least one (default: max(1, replicas / 4))"))
-    pla_pressure_high: float = field(default=0.5, metadata=_help(
+    pla_pressure_high: float = field(default=0.5, metadata=_help(PLA,
         "pla dispatcher: a pool whose P90 instance pressure reaches this may take an "
         "instance from the other pool (pressure: mean of queued prefill work / TTFT "
         "deadline, TTFT / deadline, KV-cache utilisation; about 1 at saturation)"))
-    pla_pressure_low: float = field(default=0.25, metadata=_help(
+    pla_pressure_low: float = field(default=0.25, metadata=_help(PLA,
         "pla dispatcher: a pool gives up an instance only while its P90 pressure is at most "
         "this (hysteresis: between low and high nothing moves)"))
-    pla_cooldown_s: float = field(default=5.0, metadata=_help(
+    pla_cooldown_s: float = field(default=5.0, metadata=_help(PLA,
         "pla dispatcher: least time (s) between two instance moves"))
-    pla_window_s: float = field(default=2.0, metadata=_help(
+    pla_window_s: float = field(default=2.0, metadata=_help(PLA,
         "pla dispatcher: requests dispatched this recently (s), or still waiting for their "
         "first token, make up an instance's SLO deviation"))
 
@@ -169,7 +200,7 @@ class SchedulerConfig:
         if self.policy is not None and self.policy not in POLICY_NAMES:
             raise unknown_name("policy", self.policy, POLICY_NAMES)
         parse_chunking(self.chunking)
-        for name in ("tpot_target_s", "target_batch_time_s", "ttft_deadline_s",
+        for name in ("tpot_target_s", "iteration_budget_s", "ttft_deadline_s",
                      "ttft_deadline_factor", "min_ttft_deadline_s", "aligned_starvation_s"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, (int, float))
@@ -242,26 +273,46 @@ class SchedulerConfig:
         """C: most requests admitted at once under the deferred policy."""
         return self.batch_cap or self.max_num_seqs
 
+    @property
+    def is_resolved(self) -> bool:
+        """Whether `resolve` has filled in the hardware-dependent defaults."""
+        return None not in (self.tpot_target_s, self.iteration_budget_s, self.max_model_len,
+                            self.long_prefill_threshold)
+
     def resolve(self, predictor) -> SchedulerConfig:
-        """This config with the hardware-dependent defaults filled in. On a CPU one decode
-        iteration alone takes about as long as the GPU default budget (it reads every weight),
-        which would shrink prefill chunks to a few tokens and spend most of the machine on
-        that fixed cost; there the budget is 6x a lone decode iteration (with SmolLM2 on a
-        2-core CPU, a 4,500-token prefill is predicted 2.4x slower chunked at 3x, 1.5x at
-        6x)."""
-        if self.tpot_target_s is not None:
+        """This config with the hardware-dependent defaults filled in, so that everyone (the
+        scheduler, its packer and policy, the KV arbiter, the simulator's metrics) reads one
+        value of each; ReplicaScheduler resolves once and hands the result around. Resolving a
+        resolved config returns it unchanged (the same object).
+
+        tpot_target_s: 0.05 s. On a CPU one decode iteration alone takes about as long as
+        that (it reads every weight), which would shrink prefill chunks to a few tokens and
+        spend most of the machine on that fixed cost; there the target is 6x a lone decode
+        iteration (with SmolLM2 on a 2-core CPU, a 4,500-token prefill is predicted 2.4x
+        slower chunked at 3x, 1.5x at 6x).
+
+        iteration_budget_s: the TPOT target scaled for pipelining (`iteration_budget`).
+        max_model_len: the model's context. A longer one than the spec's is allowed: the
+        long-context variants of a model (RoPE-scaled) share its shapes; the engine checks its
+        real checkpoint's limit. long_prefill_threshold: `default_long_threshold`."""
+        if self.is_resolved:
             return self
-        target = 0.05
-        if predictor.hardware.name == "cpu":
-            target = max(target, round(6 * predictor.shape_time((), (128,)), 3))
-        return dataclasses.replace(self, tpot_target_s=target)
+        target = self.tpot_target_s
+        if target is None:
+            target = 0.05
+            if predictor.hardware.name == "cpu":
+                target = max(target, round(6 * predictor.shape_time((), (128,)), 3))
+        budget = self.iteration_budget_s or iteration_budget(target, predictor.parallel.spp)
+        max_model_len = self.max_model_len or predictor.model.max_context
+        long_threshold = self.long_prefill_threshold or default_long_threshold(max_model_len)
+        return dataclasses.replace(self, tpot_target_s=target, iteration_budget_s=budget,
+                                   max_model_len=max_model_len,
+                                   long_prefill_threshold=long_threshold)
 
-    def budget_s(self, spp: int = 1) -> float:
-        """Iteration time budget. With stream pipelining a decode that returns just after
-        stage 1 was refilled waits for the next slot, one stage time, so the default budget
-        leaves room for it: a token's time stays within the TPOT target. Without pipelining
-        a batch returns exactly when the next one starts."""
-        if self.target_batch_time_s:
-            return self.target_batch_time_s
-        return self.tpot_target_s if spp == 1 else self.tpot_target_s * spp / (spp + 1)
 
+def iteration_budget(tpot_target_s: float, spp: int = 1) -> float:
+    """The iteration time budget that keeps a token within `tpot_target_s`. With stream
+    pipelining (spp stages) a decode that returns just after stage 1 was refilled waits for the
+    next slot, one stage time, so the budget leaves room for it: spp/(spp+1) of the target.
+    Without pipelining a batch returns exactly when the next one starts: the whole target."""
+    return tpot_target_s if spp == 1 else tpot_target_s * spp / (spp + 1)

@@ -84,7 +84,8 @@ class RequestOutput:
 @dataclass(frozen=True)
 class EngineStats:
     """The engine's queues and KV cache at one instant (LLMEngine.stats)."""
-    waiting: int  # requests with prefill left: waiting, prefilling or preempted
+    waiting: int  # requests whose prefill has not started: new, or preempted by recompute
+    prefilling: int  # requests whose prefill has started and not finished
     running: int  # requests decoding
     swapped: int  # requests whose KV is in the host pool
     kv_blocks_used: int
@@ -343,7 +344,8 @@ class LLMEngine:
         """A snapshot of plain counters: safe to take from any thread (a metrics scrape),
         though one taken while a step runs may mix before and after."""
         s, blocks = self.scheduler, self.scheduler.blocks
-        return EngineStats(waiting=s.num_waiting, running=s.num_decoding,
+        waiting, prefilling = s.prefill_counts()
+        return EngineStats(waiting=waiting, prefilling=prefilling, running=s.num_decoding,
                            swapped=s.num_swapped, kv_blocks_used=blocks.num_used,
                            kv_blocks_free=blocks.num_free, preemptions=s.stats.preemptions)
 

@@ -22,6 +22,9 @@ class BatchBuilder:
         self.now = now
         self._max_seqs = max_seqs
         self._max_tokens = max_tokens
+        # the tightest TPOT target among the requests whose decodes the batch carries (None:
+        # none has its own); the packer bounds the batch's time budget by it
+        self.tpot_target_s: float | None = None
 
     @property
     def is_empty(self) -> bool:
@@ -53,10 +56,15 @@ class BatchBuilder:
         self.timer.add_decodes(kv_lens)
         self.batch.decode_kv_sum += sum(kv_lens)
         chunks = self.batch.decodes
+        tightest = self.tpot_target_s
         for r in requests:
             chunks.append(Chunk(r, r.num_scheduled, 1, True))
             r.num_scheduled += 1
             r.num_inflight_batches += 1
+            target = r.tpot_target_s
+            if target is not None and (tightest is None or target < tightest):
+                tightest = target
+        self.tpot_target_s = tightest
 
     def add_prefill(self, r: Request, num_tokens: int, all_or_nothing: bool = False) -> int:
         """Add up to `num_tokens` of `r` (fewer if KV memory runs short); returns how many."""

@@ -45,19 +45,18 @@ class ReplicaScheduler:
     def __init__(self, config: SchedulerConfig, predictor: Predictor,
                  blocks: BlockManager, prefill_times: PrefillTimeCache | None = None) -> None:
         """`prefill_times` lets replicas with the same predictor and packer share one cache."""
+        # The one resolution of the config: the packer, the policy, the KV arbiter and the
+        # simulator's metrics all read this object's defaults (resolve returns it unchanged).
         self.config = config = config.resolve(predictor)
         self.predictor = predictor
         self.packer = make_packer(config, predictor)
         self.policy = make_policy(config.policy or self.packer.default_policy, config)
-        # A longer max_model_len than the spec's is allowed: the long-context variants of a
-        # model (RoPE-scaled) share its shapes; the engine checks its real checkpoint's limit.
-        self.max_model_len = config.max_model_len or predictor.model.max_context
+        self.max_model_len: int = config.max_model_len
         self.prefill_times = prefill_times or PrefillTimeCache(
             predictor, self.packer.plan_isolated, self.max_model_len)
         self.policy.bind(predictor, blocks, self.max_model_len)
         self._max_batch_tokens = self.packer.max_batch_tokens(self.max_model_len)
-        self.long_threshold = (config.long_prefill_threshold
-                               or min(32768, max(1, self.max_model_len // 4)))
+        self.long_threshold: int = config.long_prefill_threshold
         self._requests: dict[str, Request] = {}  # every live request
         # A live request is in exactly one of: _prefilling (waiting, prefilling or preempted),
         # _decoding, or the arbiter's `swapped` (its KV in the host pool).
@@ -128,7 +127,23 @@ class ReplicaScheduler:
 
     @property
     def num_waiting(self) -> int:
-        return len(self._prefilling)
+        """Requests whose prefill has not started: new ones, and those preempted by recompute
+        (their KV dropped, they start over)."""
+        return self.prefill_counts()[0]
+
+    @property
+    def num_prefilling(self) -> int:
+        """Requests whose prefill has started (a chunk scheduled) and not finished."""
+        return self.prefill_counts()[1]
+
+    def prefill_counts(self) -> tuple[int, int]:
+        """(num_waiting, num_prefilling) of one instant: together, the prefill-phase queue.
+        The queue is copied without running Python code in between, so without letting another
+        thread in: a metrics scrape may count while the engine's thread changes it."""
+        queue = tuple(self._prefilling.values())
+        prefilling = RequestState.PREFILLING
+        started = sum(r.state is prefilling for r in queue)
+        return len(queue) - started, started
 
     @property
     def num_decoding(self) -> int:

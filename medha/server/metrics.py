@@ -35,8 +35,10 @@ class ServerMetrics:
                                      "requests", registry=r)
         self.generation_tokens = Counter("medha_generation_tokens", "Tokens generated for "
                                          "finished requests", registry=r)
-        Gauge("medha_num_requests_waiting", "Requests with prefill left",
-              registry=r).set_function(lambda: stats().waiting)
+        Gauge("medha_num_requests_waiting", "Requests whose prefill has not started (new, or "
+              "preempted by recompute)", registry=r).set_function(lambda: stats().waiting)
+        Gauge("medha_num_requests_prefilling", "Requests whose prefill has started and not "
+              "finished", registry=r).set_function(lambda: stats().prefilling)
         Gauge("medha_num_requests_running", "Requests decoding",
               registry=r).set_function(lambda: stats().running)
         Gauge("medha_kv_blocks_used", "KV cache blocks in use",

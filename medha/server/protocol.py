@@ -38,7 +38,10 @@ class MedhaOptions(BaseModel):
     ttft_slo_s: PositiveFloat | None = Field(
         None, description="time-to-first-token target in seconds (the scheduler's deadline)")
     tpot_slo_s: PositiveFloat | None = Field(
-        None, description="time-per-output-token target in seconds")
+        None, description="time-per-output-token target in seconds: counted in SLO "
+        "attainment, and every batch that carries this request's decode keeps its predicted "
+        "time within it (x spp/(spp+1) with pipeline stages), so prefill chunks beside it "
+        "shrink; a tighter --iteration-budget-s still applies")
 
 
 class StreamOptions(BaseModel):

@@ -29,7 +29,14 @@ class RunSpec:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
-    long_threshold: int = 32768
+    # prompt tokens from which a request counts as long in the metrics (None: the scheduler's
+    # resolved long_prefill_threshold, the one its "one long prefill per batch" rule uses)
+    long_threshold: int | None = None
+
+    def __post_init__(self) -> None:
+        t = self.long_threshold
+        if t is not None and not (isinstance(t, int) and t >= 1):
+            raise ValueError(f"long_threshold must be a positive integer, got {t!r}")
 
     def to_json(self) -> dict:
         return {"name": self.name, "cluster": dataclasses.asdict(self.cluster),
@@ -51,11 +58,13 @@ def simulate(spec: RunSpec, workload: WorkloadConfig, progress: bool = False) ->
     requests = build_requests(workload, sim.max_model_len)
     result = sim.run(requests, progress=progress)
     hw = sim.predictor.hardware
+    long_threshold = spec.long_threshold or sim.scheduler_config.long_prefill_threshold
     summary, rows = summarize(
         requests, result.log,
-        config={**spec.to_json(), "workload": dataclasses.asdict(workload)},
-        long_threshold=spec.long_threshold,
-        tpot_target_s=spec.scheduler.resolve(sim.predictor).tpot_target_s,
+        config={**spec.to_json(), "long_threshold": long_threshold,
+                "workload": dataclasses.asdict(workload)},
+        long_threshold=long_threshold,
+        tpot_target_s=sim.scheduler_config.tpot_target_s,
         model=sim.predictor.model, dtype_bytes=hw.dtype_bytes, num_devices=result.num_devices,
         num_replicas=spec.cluster.replicas, spp=spec.parallel.spp, peak_flops=hw.peak_flops,
         mem_bw=hw.mem_bw, wall_s=result.wall_s, setup_s=result.setup_s)

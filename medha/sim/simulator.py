@@ -73,6 +73,8 @@ class Simulator:
         # with the same inputs left on disk.
         template = ReplicaScheduler(scheduler, self.predictor,
                                     kv_blocks_per_replica(cluster, self.predictor))
+        # The scheduler's resolved config: every replica, and the metrics, read this one.
+        self.scheduler_config = template.config
         self.max_model_len = template.max_model_len
         self._prefill_times: PrefillTimeCache = template.prefill_times
         self.stored_walk = StoredWalk(self._prefill_times, self.predictor, template.config)

@@ -17,11 +17,18 @@ def _base_type(tp):
 
 def add_dataclass_args(parser: argparse.ArgumentParser, cls, skip: tuple[str, ...] = (),
                        title: str | None = None) -> None:
-    group = parser.add_argument_group(title or cls.__name__)
+    """One flag per field. A field whose metadata names a "group" goes to the argument group of
+    that title, the others to `title` (default: the class name); groups appear in the order of
+    their first field."""
+    groups: dict[str, argparse._ArgumentGroup] = {}
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         if f.name in skip:
             continue
+        name = f.metadata.get("group") or title or cls.__name__
+        group = groups.get(name)
+        if group is None:
+            group = groups[name] = parser.add_argument_group(name)
         flags = ["--" + f.name.replace("_", "-"), *f.metadata.get("aliases", ())]
         help_text = f.metadata.get("help", "")
         tp = _base_type(hints[f.name])

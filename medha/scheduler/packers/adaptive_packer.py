@@ -3,7 +3,8 @@
 Each prefill, in policy order, gets the largest chunk whose batch still has a predicted time
 within the iteration budget (binary search on the predictor). A fixed time budget is all that
 adaptive chunking needs: as a long request's KV grows, each of its tokens costs more attention,
-so the same budget buys smaller chunks.
+so the same budget buys smaller chunks. A batch that carries the decode of a request with its
+own, tighter TPOT target gets a budget of at most that target (Packer.batch_budget_s).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ class AdaptivePacker(Packer):
 
     def pack(self, now: float, queue: list[Request], builder: BatchBuilder) -> None:
         cfg = self.config
-        budget = self.budget_s
+        budget = self.batch_budget_s(builder)  # a decode's own TPOT target may lower it
         has_long = False
         for r in queue:
             if builder.room_seqs == 0 or builder.room_tokens == 0:
@@ -69,7 +70,7 @@ class AdaptivePacker(Packer):
         return lo
 
     def plan_isolated(self, kv_offset: int, remaining: int) -> int:
-        budget, p = self.budget_s, self.predictor
+        budget, p = self.iteration_budget_s, self.predictor
 
         def fits(n: int) -> bool:
             return p.linear_time(n, 1) + p.prefill_attention_time(n, kv_offset) <= budget

@@ -10,7 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, ClassVar
 
-from medha.core.config import SchedulerConfig, parse_chunking
+from medha.core.config import SchedulerConfig, iteration_budget, parse_chunking
 from medha.core.request import Request
 from medha.perf.predictor import Predictor
 from medha.utils.registry import Registry
@@ -24,9 +24,30 @@ class Packer(ABC):
     default_policy: ClassVar[str]
 
     def __init__(self, config: SchedulerConfig, predictor: Predictor, arg: int | None) -> None:
+        """`config` must be resolved (make_packer resolves it)."""
         self.config = config
         self.predictor = predictor
-        self.budget_s = config.budget_s(predictor.parallel.spp)
+        self.iteration_budget_s: float = config.iteration_budget_s
+        self._spp = predictor.parallel.spp
+
+    def batch_budget_s(self, builder: BatchBuilder) -> float:
+        """The time budget of the batch being built: the configured iteration budget, or less
+        when the batch carries the decode of a request with its own TPOT target (the API's
+        tpot_slo_s): at most that target, scaled for pipelining as the default budget is.
+        Decodes only: a request still in prefill is judged by its TTFT deadline, not by its
+        TPOT target, which bounds nothing until its first token is out. Never below the time
+        of the decodes plus one fresh --min-chunk-tokens prefill chunk. Packers that size
+        chunks by time (adaptive) use it; token-budget ones (static, none) have no time
+        budget to bound."""
+        target = builder.tpot_target_s
+        if target is None:
+            return self.iteration_budget_s
+        capped = min(self.iteration_budget_s, iteration_budget(target, self._spp))
+        # A target never stops the prefills: the batch keeps room for one minimum chunk of a
+        # new prompt beside its decodes, or one client asking for token times the hardware
+        # cannot give would hold every newcomer at zero progress until it finished.
+        floor = builder.time_with_chunk(self.config.min_chunk_tokens, 0)
+        return max(capped, min(floor, self.iteration_budget_s))
 
     @abstractmethod
     def pack(self, now: float, queue: list[Request], builder: BatchBuilder) -> None:
@@ -44,5 +65,8 @@ PACKERS: Registry[Packer] = Registry("chunking mode", __package__, suffix="_pack
 
 
 def make_packer(config: SchedulerConfig, predictor: Predictor) -> Packer:
+    """The packer of `config`'s chunking mode. The scheduler passes its resolved config, which
+    `resolve` returns unchanged; a tool that builds a packer alone gets the same defaults."""
+    config = config.resolve(predictor)
     mode, arg = parse_chunking(config.chunking)
     return PACKERS.get(mode)(config, predictor, arg)

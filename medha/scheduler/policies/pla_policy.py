@@ -128,10 +128,10 @@ class AdaptiveWaitDepth:
     """When the short queue is ready to go, and the window W and depth D it waits for."""
 
     def __init__(self, grid: CostGrid, wait_s: float, depth: int, max_wait_s: float,
-                 margin_s: float, adaptive: bool) -> None:
+                 iteration_budget_s: float, adaptive: bool) -> None:
         self.grid = grid
         self.wait_s, self.depth = wait_s, depth
-        self.max_wait_s, self.margin_s = max_wait_s, margin_s
+        self.max_wait_s, self.iteration_budget_s = max_wait_s, iteration_budget_s
         self.adaptive = adaptive
         self.rate = 0.0  # short arrivals per second (EWMA of arrivals / EWMA of gaps)
         self._arrivals = self._gap_s = 0.0
@@ -149,12 +149,12 @@ class AdaptiveWaitDepth:
 
     def release_s(self, shorts: list[Request]) -> float:
         """The latest time the waiting shorts may go: the window after the oldest one arrived,
-        or earlier if the nearest deadline would be missed (one iteration of margin, since a
-        batch of the other class may be running when the time comes)."""
+        or earlier if the nearest deadline would be missed (one iteration budget of margin,
+        since a batch of the other class may be running when the time comes)."""
         oldest = min(r.arrival_s for r in shorts)
         length = sum(r.num_tokens - r.num_computed for r in shorts) / len(shorts)
         cost = self.grid.time(length, len(shorts))
-        urgent = min(r.deadline_s for r in shorts) - cost - self.margin_s
+        urgent = min(r.deadline_s for r in shorts) - cost - self.iteration_budget_s
         return min(oldest + self.wait_s, urgent)
 
     def reason(self, shorts: list[Request], now: float) -> str | None:
@@ -204,7 +204,7 @@ class PlaPolicy(FcfsPolicy):
         super().__init__(config)
         self.boundary: int | None = self.config.pla_boundary_tokens
         self.awd: AdaptiveWaitDepth | None = None
-        self.margin_s = 0.0
+        self.iteration_budget_s = 0.0  # the scheduler's, set by bind
         self.last_class: str | None = None  # the class the last admit let through
         self._wake: float | None = None
 
@@ -212,13 +212,16 @@ class PlaPolicy(FcfsPolicy):
         config = self.config
         if self.boundary is None:
             self.boundary = boundary_tokens(predictor, config.pla_batching_gain, max_model_len)
-        # one iteration budget (resolved, for a policy bound outside a scheduler)
-        self.margin_s = config.resolve(predictor).budget_s(predictor.parallel.spp)
+        if not config.is_resolved:
+            raise ValueError("the pla policy needs a resolved config (SchedulerConfig.resolve), "
+                             "as ReplicaScheduler gives it")
+        # one iteration budget: the margin a deadline keeps for a batch of the other class
+        self.iteration_budget_s = config.iteration_budget_s
         grid = CostGrid(predictor, self.boundary, config.pla_batching_gain,
                         config.max_num_seqs)
-        max_wait = config.pla_max_wait_s or self.margin_s
+        max_wait = config.pla_max_wait_s or self.iteration_budget_s
         self.awd = AdaptiveWaitDepth(grid, config.pla_wait_s, config.pla_depth, max_wait,
-                                     self.margin_s, config.pla_adaptive)
+                                     self.iteration_budget_s, config.pla_adaptive)
 
     def is_short(self, r: Request) -> bool:
         return r.num_tokens < self.boundary
@@ -256,6 +259,6 @@ class PlaPolicy(FcfsPolicy):
         if not longs:
             return False
         head = min(longs, key=lambda r: (r.arrival_s, r.admission_seq))
-        if head.slack(now) >= self.margin_s:
+        if head.slack(now) >= self.iteration_budget_s:
             return False
         return head.deadline_s <= min(r.deadline_s for r in shorts)
