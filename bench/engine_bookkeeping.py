@@ -7,9 +7,10 @@ For each prompt length: admit one request, run its prefill, then time `engine.st
 ModelRunner.logits) is timed separately and taken out; what is left is the engine's
 bookkeeping per token: scheduling, building the step's inputs (`prepare`, timed on its own:
 its attention metadata, the decode's mask and slots, grows with the context by design),
-sampling, detokenizing, applying the result and building the RequestOutput. Prints medians in
-microseconds and the long/short ratios. Uses only the public engine API and the runner's
-methods, so it runs on older commits too (`PYTHONPATH=<worktree>`).
+sampling, detokenizing, applying the result and building the RequestOutput; `schedule`
+(ReplicaScheduler.schedule), `update` (applying the result) and `sample` are timed on their own
+too. Prints medians in microseconds and the long/short ratios. Uses only the public engine API
+and the runner's methods, so it runs on older commits too (`PYTHONPATH=<worktree>`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import argparse
 import statistics
 import time
 
+from medha.engine import llm_engine
 from medha.engine.llm_engine import EngineConfig, LLMEngine
 from medha.engine.sampling_params import SamplingParams
 
@@ -44,27 +46,33 @@ def measure(engine: LLMEngine, prompt_len: int, steps: int) -> dict[str, float]:
                        prompt_token_ids=ids)
     while not any(o.new_token_ids for o in engine.step()):  # the prefill, to its first token
         pass
-    runner = engine.runner
+    runner, sched = engine.runner, engine.scheduler
     model = [Timed(runner.forward), Timed(runner.logits)]
-    prepare = Timed(runner.prepare)
-    runner.forward, runner.logits, runner.prepare = model[0], model[1], prepare
+    parts = {"prepare": Timed(runner.prepare), "schedule": Timed(sched.schedule),
+             "update": Timed(sched.update), "sample": Timed(llm_engine.sample)}
+    runner.forward, runner.logits, runner.prepare = model[0], model[1], parts["prepare"]
+    sched.schedule, sched.update = parts["schedule"], parts["update"]
+    llm_engine.sample = parts["sample"]
     rows = []
     try:
         for _ in range(steps):
-            before_model, before_prepare = sum(t.seconds for t in model), prepare.seconds
+            before_model = sum(t.seconds for t in model)
+            before = {k: t.seconds for k, t in parts.items()}
             t0 = time.perf_counter()
             engine.step()
             total = time.perf_counter() - t0
             m = sum(t.seconds for t in model) - before_model
-            rows.append((total - m, prepare.seconds - before_prepare, m))
+            row = {k: t.seconds - before[k] for k, t in parts.items()}
+            row.update(bookkeeping=total - m, model=m)
+            row["rest"] = row["bookkeeping"] - sum(row[k] for k in parts)
+            rows.append(row)
     finally:
-        del runner.forward, runner.logits, runner.prepare
+        del runner.forward, runner.logits, runner.prepare, sched.schedule, sched.update
+        llm_engine.sample = parts["sample"].fn
         while engine.has_unfinished():
             engine.step()
-    return {"bookkeeping_us": statistics.median(r[0] for r in rows) * 1e6,
-            "prepare_us": statistics.median(r[1] for r in rows) * 1e6,
-            "rest_us": statistics.median(r[0] - r[1] for r in rows) * 1e6,
-            "model_ms": statistics.median(r[2] for r in rows) * 1e3}
+    return {k: statistics.median(r[k] for r in rows) * (1e3 if k == "model" else 1e6)
+            for k in rows[0]}
 
 
 def main() -> None:
@@ -81,19 +89,18 @@ def main() -> None:
     for _ in range(args.repeats):  # alternate the lengths
         for n in lengths:
             results[n].append(measure(engine, n, args.steps))
-    print("| prompt tokens | bookkeeping per token | of it prepare | the rest | model "
-          "(forward + logits) |")
-    print("|---|---|---|---|---|")
+    cols = ["bookkeeping", "prepare", "schedule", "update", "sample", "rest"]
+    print("| prompt tokens | bookkeeping per token | of it: prepare | schedule | update | "
+          "sample | the rest | model (forward + logits) |")
+    print("|---|---|---|---|---|---|---|---|")
     med = {n: {k: statistics.median(r[k] for r in rs) for k in rs[0]}
            for n, rs in results.items()}
     for n, m in med.items():
-        print(f"| {n} | {m['bookkeeping_us']:.0f} us | {m['prepare_us']:.0f} us | "
-              f"{m['rest_us']:.0f} us | {m['model_ms']:.1f} ms |")
+        print(f"| {n} | " + " | ".join(f"{m[k]:.0f} us" for k in cols)
+              + f" | {m['model']:.1f} ms |")
     lo, hi = med[lengths[0]], med[lengths[-1]]
-    print(f"\n{lengths[-1]} / {lengths[0]} tokens: bookkeeping "
-          f"{hi['bookkeeping_us'] / lo['bookkeeping_us']:.2f}x, prepare "
-          f"{hi['prepare_us'] / lo['prepare_us']:.2f}x, the rest "
-          f"{hi['rest_us'] / lo['rest_us']:.2f}x")
+    print(f"\n{lengths[-1]} / {lengths[0]} tokens: "
+          + ", ".join(f"{k} {hi[k] / lo[k]:.2f}x" for k in cols))
 
 
 if __name__ == "__main__":
