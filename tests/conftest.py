@@ -1,10 +1,36 @@
+"""Shared helpers, and the test tiers.
+
+Every test is in exactly one tier, a marker registered in pyproject.toml:
+
+  core    needs no torch: scheduler, policies, packers, predictors, simulator, workloads,
+          config checks, the CLI's parsing and its torch-free commands. Under a minute.
+  engine  needs torch: the engine, checkpoints, worker processes (tp/spp/kvp), fault
+          isolation; and tests/test_tiers.py's proof that core runs with torch unimportable.
+  server  the HTTP server: `medha serve` started in a subprocess, or its app in process.
+
+`python -m pytest -m core` runs one tier; `python -m pytest` runs them all. A test module's
+tier is the first of its entry in MODULE_TIERS, core when it has none; a test may name another
+tier of its module's entry with a marker (`@pytest.mark.server`). A new module that needs torch
+but is left out of MODULE_TIERS lands in core, where tests/test_tiers.py's torch-free run fails
+on it; and a `-m core` run stops at a module with core tests that loads torch.
+
+This file imports no torch: the core tier loads it too.
+"""
+
 import os
+import sys
 import tempfile
+from pathlib import Path
 
 import pytest
 
 # Keep the CPU measurement cache of the test run out of the user's home, shared by all tests.
 os.environ.setdefault("MEDHA_CACHE_DIR", tempfile.mkdtemp(prefix="medha-test-cache-"))
+# numpy's OpenBLAS threads the predictor fits' hundreds of small least-squares solves and
+# spins while it waits for a core: on 2 busy cores the fitted predictor took 50-130 s instead
+# of 1.6 s single-threaded. Set before numpy loads; subprocesses inherit it. torch's BLAS
+# (MKL) does not read it.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 from medha.core.config import SchedulerConfig  # noqa: E402
 from medha.perf.toy_predictor import FixedCostPredictor  # noqa: E402
@@ -35,3 +61,91 @@ def tiny_model(tmp_path_factory):
 @pytest.fixture
 def make_toy():
     return toy_scheduler
+
+
+# ---- tiers ---------------------------------------------------------------------------------
+
+TIERS = ("core", "engine", "server")
+# Module -> the tiers its tests are in, its default first; every other module is ("core",).
+# A test marked with a tier that its module's entry lacks stops the collection.
+MODULE_TIERS = {
+    "test_checkpoint.py": ("engine",),
+    "test_engine.py": ("engine",),
+    "test_engine_stats.py": ("engine",),
+    "test_isolation.py": ("engine",),
+    "test_parallel.py": ("engine", "server"),  # two of its tests start `medha serve`
+    "test_parallel_schedule.py": ("engine",),
+    "test_server.py": ("server",),
+    "test_server_fuzz.py": ("server",),
+    "test_startup.py": ("core", "engine"),  # one test loads the engine
+    "test_swap_engine.py": ("engine",),
+    "test_tiers.py": ("engine",),  # it reruns core without torch, as long as core itself
+}
+
+
+def module_tiers(path: Path) -> tuple[str, ...]:
+    return MODULE_TIERS.get(path.name, ("core",))
+
+
+def _selects(config, tier: str) -> bool:
+    """Whether `-m` can select a test of `tier`: False only when the expression, read with
+    `tier` as the test's only tier, is false without looking at any name but the tiers."""
+    if not config.option.markexpr:
+        return True
+    try:  # pytest's own parser of -m; private, so any surprise means "may select"
+        from _pytest.mark.expression import Expression
+
+        expr = Expression.compile(config.option.markexpr)
+    except Exception:
+        return True
+    other = []
+
+    def matcher(name, /, **kwargs):
+        if name in TIERS:
+            return name == tier and not kwargs
+        other.append(name)
+        return False
+
+    return bool(expr.evaluate(matcher)) or bool(other)
+
+
+def pytest_ignore_collect(collection_path, config):
+    """Leave out the modules of tiers that `-m` cannot select without importing them, so that
+    `-m core` neither needs torch nor spends seconds importing it."""
+    if (collection_path.suffix == ".py" and collection_path.name.startswith("test_")
+            and collection_path.parent == Path(__file__).parent
+            and not any(_selects(config, t) for t in module_tiers(collection_path))):
+        return True
+    return None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector):
+    """A module that core runs must not load torch when imported: its collection fails if
+    it does (seen only while nothing collected before it loaded torch, as in `-m core`)."""
+    had_torch = "torch" in sys.modules
+    report = yield
+    if (isinstance(collector, pytest.Module) and report.passed and not had_torch
+            and "torch" in sys.modules and "core" in module_tiers(collector.path)):
+        report.outcome = "failed"
+        report.longrepr = (f"{collector.path.name} has core tests but importing it loads torch: "
+                           "import torch inside the tests that need it, or give the module "
+                           "its tier in tests/conftest.py MODULE_TIERS")
+    return report
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(config, items):
+    here = Path(__file__).parent
+    stale = sorted(name for name in MODULE_TIERS if not (here / name).is_file())
+    if stale:
+        raise pytest.UsageError(f"tests/conftest.py MODULE_TIERS names missing modules: {stale}")
+    for item in items:
+        allowed = module_tiers(item.path)
+        named = sorted({mark.name for mark in item.iter_markers() if mark.name in TIERS})
+        if len(named) > 1 or not set(named) <= set(allowed):
+            raise pytest.UsageError(
+                f"{item.nodeid} is marked with the tiers {named}; a test belongs to exactly one, "
+                f"among its module's {list(allowed)} (tests/conftest.py MODULE_TIERS)")
+        if not named:
+            item.add_marker(allowed[0])

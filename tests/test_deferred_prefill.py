@@ -29,6 +29,10 @@ from medha.sim.workload.generator import WorkloadConfig, build_requests
 
 # ---- the admission rule ----------------------------------------------------------------------
 
+# Room for every request below at once several times over, so memory never decides an
+# admission, and a block check per batch of 1,024 blocks rather than toy_scheduler's 65,536.
+BLOCKS = 1024
+
 
 def drive(sched, requests):
     """Run to the end; per batch: (ids starting their prefill, running ids before it,
@@ -51,8 +55,9 @@ def drive(sched, requests):
                                                 (8, 8, True)])
 def test_no_prefill_is_admitted_before_k_departures_and_the_cap_holds(k, cap, prefill_only):
     rng = random.Random(k * cap)
-    sched = toy_scheduler(policy="deferred", chunking="none", departure_threshold=k,
-                          batch_cap=cap, max_num_seqs=cap, prefill_only_iterations=prefill_only)
+    sched = toy_scheduler(policy="deferred", chunking="none", num_blocks=BLOCKS,
+                          departure_threshold=k, batch_cap=cap, max_num_seqs=cap,
+                          prefill_only_iterations=prefill_only)
     reqs = [Request(f"r{i}", 0.0, rng.randint(4, 40), rng.randint(1, 30)) for i in range(40)]
     log = drive(sched, reqs)
     last_departed, groups = None, 0
@@ -69,8 +74,8 @@ def test_no_prefill_is_admitted_before_k_departures_and_the_cap_holds(k, cap, pr
 
 
 def test_k1_refills_every_departure_at_once():
-    sched = toy_scheduler(policy="deferred", chunking="none", departure_threshold=1,
-                          batch_cap=4, max_num_seqs=4)
+    sched = toy_scheduler(policy="deferred", chunking="none", num_blocks=BLOCKS,
+                          departure_threshold=1, batch_cap=4, max_num_seqs=4)
     reqs = [Request(f"r{i}", 0.0, 8, 2 + i) for i in range(12)]
     log = drive(sched, reqs)
     # each batch after a departure starts exactly as many prompts as left (backlog permitting)
@@ -83,8 +88,8 @@ def test_k1_refills_every_departure_at_once():
 
 
 def test_prefill_only_iterations_never_mix_prefills_and_decodes():
-    sched = toy_scheduler(policy="fcfs", chunking="none", prefill_only_iterations=True,
-                          max_num_seqs=6)
+    sched = toy_scheduler(policy="fcfs", chunking="none", num_blocks=BLOCKS,
+                          prefill_only_iterations=True, max_num_seqs=6)
     reqs = [Request(f"r{i}", 0.0, 8 + i, 5) for i in range(20)]
     log = drive(sched, reqs)
     assert all(not (b.prefills and b.decodes) for b, *_ in log)

@@ -14,9 +14,9 @@ from medha.sim.replay import replay
 H100_8B_TP8 = make_predictor("roofline", "llama-3-8b", "h100", ParallelConfig(tp=8))
 
 
-def gpu_scheduler(**config) -> ReplicaScheduler:
+def gpu_scheduler(num_blocks=1 << 16, **config) -> ReplicaScheduler:
     config.setdefault("iteration_budget_s", 0.05)
-    return ReplicaScheduler(SchedulerConfig(**config), H100_8B_TP8, BlockManager(1 << 16))
+    return ReplicaScheduler(SchedulerConfig(**config), H100_8B_TP8, BlockManager(num_blocks))
 
 
 def check_budget(batch, budget, min_chunk):
@@ -36,8 +36,11 @@ def check_budget(batch, budget, min_chunk):
        st.sampled_from(["fcfs", "edf", "lrs", "lars", "srpt"]),
        st.sampled_from([0.02, 0.05, 0.2]), st.booleans())
 def test_adaptive_batches_stay_within_budget(specs, policy, budget, multi):
-    sched = gpu_scheduler(policy=policy, iteration_budget_s=budget, multi_prefill=multi,
-                          max_model_len=65_536)
+    # room for every request whole, twice over: no memory pressure (as with 65,536 blocks),
+    # and a block check per batch of a few thousand blocks instead of 65,536
+    blocks = 2 * sum(-(-(p + o) // 16) for _, p, o in specs)
+    sched = gpu_scheduler(blocks, policy=policy, iteration_budget_s=budget,
+                          multi_prefill=multi, max_model_len=65_536)
     reqs = [Request(f"r{i}", t, p, o) for i, (t, p, o) in enumerate(specs)]
 
     def check(batch, now):

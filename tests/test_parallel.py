@@ -129,6 +129,7 @@ def _stream_until_error(url: str, killed: list[int], worker: int) -> dict:
     raise AssertionError("the stream ended without an error")
 
 
+@pytest.mark.server  # starts `medha serve`
 def test_a_dead_worker_fails_requests_with_503_and_a_restart_serves_again():
     from test_server import Server
 
@@ -206,6 +207,7 @@ def test_spp_stages_work_on_consecutive_chunks_at_once():
         llm.engine.close()
 
 
+@pytest.mark.server  # starts `medha serve`
 def test_serve_with_tp_and_kvp_answers_the_openai_client_as_one_process():
     from test_server import Server
 

@@ -42,8 +42,12 @@ for argv in (["--help"], ["simulate", "--help"], ["serve", "--help"], ["bench", 
     assert imported(code) & HEAVY == set()
 
 
-def test_import_medha_is_light_and_exports_the_engine_on_use():
+def test_import_medha_is_light():
     assert "torch" not in imported("import medha; assert 'LLM' in dir(medha)")
+
+
+@pytest.mark.engine  # loads the engine, and so torch
+def test_medha_exports_the_engine_on_use():
     code = """
 import medha
 from medha import LLM, LLMEngine, SamplingParams

@@ -1,21 +1,15 @@
 """Swap preemption: KV moved to a host pool and back instead of recomputed; the choice by cost;
-the pool's capacity; the engine's real copies (tiny random Llama, same tokens as unpressured)."""
-
+the pool's capacity. The engine's real copies are in test_swap_engine.py."""
 
 import pytest
-import torch
 from conftest import TOKEN_S, toy_scheduler
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from medha.core.batch import Batch, BatchResult, KVSwap
+from medha.core.batch import BatchResult
 from medha.core.config import SchedulerConfig
 from medha.core.request import PRIORITY_CLASSES, Request
 from medha.core.request import RequestState as S
-from medha.engine.errors import EngineError
-from medha.engine.kv_swap import HostKVCache
-from medha.engine.llm import LLM
-from medha.engine.sampling_params import SamplingParams
 from medha.perf import ParallelConfig
 from medha.sim.replay import replay
 from medha.sim.runner import RunSpec, simulate
@@ -190,77 +184,3 @@ def test_the_simulator_reports_swaps_beside_recomputes():
     assert swap["swap_time_s"] > 0
     for s in runs.values():
         assert s["requests"]["completed"] == 16
-
-
-# ---- the engine: real copies -------------------------------------------------------------
-
-def test_host_kv_cache_moves_blocks_both_ways():
-    torch.manual_seed(0)
-    bs, nb = 4, 10
-    caches = [(torch.randn(2, nb * bs, 8), torch.randn(2, nb * bs, 8)) for _ in range(3)]
-    host = HostKVCache(caches, num_blocks=6, block_size=bs)
-
-    def block(t, b):
-        return t[:, b * bs:(b + 1) * bs].clone()
-    saved = [[block(t, b) for t in kv] for kv in caches for b in (5, 2, 7)]
-    host.swap_out([5, 2, 7], [3, 4, 0])  # runs of host blocks: (3, 4) and (0)
-    for kv in caches:
-        for t in kv:
-            t.zero_()
-    host.swap_in([3, 4, 0], [1, 8, 9])
-    back = [[block(t, b) for t in kv] for kv in caches for b in (1, 8, 9)]
-    assert all(torch.equal(x, y) for xs, ys in zip(saved, back) for x, y in zip(xs, ys))
-    assert all(not block(t, 5).any() for kv in caches for t in kv)  # nothing else written
-
-
-def test_a_batch_swaps_in_before_it_swaps_out():
-    # request x comes back from host block 0 while y leaves for that same block
-    bs = 2
-    caches = [(torch.arange(16.0).reshape(1, 8, 2), torch.zeros(1, 8, 2))]
-    host = HostKVCache(caches, num_blocks=1, block_size=bs)
-    host.host[0, 0] = -1.0  # x's KV
-    x, y = Request("x", 0.0, 2, 1), Request("y", 0.0, 2, 1)
-    batch = Batch(0, 0.0, swap_in=[KVSwap(x, [0], [0])], swap_out=[KVSwap(y, [3], [0])])
-    host.apply(batch)
-    assert (caches[0][0][0, 0:2] == -1).all()
-    assert torch.equal(host.host[0, 0], torch.tensor([[[12.0, 13.0], [14.0, 15.0]]]))
-
-
-TEXT = " ".join(f"Entry {i}: the ferry from {i * 5 % 17} to {i * 3 % 7} left at {i % 12} "
-                "o'clock with cars, bikes and crates of apples." for i in range(40))
-GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
-BLOCK_BYTES = 2 * 2 * 2 * 16 * 4 * 16  # layers x K/V x KV heads x head_dim x fp32 x tokens
-
-
-def _generate(model, mode, num_blocks, host_blocks=64):
-    sched = SchedulerConfig(policy="fcfs", chunking="static:64", preemption_mode=mode,
-                            host_kv_blocks=host_blocks)
-    llm = LLM(model, scheduler=sched, kv_memory_gb=num_blocks * BLOCK_BYTES / 2**30,
-              device="cpu")
-    ids = llm.tokenizer.encode(TEXT)
-    prompts = [ids[i * 37: i * 37 + n] for i, n in enumerate((5, 11, 40, 96, 170, 260, 400))]
-    outs = [o.token_ids for o in llm.generate(prompts, GREEDY)]
-    s = llm.engine.scheduler
-    assert s.blocks.num_used == 0 and not s.has_unfinished()
-    s.check_invariants()
-    return outs, s
-
-
-def test_engine_swaps_kv_out_and_back_with_the_same_tokens(tiny_model):
-    reference, unpressured = _generate(tiny_model, "recompute", 2048)
-    assert unpressured.stats.preemptions == 0
-    # 43 blocks (688 tokens) for seven requests that need 1,150 in all
-    outs, s = _generate(tiny_model, "swap", 43)
-    assert s.stats.swap_outs > 0 and s.stats.swap_ins == s.stats.swap_outs
-    assert s.stats.recomputes == 0
-    assert outs == reference
-    assert s.kv.host_pool.num_free == 64
-    # auto on this CPU: a memcpy is far cheaper than a prefill, so it swaps too
-    outs, s = _generate(tiny_model, "auto", 43)
-    assert s.stats.swap_outs > 0 and s.stats.recomputes == 0 and outs == reference
-
-
-def test_engine_refuses_to_swap_across_worker_processes(tiny_model):
-    with pytest.raises(EngineError, match="preemption_mode swap runs in one process"):
-        LLM(tiny_model, scheduler=SchedulerConfig(preemption_mode="swap"), tp=2,
-            kv_memory_gb=0.01)

@@ -1,0 +1,86 @@
+"""The core tier needs no torch: run with `import torch` failing, it collects and passes.
+
+torch is made unimportable by a `sitecustomize` on PYTHONPATH that puts a finder in front of
+the import system, refusing `torch` and its submodules as if they were not installed; the
+subprocesses that tests start inherit PYTHONPATH and so the refusal. These tests are in the
+engine tier: the whole run takes as long as the core tier itself.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+NO_TORCH = '''\
+import sys
+
+
+class _NoTorch:
+    """Refuses torch as if it were not installed (tests/test_tiers.py)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ModuleNotFoundError(f"No module named {name!r} (blocked)", name=name)
+        return None
+
+
+sys.meta_path.insert(0, _NoTorch())
+'''
+
+
+def without_torch(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    """`python *args` in the repository with torch unimportable."""
+    (tmp_path / "sitecustomize.py").write_text(NO_TORCH)
+    paths = [str(tmp_path), str(ROOT), os.environ.get("PYTHONPATH", "")]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in paths if p))
+    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=900)
+
+
+def pytest_core(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
+    """The core tier run by pytest without torch, and the counts of its last line."""
+    out = without_torch(tmp_path, "-m", "pytest", "-m", "core", "-q", "-p", "no:cacheprovider",
+                        *args)
+    last = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else ""
+    return out, {word: int(n) for n, word in re.findall(r"(\d+)(?:/\d+)? (\w+)", last)}
+
+
+def check_torch_is_blocked(tmp_path: Path) -> None:
+    out = without_torch(tmp_path, "-c", "import torch")
+    assert out.returncode == 1 and "No module named 'torch' (blocked)" in out.stderr, out.stderr
+
+
+def test_the_core_tier_passes_without_torch(tmp_path):
+    check_torch_is_blocked(tmp_path)
+    out, counts = pytest_core(tmp_path)
+    tail = out.stdout[-3000:] + out.stderr[-3000:]
+    assert out.returncode == 0, tail
+    # every collected core test ran and passed: none skipped for want of torch
+    assert counts.get("passed", 0) > 200 and set(counts) <= {"passed", "deselected"}, tail
+
+
+def test_a_core_module_that_loads_torch_stops_a_core_run(tmp_path):
+    """What a new test module that imports torch, left out of MODULE_TIERS, meets in a core
+    run with torch installed: a collection error that says what to do."""
+    from conftest import MODULE_TIERS
+
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    shutil.copy(ROOT / "tests" / "conftest.py", tests)
+    for name in MODULE_TIERS:  # the copy checks that its table names real modules
+        (tests / name).write_text("")
+    (tests / "test_new.py").write_text("import torch\n\n\ndef test_it():\n    assert torch\n")
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p))
+    out = subprocess.run([sys.executable, "-m", "pytest", "-m", "core", "-q", "-p",
+                          "no:cacheprovider", "-c", "pytest.ini", "tests"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "test_new.py has core tests but importing it loads torch" in out.stdout
