@@ -26,11 +26,6 @@ import pytest
 
 # Keep the CPU measurement cache of the test run out of the user's home, shared by all tests.
 os.environ.setdefault("MEDHA_CACHE_DIR", tempfile.mkdtemp(prefix="medha-test-cache-"))
-# numpy's OpenBLAS threads the predictor fits' hundreds of small least-squares solves and
-# spins while it waits for a core: on 2 busy cores the fitted predictor took 50-130 s instead
-# of 1.6 s single-threaded. Set before numpy loads; subprocesses inherit it. torch's BLAS
-# (MKL) does not read it.
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 from medha.core.config import SchedulerConfig  # noqa: E402
 from medha.perf.toy_predictor import FixedCostPredictor  # noqa: E402

@@ -161,3 +161,23 @@ def test_scheduler_path_does_not_import_torch():
             "make_predictor('profiled', 'llama-3-8b', 'a100'); print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_fits_run_on_one_blas_thread(monkeypatch):
+    # OpenBLAS's spinning threads made a profile's fit 15-30x slower beside any busy process
+    from threadpoolctl import threadpool_info
+
+    from medha.perf import fitting
+
+    seen = []
+    lstsq = np.linalg.lstsq
+
+    def recording(*args, **kwargs):
+        seen.append({i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"})
+        return lstsq(*args, **kwargs)
+
+    monkeypatch.setattr(fitting.np.linalg, "lstsq", recording)
+    x = np.linspace(1, 100, 50)
+    fitting.PiecewiseLinear.fit(x, 3 * x + 1)
+    fitting.LinearModel.fit(np.stack([x, np.ones_like(x)], 1), 3 * x + 1)
+    assert seen and all(threads <= {1} for threads in seen)

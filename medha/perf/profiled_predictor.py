@@ -13,7 +13,7 @@ from collections import defaultdict
 import numpy as np
 
 from medha.perf import setup_cache
-from medha.perf.fitting import PiecewiseLinear, _hat_basis
+from medha.perf.fitting import PiecewiseLinear, _hat_basis, one_blas_thread
 from medha.perf.hardware_specs import HardwareSpec
 from medha.perf.model_specs import ModelSpec
 from medha.perf.parallel_config import ParallelConfig
@@ -38,6 +38,7 @@ class ProfiledPredictor(RooflinePredictor):
             self._fit(profile, hardware, parallel)
             setup_cache.write(path, self._fits())
 
+    @one_blas_thread
     def _fit(self, profile: Profile, hardware: HardwareSpec, parallel: ParallelConfig) -> None:
         tp = parallel.tp
         self._ops = self._fit_ops(profile, tp)
