@@ -37,9 +37,24 @@ HELP_COMMANDS = {
     "medha --help": ["-m", "medha", "--help"],
     "medha simulate --help": ["-m", "medha", "simulate", "--help"],
 }
-README_SIMULATE = ["--model", "llama-3-8b", "--hardware", "a100", "--tp", "8", "--spp", "2",
-                   "--trace", "sharegpt", "--qps", "0.75", "--num-requests", "500",
-                   "--long-fraction", "0.05"]
+README_SIMULATE = [
+    "--model",
+    "llama-3-8b",
+    "--hardware",
+    "a100",
+    "--tp",
+    "8",
+    "--spp",
+    "2",
+    "--trace",
+    "sharegpt",
+    "--qps",
+    "0.75",
+    "--num-requests",
+    "500",
+    "--long-fraction",
+    "0.05",
+]
 # `medha simulate` noting when the simulation loop starts
 DRIVER = """
 import json, sys, time
@@ -66,8 +81,13 @@ def env_for(tree: str | None, **extra: str) -> dict:
 
 def wall(argv: list[str], env: dict) -> float:
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, *argv], check=True, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL, env=env)
+    subprocess.run(
+        [sys.executable, *argv],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
     return time.perf_counter() - t0
 
 
@@ -88,10 +108,25 @@ def help_times(trees: list[str | None], repeats: int) -> None:
 
 def simulate(tree: str | None, cache: Path, tmp: Path, flags: list[str]) -> dict:
     out, times = tmp / "out", tmp / "times.json"
-    subprocess.run([sys.executable, "-c", DRIVER, str(times), "simulate", *README_SIMULATE,
-                    *flags, "--quiet", "--overwrite", "--out", str(out)], check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                   env=env_for(tree, MEDHA_CACHE_DIR=str(cache)))
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            DRIVER,
+            str(times),
+            "simulate",
+            *README_SIMULATE,
+            *flags,
+            "--quiet",
+            "--overwrite",
+            "--out",
+            str(out),
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env_for(tree, MEDHA_CACHE_DIR=str(cache)),
+    )
     sim = json.loads((out / "summary.json").read_text())["sim"]
     return {**json.loads(times.read_text()), "setup_s": sim["setup_s"], "wall_s": sim["wall_s"]}
 
@@ -104,24 +139,37 @@ def simulate_times(trees: list[str | None], repeats: int, flags: list[str]) -> N
                 cache = Path(tmp) / f"cache-{i}-{j}"  # empty: cold; the same folder: warm
                 for kind in ("cold", "warm"):
                     runs[tree, kind].append(simulate(tree, cache, Path(tmp), flags))
-    print(f"\n| tree | `medha simulate` {' '.join(flags)} | to the first simulated event | "
-          "sim.setup_s | sim.wall_s | whole command |")
+    print(
+        f"\n| tree | `medha simulate` {' '.join(flags)} | to the first simulated event | "
+        "sim.setup_s | sim.wall_s | whole command |"
+    )
     print("|---|---|---|---|---|---|")
     for (tree, kind), rs in runs.items():
         med = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
-        print(f"| {tree or '-'} | {kind} (median of {repeats}) | {med['first_event_s']:.2f} s "
-              f"| {med['setup_s']:.3f} s | {med['wall_s']:.2f} s | {med['total_s']:.2f} s |")
+        print(
+            f"| {tree or '-'} | {kind} (median of {repeats}) | {med['first_event_s']:.2f} s "
+            f"| {med['setup_s']:.3f} s | {med['wall_s']:.2f} s | {med['total_s']:.2f} s |"
+        )
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--repeats", type=int, default=7, help="rounds of the --help timings")
-    ap.add_argument("--sim-repeats", type=int, default=3,
-                    help="cold/warm pairs of the simulate example (0: skip)")
+    ap.add_argument(
+        "--sim-repeats",
+        type=int,
+        default=3,
+        help="cold/warm pairs of the simulate example (0: skip)",
+    )
     ap.add_argument("--predictor", default="roofline", help="of the simulate example")
-    ap.add_argument("--tree", action="append", default=None,
-                    help="a checkout to measure (repeatable; default: the installed medha)")
+    ap.add_argument(
+        "--tree",
+        action="append",
+        default=None,
+        help="a checkout to measure (repeatable; default: the installed medha)",
+    )
     args = ap.parse_args()
     trees = args.tree or [None]
     if args.repeats:

@@ -41,15 +41,22 @@ class Timed:
 def measure(engine: LLMEngine, prompt_len: int, steps: int) -> dict[str, float]:
     vocab = engine.runner.args.vocab_size
     ids = [(7 * i) % (vocab - 3) + 3 for i in range(prompt_len)]
-    engine.add_request(f"p{prompt_len}", None, SamplingParams(max_tokens=steps + 4,
-                                                              temperature=0, ignore_eos=True),
-                       prompt_token_ids=ids)
+    engine.add_request(
+        f"p{prompt_len}",
+        None,
+        SamplingParams(max_tokens=steps + 4, temperature=0, ignore_eos=True),
+        prompt_token_ids=ids,
+    )
     while not any(o.new_token_ids for o in engine.step()):  # the prefill, to its first token
         pass
     runner, sched = engine.runner, engine.scheduler
     model = [Timed(runner.forward), Timed(runner.logits)]
-    parts = {"prepare": Timed(runner.prepare), "schedule": Timed(sched.schedule),
-             "update": Timed(sched.update), "sample": Timed(llm_engine.sample)}
+    parts = {
+        "prepare": Timed(runner.prepare),
+        "schedule": Timed(sched.schedule),
+        "update": Timed(sched.update),
+        "sample": Timed(llm_engine.sample),
+    }
     runner.forward, runner.logits, runner.prepare = model[0], model[1], parts["prepare"]
     sched.schedule, sched.update = parts["schedule"], parts["update"]
     llm_engine.sample = parts["sample"]
@@ -71,13 +78,15 @@ def measure(engine: LLMEngine, prompt_len: int, steps: int) -> dict[str, float]:
         llm_engine.sample = parts["sample"].fn
         while engine.has_unfinished():
             engine.step()
-    return {k: statistics.median(r[k] for r in rows) * (1e3 if k == "model" else 1e6)
-            for k in rows[0]}
+    return {
+        k: statistics.median(r[k] for r in rows) * (1e3 if k == "model" else 1e6) for k in rows[0]
+    }
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--prompts", default="100,6000", help="comma-separated prompt lengths")
     ap.add_argument("--steps", type=int, default=40, help="decodes timed per prompt")
@@ -90,17 +99,21 @@ def main() -> None:
         for n in lengths:
             results[n].append(measure(engine, n, args.steps))
     cols = ["bookkeeping", "prepare", "schedule", "update", "sample", "rest"]
-    print("| prompt tokens | bookkeeping per token | of it: prepare | schedule | update | "
-          "sample | the rest | model (forward + logits) |")
+    print(
+        "| prompt tokens | bookkeeping per token | of it: prepare | schedule | update | "
+        "sample | the rest | model (forward + logits) |"
+    )
     print("|---|---|---|---|---|---|---|---|")
-    med = {n: {k: statistics.median(r[k] for r in rs) for k in rs[0]}
-           for n, rs in results.items()}
+    med = {n: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for n, rs in results.items()}
     for n, m in med.items():
-        print(f"| {n} | " + " | ".join(f"{m[k]:.0f} us" for k in cols)
-              + f" | {m['model']:.1f} ms |")
+        print(
+            f"| {n} | " + " | ".join(f"{m[k]:.0f} us" for k in cols) + f" | {m['model']:.1f} ms |"
+        )
     lo, hi = med[lengths[0]], med[lengths[-1]]
-    print(f"\n{lengths[-1]} / {lengths[0]} tokens: "
-          + ", ".join(f"{k} {hi[k] / lo[k]:.2f}x" for k in cols))
+    print(
+        f"\n{lengths[-1]} / {lengths[0]} tokens: "
+        + ", ".join(f"{k} {hi[k] / lo[k]:.2f}x" for k in cols)
+    )
 
 
 if __name__ == "__main__":

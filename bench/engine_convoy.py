@@ -24,12 +24,16 @@ def run(engine: LLMEngine, with_long: bool, long_len: int, seed: int = 0) -> dic
     vocab = engine.runner.args.vocab_size
     short_params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
     start = time.monotonic()
-    pending = [(0.5, f"s{i}", [rng.randrange(3, vocab) for _ in range(64)], short_params)
-               for i in range(8)]
+    pending = [
+        (0.5, f"s{i}", [rng.randrange(3, vocab) for _ in range(64)], short_params) for i in range(8)
+    ]
     if with_long:
-        engine.add_request("long", [rng.randrange(3, vocab) for _ in range(long_len)],
-                           SamplingParams(max_tokens=16, temperature=0, ignore_eos=True),
-                           arrival_s=start)
+        engine.add_request(
+            "long",
+            [rng.randrange(3, vocab) for _ in range(long_len)],
+            SamplingParams(max_tokens=16, temperature=0, ignore_eos=True),
+            arrival_s=start,
+        )
     ttft = {}
     while engine.has_unfinished() or pending:
         now = time.monotonic()
@@ -43,23 +47,31 @@ def run(engine: LLMEngine, with_long: bool, long_len: int, seed: int = 0) -> dic
         if not engine.has_unfinished() and pending:
             time.sleep(max(0.0, pending[0][0] - (time.monotonic() - start)))
     shorts = [ttft[f"s{i}"] for i in range(8)]
-    return {"short_p50": statistics.median(shorts), "short_max": max(shorts),
-            "long": ttft.get("long")}
+    return {
+        "short_p50": statistics.median(shorts),
+        "short_max": max(shorts),
+        "long": ttft.get("long"),
+    }
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--long-len", type=int, default=6000)
-    ap.add_argument("--tpot-targets", default="0.125,0.25",
-                    help="iteration budgets (TPOT targets) for lars + adaptive, in seconds")
+    ap.add_argument(
+        "--tpot-targets",
+        default="0.125,0.25",
+        help="iteration budgets (TPOT targets) for lars + adaptive, in seconds",
+    )
     args = ap.parse_args()
     targets = [float(t) for t in args.tpot_targets.split(",")]
-    configs = [(f"lars + adaptive, TPOT {t * 1e3:.0f} ms",
-                SchedulerConfig(policy="lars", tpot_target_s=t)) for t in targets]
+    configs = [
+        (f"lars + adaptive, TPOT {t * 1e3:.0f} ms", SchedulerConfig(policy="lars", tpot_target_s=t))
+        for t in targets
+    ]
     configs.append(("fcfs, no chunking", SchedulerConfig(policy="fcfs", chunking="none")))
-    print("| scheduler | short TTFT p50 alone | p50 behind the long one | max behind | "
-          "long TTFT |")
+    print("| scheduler | short TTFT p50 alone | p50 behind the long one | max behind | long TTFT |")
     print("|---|---|---|---|---|")
     results = {}
     for name, cfg in configs:
@@ -68,13 +80,17 @@ def main() -> None:
         alone = run(engine, False, args.long_len)
         behind = run(engine, True, args.long_len)
         results[name] = (alone, behind)
-        print(f"| {name} | {alone['short_p50']:.3f} s | {behind['short_p50']:.3f} s | "
-              f"{behind['short_max']:.3f} s | {behind['long']:.1f} s |")
+        print(
+            f"| {name} | {alone['short_p50']:.3f} s | {behind['short_p50']:.3f} s | "
+            f"{behind['short_max']:.3f} s | {behind['long']:.1f} s |"
+        )
     fcfs = results.pop("fcfs, no chunking")
     for name, (alone, behind) in results.items():
-        print(f"\n{name}: behind / alone = {behind['short_p50'] / alone['short_p50']:.2f}x "
-              f"(goal <= 2x); fcfs / lars behind the long one = "
-              f"{fcfs[1]['short_p50'] / behind['short_p50']:.1f}x (goal >= 10x)")
+        print(
+            f"\n{name}: behind / alone = {behind['short_p50'] / alone['short_p50']:.2f}x "
+            f"(goal <= 2x); fcfs / lars behind the long one = "
+            f"{fcfs[1]['short_p50'] / behind['short_p50']:.1f}x (goal >= 10x)"
+        )
 
 
 if __name__ == "__main__":

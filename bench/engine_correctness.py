@@ -24,19 +24,50 @@ from medha.engine.checkpoint import resolve_model  # noqa: E402
 from medha.engine.llm import LLM  # noqa: E402
 from medha.engine.sampling_params import SamplingParams  # noqa: E402
 
-LENGTHS = [5, 9, 17, 30, 50, 80, 120, 180, 250, 330, 420, 520, 640, 780, 930, 1100, 1300,
-           1500, 1750, 2000]
-RUNS = [("fcfs", "none", 2.0), ("fcfs", "static:16", 2.0), ("fcfs", "static:64", 2.0),
-        ("lars", "adaptive", 2.0), ("edf", "adaptive", 2.0), ("srpt", "static:64", 2.0),
-        ("lrs", "adaptive", 2.0), ("fcfs", "static:64", 0.1)]  # the last one preempts
+LENGTHS = [
+    5,
+    9,
+    17,
+    30,
+    50,
+    80,
+    120,
+    180,
+    250,
+    330,
+    420,
+    520,
+    640,
+    780,
+    930,
+    1100,
+    1300,
+    1500,
+    1750,
+    2000,
+]
+RUNS = [
+    ("fcfs", "none", 2.0),
+    ("fcfs", "static:16", 2.0),
+    ("fcfs", "static:64", 2.0),
+    ("lars", "adaptive", 2.0),
+    ("edf", "adaptive", 2.0),
+    ("srpt", "static:64", 2.0),
+    ("lrs", "adaptive", 2.0),
+    ("fcfs", "static:64", 0.1),
+]  # the last one preempts
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--only-preemption", action="store_true",
-                    help="only the run with a KV cache too small for the prompts")
+    ap.add_argument(
+        "--only-preemption",
+        action="store_true",
+        help="only the run with a KV cache too small for the prompts",
+    )
     args = ap.parse_args()
     runs = RUNS[-1:] if args.only_preemption else RUNS
     from test_engine import prefill_logits
@@ -44,41 +75,51 @@ def main() -> None:
 
     path = resolve_model("smollm2")
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    text = "".join(p.read_text() for p in sorted(Path(__file__).resolve().parent.parent
-                                                  .glob("**/*.md")))
+    text = "".join(
+        p.read_text() for p in sorted(Path(__file__).resolve().parent.parent.glob("**/*.md"))
+    )
     llm = LLM("smollm2")
     ids = llm.tokenizer.encode(text)
-    prompts = [ids[i * 37: i * 37 + n] for i, n in enumerate(LENGTHS)]
+    prompts = [ids[i * 37 : i * 37 + n] for i, n in enumerate(LENGTHS)]
     assert all(len(p) == n for p, n in zip(prompts, LENGTHS)), "not enough text"
     t0 = time.perf_counter()
     reference = []
     with torch.inference_mode():
         for p in prompts:
             out = hf.generate(torch.tensor([p]), max_new_tokens=args.new_tokens, do_sample=False)
-            reference.append(out[0][len(p):].tolist())
+            reference.append(out[0][len(p) :].tolist())
     print(f"transformers reference: {time.perf_counter() - t0:.0f} s\n")
     print("| policy | chunking | KV memory | identical prompts | preemptions | wall s |")
     print("|---|---|---|---|---|---|")
     params = SamplingParams(max_tokens=args.new_tokens, temperature=0)
     for policy, chunking, kv_gb in runs:
-        llm = LLM("smollm2", scheduler=SchedulerConfig(policy=policy, chunking=chunking,
-                                                       tpot_target_s=0.2), kv_memory_gb=kv_gb)
+        llm = LLM(
+            "smollm2",
+            scheduler=SchedulerConfig(policy=policy, chunking=chunking, tpot_target_s=0.2),
+            kv_memory_gb=kv_gb,
+        )
         t0 = time.perf_counter()
         outs = llm.generate(prompts, params)
         same = sum(o.token_ids == r for o, r in zip(outs, reference))
-        print(f"| {policy} | {chunking} | {kv_gb} GiB | {same} / {len(prompts)} | "
-              f"{llm.engine.scheduler.stats.preemptions} | {time.perf_counter() - t0:.0f} |")
+        print(
+            f"| {policy} | {chunking} | {kv_gb} GiB | {same} / {len(prompts)} | "
+            f"{llm.engine.scheduler.stats.preemptions} | {time.perf_counter() - t0:.0f} |"
+        )
         assert llm.engine.scheduler.blocks.num_used == 0
     whole = prefill_logits("none", prompts[-1])
     print()
     for chunking in ("static:16", "static:64", "adaptive"):
         d = (prefill_logits(chunking, prompts[-1]) - whole).abs()
-        print(f"2000-token prefill, {chunking} vs whole: max |logit difference| "
-              f"{d.max().item():.2e}, max relative {(d / whole.abs().clamp(min=1)).max():.2e}")
+        print(
+            f"2000-token prefill, {chunking} vs whole: max |logit difference| "
+            f"{d.max().item():.2e}, max relative {(d / whole.abs().clamp(min=1)).max():.2e}"
+        )
     with torch.inference_mode():
         ref = hf(torch.tensor([prompts[-1]])).logits[0]
-    print(f"whole prefill vs transformers: max |logit difference| "
-          f"{(whole - ref).abs().max().item():.2e}")
+    print(
+        f"whole prefill vs transformers: max |logit difference| "
+        f"{(whole - ref).abs().max().item():.2e}"
+    )
 
 
 if __name__ == "__main__":

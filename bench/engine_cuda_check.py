@@ -34,22 +34,30 @@ def reference(model: str, prompts: list[list[int]], new_tokens: int, dtype) -> l
     with torch.inference_mode():
         for ids in prompts:
             x = torch.tensor([ids], device="cuda")
-            y = hf.generate(x, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                            do_sample=False, pad_token_id=0)
-            outs.append(y[0, len(ids):].tolist())
+            y = hf.generate(
+                x,
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                do_sample=False,
+                pad_token_id=0,
+            )
+            outs.append(y[0, len(ids) :].tolist())
     del hf
     torch.cuda.empty_cache()
     return outs
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y),
-                None if len(a) == len(b) else min(len(a), len(b)))
+    return next(
+        (i for i, (x, y) in enumerate(zip(a, b)) if x != y),
+        None if len(a) == len(b) else min(len(a), len(b)),
+    )
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--model", required=True)
     ap.add_argument("--new-tokens", type=int, default=24)
     ap.add_argument("--out", help="also write the results as JSON here")
@@ -59,18 +67,28 @@ def main() -> None:
     for dtype_name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
         probe = LLM(args.model, device="cuda", dtype=dtype_name, kv_memory_gb=0.5)
         words = probe.tokenizer.encode(text)
-        prompts = [words[i * 13:i * 13 + n] for i, n in enumerate(LENGTHS)]
+        prompts = [words[i * 13 : i * 13 + n] for i, n in enumerate(LENGTHS)]
         del probe
         expected = reference(args.model, prompts, args.new_tokens, dtype)
         for policy, chunking in RUNS:
-            llm = LLM(args.model, device="cuda", dtype=dtype_name, kv_memory_gb=0.5,
-                      scheduler=SchedulerConfig(policy=policy, chunking=chunking))
+            llm = LLM(
+                args.model,
+                device="cuda",
+                dtype=dtype_name,
+                kv_memory_gb=0.5,
+                scheduler=SchedulerConfig(policy=policy, chunking=chunking),
+            )
             params = SamplingParams(max_tokens=args.new_tokens, temperature=0, ignore_eos=True)
             got = [o.token_ids for o in llm.generate(prompts, params)]
             diffs = [first_difference(g, e) for g, e in zip(got, expected)]
-            row = {"dtype": dtype_name, "policy": policy, "chunking": chunking,
-                   "equal": sum(d is None for d in diffs), "prompts": len(prompts),
-                   "first_differences": {n: d for n, d in zip(LENGTHS, diffs) if d is not None}}
+            row = {
+                "dtype": dtype_name,
+                "policy": policy,
+                "chunking": chunking,
+                "equal": sum(d is None for d in diffs),
+                "prompts": len(prompts),
+                "first_differences": {n: d for n, d in zip(LENGTHS, diffs) if d is not None},
+            }
             print(json.dumps(row), flush=True)
             results.append(row)
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")

@@ -37,8 +37,9 @@ logging.getLogger("medha.engine").setLevel(logging.ERROR)  # the failures are th
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--runs", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
@@ -46,8 +47,10 @@ def main() -> None:
     llm = LLM(model, SchedulerConfig(policy="fcfs", chunking="static:16"), kv_memory_gb=0.01)
     quiet = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
     rng = random.Random(args.seed)
-    stats = {p: {"runs": 0, "victim failed": 0, "others lost": 0, "blocks leaked": 0,
-                 "engine errors": 0} for p in PLACES}
+    stats = {
+        p: {"runs": 0, "victim failed": 0, "others lost": 0, "blocks leaked": 0, "engine errors": 0}
+        for p in PLACES
+    }
     t0 = time.perf_counter()
     for _ in range(args.runs):
         where, victim, after = rng.choice(PLACES), rng.randrange(len(PROMPTS)), rng.randint(0, 6)
@@ -71,14 +74,20 @@ def main() -> None:
         row["blocks leaked"] += llm.engine.scheduler.blocks.num_used
         llm.engine.scheduler.check_invariants()
     print(f"{args.runs} runs in {time.perf_counter() - t0:.1f} s (seed {args.seed})")
-    print(f"{'place':12s} {'runs':>5s} {'victim failed':>14s} {'others lost':>12s} "
-          f"{'blocks leaked':>14s} {'engine errors':>14s}")
+    print(
+        f"{'place':12s} {'runs':>5s} {'victim failed':>14s} {'others lost':>12s} "
+        f"{'blocks leaked':>14s} {'engine errors':>14s}"
+    )
     for where, r in stats.items():
-        print(f"{where:12s} {r['runs']:5d} {r['victim failed']:14d} {r['others lost']:12d} "
-              f"{r['blocks leaked']:14d} {r['engine errors']:14d}")
+        print(
+            f"{where:12s} {r['runs']:5d} {r['victim failed']:14d} {r['others lost']:12d} "
+            f"{r['blocks leaked']:14d} {r['engine errors']:14d}"
+        )
     total = {k: sum(r[k] for r in stats.values()) for k in next(iter(stats.values()))}
-    print(f"{'all':12s} {total['runs']:5d} {total['victim failed']:14d} "
-          f"{total['others lost']:12d} {total['blocks leaked']:14d} {total['engine errors']:14d}")
+    print(
+        f"{'all':12s} {total['runs']:5d} {total['victim failed']:14d} "
+        f"{total['others lost']:12d} {total['blocks leaked']:14d} {total['engine errors']:14d}"
+    )
 
 
 if __name__ == "__main__":

@@ -22,8 +22,9 @@ from medha.perf.profiled_predictor import ProfiledPredictor
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--profile", default=None, help="a profile from `medha profile`")
     ap.add_argument("--held-out", type=int, default=40)
     args = ap.parse_args()
@@ -35,18 +36,19 @@ def main() -> None:
         profile = load_profile(args.profile)
     else:
         profile = profiler.run(grid(max_len, capacity, mixed=40, seed=0))
-    fitted = ProfiledPredictor(engine.spec, engine.predictor.hardware, ParallelConfig(),
-                               profile)
+    fitted = ProfiledPredictor(engine.spec, engine.predictor.hardware, ParallelConfig(), profile)
     roofline = make_predictor("roofline", engine.spec, engine.predictor.hardware)
     shapes = random_mixed(args.held_out, max_len, capacity, seed=12345)
     errors = {"profiled": [], "roofline": []}
     for shape in shapes:
         measured = profiler.measure(shape)
         for name, pred in (("profiled", fitted), ("roofline", roofline)):
-            errors[name].append(abs(pred.shape_time(shape.prefills, shape.decode_kv) - measured)
-                                / measured)
-    print(f"{len(profile.iteration_rows)} profiled iterations, {len(shapes)} held-out mixed "
-          "batches\n")
+            errors[name].append(
+                abs(pred.shape_time(shape.prefills, shape.decode_kv) - measured) / measured
+            )
+    print(
+        f"{len(profile.iteration_rows)} profiled iterations, {len(shapes)} held-out mixed batches\n"
+    )
     print("| predictor | median error | P95 error | max |")
     print("|---|---|---|---|")
     for name, e in errors.items():

@@ -18,8 +18,11 @@ from medha.core.config import SchedulerConfig
 from medha.engine.llm import LLM
 from medha.engine.sampling_params import SamplingParams
 
-TEXT = " ".join(f"Report {i}: the harbour of town {i * 7 % 13} saw {i * 3 % 11} ships arrive "
-                "before noon, and the market sold fish, bread and oil." for i in range(400))
+TEXT = " ".join(
+    f"Report {i}: the harbour of town {i * 7 % 13} saw {i * 3 % 11} ships arrive "
+    "before noon, and the market sold fish, bread and oil."
+    for i in range(400)
+)
 
 
 def prefill_s(llm: LLM, ids: list[int]) -> float:
@@ -31,17 +34,21 @@ def prefill_s(llm: LLM, ids: list[int]) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--tokens", type=int, default=2048)
     ap.add_argument("--chunk", type=int, default=256)
     args = ap.parse_args()
     sched = SchedulerConfig(policy="fcfs", chunking=f"static:{args.chunk}")
     rows = []
-    for label, options in (("spp 1, all threads", {}), ("spp 1, 1 thread", {"threads": 1}),
-                           ("spp 2 (1 thread per stage)", {"spp": 2})):
+    for label, options in (
+        ("spp 1, all threads", {}),
+        ("spp 1, 1 thread", {"threads": 1}),
+        ("spp 2 (1 thread per stage)", {"spp": 2}),
+    ):
         llm = LLM("smollm2", kv_memory_gb=0.2, scheduler=sched, **options)
-        ids = llm.tokenizer.encode(TEXT)[:args.tokens]
+        ids = llm.tokenizer.encode(TEXT)[: args.tokens]
         rows.append((label, prefill_s(llm, ids)))
         if options.get("spp"):
             warm = min(t[0] for t in llm.engine.pipeline.stage_times)  # the warm-up's batch

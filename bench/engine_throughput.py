@@ -35,15 +35,15 @@ from medha.engine.sampling_params import SamplingParams  # noqa: E402
 from medha.perf.hardware_specs import this_cpu  # noqa: E402
 
 CONFIGS = {  # name -> scheduler; a throughput run wants iterations long enough for big batches
-    "medha lars + adaptive (TPOT target 0.5 s)": SchedulerConfig(tpot_target_s=0.5,
-                                                                  max_num_seqs=64),
+    "medha lars + adaptive (TPOT target 0.5 s)": SchedulerConfig(
+        tpot_target_s=0.5, max_num_seqs=64
+    ),
     "medha fcfs + static:512": SchedulerConfig(chunking="static:512", max_num_seqs=64),
 }
 
 
 def medha_throughput(llm: LLM, requests) -> dict:
-    params = [SamplingParams(max_tokens=out, temperature=0, ignore_eos=True)
-              for _, out in requests]
+    params = [SamplingParams(max_tokens=out, temperature=0, ignore_eos=True) for _, out in requests]
     t0 = time.perf_counter()
     outs = llm.generate([p for p, _ in requests], params)
     wall = time.perf_counter() - t0
@@ -62,17 +62,23 @@ def prefill_flops(a, n: int, lm_head_rows: int) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--num-requests", type=int, default=64)
     ap.add_argument("--skip-hf", action="store_true", help="only medha")
-    ap.add_argument("--skip-cb", action="store_true", help="skip transformers' continuous "
-                    "batching (the slowest run)")
+    ap.add_argument(
+        "--skip-cb",
+        action="store_true",
+        help="skip transformers' continuous batching (the slowest run)",
+    )
     args = ap.parse_args()
     torch.set_num_threads(os.cpu_count())
     requests = make_workload(args.num_requests)
-    print(f"{len(requests)} requests: {sum(len(p) for p, _ in requests)} prompt tokens, "
-          f"{sum(o for _, o in requests)} output tokens; {torch.get_num_threads()} threads\n")
+    print(
+        f"{len(requests)} requests: {sum(len(p) for p, _ in requests)} prompt tokens, "
+        f"{sum(o for _, o in requests)} output tokens; {torch.get_num_threads()} threads\n"
+    )
     rows = []
     warm = make_workload(2, prompt_range=(32, 32), output_range=(4, 4))
     llm = None
@@ -83,8 +89,7 @@ def main() -> None:
     if not args.skip_hf:
         from transformers import AutoModelForCausalLM
 
-        hf = AutoModelForCausalLM.from_pretrained(llm.engine.model_path,
-                                                  dtype=torch.float32).eval()
+        hf = AutoModelForCausalLM.from_pretrained(llm.engine.model_path, dtype=torch.float32).eval()
         runs = [("transformers generate, batches of 8", hf_static_generate)]
         if not args.skip_cb:
             runs.append(("transformers continuous batching", hf_continuous_batching))
@@ -98,14 +103,18 @@ def main() -> None:
     static = dict(rows).get("transformers generate, batches of 8")
     if static:
         best = max(r["tokens_per_s"] for n, r in rows if n.startswith("medha"))
-        print(f"\nmedha / transformers static generate: {best / static['tokens_per_s']:.1f}x "
-              "(goal >= 3x)")
+        print(
+            f"\nmedha / transformers static generate: {best / static['tokens_per_s']:.1f}x "
+            "(goal >= 3x)"
+        )
 
     peak = this_cpu().peak_flops
     profiler = Profiler(llm.engine)
     a = llm.engine.runner.args
-    print(f"\nprefill of one chunk at KV offset 0; fp32 GEMM peak of this CPU "
-          f"{peak / 1e9:.0f} GFLOP/s (medha hardware)\n")
+    print(
+        f"\nprefill of one chunk at KV offset 0; fp32 GEMM peak of this CPU "
+        f"{peak / 1e9:.0f} GFLOP/s (medha hardware)\n"
+    )
     print("| tokens | medha GFLOP/s | share of peak | transformers GFLOP/s | share of peak |")
     print("|---|---|---|---|---|")
     for n in (256, 512, 1024, 2048):

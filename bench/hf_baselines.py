@@ -23,9 +23,13 @@ from transformers import AutoModelForCausalLM, ContinuousBatchingConfig, Generat
 MODEL_PATH = None  # default: the embedded SmolLM2 checkpoint medha converts
 
 
-def make_workload(n: int = 64, seed: int = 0, vocab_size: int = 49152,
-                  prompt_range: tuple[int, int] = (64, 512),
-                  output_range: tuple[int, int] = (64, 256)) -> list[tuple[list[int], int]]:
+def make_workload(
+    n: int = 64,
+    seed: int = 0,
+    vocab_size: int = 49152,
+    prompt_range: tuple[int, int] = (64, 512),
+    output_range: tuple[int, int] = (64, 256),
+) -> list[tuple[list[int], int]]:
     """n requests (prompt ids, output length). Per request, from one `random.Random(seed)`: prompt
     length, output length (both uniform, inclusive), then the prompt ids, uniform in [3, vocab_size)
     so that the special ids 0-2 (unk, bos, eos/pad for SmolLM2) never appear."""
@@ -39,8 +43,13 @@ def make_workload(n: int = 64, seed: int = 0, vocab_size: int = 49152,
 
 
 def _result(useful: int, generated: int, wall_s: float, **extra) -> dict:
-    return {"useful_tokens": useful, "wall_s": wall_s, "tokens_per_s": useful / wall_s,
-            "generated_tokens": generated, **extra}
+    return {
+        "useful_tokens": useful,
+        "wall_s": wall_s,
+        "tokens_per_s": useful / wall_s,
+        "generated_tokens": generated,
+        **extra,
+    }
 
 
 @torch.inference_mode()
@@ -57,17 +66,23 @@ def hf_static_generate(model, requests: list[tuple[list[int], int]], batch_size:
     useful = generated = 0
     wall = 0.0
     for start in range(0, len(requests), batch_size):
-        batch = requests[start:start + batch_size]
+        batch = requests[start : start + batch_size]
         width = max(len(p) for p, _ in batch)
         new_tokens = max(o for _, o in batch)
         ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
         mask = torch.zeros_like(ids)
         for row, (prompt, _) in enumerate(batch):
-            ids[row, width - len(prompt):] = torch.tensor(prompt)
-            mask[row, width - len(prompt):] = 1
+            ids[row, width - len(prompt) :] = torch.tensor(prompt)
+            mask[row, width - len(prompt) :] = 1
         t0 = time.perf_counter()
-        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens,
-                             do_sample=False, eos_token_id=None, pad_token_id=pad_id)
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=new_tokens,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=pad_id,
+        )
         wall += time.perf_counter() - t0
         if out.shape[1] != width + new_tokens:
             raise RuntimeError(f"generate stopped early: {out.shape[1] - width} of {new_tokens}")
@@ -78,9 +93,13 @@ def hf_static_generate(model, requests: list[tuple[list[int], int]], batch_size:
 
 # No inference_mode here: the manager allocates its buffers in this thread and updates them in
 # place from its own (no_grad-only) generation thread, which torch refuses for inference tensors.
-def hf_continuous_batching(model, requests: list[tuple[list[int], int]],
-                           max_batch_tokens: int = 512, max_requests_per_batch: int = 8,
-                           page_size: int = 256) -> dict:
+def hf_continuous_batching(
+    model,
+    requests: list[tuple[list[int], int]],
+    max_batch_tokens: int = 512,
+    max_requests_per_batch: int = 8,
+    page_size: int = 256,
+) -> dict:
     """transformers' own continuous batching (paged KV cache, FIFO scheduler, chunked prefill),
     driven through `continuous_batching_context_manager` rather than `generate_batch`, because
     only `manager.add_request` takes a per-request `max_new_tokens` (and `eos_token_id`):
@@ -102,17 +121,23 @@ def hf_continuous_batching(model, requests: list[tuple[list[int], int]],
     (`num_blocks`) instead of 60% of the machine's RAM, which transformers would otherwise reserve
     on CPU. Manager construction (cache allocation) is reported as setup_s, outside wall_s.
     """
-    gen_cfg = GenerationConfig(do_sample=False, eos_token_id=-1,
-                               max_new_tokens=max(o for _, o in requests))
+    gen_cfg = GenerationConfig(
+        do_sample=False, eos_token_id=-1, max_new_tokens=max(o for _, o in requests)
+    )
     # +1 block per request for its partly filled last page; /0.85 because the FIFO scheduler stops
     # admitting new prefills below 15% free blocks (its default safety margin).
     blocks = sum(math.ceil((len(p) + o) / page_size) + 1 for p, o in requests)
     cb_cfg = ContinuousBatchingConfig(
-        page_size=page_size, num_blocks=math.ceil(blocks / 0.85), max_batch_tokens=max_batch_tokens,
-        max_requests_per_batch=max_requests_per_batch, auto_switch_to_flash=False)
+        page_size=page_size,
+        num_blocks=math.ceil(blocks / 0.85),
+        max_batch_tokens=max_batch_tokens,
+        max_requests_per_batch=max_requests_per_batch,
+        auto_switch_to_flash=False,
+    )
     t_setup = time.perf_counter()
-    with model.continuous_batching_context_manager(generation_config=gen_cfg,
-                                                   continuous_batching_config=cb_cfg) as manager:
+    with model.continuous_batching_context_manager(
+        generation_config=gen_cfg, continuous_batching_config=cb_cfg
+    ) as manager:
         t0 = time.perf_counter()
         for i, (prompt, out_len) in enumerate(requests):
             manager.add_request(prompt, request_id=f"r{i}", max_new_tokens=out_len, eos_token_id=-1)
@@ -129,8 +154,9 @@ def hf_continuous_batching(model, requests: list[tuple[list[int], int]],
     for i, (_, out_len) in enumerate(requests):
         res = results[f"r{i}"]
         if res.error is not None or len(res.generated_tokens) != out_len:
-            raise RuntimeError(f"request {i}: {len(res.generated_tokens)} of {out_len} tokens, "
-                               f"error={res.error}")
+            raise RuntimeError(
+                f"request {i}: {len(res.generated_tokens)} of {out_len} tokens, error={res.error}"
+            )
         generated += len(res.generated_tokens)
     return _result(sum(o for _, o in requests), generated, wall, setup_s=setup)
 
@@ -149,9 +175,17 @@ def hf_prefill_gflops(model, num_tokens: int) -> float:
     cfg = model.config
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     linear = sum(m.weight.numel() for m in model.model.layers.modules() if isinstance(m, nn.Linear))
-    flops = (2 * num_tokens * linear + 2 * num_tokens * cfg.hidden_size * cfg.vocab_size
-             + 4 * cfg.num_hidden_layers * cfg.num_attention_heads * head_dim
-             * num_tokens * (num_tokens + 1) / 2)
+    flops = (
+        2 * num_tokens * linear
+        + 2 * num_tokens * cfg.hidden_size * cfg.vocab_size
+        + 4
+        * cfg.num_hidden_layers
+        * cfg.num_attention_heads
+        * head_dim
+        * num_tokens
+        * (num_tokens + 1)
+        / 2
+    )
     ids = torch.randint(3, cfg.vocab_size, (1, num_tokens))
     model(ids)  # warm-up
     best = math.inf
@@ -163,8 +197,9 @@ def hf_prefill_gflops(model, num_tokens: int) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--model", default=MODEL_PATH)
     ap.add_argument("--num-requests", type=int, default=64)
     ap.add_argument("--skip-cb", action="store_true", help="skip continuous batching")
@@ -177,9 +212,11 @@ def main() -> None:
         args.model = resolve_model("smollm2")
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
     requests = make_workload(args.num_requests, vocab_size=model.config.vocab_size)
-    print(f"{len(requests)} requests, {sum(len(p) for p, _ in requests)} prompt tokens, "
-          f"{sum(o for _, o in requests)} output tokens, {torch.get_num_threads()} threads, "
-          f"attention {model.config._attn_implementation}")
+    print(
+        f"{len(requests)} requests, {sum(len(p) for p, _ in requests)} prompt tokens, "
+        f"{sum(o for _, o in requests)} output tokens, {torch.get_num_threads()} threads, "
+        f"attention {model.config._attn_implementation}"
+    )
     runs = [("static generate (batch 8)", hf_static_generate)]
     if not args.skip_cb:
         runs.append(("continuous batching", hf_continuous_batching))
@@ -188,8 +225,10 @@ def main() -> None:
         fn(model, warmup)  # first-call costs (oneDNN primitives, allocator) stay out of the timing
         r = fn(model, requests)
         extra = f", setup {r['setup_s']:.1f} s" if "setup_s" in r else ""
-        print(f"{name:<26} {r['tokens_per_s']:7.1f} tok/s  ({r['useful_tokens']} useful / "
-              f"{r['generated_tokens']} generated tokens in {r['wall_s']:.1f} s{extra})")
+        print(
+            f"{name:<26} {r['tokens_per_s']:7.1f} tok/s  ({r['useful_tokens']} useful / "
+            f"{r['generated_tokens']} generated tokens in {r['wall_s']:.1f} s{extra})"
+        )
     for n in (256, 512, 1024):
         print(f"prefill {n:>4} tokens           {hf_prefill_gflops(model, n):7.1f} GFLOP/s")
 

@@ -47,9 +47,13 @@ def link_bandwidth(nbytes: int = 1 << 30) -> dict:
 
 def host_kv_cache(num_blocks: int = 4096, moved: int = 512, bs: int = 16) -> dict:
     layers, kvh, hd = 32, 8, 128
-    caches = [(torch.randn(kvh, num_blocks * bs, hd, device="cuda", dtype=torch.bfloat16),
-               torch.randn(kvh, num_blocks * bs, hd, device="cuda", dtype=torch.bfloat16))
-              for _ in range(layers)]
+    caches = [
+        (
+            torch.randn(kvh, num_blocks * bs, hd, device="cuda", dtype=torch.bfloat16),
+            torch.randn(kvh, num_blocks * bs, hd, device="cuda", dtype=torch.bfloat16),
+        )
+        for _ in range(layers)
+    ]
     host = HostKVCache(caches, num_blocks=moved, block_size=bs)
     block_bytes = 2 * layers * kvh * hd * 2 * bs
     src = list(range(1, 2 * moved, 2))  # every other block: a fragmented cache
@@ -61,9 +65,16 @@ def host_kv_cache(num_blocks: int = 4096, moved: int = 512, bs: int = 16) -> dic
     got = [t.unflatten(1, (-1, bs))[:, dst] for kv in caches for t in kv]
     exact = all(torch.equal(a, b) for a, b in zip(expect, got))
     nbytes = moved * block_bytes
-    return {"blocks": moved, "bytes": nbytes, "pinned": host.host.is_pinned(),
-            "swap_out_s": out_s, "swap_in_s": in_s, "swap_out_gbps": nbytes / out_s / 1e9,
-            "swap_in_gbps": nbytes / in_s / 1e9, "exact": exact}
+    return {
+        "blocks": moved,
+        "bytes": nbytes,
+        "pinned": host.host.is_pinned(),
+        "swap_out_s": out_s,
+        "swap_in_s": in_s,
+        "swap_out_gbps": nbytes / out_s / 1e9,
+        "swap_in_gbps": nbytes / in_s / 1e9,
+        "exact": exact,
+    }
 
 
 def engine_tokens(model: str, dtype: str) -> dict:
@@ -72,29 +83,56 @@ def engine_tokens(model: str, dtype: str) -> dict:
     from medha.engine.sampling_params import SamplingParams
 
     params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
-    text = " ".join(f"Entry {i}: the ferry from {i * 5 % 17} to {i * 3 % 7} left at {i % 12} "
-                    "o'clock with cars, bikes and crates of apples." for i in range(40))
+    text = " ".join(
+        f"Entry {i}: the ferry from {i * 5 % 17} to {i * 3 % 7} left at {i % 12} "
+        "o'clock with cars, bikes and crates of apples."
+        for i in range(40)
+    )
     a = json.load(open(f"{model}/config.json"))
-    kv_block = (2 * a["num_hidden_layers"] * a["num_key_value_heads"]
-                * (a["hidden_size"] // a["num_attention_heads"])
-                * torch.finfo(getattr(torch, dtype)).bits // 8 * 16)
+    kv_block = (
+        2
+        * a["num_hidden_layers"]
+        * a["num_key_value_heads"]
+        * (a["hidden_size"] // a["num_attention_heads"])
+        * torch.finfo(getattr(torch, dtype)).bits
+        // 8
+        * 16
+    )
     result = {}
     # 43 blocks (688 tokens) for seven requests that need 1,150 in all
-    for name, mode, blocks in (("unpressured", "recompute", 4096), ("swap", "swap", 43),
-                               ("recompute", "recompute", 43)):
-        llm = LLM(model, scheduler=SchedulerConfig(policy="fcfs", chunking="static:64",
-                                                   preemption_mode=mode, host_kv_blocks=64),
-                  device="cuda", dtype=dtype, kv_memory_gb=blocks * kv_block / 2**30)
+    for name, mode, blocks in (
+        ("unpressured", "recompute", 4096),
+        ("swap", "swap", 43),
+        ("recompute", "recompute", 43),
+    ):
+        llm = LLM(
+            model,
+            scheduler=SchedulerConfig(
+                policy="fcfs", chunking="static:64", preemption_mode=mode, host_kv_blocks=64
+            ),
+            device="cuda",
+            dtype=dtype,
+            kv_memory_gb=blocks * kv_block / 2**30,
+        )
         ids = llm.tokenizer.encode(text)
-        prompts = [ids[i * 37: i * 37 + n] for i, n in enumerate((5, 11, 40, 96, 170, 260, 400))]
+        prompts = [ids[i * 37 : i * 37 + n] for i, n in enumerate((5, 11, 40, 96, 170, 260, 400))]
         t0 = time.perf_counter()
         outs = [o.token_ids for o in llm.generate(prompts, params)]
         st = llm.engine.scheduler.stats
-        result[name] = {"tokens": outs, "wall_s": time.perf_counter() - t0,
-                        "swap_outs": st.swap_outs, "recomputes": st.recomputes}
+        result[name] = {
+            "tokens": outs,
+            "wall_s": time.perf_counter() - t0,
+            "swap_outs": st.swap_outs,
+            "recomputes": st.recomputes,
+        }
     ref = result["unpressured"]["tokens"]
-    return {k: {**{x: y for x, y in v.items() if x != "tokens"},
-                "identical_to_unpressured": v["tokens"] == ref} for k, v in result.items()}
+    return {
+        k: {
+            **{x: y for x, y in v.items() if x != "tokens"},
+            "identical_to_unpressured": v["tokens"] == ref,
+        }
+        for k, v in result.items()
+    }
 
 
 def main() -> None:

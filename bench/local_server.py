@@ -14,8 +14,12 @@ from medha.utils.net import free_port
 
 
 @contextmanager
-def local_server(command: Callable[[int], list[str]], quiet: bool = False,
-                 startup_s: float = 300.0, with_process: bool = False) -> Iterator:
+def local_server(
+    command: Callable[[int], list[str]],
+    quiet: bool = False,
+    startup_s: float = 300.0,
+    with_process: bool = False,
+) -> Iterator:
     """Run `command(port)`, wait until its /health answers 200, yield its base URL (with
     `with_process`, the pair (URL, Popen)); SIGTERM (then kill) on the way out."""
     port = free_port()

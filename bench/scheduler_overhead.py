@@ -25,8 +25,9 @@ from medha.scheduler.replica_scheduler import ReplicaScheduler
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--policy", default="lars")
     ap.add_argument("--chunking", default="adaptive")
     ap.add_argument("--waiting", type=int, default=1000)
@@ -37,8 +38,12 @@ def main() -> None:
 
     rng = random.Random(args.seed)
     pred = make_predictor("roofline", "llama-3-8b", "h100", ParallelConfig(tp=8))
-    cfg = SchedulerConfig(policy=args.policy, chunking=args.chunking, iteration_budget_s=0.05,
-                          max_num_seqs=args.decoding + 64)
+    cfg = SchedulerConfig(
+        policy=args.policy,
+        chunking=args.chunking,
+        iteration_budget_s=0.05,
+        max_num_seqs=args.decoding + 64,
+    )
     sched = ReplicaScheduler(cfg, pred, BlockManager(1 << 20))
     now, counter = 0.0, 0
 
@@ -80,10 +85,14 @@ def main() -> None:
     assert sum(sched.prefill_counts()) == args.waiting and sched.num_decoding == args.decoding
 
     ms = np.array(sched_ns) / 1e6
-    print(f"schedule() with {args.waiting} waiting + {args.decoding} decoding, "
-          f"{args.policy} + {args.chunking}, {args.iterations} iterations")
-    print(f"  p50 {np.percentile(ms, 50):.3f} ms   p99 {np.percentile(ms, 99):.3f} ms   "
-          f"max {ms.max():.3f} ms")
+    print(
+        f"schedule() with {args.waiting} waiting + {args.decoding} decoding, "
+        f"{args.policy} + {args.chunking}, {args.iterations} iterations"
+    )
+    print(
+        f"  p50 {np.percentile(ms, 50):.3f} ms   p99 {np.percentile(ms, 99):.3f} ms   "
+        f"max {ms.max():.3f} ms"
+    )
     up = np.array(update_ns) / 1e6
     print(f"update(): p50 {np.percentile(up, 50):.3f} ms   p99 {np.percentile(up, 99):.3f} ms")
     d, p = np.mean(sizes, axis=0)

@@ -23,13 +23,16 @@ def main() -> None:
     print("| policy | chunking | space sharing | TTFT r_L | TTFT r_S1 | TTFT r_S2 | all met |")
     print("|---|---|---|---|---|---|---|")
     deadlines = {"r_L": 16.0, "r_S1": 1.0, "r_S2": 1.0}
-    cases = [("fcfs", "none", False)] + [(p, "adaptive", ss) for p in POLICIES
-                                         for ss in (False, True)]
+    cases = [("fcfs", "none", False)] + [
+        (p, "adaptive", ss) for p in POLICIES for ss in (False, True)
+    ]
     for policy, chunking, ss in cases:
         t = illustrative(policy, chunking, space_sharing=ss)
         met = all(t[k] <= deadlines[k] for k in t)
-        print(f"| {policy} | {chunking} | {'on' if ss else 'off'} | {t['r_L']:.3f} s | "
-              f"{t['r_S1']:.3f} s | {t['r_S2']:.3f} s | {'yes' if met else 'no'} |")
+        print(
+            f"| {policy} | {chunking} | {'on' if ss else 'off'} | {t['r_L']:.3f} s | "
+            f"{t['r_S1']:.3f} s | {t['r_S2']:.3f} s | {'yes' if met else 'no'} |"
+        )
 
     print("\nStarvation stream: a 500K-token prompt at t=0, then a 1500-token request (100")
     print("output tokens) every 32 ms for 50 s; Llama-3-8B, 8xH100 TP8, 50 ms budget.\n")
@@ -41,9 +44,11 @@ def main() -> None:
         long_, shorts = steady_stream(policy)
         ttft = [r.ttft_s for r in shorts]
         met = np.mean([r.ttft_s <= r.deadline_s - r.arrival_s for r in shorts])
-        print(f"| {policy} | {long_.ttft_s:.2f} / {long_.deadline_s:.2f} s | {met:.1%} | "
-              f"{np.percentile(ttft, 50):.3f} s | {np.percentile(ttft, 99):.3f} s | "
-              f"{max(ttft):.3f} s |")
+        print(
+            f"| {policy} | {long_.ttft_s:.2f} / {long_.deadline_s:.2f} s | {met:.1%} | "
+            f"{np.percentile(ttft, 50):.3f} s | {np.percentile(ttft, 99):.3f} s | "
+            f"{max(ttft):.3f} s |"
+        )
 
 
 if __name__ == "__main__":

@@ -53,26 +53,54 @@ class HealthPoll(threading.Thread):
 
 
 def run_schemathesis(url: str, max_examples: int, seed: int, report: Path) -> dict:
-    command = [sys.executable, "-c", "from schemathesis.cli import schemathesis; schemathesis()",
-               "run", url + "/openapi.json", *CHECKS, "--max-examples", str(max_examples),
-               "--seed", str(seed), "--workers", "1", "--generation-database", "none",
-               "--request-timeout", "120", "--no-color", "-H", f"Authorization: Bearer {KEY}",
-               "--report", "json", "--report-json-path", str(report)]
+    command = [
+        sys.executable,
+        "-c",
+        "from schemathesis.cli import schemathesis; schemathesis()",
+        "run",
+        url + "/openapi.json",
+        *CHECKS,
+        "--max-examples",
+        str(max_examples),
+        "--seed",
+        str(seed),
+        "--workers",
+        "1",
+        "--generation-database",
+        "none",
+        "--request-timeout",
+        "120",
+        "--no-color",
+        "-H",
+        f"Authorization: Bearer {KEY}",
+        "--report",
+        "json",
+        "--report-json-path",
+        str(report),
+    ]
     # in the report's folder: schemathesis keeps a cache in its working directory
     done = subprocess.run(command, capture_output=True, text=True, cwd=report.parent)
     if not report.exists():
         raise RuntimeError(f"schemathesis wrote no report:\n{done.stdout}\n{done.stderr}")
     result = json.loads(report.read_text())
-    return {"seed": seed, "exit_code": done.returncode, "seconds": result["running_time"],
-            "cases": result["test_cases"]["generated"], "failures": result["failures"],
-            "errors": result["errors"], "output_tail": done.stdout[-3000:]}
+    return {
+        "seed": seed,
+        "exit_code": done.returncode,
+        "seconds": result["running_time"],
+        "cases": result["test_cases"]["generated"],
+        "failures": result["failures"],
+        "errors": result["errors"],
+        "output_tail": done.stdout[-3000:],
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=None, help="model to serve (default: the tiny random "
-                    "Llama of the tests)")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--model", default=None, help="model to serve (default: the tiny random Llama of the tests)"
+    )
     ap.add_argument("--max-model-len", type=int, default=64)
     ap.add_argument("--max-examples", type=int, default=500, help="per operation and phase")
     ap.add_argument("--seeds", default="0", help="comma-separated: one run per seed")
@@ -80,35 +108,68 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     model = args.model or build_tiny_llama(Path(tempfile.mkdtemp(prefix="tiny-llama-")))
     runs = []
-    with local_server(lambda port: [
-            sys.executable, "-m", "medha", "serve", "--model", model, "--port", str(port),
-            "--max-model-len", str(args.max_model_len), "--kv-memory-gb", "0.05",
-            "--api-key", KEY, "--log-level", "error"], quiet=True,
-            with_process=True) as (url, proc):
+    with local_server(
+        lambda port: [
+            sys.executable,
+            "-m",
+            "medha",
+            "serve",
+            "--model",
+            model,
+            "--port",
+            str(port),
+            "--max-model-len",
+            str(args.max_model_len),
+            "--kv-memory-gb",
+            "0.05",
+            "--api-key",
+            KEY,
+            "--log-level",
+            "error",
+        ],
+        quiet=True,
+        with_process=True,
+    ) as (url, proc):
         poll = HealthPoll(url)
         poll.start()
         t0 = time.perf_counter()
         with tempfile.TemporaryDirectory() as tmp:
             for seed in (int(s) for s in args.seeds.split(",")):
-                runs.append(run_schemathesis(url, args.max_examples, seed,
-                                             Path(tmp) / f"report-{seed}.json"))
+                runs.append(
+                    run_schemathesis(
+                        url, args.max_examples, seed, Path(tmp) / f"report-{seed}.json"
+                    )
+                )
         wall = time.perf_counter() - t0
         poll.done.set()
         poll.join()
-        after = httpx.post(url + "/v1/completions", json={"prompt": "Hello", "max_tokens": 4},
-                           headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
-        summary = {"cases": sum(r["cases"] for r in runs), "seconds": round(wall, 1),
-                   "failures": [f for r in runs for f in r["failures"]],
-                   "errors": [e for r in runs for e in r["errors"]],
-                   "health_polls": poll.answers, "health_not_200": poll.bad,
-                   "server_alive": proc.poll() is None,
-                   "serves_after": after.status_code, "runs": runs}
+        after = httpx.post(
+            url + "/v1/completions",
+            json={"prompt": "Hello", "max_tokens": 4},
+            headers={"Authorization": f"Bearer {KEY}"},
+            timeout=60,
+        )
+        summary = {
+            "cases": sum(r["cases"] for r in runs),
+            "seconds": round(wall, 1),
+            "failures": [f for r in runs for f in r["failures"]],
+            "errors": [e for r in runs for e in r["errors"]],
+            "health_polls": poll.answers,
+            "health_not_200": poll.bad,
+            "server_alive": proc.poll() is None,
+            "serves_after": after.status_code,
+            "runs": runs,
+        }
     for r in runs:
-        print(f"seed {r['seed']}: {r['cases']} cases in {r['seconds']:.0f} s, exit code "
-              f"{r['exit_code']}, {len(r['failures'])} failures, {len(r['errors'])} errors")
-    print(f"total: {summary['cases']} cases in {summary['seconds']} s against one server; "
-          f"/health polled {poll.answers} times, not 200: {len(poll.bad)}; server alive: "
-          f"{summary['server_alive']}; a normal request afterwards: {after.status_code}")
+        print(
+            f"seed {r['seed']}: {r['cases']} cases in {r['seconds']:.0f} s, exit code "
+            f"{r['exit_code']}, {len(r['failures'])} failures, {len(r['errors'])} errors"
+        )
+    print(
+        f"total: {summary['cases']} cases in {summary['seconds']} s against one server; "
+        f"/health polled {poll.answers} times, not 200: {len(poll.bad)}; server alive: "
+        f"{summary['server_alive']}; a normal request afterwards: {after.status_code}"
+    )
     if summary["failures"] or summary["errors"]:
         print(runs[-1]["output_tail"])
     if args.json:

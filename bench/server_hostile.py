@@ -31,8 +31,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from local_server import local_server  # noqa: E402
 
-INNOCENT = {"prompt": "The history of the printing press begins", "max_tokens": 48,
-            "temperature": 0, "ignore_eos": True, "stream": True}
+INNOCENT = {
+    "prompt": "The history of the printing press begins",
+    "max_tokens": 48,
+    "temperature": 0,
+    "ignore_eos": True,
+    "stream": True,
+}
 
 HI = {"prompt": "Hi", "max_tokens": 2}
 # (name, body: a dict sent as JSON, or raw bytes/text): the issue's four killers first, then
@@ -45,9 +50,8 @@ KILLERS = [
     ("lone surrogate", '{"prompt": "\\ud800", "max_tokens": 2}'),
     ("invalid UTF-8", b'{"prompt": "\xff\xfe", "max_tokens": 2}'),
     ("surrogate in model", '{"prompt": "Hi", "max_tokens": 2, "model": "\\udfff"}'),
-    ("chat surrogate", '{"messages": [{"role": "user", "content": "a\\ud800"}], '
-                       '"max_tokens": 2}'),
-    ("seed -2**63-1", HI | {"temperature": 1, "seed": -2**63 - 1}),
+    ("chat surrogate", '{"messages": [{"role": "user", "content": "a\\ud800"}], "max_tokens": 2}'),
+    ("seed -2**63-1", HI | {"temperature": 1, "seed": -(2**63) - 1}),
     ("top_k 2**70", HI | {"temperature": 1, "top_k": 2**70}),
     ("max_tokens 2**70", HI | {"max_tokens": 2**70}),
     ("token id 2**64", {"prompt": [1, 2**64], "max_tokens": 2}),
@@ -69,8 +73,9 @@ class Innocent(threading.Thread):
 
     def run(self) -> None:
         try:
-            with httpx.stream("POST", self.url + "/v1/completions", json=INNOCENT,
-                              timeout=120) as r:
+            with httpx.stream(
+                "POST", self.url + "/v1/completions", json=INNOCENT, timeout=120
+            ) as r:
                 for line in r.iter_lines():
                     if line.startswith("data: ") and line != "data: [DONE]":
                         event = json.loads(line[6:])
@@ -98,8 +103,16 @@ def rss_kb(pid: int, field: str) -> int:
     raise KeyError(field)
 
 
-def post_raw(url: str, path: str, head: bytes, fill: bytes, tail: bytes, size: int,
-             chunked: bool, timeout: float = 120.0) -> tuple[int, float]:
+def post_raw(
+    url: str,
+    path: str,
+    head: bytes,
+    fill: bytes,
+    tail: bytes,
+    size: int,
+    chunked: bool,
+    timeout: float = 120.0,
+) -> tuple[int, float]:
     """POST a body of about `size` bytes (head + fill repeated + tail), generated as it is
     sent, on a raw socket; returns (status, seconds from the first byte to the status line).
     The server may answer and close before the body is all sent: sending stops there."""
@@ -107,9 +120,11 @@ def post_raw(url: str, path: str, head: bytes, fill: bytes, tail: bytes, size: i
     sock = socket.create_connection((host, int(port)), timeout=timeout)
     n_fill = max(0, (size - len(head) - len(tail)) // len(fill))
     length = len(head) + n_fill * len(fill) + len(tail)
-    headers = (f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-               + ("Transfer-Encoding: chunked\r\n" if chunked else f"Content-Length: {length}\r\n")
-               + "Connection: close\r\n\r\n").encode()
+    headers = (
+        f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        + ("Transfer-Encoding: chunked\r\n" if chunked else f"Content-Length: {length}\r\n")
+        + "Connection: close\r\n\r\n"
+    ).encode()
     done = threading.Event()
 
     def send() -> None:
@@ -119,9 +134,10 @@ def post_raw(url: str, path: str, head: bytes, fill: bytes, tail: bytes, size: i
             left = n_fill
             while left > 0:
                 k = min(left, len(block) // len(fill))
-                yield block[:k * len(fill)]
+                yield block[: k * len(fill)]
                 left -= k
             yield tail
+
         try:
             for piece in pieces():
                 if done.is_set():
@@ -154,22 +170,32 @@ def run_killer(url: str, quiet: list[str], name: str, body: dict | str | bytes) 
     innocent = Innocent(url)
     innocent.start()
     innocent.started.wait(60)
-    raw = body if isinstance(body, bytes) else \
-        (body if isinstance(body, str) else json.dumps(body)).encode()
+    raw = (
+        body
+        if isinstance(body, bytes)
+        else (body if isinstance(body, str) else json.dumps(body)).encode()
+    )
     path = "/v1/chat/completions" if raw.startswith(b'{"messages"') else "/v1/completions"
     t0 = time.perf_counter()
     try:
-        r = httpx.post(url + path, content=raw, headers={"Content-Type": "application/json"},
-                       timeout=120)
+        r = httpx.post(
+            url + path, content=raw, headers={"Content-Type": "application/json"}, timeout=120
+        )
         status, answer = r.status_code, r.text[:160]
     except httpx.HTTPError as e:
         status, answer = 0, f"{type(e).__name__}: {e}"
     seconds = time.perf_counter() - t0
     after = health(url)
     innocent.join(120)
-    return {"case": name, "status": status, "seconds": round(seconds, 3), "health": after,
-            "innocent_identical": innocent.chunks == quiet and innocent.error is None,
-            "innocent_error": innocent.error, "answer": answer}
+    return {
+        "case": name,
+        "status": status,
+        "seconds": round(seconds, 3),
+        "health": after,
+        "innocent_identical": innocent.chunks == quiet and innocent.error is None,
+        "innocent_error": innocent.error,
+        "answer": answer,
+    }
 
 
 def run_big(url: str, pid: int, kind: str, mb: int) -> dict:
@@ -183,11 +209,15 @@ def run_big(url: str, pid: int, kind: str, mb: int) -> dict:
     before = rss_kb(pid, "VmRSS")
     status, seconds = post_raw(url, "/v1/completions", head, fill, tail, size, chunked)
     time.sleep(0.5)
-    return {"case": f"{mb} MB {kind}", "status": status, "seconds": round(seconds, 3),
-            "health": health(url), "peak_rss_growth_mb": round(
-                (rss_kb(pid, "VmHWM") - before) / 1024, 1),
-            "rss_after_mb": round(rss_kb(pid, "VmRSS") / 1024, 1),
-            "rss_before_mb": round(before / 1024, 1)}
+    return {
+        "case": f"{mb} MB {kind}",
+        "status": status,
+        "seconds": round(seconds, 3),
+        "health": health(url),
+        "peak_rss_growth_mb": round((rss_kb(pid, "VmHWM") - before) / 1024, 1),
+        "rss_after_mb": round(rss_kb(pid, "VmRSS") / 1024, 1),
+        "rss_before_mb": round(before / 1024, 1),
+    }
 
 
 def run_refused(url: str, pid: int, kind: str, count: int = 50) -> dict:
@@ -200,50 +230,79 @@ def run_refused(url: str, pid: int, kind: str, count: int = 50) -> dict:
     before, slowest, statuses = rss_kb(pid, "VmRSS"), 0.0, set()
     for _ in range(count):
         t0 = time.perf_counter()
-        r = httpx.post(url + "/v1/completions", content=body,
-                       headers={"Content-Type": "application/json"}, timeout=120)
+        r = httpx.post(
+            url + "/v1/completions",
+            content=body,
+            headers={"Content-Type": "application/json"},
+            timeout=120,
+        )
         slowest = max(slowest, time.perf_counter() - t0)
         statuses.add(r.status_code)
     time.sleep(0.5)
-    return {"case": f"{count} x {len(body) / 1e6:.1f} MB {kind}", "status": min(statuses),
-            "statuses": sorted(statuses), "seconds": round(slowest, 3), "health": health(url),
-            "peak_rss_growth_mb": round((rss_kb(pid, "VmHWM") - before) / 1024, 1),
-            "rss_after_mb": round(rss_kb(pid, "VmRSS") / 1024, 1),
-            "rss_before_mb": round(before / 1024, 1)}
+    return {
+        "case": f"{count} x {len(body) / 1e6:.1f} MB {kind}",
+        "status": min(statuses),
+        "statuses": sorted(statuses),
+        "seconds": round(slowest, 3),
+        "health": health(url),
+        "peak_rss_growth_mb": round((rss_kb(pid, "VmHWM") - before) / 1024, 1),
+        "rss_after_mb": round(rss_kb(pid, "VmRSS") / 1024, 1),
+        "rss_before_mb": round(before / 1024, 1),
+    }
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--sizes-mb", default="50,500", help="large body sizes (default: 50,500)")
     ap.add_argument("--json", help="also write the rows to this file")
     ap.add_argument("serve_flags", nargs="*", help="extra flags for medha serve (after --)")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes_mb.split(",") if s]
-    with local_server(lambda port: [sys.executable, "-m", "medha", "serve", "--port",
-                                    str(port), "--log-level", "error", *args.serve_flags],
-                      quiet=True, with_process=True) as (url, proc):
+    with local_server(
+        lambda port: [
+            sys.executable,
+            "-m",
+            "medha",
+            "serve",
+            "--port",
+            str(port),
+            "--log-level",
+            "error",
+            *args.serve_flags,
+        ],
+        quiet=True,
+        with_process=True,
+    ) as (url, proc):
         quiet_run = Innocent(url)
         quiet_run.run()
         if quiet_run.error or not quiet_run.chunks:
             sys.exit(f"the innocent request failed on a quiet server: {quiet_run.error}")
         rows = [run_killer(url, quiet_run.chunks, name, body) for name, body in KILLERS]
-        rows += [run_big(url, proc.pid, kind, mb) for mb in sizes
-                 for kind in ("string", "token ids", "string, chunked")]
+        rows += [
+            run_big(url, proc.pid, kind, mb)
+            for mb in sizes
+            for kind in ("string", "token ids", "string, chunked")
+        ]
         rows += [run_refused(url, proc.pid, kind) for kind in ("string", "token ids")]
         final = Innocent(url)
         final.run()
         alive = proc.poll() is None
     print(f"{'case':24s} {'status':>6s} {'seconds':>8s} {'health':>6s}  innocent / memory")
     for r in rows:
-        tail = (f"identical={r['innocent_identical']}" + (f" ({r['innocent_error']})"
-                                                         if r["innocent_error"] else "")
-                if "innocent_identical" in r else
-                f"peak RSS +{r['peak_rss_growth_mb']} MB, RSS {r['rss_before_mb']} -> "
-                f"{r['rss_after_mb']} MB")
+        tail = (
+            f"identical={r['innocent_identical']}"
+            + (f" ({r['innocent_error']})" if r["innocent_error"] else "")
+            if "innocent_identical" in r
+            else f"peak RSS +{r['peak_rss_growth_mb']} MB, RSS {r['rss_before_mb']} -> "
+            f"{r['rss_after_mb']} MB"
+        )
         print(f"{r['case']:24s} {r['status']:6d} {r['seconds']:8.3f} {r['health']:6d}  {tail}")
-    print(f"server alive at the end: {alive}; a last innocent request identical: "
-          f"{final.chunks == quiet_run.chunks}")
+    print(
+        f"server alive at the end: {alive}; a last innocent request identical: "
+        f"{final.chunks == quiet_run.chunks}"
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 

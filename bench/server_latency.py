@@ -42,7 +42,8 @@ def measure(servers: list[tuple[str, object, str]], repeats: int) -> list[dict]:
             for r in runs:
                 t0 = time.perf_counter()
                 out = r["client"].chat.completions.create(
-                    model=r["model"], messages=MESSAGES, max_tokens=8, temperature=0)
+                    model=r["model"], messages=MESSAGES, max_tokens=8, temperature=0
+                )
                 if i >= 2:
                     r["times"].append(time.perf_counter() - t0)
                 r["prompt"] = out.usage.prompt_tokens
@@ -51,24 +52,56 @@ def measure(servers: list[tuple[str, object, str]], repeats: int) -> list[dict]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--repeats", type=int, default=30)
     args = ap.parse_args()
     path = str(resolve_model("smollm2"))
-    runs = measure([
-        ("medha serve", lambda port: [sys.executable, "-m", "medha", "serve", "--port",
-                                      str(port), "--log-level", "warning"], "smollm2"),
-        ("transformers serve", lambda port: ["transformers", "serve", path, "--port", str(port),
-                                             "--device", "cpu"], path)], args.repeats)
-    print(f"chat request: {runs[0]['prompt']} prompt tokens, max_tokens 8, greedy, "
-          f"{args.repeats} alternating repeats after 2 warm-ups\n")
+    runs = measure(
+        [
+            (
+                "medha serve",
+                lambda port: [
+                    sys.executable,
+                    "-m",
+                    "medha",
+                    "serve",
+                    "--port",
+                    str(port),
+                    "--log-level",
+                    "warning",
+                ],
+                "smollm2",
+            ),
+            (
+                "transformers serve",
+                lambda port: [
+                    "transformers",
+                    "serve",
+                    path,
+                    "--port",
+                    str(port),
+                    "--device",
+                    "cpu",
+                ],
+                path,
+            ),
+        ],
+        args.repeats,
+    )
+    print(
+        f"chat request: {runs[0]['prompt']} prompt tokens, max_tokens 8, greedy, "
+        f"{args.repeats} alternating repeats after 2 warm-ups\n"
+    )
     print("| server | completion tokens | median | min | max |")
     print("|---|---|---|---|---|")
     for r in runs:
         t = r["times"]
-        print(f"| {r['name']} | {r['completion']} | {statistics.median(t):.3f} s | "
-              f"{min(t):.3f} s | {max(t):.3f} s |")
+        print(
+            f"| {r['name']} | {r['completion']} | {statistics.median(t):.3f} s | "
+            f"{min(t):.3f} s | {max(t):.3f} s |"
+        )
     ratio = statistics.median(runs[1]["times"]) / statistics.median(runs[0]["times"])
     print(f"\ntransformers / medha median latency: {ratio:.2f}x (goal >= 1: medha no slower)")
 

@@ -28,8 +28,7 @@ from medha.benchmark.load_generator import BenchConfig, run_bench  # noqa: E402
 from medha.perf.hardware_specs import cache_dir  # noqa: E402
 
 WORKLOAD = "prompt=32-256,output=16-48,long_fraction=0.05,long_prompt=3000-6000"
-POLICIES = {"lars": ["--policy", "lars"],
-            "fcfs-none": ["--policy", "fcfs", "--chunking", "none"]}
+POLICIES = {"lars": ["--policy", "lars"], "fcfs-none": ["--policy", "fcfs", "--chunking", "none"]}
 
 
 def _busy_seconds(url: str) -> float:
@@ -41,64 +40,119 @@ def _busy_seconds(url: str) -> float:
 
 def serve_and_bench(name: str, flags: list[str], args, out: Path) -> dict:
     def command(port: int) -> list[str]:
-        return [sys.executable, "-m", "medha", "serve", "--port", str(port), "--log-level",
-                "warning", *flags]
+        return [
+            sys.executable,
+            "-m",
+            "medha",
+            "serve",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+            *flags,
+        ]
 
     with local_server(command) as url:
         busy0 = _busy_seconds(url)
-        summary = run_bench(BenchConfig(url=url, workload=args.workload, qps=args.qps,
-                                        num_requests=args.num_requests, seed=args.seed,
-                                        long_threshold=1024, out=str(out / name)))
+        summary = run_bench(
+            BenchConfig(
+                url=url,
+                workload=args.workload,
+                qps=args.qps,
+                num_requests=args.num_requests,
+                seed=args.seed,
+                long_threshold=1024,
+                out=str(out / name),
+            )
+        )
         summary["busy_share"] = (_busy_seconds(url) - busy0) / summary["client"]["wall_s"]
     return summary
 
 
 def simulate(name: str, flags: list[str], profile: str, out: Path) -> dict:
-    subprocess.run([sys.executable, "-m", "medha", "simulate", "--model", "smollm2-135m",
-                    "--hardware", "cpu", "--predictor", f"profiled:{profile}",
-                    "--trace", str(out / name / "requests.csv"), "--kv-memory-gb", "2",
-                    "--long-threshold", "1024", "--out",
-                    str(out / f"{name}-sim"), "--no-plots", "--overwrite", *flags],
-                   check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "medha",
+            "simulate",
+            "--model",
+            "smollm2-135m",
+            "--hardware",
+            "cpu",
+            "--predictor",
+            f"profiled:{profile}",
+            "--trace",
+            str(out / name / "requests.csv"),
+            "--kv-memory-gb",
+            "2",
+            "--long-threshold",
+            "1024",
+            "--out",
+            str(out / f"{name}-sim"),
+            "--no-plots",
+            "--overwrite",
+            *flags,
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     return json.loads((out / f"{name}-sim" / "summary.json").read_text())
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--qps", type=float, default=0.45)
     ap.add_argument("--num-requests", type=int, default=200)
     ap.add_argument("--workload", default=WORKLOAD)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--policies", default="lars,fcfs-none",
-                    help="which of lars, fcfs-none to run (default: both)")
-    ap.add_argument("--tpot-target-s", type=float, default=None,
-                    help="lars iteration budget (default: the server's, 3x a lone decode on CPU)")
+    ap.add_argument(
+        "--policies",
+        default="lars,fcfs-none",
+        help="which of lars, fcfs-none to run (default: both)",
+    )
+    ap.add_argument(
+        "--tpot-target-s",
+        type=float,
+        default=None,
+        help="lars iteration budget (default: the server's, 3x a lone decode on CPU)",
+    )
     ap.add_argument("--out", default="runs/mixed_load")
-    ap.add_argument("--profile", default=str(cache_dir() / "profiles" /
-                                             "smollm2-135m-instruct-cpu.json"))
+    ap.add_argument(
+        "--profile", default=str(cache_dir() / "profiles" / "smollm2-135m-instruct-cpu.json")
+    )
     args = ap.parse_args()
     out = Path(args.out)
     if args.tpot_target_s:
         POLICIES["lars"] += ["--tpot-target-s", str(args.tpot_target_s)]
     policies = {n: POLICIES[n] for n in args.policies.split(",")}
-    measured = {name: serve_and_bench(name, flags, args, out)
-                for name, flags in policies.items()}
+    measured = {name: serve_and_bench(name, flags, args, out) for name, flags in policies.items()}
     print(f"\n{args.num_requests} requests, {args.workload}, Poisson {args.qps} req/s\n")
-    print("| scheduler | busy | short TTFT p50 | short TTFT p99 | long completed | long TTFT "
-          "p50 | short TPOT p50 |")
+    print(
+        "| scheduler | busy | short TTFT p50 | short TTFT p99 | long completed | long TTFT "
+        "p50 | short TPOT p50 |"
+    )
     print("|---|---|---|---|---|---|---|")
     for name, s in measured.items():
         sh, lo = s["by_class"]["short"], s["by_class"]["long"]
-        done = sum(1 for line in (out / name / "requests.csv").read_text().splitlines()[1:]
-                   if ",long,ok," in line)
-        print(f"| {name} | {s['busy_share']:.0%} | {sh['ttft_s']['p50']:.3f} s | "
-              f"{sh['ttft_s']['p99']:.3f} s | {done}/{lo['count']} | "
-              f"{lo['ttft_s']['p50'] or float('nan'):.1f} s | {sh['tpot_s']['p50']:.3f} s |")
+        done = sum(
+            1
+            for line in (out / name / "requests.csv").read_text().splitlines()[1:]
+            if ",long,ok," in line
+        )
+        print(
+            f"| {name} | {s['busy_share']:.0%} | {sh['ttft_s']['p50']:.3f} s | "
+            f"{sh['ttft_s']['p99']:.3f} s | {done}/{lo['count']} | "
+            f"{lo['ttft_s']['p50'] or float('nan'):.1f} s | {sh['tpot_s']['p50']:.3f} s |"
+        )
     if len(measured) == 2:
         lars, fcfs = (measured[n]["by_class"]["short"]["ttft_s"] for n in POLICIES)
-        print(f"\nfcfs / lars short TTFT: p50 {fcfs['p50'] / lars['p50']:.1f}x, "
-              f"p99 {fcfs['p99'] / lars['p99']:.1f}x (goal p99 >= 10x)")
+        print(
+            f"\nfcfs / lars short TTFT: p50 {fcfs['p50'] / lars['p50']:.1f}x, "
+            f"p99 {fcfs['p99'] / lars['p99']:.1f}x (goal p99 >= 10x)"
+        )
     if not os.path.exists(args.profile):
         print(f"\nno profile at {args.profile}: run `medha profile` for the twin check")
         return

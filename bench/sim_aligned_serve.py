@@ -43,26 +43,38 @@ def workload(n: int, short_fraction: float, seed: int) -> list[Request]:
 
 
 def run(policy: str, predictor: str, reqs: list[Request]) -> dict[str, float]:
-    sim = Simulator(ClusterConfig(model="llama-3-8b", hardware="h100", predictor=predictor),
-                    ParallelConfig(), SchedulerConfig(policy=policy, chunking="none",
-                                                      prefill_only_iterations=True))
+    sim = Simulator(
+        ClusterConfig(model="llama-3-8b", hardware="h100", predictor=predictor),
+        ParallelConfig(),
+        SchedulerConfig(policy=policy, chunking="none", prefill_only_iterations=True),
+    )
     result = sim.run(reqs)
     log, done = result.log, result.requests
     decode_s = sum(t for t, p in zip(log.latency_s, log.num_prefills) if not p)
     span = max(r.finish_s for r in done) - min(r.arrival_s for r in done)
-    tpots = sorted((r.token_times_s[-1] - r.token_times_s[0]) / (len(r.token_times_s) - 1)
-                   for r in done if len(r.token_times_s) > 1)
-    return {"decode_tput": sum(log.num_decodes) / decode_s,
-            "tput": sum(r.num_output_tokens for r in done) / span,
-            "p99": tpots[min(len(tpots) - 1, int(0.99 * len(tpots)))]}
+    tpots = sorted(
+        (r.token_times_s[-1] - r.token_times_s[0]) / (len(r.token_times_s) - 1)
+        for r in done
+        if len(r.token_times_s) > 1
+    )
+    return {
+        "decode_tput": sum(log.num_decodes) / decode_s,
+        "tput": sum(r.num_output_tokens for r in done) / span,
+        "p99": tpots[min(len(tpots) - 1, int(0.99 * len(tpots)))],
+    }
 
 
 def measure(predictor: str, mix: float, n: int, seeds: list[int]) -> dict[str, float]:
     """Medians over seeds of each metric, for fcfs and aligned."""
-    runs = {policy: [run(policy, predictor, workload(n, mix, seed)) for seed in seeds]
-            for policy in ("fcfs", "aligned")}
-    return {f"{policy}_{key}": statistics.median(r[key] for r in rs)
-            for policy, rs in runs.items() for key in rs[0]}
+    runs = {
+        policy: [run(policy, predictor, workload(n, mix, seed)) for seed in seeds]
+        for policy in ("fcfs", "aligned")
+    }
+    return {
+        f"{policy}_{key}": statistics.median(r[key] for r in rs)
+        for policy, rs in runs.items()
+        for key in rs[0]
+    }
 
 
 def main() -> None:
@@ -73,18 +85,23 @@ def main() -> None:
     ap.add_argument("--mixes", type=float, nargs="+", default=list(MIXES))
     args = ap.parse_args()
     print(f"paper (AlignedServe vs state of the art, 70-95% short): {PAPER}\n")
-    print("| predictor | short | decode tok/s fcfs | aligned | ratio | output tok/s ratio | "
-          "P99 TPOT fcfs | aligned | lower by |")
+    print(
+        "| predictor | short | decode tok/s fcfs | aligned | ratio | output tok/s ratio | "
+        "P99 TPOT fcfs | aligned | lower by |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for predictor in args.predictors:
         for mix in args.mixes:
             m = measure(predictor, mix, args.num_requests, args.seeds)
-            print(f"| {predictor} | {mix:.0%} | {m['fcfs_decode_tput']:.0f} | "
-                  f"{m['aligned_decode_tput']:.0f} | "
-                  f"{m['aligned_decode_tput'] / m['fcfs_decode_tput']:.2f}x | "
-                  f"{m['aligned_tput'] / m['fcfs_tput']:.2f}x | {1e3 * m['fcfs_p99']:.1f} ms | "
-                  f"{1e3 * m['aligned_p99']:.1f} ms | {m['fcfs_p99'] / m['aligned_p99']:.2f}x |",
-                  flush=True)
+            print(
+                f"| {predictor} | {mix:.0%} | {m['fcfs_decode_tput']:.0f} | "
+                f"{m['aligned_decode_tput']:.0f} | "
+                f"{m['aligned_decode_tput'] / m['fcfs_decode_tput']:.2f}x | "
+                f"{m['aligned_tput'] / m['fcfs_tput']:.2f}x | {1e3 * m['fcfs_p99']:.1f} ms | "
+                f"{1e3 * m['aligned_p99']:.1f} ms | {m['fcfs_p99'] / m['aligned_p99']:.2f}x |",
+                flush=True,
+            )
+
 
 if __name__ == "__main__":
     main()

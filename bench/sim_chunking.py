@@ -24,35 +24,60 @@ BUDGETS_MS = [25, 50, 100, 200]
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--qps", type=float, default=0.5)
     ap.add_argument("--num-requests", type=int, default=400)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--plot", default=None, help="write the trade-off plot here")
     args = ap.parse_args()
-    work = WorkloadConfig(trace="sharegpt", qps=args.qps, num_requests=args.num_requests,
-                          long_fraction=0.05, seed=args.seed)
-    runs = [(f"static:{n}", SchedulerConfig(policy="lars", chunking=f"static:{n}"))
-            for n in STATIC]
+    work = WorkloadConfig(
+        trace="sharegpt",
+        qps=args.qps,
+        num_requests=args.num_requests,
+        long_fraction=0.05,
+        seed=args.seed,
+    )
+    runs = [(f"static:{n}", SchedulerConfig(policy="lars", chunking=f"static:{n}")) for n in STATIC]
     # the adaptive packer derives its iteration budget from the TPOT target (with SPP2, 2/3
     # of it, leaving room for a decode to wait one stage for its next slot)
-    runs += [(f"adaptive {b} ms", SchedulerConfig(policy="lars", tpot_target_s=b / 1e3))
-             for b in BUDGETS_MS]
+    runs += [
+        (f"adaptive {b} ms", SchedulerConfig(policy="lars", tpot_target_s=b / 1e3))
+        for b in BUDGETS_MS
+    ]
     rows = []
     for name, sched in runs:
-        s = simulate(RunSpec(name=name, cluster=ClusterConfig(hardware="a100"),
-                             parallel=ParallelConfig(tp=8, spp=2), scheduler=sched), work).summary
-        rows.append((name, s["tpot_s"]["p50"], s["tpot_s"]["p99"], s["tbt_s"]["p99"],
-                     s["by_class"]["long"]["ttft_s"]["p50"],
-                     s["by_class"]["short"]["ttft_s"]["p99"]))
-    print(f"{args.qps} QPS, {args.num_requests} requests; static runs keep the default 50 ms "
-          "TPOT target, adaptive runs name theirs\n")
+        s = simulate(
+            RunSpec(
+                name=name,
+                cluster=ClusterConfig(hardware="a100"),
+                parallel=ParallelConfig(tp=8, spp=2),
+                scheduler=sched,
+            ),
+            work,
+        ).summary
+        rows.append(
+            (
+                name,
+                s["tpot_s"]["p50"],
+                s["tpot_s"]["p99"],
+                s["tbt_s"]["p99"],
+                s["by_class"]["long"]["ttft_s"]["p50"],
+                s["by_class"]["short"]["ttft_s"]["p99"],
+            )
+        )
+    print(
+        f"{args.qps} QPS, {args.num_requests} requests; static runs keep the default 50 ms "
+        "TPOT target, adaptive runs name theirs\n"
+    )
     print("| chunking | TPOT p50 | TPOT p99 | TBT p99 | long TTFT p50 | short TTFT p99 |")
     print("|---|---|---|---|---|---|")
     for name, t50, t99, b99, lt, st in rows:
-        print(f"| {name} | {t50 * 1e3:.0f} ms | {t99 * 1e3:.0f} ms | {b99 * 1e3:.0f} ms | "
-              f"{lt:.1f} s | {st:.2f} s |")
+        print(
+            f"| {name} | {t50 * 1e3:.0f} ms | {t99 * 1e3:.0f} ms | {b99 * 1e3:.0f} ms | "
+            f"{lt:.1f} s | {st:.2f} s |"
+        )
     if args.plot:
         import matplotlib
 
@@ -64,8 +89,13 @@ def main() -> None:
             pts = [(r[2] * 1e3, r[4], r[0]) for r in rows if r[0].startswith(kind)]
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, label=kind)
             for x, y, label in pts:
-                ax.annotate(label.split(":")[-1].replace("adaptive ", ""), (x, y),
-                            textcoords="offset points", xytext=(4, 4), fontsize=8)
+                ax.annotate(
+                    label.split(":")[-1].replace("adaptive ", ""),
+                    (x, y),
+                    textcoords="offset points",
+                    xytext=(4, 4),
+                    fontsize=8,
+                )
         ax.set_xlabel("TPOT p99 (ms)")
         ax.set_ylabel("long-request TTFT p50 (s)")
         ax.set_xscale("log")

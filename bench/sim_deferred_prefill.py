@@ -24,66 +24,91 @@ CLUSTER = ClusterConfig(model="llama-3-8b", hardware="h100")
 
 def averaged(args: DeferredPrefillArgs, seeds: list[int], predictor) -> Curve:
     """The curve with simulated requests/s averaged over seeds (the same K grid each time)."""
-    curves = [compute(dataclasses.replace(args, seed=s), predictor, CLUSTER, ParallelConfig())
-              for s in seeds]
+    curves = [
+        compute(dataclasses.replace(args, seed=s), predictor, CLUSTER, ParallelConfig())
+        for s in seeds
+    ]
     first = curves[0]
     for k, point in first.sim.items():
         points = [c.sim[k] for c in curves]
-        first.sim[k] = dataclasses.replace(point, **{
-            name: sum(getattr(p, name) for p in points) / len(points)
-            for name in ("requests_per_s", "departures_per_s", "mean_group")})
+        first.sim[k] = dataclasses.replace(
+            point,
+            **{
+                name: sum(getattr(p, name) for p in points) / len(points)
+                for name in ("requests_per_s", "departures_per_s", "mean_group")
+            },
+        )
     return first
 
 
 def markdown(curve: Curve) -> str:
-    rows = ["| K | Prop. 1 req/s | renewal req/s | simulated req/s | prompts per prefill |",
-            "|---|---|---|---|---|"]
+    rows = [
+        "| K | Prop. 1 req/s | renewal req/s | simulated req/s | prompts per prefill |",
+        "|---|---|---|---|---|",
+    ]
     for k in curve.approx:
         p = curve.sim[k]
-        rows.append(f"| {k} | {curve.approx[k]:.2f} | {curve.renewal[k]:.2f} | "
-                    f"{p.requests_per_s:.2f} | {p.mean_group:.2f} |")
+        rows.append(
+            f"| {k} | {curve.approx[k]:.2f} | {curve.renewal[k]:.2f} | "
+            f"{p.requests_per_s:.2f} | {p.mean_group:.2f} |"
+        )
     return "\n".join(rows)
 
 
 def acceptance(curve: Curve) -> str:
     sim, k_sim = curve.simulated, curve.k_sim
     interior = k_sim not in (min(sim), max(sim))
-    rows = ["| | paper | ours |", "|---|---|---|",
-            f"| simulated curve has an interior maximum | yes | "
-            f"{'yes' if interior else 'no'}: best K = {k_sim} |",
-            f"| analytic K* vs simulated best | within 1.3-18% | Prop. 1 K* = "
-            f"{curve.k_approx} ({distance(curve.k_approx, k_sim):.1f}%), renewal K* = "
-            f"{curve.k_renewal} ({distance(curve.k_renewal, k_sim):.1f}%) |",
-            f"| best K over K = 1 | about +13.5% | {sim[k_sim]:.2f} vs {sim[1]:.2f} req/s, "
-            f"{100 * (sim[k_sim] / sim[1] - 1):+.1f}% (Prop. 1 predicts "
-            f"{100 * (curve.approx[curve.k_approx] / curve.approx[1] - 1):+.1f}%, renewal "
-            f"{100 * (curve.renewal[curve.k_renewal] / curve.renewal[1] - 1):+.1f}%) |"]
+    rows = [
+        "| | paper | ours |",
+        "|---|---|---|",
+        f"| simulated curve has an interior maximum | yes | "
+        f"{'yes' if interior else 'no'}: best K = {k_sim} |",
+        f"| analytic K* vs simulated best | within 1.3-18% | Prop. 1 K* = "
+        f"{curve.k_approx} ({distance(curve.k_approx, k_sim):.1f}%), renewal K* = "
+        f"{curve.k_renewal} ({distance(curve.k_renewal, k_sim):.1f}%) |",
+        f"| best K over K = 1 | about +13.5% | {sim[k_sim]:.2f} vs {sim[1]:.2f} req/s, "
+        f"{100 * (sim[k_sim] / sim[1] - 1):+.1f}% (Prop. 1 predicts "
+        f"{100 * (curve.approx[curve.k_approx] / curve.approx[1] - 1):+.1f}%, renewal "
+        f"{100 * (curve.renewal[curve.k_renewal] / curve.renewal[1] - 1):+.1f}%) |",
+    ]
     return "\n".join(rows)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--num-requests", type=int, default=20000)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--k-values", default=K_VALUES)
-    ap.add_argument("--mixed", action="store_true",
-                    help="also the curve with prefills inside decode iterations")
+    ap.add_argument(
+        "--mixed", action="store_true", help="also the curve with prefills inside decode iterations"
+    )
     args = ap.parse_args()
-    predictor = make_predictor(CLUSTER.predictor, CLUSTER.model, CLUSTER.hardware,
-                               ParallelConfig())
+    predictor = make_predictor(CLUSTER.predictor, CLUSTER.model, CLUSTER.hardware, ParallelConfig())
     modes = [True, False] if args.mixed else [True]
     for prefill_only in modes:
-        options = DeferredPrefillArgs(prefill_only_iterations=prefill_only, simulate=True,
-                                      k_values=args.k_values, num_requests=args.num_requests)
+        options = DeferredPrefillArgs(
+            prefill_only_iterations=prefill_only,
+            simulate=True,
+            k_values=args.k_values,
+            num_requests=args.num_requests,
+        )
         curve = averaged(options, args.seeds, predictor)
-        title = "prefills in iterations of their own" if prefill_only else \
-            "prefills inside decode iterations"
-        print(f"\n### {title}: C = 410, d_0 = 285, mean output 201, {predictor.describe()}, "
-              f"{args.num_requests} requests, seeds {args.seeds}\n")
+        title = (
+            "prefills in iterations of their own"
+            if prefill_only
+            else "prefills inside decode iterations"
+        )
+        print(
+            f"\n### {title}: C = 410, d_0 = 285, mean output 201, {predictor.describe()}, "
+            f"{args.num_requests} requests, seeds {args.seeds}\n"
+        )
         c = curve.costs
-        print(f"Prop. 1 costs: c_p = {c.c_p * 1e3:.3f} ms, t_p = {c.t_p * 1e6:.3f} us/token, "
-              f"c_d = {c.c_d * 1e3:.3f} ms, t_d = {c.t_d * 1e6:.2f} us/request\n")
+        print(
+            f"Prop. 1 costs: c_p = {c.c_p * 1e3:.3f} ms, t_p = {c.t_p * 1e6:.3f} us/token, "
+            f"c_d = {c.c_d * 1e3:.3f} ms, t_d = {c.t_d * 1e6:.2f} us/request\n"
+        )
         print(markdown(curve))
         print()
         print(acceptance(curve))

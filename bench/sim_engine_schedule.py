@@ -28,45 +28,58 @@ TEXT = " ".join(f"line {i} of the harbour log." for i in range(1000))
 def compare(name: str, prompts, lens, args, **parallel) -> None:
     sched = SchedulerConfig(policy="fcfs", chunking="adaptive")
     engine_log, ids, predictor, engine_stages = engine_run(
-        prompts, args.max_tokens, sched, kv_memory_gb=0.2, predictor=args.predictor,
-        **parallel)
+        prompts, args.max_tokens, sched, kv_memory_gb=0.2, predictor=args.predictor, **parallel
+    )
     sim_log, sim_stages = sim_run(ids, lens, args.max_tokens, sched, predictor)
     same = sum(a == b for a, b in zip(engine_log, sim_log))
     diff = first_difference(engine_log, sim_log)
     print(f"\n{name}: {predictor.describe()}")
-    print(f"  batches: engine {len(engine_log)}, simulator {len(sim_log)}; equal decisions "
-          f"{same}/{max(len(engine_log), len(sim_log))}; first difference: "
-          f"{'none' if diff is None else diff}")
+    print(
+        f"  batches: engine {len(engine_log)}, simulator {len(sim_log)}; equal decisions "
+        f"{same}/{max(len(engine_log), len(sim_log))}; first difference: "
+        f"{'none' if diff is None else diff}"
+    )
     if diff is not None:
         print(f"    engine    {engine_log[diff] if diff < len(engine_log) else '-'}")
         print(f"    simulator {sim_log[diff] if diff < len(sim_log) else '-'}")
     if engine_stages:
         e, s = overlaps(engine_stages), overlaps(sim_stages)
-        print(f"  stage 0 started batch i+1 before stage 1 finished batch i: engine "
-              f"{sum(e)}/{len(e)}, simulator {sum(s)}/{len(s)}, agreeing on "
-              f"{sum(a == b for a, b in zip(e, s))}/{len(e)}")
-    growth = [(c[1] + c[2], g) for p, _, _, gs in engine_log for c, g in zip(p, gs)
-              if c[0] == ids[0]]
+        print(
+            f"  stage 0 started batch i+1 before stage 1 finished batch i: engine "
+            f"{sum(e)}/{len(e)}, simulator {sum(s)}/{len(s)}, agreeing on "
+            f"{sum(a == b for a, b in zip(e, s))}/{len(e)}"
+        )
+    growth = [
+        (c[1] + c[2], g) for p, _, _, gs in engine_log for c, g in zip(p, gs) if c[0] == ids[0]
+    ]
     if parallel.get("kvp", 1) > 1:
-        steps = [f"{end} tokens -> {g}" for i, (end, g) in enumerate(growth)
-                 if i == 0 or g != growth[i - 1][1]]
+        steps = [
+            f"{end} tokens -> {g}"
+            for i, (end, g) in enumerate(growth)
+            if i == 0 or g != growth[i - 1][1]
+        ]
         print(f"  long prompt's KVP groups (engine): {', '.join(steps)}")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     default = cache_dir() / "profiles" / "smollm2-135m-instruct-cpu.json"
-    ap.add_argument("--predictor", default=f"profiled:{default}",
-                    help="the engine's batch-time model, which the simulator is fed too")
+    ap.add_argument(
+        "--predictor",
+        default=f"profiled:{default}",
+        help="the engine's batch-time model, which the simulator is fed too",
+    )
     ap.add_argument("--prompt-lens", default="1800,40,25,60,12,200,33")
     ap.add_argument("--max-tokens", type=int, default=6)
-    ap.add_argument("--kvp-group", type=int, default=512,
-                    help="max_tokens_per_kvp_group of the kvp run")
+    ap.add_argument(
+        "--kvp-group", type=int, default=512, help="max_tokens_per_kvp_group of the kvp run"
+    )
     args = ap.parse_args()
     lens = [int(x) for x in args.prompt_lens.split(",")]
     words = Tokenizer(resolve_model("smollm2")).encode(TEXT)
-    prompts = [words[i:i + n] for i, n in enumerate(lens)]
+    prompts = [words[i : i + n] for i, n in enumerate(lens)]
     compare("spp 2", prompts, lens, args, spp=2)
     compare("kvp 2", prompts, lens, args, kvp=2, max_tokens_per_kvp_group=args.kvp_group)
 

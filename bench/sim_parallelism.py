@@ -19,17 +19,22 @@ from medha.sim.simulator import ClusterConfig, Simulator
 
 
 def ttft_1m(hardware: str, spp: int) -> float:
-    sim = Simulator(ClusterConfig(hardware=hardware), ParallelConfig(tp=8, spp=spp),
-                    SchedulerConfig(iteration_budget_s=0.05))
+    sim = Simulator(
+        ClusterConfig(hardware=hardware),
+        ParallelConfig(tp=8, spp=spp),
+        SchedulerConfig(iteration_budget_s=0.05),
+    )
     r = Request("long", 0.0, 1_000_000, 1)
     sim.run([r])
     return r.ttft_s
 
 
 def tpot(hardware: str, context: int, kvp: int) -> float:
-    sim = Simulator(ClusterConfig(hardware=hardware),
-                    ParallelConfig(tp=8, spp=4, kvp=kvp, max_tokens_per_kvp_group=1 << 20),
-                    SchedulerConfig(max_model_len=context + 64, iteration_budget_s=0.2))
+    sim = Simulator(
+        ClusterConfig(hardware=hardware),
+        ParallelConfig(tp=8, spp=4, kvp=kvp, max_tokens_per_kvp_group=1 << 20),
+        SchedulerConfig(max_model_len=context + 64, iteration_budget_s=0.2),
+    )
     r = Request("long", 0.0, context, 17)
     sim.run([r])
     t = r.token_times_s
@@ -37,8 +42,9 @@ def tpot(hardware: str, context: int, kvp: int) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--hardware", default="h100")
     args = ap.parse_args()
 
@@ -51,15 +57,16 @@ def main() -> None:
         base = base or t
         print(f"| {spp} | {8 * spp} | {t:.1f} s | {base / t:.2f}x | {base / (spp * t):.0%} |")
 
-    print(f"\nKVP: decode TPOT of one request, Llama-3-8B, TP8 x SPP4 per group, "
-          f"{args.hardware}\n")
+    print(f"\nKVP: decode TPOT of one request, Llama-3-8B, TP8 x SPP4 per group, {args.hardware}\n")
     print("| context | KVP 1 | KVP 2 | KVP 4 | KVP 2 vs 1 | KVP 4 vs 1 |")
     print("|---|---|---|---|---|---|")
     for millions in (1, 2, 4, 10):
         ctx = millions * 1_000_000
         t1, t2, t4 = (tpot(args.hardware, ctx, k) for k in (1, 2, 4))
-        print(f"| {millions}M | {t1 * 1e3:.1f} ms | {t2 * 1e3:.1f} ms | {t4 * 1e3:.1f} ms | "
-              f"{t2 / t1 - 1:+.0%} | {t4 / t1 - 1:+.0%} |")
+        print(
+            f"| {millions}M | {t1 * 1e3:.1f} ms | {t2 * 1e3:.1f} ms | {t4 * 1e3:.1f} ms | "
+            f"{t2 / t1 - 1:+.0%} | {t4 / t1 - 1:+.0%} |"
+        )
 
 
 if __name__ == "__main__":

@@ -51,11 +51,15 @@ TPOT_S = 0.05
 TTFT_FLOOR_S = 0.25
 STRICT_FLOORS_MS = (100,)  # stricter TTFT deadline floors, counted after the runs
 RATES = {"colocated": (30.0, 40.0, 50.0), "prefill": (40.0, 60.0, 80.0)}
-CONFIGS = {1: [("fcfs", "fcfs", "round_robin"), ("pla", "pla", "round_robin")],
-           8: [("fcfs + round_robin", "fcfs", "round_robin"),
-               ("fcfs + least_work", "fcfs", "least_work"),
-               ("pla + least_work", "pla", "least_work"),
-               ("pla + pla dispatcher", "pla", "pla")]}
+CONFIGS = {
+    1: [("fcfs", "fcfs", "round_robin"), ("pla", "pla", "round_robin")],
+    8: [
+        ("fcfs + round_robin", "fcfs", "round_robin"),
+        ("fcfs + least_work", "fcfs", "least_work"),
+        ("pla + least_work", "pla", "least_work"),
+        ("pla + pla dispatcher", "pla", "pla"),
+    ],
+}
 
 
 # ---- workload ---------------------------------------------------------------------------------
@@ -68,8 +72,7 @@ def geometric(rng: random.Random, mean: float) -> int:
     return int(math.log(1 - rng.random()) / math.log(mean / (1 + mean)))
 
 
-def sessions(rate: float, seconds: float, seed: int,
-             prefill_only: bool = False) -> list[Request]:
+def sessions(rate: float, seconds: float, seed: int, prefill_only: bool = False) -> list[Request]:
     """Multi-turn conversations whose turns arrive at `rate` per second on average
     (`prefill_only`: each request ends at its first token, as on a prefill instance)."""
     rng = random.Random(seed)
@@ -93,24 +96,35 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-def run(policy: str, dispatcher: str, replicas: int, reqs: list[Request],
-        ttft_floor_s: float = TTFT_FLOOR_S) -> dict:
-    cluster = ClusterConfig(model="llama-3-8b", hardware="h100", replicas=replicas,
-                            dispatcher=dispatcher)
-    config = SchedulerConfig(policy=policy, tpot_target_s=TPOT_S,
-                             min_ttft_deadline_s=ttft_floor_s)
+def run(
+    policy: str,
+    dispatcher: str,
+    replicas: int,
+    reqs: list[Request],
+    ttft_floor_s: float = TTFT_FLOOR_S,
+) -> dict:
+    cluster = ClusterConfig(
+        model="llama-3-8b", hardware="h100", replicas=replicas, dispatcher=dispatcher
+    )
+    config = SchedulerConfig(policy=policy, tpot_target_s=TPOT_S, min_ttft_deadline_s=ttft_floor_s)
     sim = Simulator(cluster, ParallelConfig(), config)
     result = sim.run(reqs)
     boundary = boundary_tokens(sim.predictor, config.pla_batching_gain, sim.max_model_len)
     rows = [request_metrics(r, boundary, TPOT_S) for r in reqs]
     # the same deadline rule with a lower floor: max(1.5 x isolated prefill time, floor)
-    strict = {slo: sum(r.ttft_s > max(1.5 * r.total_work_s, slo / 1e3) for r in reqs)
-              / len(reqs) for slo in STRICT_FLOORS_MS}
-    return {"short": [m.ttft_s for m in rows if m.request_class == "short"],
-            "long": [m.ttft_s for m in rows if m.request_class == "long"],
-            "violations": sum(not m.slo_met for m in rows) / len(rows), "strict": strict,
-            "boundary": boundary, "moves": len(getattr(result.dispatcher, "moves", ())),
-            "awd": _awd(result.dispatcher.replicas)}
+    strict = {
+        slo: sum(r.ttft_s > max(1.5 * r.total_work_s, slo / 1e3) for r in reqs) / len(reqs)
+        for slo in STRICT_FLOORS_MS
+    }
+    return {
+        "short": [m.ttft_s for m in rows if m.request_class == "short"],
+        "long": [m.ttft_s for m in rows if m.request_class == "long"],
+        "violations": sum(not m.slo_met for m in rows) / len(rows),
+        "strict": strict,
+        "boundary": boundary,
+        "moves": len(getattr(result.dispatcher, "moves", ())),
+        "awd": _awd(result.dispatcher.replicas),
+    }
 
 
 def _awd(replicas) -> Counter:
@@ -128,17 +142,20 @@ def _awd(replicas) -> Counter:
 # ---- reporting --------------------------------------------------------------------------------
 def table(results: dict) -> list[str]:
     floors = " | ".join(f"TTFT misses, {slo} ms floor" for slo in STRICT_FLOORS_MS)
-    rows = ["| configuration | short TTFT mean | p50 | p90 | p99 | long TTFT p50 | p99 | "
-            f"SLO violations | {floors} | pool moves |",
-            "|---|---|---|---|---|---|---|---|" + "---|" * len(STRICT_FLOORS_MS) + "---|"]
+    rows = [
+        "| configuration | short TTFT mean | p50 | p90 | p99 | long TTFT p50 | p99 | "
+        f"SLO violations | {floors} | pool moves |",
+        "|---|---|---|---|---|---|---|---|" + "---|" * len(STRICT_FLOORS_MS) + "---|",
+    ]
     for name, m in results.items():
         s, lg = m["short"], m["long"]
         strict = "".join(f"{100 * m['strict'][slo]:.2f}% | " for slo in STRICT_FLOORS_MS)
         rows.append(
-            f"| {name} | {1e3 * statistics.mean(s):.1f} ms | {1e3 * pct(s, .5):.1f} ms | "
-            f"{1e3 * pct(s, .9):.1f} ms | {1e3 * pct(s, .99):.1f} ms | "
-            f"{1e3 * pct(lg, .5):.0f} ms | {1e3 * pct(lg, .99):.0f} ms | "
-            f"{100 * m['violations']:.2f}% | {strict}{m['moves']} |")
+            f"| {name} | {1e3 * statistics.mean(s):.1f} ms | {1e3 * pct(s, 0.5):.1f} ms | "
+            f"{1e3 * pct(s, 0.9):.1f} ms | {1e3 * pct(s, 0.99):.1f} ms | "
+            f"{1e3 * pct(lg, 0.5):.0f} ms | {1e3 * pct(lg, 0.99):.0f} ms | "
+            f"{100 * m['violations']:.2f}% | {strict}{m['moves']} |"
+        )
     return rows
 
 
@@ -153,8 +170,10 @@ def lower(base: float, ours: float) -> str:
 def fewer(base: dict, ours: dict) -> str:
     """SLO violations at medha's deadline, then at the stricter floors."""
     parts = [lower(base["violations"], ours["violations"])]
-    parts += [f"{lower(base['strict'][slo], ours['strict'][slo])} ({slo} ms floor)"
-              for slo in STRICT_FLOORS_MS]
+    parts += [
+        f"{lower(base['strict'][slo], ours['strict'][slo])} ({slo} ms floor)"
+        for slo in STRICT_FLOORS_MS
+    ]
     return "; ".join(parts)
 
 
@@ -168,51 +187,72 @@ def summary(all_results: dict) -> list[str]:
             rows.append(
                 f"| short-prefill TTFT, one instance, vs a unified queue | over 30% lower | "
                 f"{where} | mean {lower(statistics.mean(b), statistics.mean(o))}, p90 "
-                f"{lower(pct(b, .9), pct(o, .9))}, p99 {lower(pct(b, .99), pct(o, .99))} |")
-            rows.append(f"| SLO violations, one instance | - | {where} | "
-                        f"{fewer(res['fcfs'], res['pla'])} |")
+                f"{lower(pct(b, 0.9), pct(o, 0.9))}, p99 {lower(pct(b, 0.99), pct(o, 0.99))} |"
+            )
+            rows.append(
+                f"| SLO violations, one instance | - | {where} | {fewer(res['fcfs'], res['pla'])} |"
+            )
             continue
         ours = res["pla + pla dispatcher"]
-        for base, claim in (("fcfs + round_robin", "28% fewer (vs vanilla data parallel)"),
-                            ("fcfs + least_work", "12% fewer (vs a load-balancing router)")):
-            rows.append(f"| SLO violations, {replicas} instances | {claim} | {where} | "
-                        f"{fewer(res[base], ours)} |")
+        for base, claim in (
+            ("fcfs + round_robin", "28% fewer (vs vanilla data parallel)"),
+            ("fcfs + least_work", "12% fewer (vs a load-balancing router)"),
+        ):
+            rows.append(
+                f"| SLO violations, {replicas} instances | {claim} | {where} | "
+                f"{fewer(res[base], ours)} |"
+            )
         b, o = res["fcfs + least_work"]["short"], ours["short"]
-        rows.append(f"| short-prefill TTFT, {replicas} instances, vs fcfs + least_work | - | "
-                    f"{where} | mean {lower(statistics.mean(b), statistics.mean(o))}, p99 "
-                    f"{lower(pct(b, .99), pct(o, .99))} |")
+        rows.append(
+            f"| short-prefill TTFT, {replicas} instances, vs fcfs + least_work | - | "
+            f"{where} | mean {lower(statistics.mean(b), statistics.mean(o))}, p99 "
+            f"{lower(pct(b, 0.99), pct(o, 0.99))} |"
+        )
     return rows
 
 
-def report(scenario: str, replicas: int, rate: float, results: dict,
-           reqs: list[Request]) -> None:
+def report(scenario: str, replicas: int, rate: float, results: dict, reqs: list[Request]) -> None:
     first = next(iter(results.values()))
     short = sum(r.prompt_len < first["boundary"] for r in reqs) / len(reqs)
     over_1k = sum(r.prompt_len > 1024 for r in reqs) / len(reqs)
-    print(f"### {scenario}, {replicas} replica(s), {rate:g} req/s each: {len(reqs)} requests, "
-          f"L_m = {first['boundary']} tokens, {100 * short:.0f}% short, "
-          f"{100 * over_1k:.0f}% above 1K tokens\n")
+    print(
+        f"### {scenario}, {replicas} replica(s), {rate:g} req/s each: {len(reqs)} requests, "
+        f"L_m = {first['boundary']} tokens, {100 * short:.0f}% short, "
+        f"{100 * over_1k:.0f}% above 1K tokens\n"
+    )
     print("\n".join(table(results)))
     for name, m in results.items():
         awd = m["awd"]
         if awd["dispatches"]:
-            print(f"\n{name}: {awd['dispatches']} short dispatches (AWD), mean depth "
-                  f"{awd['prompts'] / awd['dispatches']:.2f}; released at depth D "
-                  f"{awd['depth']}, at the end of the window {awd['window']}, for a deadline "
-                  f"{awd['deadline']}")
+            print(
+                f"\n{name}: {awd['dispatches']} short dispatches (AWD), mean depth "
+                f"{awd['prompts'] / awd['dispatches']:.2f}; released at depth D "
+                f"{awd['depth']}, at the end of the window {awd['window']}, for a deadline "
+                f"{awd['deadline']}"
+            )
     print(flush=True)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--scenarios", nargs="+", default=list(RATES), choices=list(RATES))
-    ap.add_argument("--rates", type=float, nargs="+", default=None,
-                    help="requests per second per replica (default: per scenario)")
+    ap.add_argument(
+        "--rates",
+        type=float,
+        nargs="+",
+        default=None,
+        help="requests per second per replica (default: per scenario)",
+    )
     ap.add_argument("--seconds", type=float, default=60.0, help="arrivals span this long")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--ttft-floor-ms", type=float, default=1e3 * TTFT_FLOOR_S,
-                    help="smallest TTFT deadline, for every configuration (medha's default: 500)")
+    ap.add_argument(
+        "--ttft-floor-ms",
+        type=float,
+        default=1e3 * TTFT_FLOOR_S,
+        help="smallest TTFT deadline, for every configuration (medha's default: 500)",
+    )
     ap.add_argument("--replicas", type=int, nargs="+", default=[1, 8], choices=sorted(CONFIGS))
     args = ap.parse_args()
     t0 = time.perf_counter()
@@ -222,9 +262,12 @@ def main() -> None:
             for rate in args.rates or RATES[scenario]:
                 workload = (rate * replicas, args.seconds, args.seed, scenario == "prefill")
                 # a fresh copy of the same request list for every run
-                results = {name: run(policy, dispatcher, replicas, sessions(*workload),
-                                     args.ttft_floor_ms / 1e3)
-                           for name, policy, dispatcher in CONFIGS[replicas]}
+                results = {
+                    name: run(
+                        policy, dispatcher, replicas, sessions(*workload), args.ttft_floor_ms / 1e3
+                    )
+                    for name, policy, dispatcher in CONFIGS[replicas]
+                }
                 all_results[scenario, replicas, rate] = results
                 report(scenario, replicas, rate, results, sessions(*workload))
     print("### Paper beside ours\n")

@@ -64,9 +64,16 @@ def synthetic_attention(n_embd=4096, n_q=32, n_kv=8, max_tokens=16384) -> pd.Dat
     for b in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 40, 48, 64, 80, 96, 112, 128):  # decode batches
         for k in range(512, max_tokens + 1, 512):
             rows.append((b, 0, k, 0.0, 0.01 + 0.0005 * b + 1e3 * b * k * kv_bytes / 1.5e12))
-    df = pd.DataFrame(rows, columns=["batch_size", "prefill_chunk_size", "kv_cache_size",
-                                     "time_stats.attn_prefill.median",
-                                     "time_stats.attn_decode.median"])
+    df = pd.DataFrame(
+        rows,
+        columns=[
+            "batch_size",
+            "prefill_chunk_size",
+            "kv_cache_size",
+            "time_stats.attn_prefill.median",
+            "time_stats.attn_decode.median",
+        ],
+    )
     tokens = df[["batch_size", "prefill_chunk_size"]].max(axis=1)
     df["time_stats.attn_kv_cache_save.median"] = 0.005 + 1e3 * tokens * kv_bytes / 1.0e12
     df["n_embd"], df["n_q_head"], df["n_kv_head"] = n_embd, n_q, n_kv
@@ -85,18 +92,24 @@ def write_dataset(folder: Path, config: dict, files: dict) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--num-requests", type=int, default=10_000)
     ap.add_argument("--trace", default=str(REPO / "medha/data/traces/splitwise_conv.csv"))
-    ap.add_argument("--mlp-profile",
-                    default=str(REPO / "medha/perf/profiles/a100_Meta-Llama-3-8B_mlp.csv"))
-    ap.add_argument("--attention-profile", default=None,
-                    help="a real Vidur attention.csv (default: synthetic, see above)")
+    ap.add_argument(
+        "--mlp-profile", default=str(REPO / "medha/perf/profiles/a100_Meta-Llama-3-8B_mlp.csv")
+    )
+    ap.add_argument(
+        "--attention-profile",
+        default=None,
+        help="a real Vidur attention.csv (default: synthetic, see above)",
+    )
     ap.add_argument("--cache-dir", default=str(Path.home() / ".cache/vidur_anchor"))
     args = ap.parse_args()
 
     import vidur.logger  # Vidur logs to stdout; keep stdout for the JSON line
+
     vidur.logger._default_handler.setStream(sys.stderr)
     vidur.logger._default_handler.flush = sys.stderr.flush
 
@@ -120,16 +133,23 @@ def main() -> None:
     longest = int((trace.num_prefill_tokens + trace.num_decode_tokens).max())
     max_tokens = max(16384, math.ceil(longest / 4096) * 4096)  # Vidur's default is 2M
 
-    attention = (pd.read_csv(args.attention_profile) if args.attention_profile
-                 else synthetic_attention(max_tokens=max_tokens))
+    attention = (
+        pd.read_csv(args.attention_profile)
+        if args.attention_profile
+        else synthetic_attention(max_tokens=max_tokens)
+    )
     tag = "real" if args.attention_profile else "synthetic"
     datasets = {
         COMPUTE_DATASET: write_dataset(
-            cache / f"profiles/compute-{tag}", {"model": MODEL, "device_sku": DEVICE},
-            {"mlp.csv.xz": pd.read_csv(args.mlp_profile), "attention.csv.xz": attention}),
+            cache / f"profiles/compute-{tag}",
+            {"model": MODEL, "device_sku": DEVICE},
+            {"mlp.csv.xz": pd.read_csv(args.mlp_profile), "attention.csv.xz": attention},
+        ),
         NETWORK_DATASET: write_dataset(  # TP1/PP1 reads no network rows
-            cache / "profiles/network", {"sku": NODE},
-            {"all_reduce.csv.xz": pd.DataFrame(), "send_recv.csv.xz": pd.DataFrame()}),
+            cache / "profiles/network",
+            {"sku": NODE},
+            {"all_reduce.csv.xz": pd.DataFrame(), "send_recv.csv.xz": pd.DataFrame()},
+        ),
     }
 
     def local_snapshot(repo_id, **_):
@@ -140,29 +160,51 @@ def main() -> None:
     sk.snapshot_download = local_snapshot  # Vidur's hub download -> the local folders
 
     tmp = Path(tempfile.mkdtemp(prefix="vidur_anchor_"))
-    pd.DataFrame({"Date": "2023-08-21", "Time": trace.arrived_at,
-                  "PromptTokenCount": trace.num_prefill_tokens,
-                  "CompletionTokenCount": trace.num_decode_tokens}).to_csv(
-        tmp / "trace.csv", index=False)
+    pd.DataFrame(
+        {
+            "Date": "2023-08-21",
+            "Time": trace.arrived_at,
+            "PromptTokenCount": trace.num_prefill_tokens,
+            "CompletionTokenCount": trace.num_decode_tokens,
+        }
+    ).to_csv(tmp / "trace.csv", index=False)
 
     config = SimulationConfig(
         seed=42,
         cluster_config=ClusterConfig(
             num_replicas=1,
-            replica_config=ReplicaConfig(model_name=MODEL, device=DEVICE, network_device=NODE,
-                                         tensor_parallel_size=1, num_pipeline_stages=1),
+            replica_config=ReplicaConfig(
+                model_name=MODEL,
+                device=DEVICE,
+                network_device=NODE,
+                tensor_parallel_size=1,
+                num_pipeline_stages=1,
+            ),
             cache_config=CacheConfig(),
-            replica_scheduler_config=SarathiSchedulerConfig(chunk_size=512,
-                                                            batch_size_cap=128)),
+            replica_scheduler_config=SarathiSchedulerConfig(chunk_size=512, batch_size_cap=128),
+        ),
         request_generator_config=TraceRequestGeneratorConfig(
-            trace_file=str(tmp / "trace.csv"), date="2023-08-21", prefill_scale_factor=1,
-            decode_scale_factor=1, time_scale_factor=1, max_tokens=max_tokens),
+            trace_file=str(tmp / "trace.csv"),
+            date="2023-08-21",
+            prefill_scale_factor=1,
+            decode_scale_factor=1,
+            time_scale_factor=1,
+            max_tokens=max_tokens,
+        ),
         execution_time_predictor_config=RandomForrestExecutionTimePredictorConfig(
-            model_profiling_dataset=COMPUTE_DATASET, network_profiling_dataset=NETWORK_DATASET,
-            prediction_max_tokens_per_request=max_tokens, cache_dir=str(cache / "vidur_cache")),
-        metrics_config=MetricsConfig(output_dir=str(tmp / "out"), write_metrics=True,
-                                     store_plots=False, enable_chrome_trace=False,
-                                     write_json_trace=False, wandb_project=None),
+            model_profiling_dataset=COMPUTE_DATASET,
+            network_profiling_dataset=NETWORK_DATASET,
+            prediction_max_tokens_per_request=max_tokens,
+            cache_dir=str(cache / "vidur_cache"),
+        ),
+        metrics_config=MetricsConfig(
+            output_dir=str(tmp / "out"),
+            write_metrics=True,
+            store_plots=False,
+            enable_chrome_trace=False,
+            write_json_trace=False,
+            wandb_project=None,
+        ),
     )
     set_seeds(config.seed)
 
@@ -179,17 +221,21 @@ def main() -> None:
     wall_s = loop_end[0] - t1
     shutil.rmtree(tmp, ignore_errors=True)  # the converted trace and Vidur's metric files
 
-    print(json.dumps({
-        "tool": "vidur 0.0.26",
-        "requests": len(requests),
-        "completed": sum(r.completed for r in requests),
-        "wall_s": round(wall_s, 3),
-        "requests_per_wall_s": round(len(requests) / wall_s, 1),
-        "simulated_s": round(sim._time, 3),
-        "batches": Batch._id + 1,
-        "setup_s": round(setup_s, 3),
-        "attention_profile": tag,
-    }))
+    print(
+        json.dumps(
+            {
+                "tool": "vidur 0.0.26",
+                "requests": len(requests),
+                "completed": sum(r.completed for r in requests),
+                "wall_s": round(wall_s, 3),
+                "requests_per_wall_s": round(len(requests) / wall_s, 1),
+                "simulated_s": round(sim._time, 3),
+                "batches": Batch._id + 1,
+                "setup_s": round(setup_s, 3),
+                "attention_profile": tag,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -46,8 +46,14 @@ def _pct(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
 
-def run_config(predictor: Predictor, policy: str, chunking: str, workload: DemoWorkload,
-               base: SchedulerConfig, kv_blocks: int) -> dict:
+def run_config(
+    predictor: Predictor,
+    policy: str,
+    chunking: str,
+    workload: DemoWorkload,
+    base: SchedulerConfig,
+    kv_blocks: int,
+) -> dict:
     config = SchedulerConfig(**{**base.__dict__, "policy": policy, "chunking": chunking})
     sched = ReplicaScheduler(config, predictor, BlockManager(kv_blocks))
     reqs = workload.requests(sched.max_model_len)
@@ -67,14 +73,19 @@ def run_config(predictor: Predictor, policy: str, chunking: str, workload: DemoW
     }
 
 
-def demo_table(predictor: Predictor, workload: DemoWorkload, base: SchedulerConfig,
-               kv_blocks: int) -> str:
-    header = (f"{'configuration':28s} {'short TTFT p50':>15s} {'p99':>7s} {'met':>5s} "
-              f"{'short TBT p99':>14s} {'long TTFT / deadline':>21s}")
+def demo_table(
+    predictor: Predictor, workload: DemoWorkload, base: SchedulerConfig, kv_blocks: int
+) -> str:
+    header = (
+        f"{'configuration':28s} {'short TTFT p50':>15s} {'p99':>7s} {'met':>5s} "
+        f"{'short TBT p99':>14s} {'long TTFT / deadline':>21s}"
+    )
     lines = [header, "-" * len(header)]
     for label, policy, chunking in CONFIGS:
         m = run_config(predictor, policy, chunking, workload, base, kv_blocks)
-        lines.append(f"{label:28s} {m['short_ttft_p50']:14.2f}s {m['short_ttft_p99']:6.2f}s "
-                     f"{m['short_met']:5.0%} {m['short_tbt_p99']:13.3f}s "
-                     f"{m['long_ttft']:11.1f}s / {m['long_deadline']:.1f}s")
+        lines.append(
+            f"{label:28s} {m['short_ttft_p50']:14.2f}s {m['short_ttft_p99']:6.2f}s "
+            f"{m['short_met']:5.0%} {m['short_tbt_p99']:13.3f}s "
+            f"{m['long_ttft']:11.1f}s / {m['long_deadline']:.1f}s"
+        )
     return "\n".join(lines)

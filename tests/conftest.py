@@ -35,14 +35,21 @@ from medha.scheduler.replica_scheduler import ReplicaScheduler  # noqa: E402
 TOKEN_S = 1 / 1024  # exact in binary, so toy timelines carry no rounding drift
 
 
-def toy_scheduler(policy="lars", chunking="adaptive", num_blocks=1 << 16, token_s=TOKEN_S,
-                  iteration_s=0.0, blocks: BlockManager | None = None,
-                  **config) -> ReplicaScheduler:
+def toy_scheduler(
+    policy="lars",
+    chunking="adaptive",
+    num_blocks=1 << 16,
+    token_s=TOKEN_S,
+    iteration_s=0.0,
+    blocks: BlockManager | None = None,
+    **config,
+) -> ReplicaScheduler:
     """`blocks` replaces the plain BlockManager of `num_blocks` blocks."""
     config.setdefault("iteration_budget_s", 1 / 16)
     cfg = SchedulerConfig(policy=policy, chunking=chunking, **config)
-    return ReplicaScheduler(cfg, FixedCostPredictor(token_s, iteration_s),
-                            blocks or BlockManager(num_blocks))
+    return ReplicaScheduler(
+        cfg, FixedCostPredictor(token_s, iteration_s), blocks or BlockManager(num_blocks)
+    )
 
 
 @pytest.fixture(scope="session")
@@ -107,9 +114,12 @@ def _selects(config, tier: str) -> bool:
 def pytest_ignore_collect(collection_path, config):
     """Leave out the modules of tiers that `-m` cannot select without importing them, so that
     `-m core` neither needs torch nor spends seconds importing it."""
-    if (collection_path.suffix == ".py" and collection_path.name.startswith("test_")
-            and collection_path.parent == Path(__file__).parent
-            and not any(_selects(config, t) for t in module_tiers(collection_path))):
+    if (
+        collection_path.suffix == ".py"
+        and collection_path.name.startswith("test_")
+        and collection_path.parent == Path(__file__).parent
+        and not any(_selects(config, t) for t in module_tiers(collection_path))
+    ):
         return True
     return None
 
@@ -120,12 +130,19 @@ def pytest_make_collect_report(collector):
     it does (seen only while nothing collected before it loaded torch, as in `-m core`)."""
     had_torch = "torch" in sys.modules
     report = yield
-    if (isinstance(collector, pytest.Module) and report.passed and not had_torch
-            and "torch" in sys.modules and "core" in module_tiers(collector.path)):
+    if (
+        isinstance(collector, pytest.Module)
+        and report.passed
+        and not had_torch
+        and "torch" in sys.modules
+        and "core" in module_tiers(collector.path)
+    ):
         report.outcome = "failed"
-        report.longrepr = (f"{collector.path.name} has core tests but importing it loads torch: "
-                           "import torch inside the tests that need it, or give the module "
-                           "its tier in tests/conftest.py MODULE_TIERS")
+        report.longrepr = (
+            f"{collector.path.name} has core tests but importing it loads torch: "
+            "import torch inside the tests that need it, or give the module "
+            "its tier in tests/conftest.py MODULE_TIERS"
+        )
     return report
 
 
@@ -141,6 +158,7 @@ def pytest_collection_modifyitems(config, items):
         if len(named) > 1 or not set(named) <= set(allowed):
             raise pytest.UsageError(
                 f"{item.nodeid} is marked with the tiers {named}; a test belongs to exactly one, "
-                f"among its module's {list(allowed)} (tests/conftest.py MODULE_TIERS)")
+                f"among its module's {list(allowed)} (tests/conftest.py MODULE_TIERS)"
+            )
         if not named:
             item.add_marker(allowed[0])

@@ -28,6 +28,7 @@ def inject(monkeypatch, llm, where: str, victim: str, prompt: list[int], after: 
                 if c.request.request_id == victim and hits():
                     c.block_table = None  # unreadable: this batch's chunk only
             return real_inputs(self, batch)
+
         monkeypatch.setattr(model_runner.ModelRunner, "chunk_inputs", chunk_inputs)
     elif where == "forward":  # deep in the forward pass, whenever the victim's rows are in it
         real_prepare, real_forward = runner.prepare, runner.forward
@@ -43,10 +44,12 @@ def inject(monkeypatch, llm, where: str, victim: str, prompt: list[int], after: 
             if step is last.get("step") and victim in last["ids"] and hits():
                 raise RuntimeError("a kernel failed on the victim's shape")
             return real_forward(step, hidden)
+
         monkeypatch.setattr(runner, "prepare", prepare)
         monkeypatch.setattr(runner, "forward", forward)
     elif where == "sampler":  # non-finite logits in the victim's row
         from medha.engine import llm_engine
+
         real_sample = llm_engine.sample
 
         def sample(logits, params, generators, request_ids):
@@ -54,6 +57,7 @@ def inject(monkeypatch, llm, where: str, victim: str, prompt: list[int], after: 
                 logits = logits.clone()
                 logits[request_ids.index(victim), 5] = float("nan")
             return real_sample(logits, params, generators, request_ids)
+
         monkeypatch.setattr(llm_engine, "sample", sample)
     elif where == "detokenizer":  # decoding the victim's text
         real_add, real_admit = Detokenizer.add, engine.add_request
@@ -67,5 +71,6 @@ def inject(monkeypatch, llm, where: str, victim: str, prompt: list[int], after: 
             real_admit(request_id, *args, **kwargs)
             request = engine.scheduler.get(request_id)
             engine._states[request_id].detok.victim = request.prompt_token_ids == prompt
+
         monkeypatch.setattr(Detokenizer, "add", add)
         monkeypatch.setattr(engine, "add_request", add_request)

@@ -30,8 +30,9 @@ CLUSTERS = {"s": (20, 100), "m": (5, 2000), "l": (3, 20000)}
 
 
 def clustered(p: AlignedPolicy, now: float = 0.0) -> list[Request]:
-    reqs = [decode(f"{name}{i}", base + 3 * i)
-            for name, (n, base) in CLUSTERS.items() for i in range(n)]
+    reqs = [
+        decode(f"{name}{i}", base + 3 * i) for name, (n, base) in CLUSTERS.items() for i in range(n)
+    ]
     p._sync(reqs)
     return reqs
 
@@ -116,18 +117,24 @@ def test_memory_threshold_caps_a_batch():
 
 
 def test_every_ready_decode_still_runs_under_a_tight_threshold():
-    sched = toy_scheduler(policy="aligned", num_blocks=200, aligned_min_batch=2,
-                          aligned_memory_fraction=0.05)
+    sched = toy_scheduler(
+        policy="aligned", num_blocks=200, aligned_min_batch=2, aligned_memory_fraction=0.05
+    )
     reqs = [Request(f"r{i}", 0.01 * i, 40 + 150 * (i % 3), 20) for i in range(12)]
     replay(sched, reqs, on_batch=lambda b, t: sched.check_invariants())
     assert all(r.state.is_done and r.num_output_tokens == 20 for r in reqs)
     assert sched.blocks.num_used == 0
 
 
-@pytest.mark.parametrize("bad", [{"aligned_memory_fraction": 0.0},
-                                 {"aligned_memory_fraction": 1.5},
-                                 {"aligned_min_batch": 0},
-                                 {"aligned_starvation_s": -1.0}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"aligned_memory_fraction": 0.0},
+        {"aligned_memory_fraction": 1.5},
+        {"aligned_min_batch": 0},
+        {"aligned_starvation_s": -1.0},
+    ],
+)
 def test_config_validation(bad):
     with pytest.raises(ValueError):
         SchedulerConfig(policy="aligned", **bad)
@@ -144,7 +151,8 @@ def test_padded_predictor_pads_decodes_to_the_longest_context():
     # a prefill chunk is priced as before; only the decodes are padded
     with_chunk = padded.shape_time([(256, 0)], lens)
     assert with_chunk - padded.shape_time((), lens) == pytest.approx(
-        plain.shape_time([(256, 0)], lens) - plain.shape_time((), lens))
+        plain.shape_time([(256, 0)], lens) - plain.shape_time((), lens)
+    )
     timer = padded.timer()
     timer.add_decodes(lens)
     assert timer.time_with_prefill(256, 0) == pytest.approx(with_chunk)

@@ -58,8 +58,9 @@ def test_bad_sizes(n):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from("abcde"), st.integers(0, 200), st.booleans()),
-                max_size=60))
+@given(
+    st.lists(st.tuples(st.sampled_from("abcde"), st.integers(0, 200), st.booleans()), max_size=60)
+)
 def test_random_operations_keep_accounting_exact(ops):
     bm = BlockManager(20, block_size=8)
     for rid, tokens, free in ops:

@@ -50,8 +50,9 @@ def test_chunks_shrink_for_a_long_prompt():
 
 
 def test_predict_prints_json():
-    data = json.loads(medha("predict", "--tp", "8", "--prefill", "512@1000000",
-                            "--decode", "32@4000").stdout)
+    data = json.loads(
+        medha("predict", "--tp", "8", "--prefill", "512@1000000", "--decode", "32@4000").stdout
+    )
     assert data["batch_time_ms"] > data["linear_ms"] > 0
 
 
@@ -78,8 +79,22 @@ def simulate(out, *flags) -> tuple[int, list[str]]:
 
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        code = main(["simulate", "--hardware", "h100", "--qps", "2", "--num-requests", "5",
-                     "--quiet", "--no-plots", "--out", str(out), *flags])
+        code = main(
+            [
+                "simulate",
+                "--hardware",
+                "h100",
+                "--qps",
+                "2",
+                "--num-requests",
+                "5",
+                "--quiet",
+                "--no-plots",
+                "--out",
+                str(out),
+                *flags,
+            ]
+        )
     return code, err.getvalue().splitlines()
 
 
@@ -88,9 +103,11 @@ def test_simulate_out_that_cannot_be_created_exits_2(tmp_path):
 
     a_file = tmp_path / "a_file"
     a_file.write_text("keep")
-    cases = [(a_file / "run", f"{a_file} is not a directory"),
-             (a_file / "deeper" / "run", f"{a_file} is not a directory"),
-             ("/proc/medha-test-run", "cannot create a directory in /proc")]
+    cases = [
+        (a_file / "run", f"{a_file} is not a directory"),
+        (a_file / "deeper" / "run", f"{a_file} is not a directory"),
+        ("/proc/medha-test-run", "cannot create a directory in /proc"),
+    ]
     if os.geteuid() != 0:  # root writes anywhere
         (tmp_path / "locked").mkdir(mode=0o500)
         cases.append((tmp_path / "locked" / "run", "(Permission denied)"))
@@ -105,8 +122,10 @@ def test_simulate_overwrite_replaces_directories_and_links_never_files(tmp_path)
     a_file = tmp_path / "a_file"
     a_file.write_text("keep")
     code, lines = simulate(a_file, "--overwrite")
-    assert code == 2 and lines == [f"medha simulate: error: --out {a_file} is a file, not a "
-                                   "directory; --overwrite replaces only a directory"]
+    assert code == 2 and lines == [
+        f"medha simulate: error: --out {a_file} is a file, not a "
+        "directory; --overwrite replaces only a directory"
+    ]
     assert a_file.read_text() == "keep"
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()

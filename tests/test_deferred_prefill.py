@@ -51,13 +51,20 @@ def drive(sched, requests):
     return log
 
 
-@pytest.mark.parametrize("k,cap,prefill_only", [(1, 4, False), (3, 4, True), (5, 8, False),
-                                                (8, 8, True)])
+@pytest.mark.parametrize(
+    "k,cap,prefill_only", [(1, 4, False), (3, 4, True), (5, 8, False), (8, 8, True)]
+)
 def test_no_prefill_is_admitted_before_k_departures_and_the_cap_holds(k, cap, prefill_only):
     rng = random.Random(k * cap)
-    sched = toy_scheduler(policy="deferred", chunking="none", num_blocks=BLOCKS,
-                          departure_threshold=k, batch_cap=cap, max_num_seqs=cap,
-                          prefill_only_iterations=prefill_only)
+    sched = toy_scheduler(
+        policy="deferred",
+        chunking="none",
+        num_blocks=BLOCKS,
+        departure_threshold=k,
+        batch_cap=cap,
+        max_num_seqs=cap,
+        prefill_only_iterations=prefill_only,
+    )
     reqs = [Request(f"r{i}", 0.0, rng.randint(4, 40), rng.randint(1, 30)) for i in range(40)]
     log = drive(sched, reqs)
     last_departed, groups = None, 0
@@ -74,8 +81,14 @@ def test_no_prefill_is_admitted_before_k_departures_and_the_cap_holds(k, cap, pr
 
 
 def test_k1_refills_every_departure_at_once():
-    sched = toy_scheduler(policy="deferred", chunking="none", num_blocks=BLOCKS,
-                          departure_threshold=1, batch_cap=4, max_num_seqs=4)
+    sched = toy_scheduler(
+        policy="deferred",
+        chunking="none",
+        num_blocks=BLOCKS,
+        departure_threshold=1,
+        batch_cap=4,
+        max_num_seqs=4,
+    )
     reqs = [Request(f"r{i}", 0.0, 8, 2 + i) for i in range(12)]
     log = drive(sched, reqs)
     # each batch after a departure starts exactly as many prompts as left (backlog permitting)
@@ -88,8 +101,13 @@ def test_k1_refills_every_departure_at_once():
 
 
 def test_prefill_only_iterations_never_mix_prefills_and_decodes():
-    sched = toy_scheduler(policy="fcfs", chunking="none", num_blocks=BLOCKS,
-                          prefill_only_iterations=True, max_num_seqs=6)
+    sched = toy_scheduler(
+        policy="fcfs",
+        chunking="none",
+        num_blocks=BLOCKS,
+        prefill_only_iterations=True,
+        max_num_seqs=6,
+    )
     reqs = [Request(f"r{i}", 0.0, 8 + i, 5) for i in range(20)]
     log = drive(sched, reqs)
     assert all(not (b.prefills and b.decodes) for b, *_ in log)
@@ -97,11 +115,14 @@ def test_prefill_only_iterations_never_mix_prefills_and_decodes():
     assert sum(1 for b, *_ in log if b.prefills) >= 2
 
 
-@pytest.mark.parametrize("fields,message", [
-    ({"batch_cap": 300}, "batch_cap .300. exceeds max_num_seqs"),
-    ({"departure_threshold": 9, "batch_cap": 8}, "departure_threshold .9. exceeds"),
-    ({"departure_threshold": 0}, "departure_threshold must be a positive integer"),
-])
+@pytest.mark.parametrize(
+    "fields,message",
+    [
+        ({"batch_cap": 300}, "batch_cap .300. exceeds max_num_seqs"),
+        ({"departure_threshold": 9, "batch_cap": 8}, "departure_threshold .9. exceeds"),
+        ({"departure_threshold": 0}, "departure_threshold must be a positive integer"),
+    ],
+)
 def test_bad_deferred_settings_are_refused(fields, message):
     with pytest.raises(ValueError, match=message):
         SchedulerConfig(policy="deferred", **fields)
@@ -142,8 +163,9 @@ def test_renewal_cycle_of_k1_has_the_closed_form():
 
 def toy_system():
     # a 10 ms fixed cost per iteration, 0.1 ms per token: deferring clearly pays
-    return DeferredSystem(cap=64, prompt_tokens=16, mean_output=100.0), \
-        FixedCostPredictor(token_s=1e-4, iteration_s=0.01)
+    return DeferredSystem(cap=64, prompt_tokens=16, mean_output=100.0), FixedCostPredictor(
+        token_s=1e-4, iteration_s=0.01
+    )
 
 
 def test_fit_recovers_linear_costs_and_models_agree_in_the_middle():
@@ -152,16 +174,19 @@ def test_fit_recovers_linear_costs_and_models_agree_in_the_middle():
     c = fit_costs(times, 8)
     assert (c.c_p, c.t_p, c.c_d, c.t_d) == pytest.approx((0.01, 1e-4, 0.01, 1e-4))
     for k in (8, 12, 16):  # the fluid limit is close once K departures take a few steps
-        assert approx_throughput(c, system, k) == pytest.approx(renewal_throughput(times, k),
-                                                                rel=0.03)
+        assert approx_throughput(c, system, k) == pytest.approx(
+            renewal_throughput(times, k), rel=0.03
+        )
 
 
 def test_simulated_curve_peaks_inside_and_follows_the_renewal_model():
     system, predictor = toy_system()
     times = StepTimes(predictor, system)
     cluster = ClusterConfig(model="llama-3-8b", hardware="h100")  # replaced by the toy below
-    sim = {k: simulate_point(system, k, cluster, ParallelConfig(), predictor, 2000).
-           requests_per_s for k in (1, 4, 9, 20, 63)}
+    sim = {
+        k: simulate_point(system, k, cluster, ParallelConfig(), predictor, 2000).requests_per_s
+        for k in (1, 4, 9, 20, 63)
+    }
     best = max(sim, key=sim.get)
     assert best not in (1, 63)
     k_star = best_k(lambda k: renewal_throughput(times, k), system.cap)
@@ -171,8 +196,14 @@ def test_simulated_curve_peaks_inside_and_follows_the_renewal_model():
 
 
 def test_geometric_outputs_have_the_asked_mean():
-    cfg = WorkloadConfig(trace="synthetic", prompt_len=10, output_len=50,
-                         output_distribution="geometric", qps=1.0, num_requests=4000)
+    cfg = WorkloadConfig(
+        trace="synthetic",
+        prompt_len=10,
+        output_len=50,
+        output_distribution="geometric",
+        qps=1.0,
+        num_requests=4000,
+    )
     outs = [r.max_tokens for r in build_requests(cfg, 1 << 20)]
     assert min(outs) == 1 and sum(outs) / len(outs) == pytest.approx(50, rel=0.05)
     assert sum(o == 1 for o in outs) / len(outs) == pytest.approx(1 / 50, abs=0.01)
@@ -190,9 +221,22 @@ def medha(capsys, *args):
 
 
 def test_analyze_prints_the_curve_and_k_star(capsys):
-    code, out, err = medha(capsys, "analyze", "deferred-prefill", "--C", "64",
-                           "--prompt-tokens", "32", "--mean-output", "40", "--k-values",
-                           "1,4,16", "--simulate", "--num-requests", "400")
+    code, out, err = medha(
+        capsys,
+        "analyze",
+        "deferred-prefill",
+        "--C",
+        "64",
+        "--prompt-tokens",
+        "32",
+        "--mean-output",
+        "40",
+        "--k-values",
+        "1,4,16",
+        "--simulate",
+        "--num-requests",
+        "400",
+    )
     assert code == 0, err
     rows = [line.split() for line in out.splitlines() if line[:5].strip().isdigit()]
     ks = [int(r[0]) for r in rows]
@@ -202,9 +246,14 @@ def test_analyze_prints_the_curve_and_k_star(capsys):
         assert label in out
 
 
-@pytest.mark.parametrize("args,message", [(("--k-values", "0,3"), "must lie in 1"),
-                                          (("--C", "1"), "need C >= 2"),
-                                          (("--num-requests", "10", "--simulate"), "4 C")])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (("--k-values", "0,3"), "must lie in 1"),
+        (("--C", "1"), "need C >= 2"),
+        (("--num-requests", "10", "--simulate"), "4 C"),
+    ],
+)
 def test_analyze_refuses_bad_input_with_exit_2(capsys, args, message):
     code, _, err = medha(capsys, "analyze", "deferred-prefill", "--C", "16", *args)
     assert code == 2 and message in err
@@ -217,6 +266,15 @@ def test_analyze_help_explains_every_flag(capsys):
         assert exit_.value.code == 0
     out = capsys.readouterr().out
     assert "deferred-prefill" in out and "Proposition 1" in out
-    for flag in ("--C", "--prompt-tokens", "--mean-output", "--prefill-only-iterations",
-                 "--k-values", "--simulate", "--num-requests", "--model", "--hardware"):
+    for flag in (
+        "--C",
+        "--prompt-tokens",
+        "--mean-output",
+        "--prefill-only-iterations",
+        "--k-values",
+        "--simulate",
+        "--num-requests",
+        "--model",
+        "--hardware",
+    ):
         assert flag in out

@@ -38,7 +38,7 @@ def llm():
 def prompts(llm):
     text = open(__file__).read()  # any real text will do
     ids = llm.tokenizer.encode(text)
-    return [ids[i * 53: i * 53 + n] for i, n in enumerate((5, 11, 40, 96, 170, 260, 400, 600))]
+    return [ids[i * 53 : i * 53 + n] for i, n in enumerate((5, 11, 40, 96, 170, 260, 400, 600))]
 
 
 @pytest.fixture(scope="module")
@@ -46,19 +46,19 @@ def reference(hf, prompts):
     out = []
     with torch.inference_mode():
         for p in prompts:
-            gen = hf.generate(torch.tensor([p]), max_new_tokens=GREEDY.max_tokens,
-                              do_sample=False)
-            out.append(gen[0][len(p):].tolist())
+            gen = hf.generate(torch.tensor([p]), max_new_tokens=GREEDY.max_tokens, do_sample=False)
+            out.append(gen[0][len(p) :].tolist())
     return out
 
 
 def prefill_logits(chunking: str, ids: list[int]) -> torch.Tensor:
     """Logits at every prompt position, prefilled in the chunks `chunking` picks."""
-    engine = LLM("smollm2", scheduler=SchedulerConfig(policy="fcfs", chunking=chunking,
-                                                      tpot_target_s=0.02),
-                 kv_memory_gb=0.1).engine
-    engine.add_request("x", None, SamplingParams(max_tokens=1, temperature=0),
-                       prompt_token_ids=ids)
+    engine = LLM(
+        "smollm2",
+        scheduler=SchedulerConfig(policy="fcfs", chunking=chunking, tpot_target_s=0.02),
+        kv_memory_gb=0.1,
+    ).engine
+    engine.add_request("x", None, SamplingParams(max_tokens=1, temperature=0), prompt_token_ids=ids)
     rows = []
     while engine.has_unfinished():
         batch = engine.scheduler.schedule(time.monotonic())
@@ -88,11 +88,16 @@ def test_chunked_prefill_logits_match_a_whole_prefill(prompts, chunking):
     torch.testing.assert_close(chunked, whole, atol=1e-4, rtol=1e-5)
 
 
-@pytest.mark.parametrize("policy, chunking", [("fcfs", "none"), ("fcfs", "static:16"),
-                                              ("lars", "adaptive"), ("edf", "static:64")])
+@pytest.mark.parametrize(
+    "policy, chunking",
+    [("fcfs", "none"), ("fcfs", "static:16"), ("lars", "adaptive"), ("edf", "static:64")],
+)
 def test_batched_greedy_tokens_equal_transformers(prompts, reference, policy, chunking):
-    llm = LLM("smollm2", scheduler=SchedulerConfig(policy=policy, chunking=chunking,
-                                                   tpot_target_s=0.2), kv_memory_gb=0.5)
+    llm = LLM(
+        "smollm2",
+        scheduler=SchedulerConfig(policy=policy, chunking=chunking, tpot_target_s=0.2),
+        kv_memory_gb=0.5,
+    )
     outs = llm.generate(prompts, GREEDY)  # all in flight together
     assert [o.token_ids for o in outs] == reference
     assert llm.engine.scheduler.blocks.num_used == 0
@@ -101,8 +106,9 @@ def test_batched_greedy_tokens_equal_transformers(prompts, reference, policy, ch
 def test_recompute_preemption_mid_decode_keeps_the_tokens(prompts, reference):
     # 43 KV blocks of 16 tokens (688 tokens) for eight requests needing 1,774 in all; fcfs
     # with static chunks makes the schedule independent of timing, hence reproducible
-    llm = LLM("smollm2", scheduler=SchedulerConfig(policy="fcfs", chunking="static:64"),
-              kv_memory_gb=0.03)
+    llm = LLM(
+        "smollm2", scheduler=SchedulerConfig(policy="fcfs", chunking="static:64"), kv_memory_gb=0.03
+    )
     outs = llm.generate(prompts, GREEDY)
     sched = llm.engine.scheduler
     assert sched.stats.preemptions > 0
@@ -114,44 +120,49 @@ def test_recompute_preemption_mid_decode_keeps_the_tokens(prompts, reference):
 def test_seeded_sampling_does_not_depend_on_the_batch(llm, prompts):
     params = SamplingParams(max_tokens=12, temperature=0.9, top_p=0.95, seed=7)
     alone = llm.generate([prompts[2]], params)[0].token_ids
-    batched = llm.generate([prompts[1], prompts[2], prompts[3]],
-                           [GREEDY, params, SamplingParams(max_tokens=5, temperature=1.0)])
+    batched = llm.generate(
+        [prompts[1], prompts[2], prompts[3]],
+        [GREEDY, params, SamplingParams(max_tokens=5, temperature=1.0)],
+    )
     assert batched[1].token_ids == alone
-    other = llm.generate([prompts[2]], SamplingParams(max_tokens=12, temperature=0.9,
-                                                      top_p=0.95, seed=8))[0].token_ids
+    other = llm.generate(
+        [prompts[2]], SamplingParams(max_tokens=12, temperature=0.9, top_p=0.95, seed=8)
+    )[0].token_ids
     assert other != alone
 
 
 def test_degenerate_sampling_is_greedy(llm, prompts, reference):
-    for params in (SamplingParams(max_tokens=24, temperature=0.7, top_k=1, seed=1),
-                   SamplingParams(max_tokens=24, temperature=0.7, top_p=1e-6, seed=1)):
+    for params in (
+        SamplingParams(max_tokens=24, temperature=0.7, top_k=1, seed=1),
+        SamplingParams(max_tokens=24, temperature=0.7, top_p=1e-6, seed=1),
+    ):
         assert llm.generate([prompts[4]], params)[0].token_ids == reference[4]
 
 
 def test_stop_strings_and_token_ids(llm, prompts, reference):
     full = llm.generate([prompts[5]], GREEDY)[0]
-    target = full.text[len(full.text) // 2:][:4]
+    target = full.text[len(full.text) // 2 :][:4]
     assert target
-    out = llm.generate([prompts[5]], SamplingParams(max_tokens=24, temperature=0,
-                                                    stop=[target]))[0]
+    out = llm.generate([prompts[5]], SamplingParams(max_tokens=24, temperature=0, stop=[target]))[0]
     assert out.finish_reason == "stop" and target not in out.text
     assert full.text.startswith(out.text) and len(out.text) < len(full.text)
     tok = reference[5][3]
-    out = llm.generate([prompts[5]], SamplingParams(max_tokens=24, temperature=0,
-                                                    stop_token_ids=[tok]))[0]
+    out = llm.generate(
+        [prompts[5]], SamplingParams(max_tokens=24, temperature=0, stop_token_ids=[tok])
+    )[0]
     assert out.finish_reason == "stop" and out.token_ids == reference[5][:4]
 
 
 def test_logprobs(llm, prompts, reference):
-    out = llm.generate([prompts[3]], SamplingParams(max_tokens=6, temperature=0,
-                                                    logprobs=3))[0]
+    out = llm.generate([prompts[3]], SamplingParams(max_tokens=6, temperature=0, logprobs=3))[0]
     assert [s.token for s in out.logprobs] == reference[3][:6]
     for s in out.logprobs:
         assert s.logprob <= 0 and len(s.top_logprobs) == 3
         assert s.top_logprobs[0][0] == s.token  # greedy: the likeliest
         assert s.top_logprobs[0][1] == pytest.approx(s.logprob)
-        assert [v for _, v in s.top_logprobs] == sorted((v for _, v in s.top_logprobs),
-                                                        reverse=True)
+        assert [v for _, v in s.top_logprobs] == sorted(
+            (v for _, v in s.top_logprobs), reverse=True
+        )
 
 
 def test_abort_mid_generation_frees_kv(llm, prompts):
@@ -166,8 +177,9 @@ def test_abort_mid_generation_frees_kv(llm, prompts):
 
 def test_outputs_carry_new_tokens_not_copies_of_the_prompt(llm, prompts):
     e = llm.engine
-    e.add_request("o", None, SamplingParams(max_tokens=3, temperature=0),
-                  prompt_token_ids=prompts[6])
+    e.add_request(
+        "o", None, SamplingParams(max_tokens=3, temperature=0), prompt_token_ids=prompts[6]
+    )
     prompt = e.scheduler.get("o").prompt_token_ids
     outs = []
     while e.has_unfinished():
@@ -179,17 +191,25 @@ def test_outputs_carry_new_tokens_not_copies_of_the_prompt(llm, prompts):
 
 
 def test_chat_template(llm):
-    out = llm.chat([{"role": "user", "content": "What is the capital of France?"}],
-                   SamplingParams(max_tokens=16, temperature=0))
+    out = llm.chat(
+        [{"role": "user", "content": "What is the capital of France?"}],
+        SamplingParams(max_tokens=16, temperature=0),
+    )
     assert "Paris" in out.text and out.finish_reason == "stop"
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"),
-    (dict(temperature=-0.1), "temperature"), (dict(top_k=-2), "top_k"),
-    (dict(max_tokens=0), "max_tokens"), (dict(logprobs=21), "logprobs"),
-    (dict(stop=[""]), "stop"),
-])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(top_p=0.0), "top_p"),
+        (dict(top_p=1.5), "top_p"),
+        (dict(temperature=-0.1), "temperature"),
+        (dict(top_k=-2), "top_k"),
+        (dict(max_tokens=0), "max_tokens"),
+        (dict(logprobs=21), "logprobs"),
+        (dict(stop=[""]), "stop"),
+    ],
+)
 def test_bad_sampling_values(kwargs, field):
     with pytest.raises(ValueError, match=field):
         SamplingParams(**kwargs)

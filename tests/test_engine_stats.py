@@ -10,14 +10,22 @@ def test_engine_stats_follow_a_request(tiny_model):
     from medha.engine.llm_engine import EngineConfig, EngineStats, LLMEngine
     from medha.engine.sampling_params import SamplingParams
 
-    engine = LLMEngine(EngineConfig(model=tiny_model, kv_memory_gb=0.01),
-                       SchedulerConfig(max_model_len=512))
+    engine = LLMEngine(
+        EngineConfig(model=tiny_model, kv_memory_gb=0.01), SchedulerConfig(max_model_len=512)
+    )
     blocks = engine.num_kv_blocks
     assert engine.max_model_len == 512
     assert engine.kv_capacity_tokens == blocks * engine.config.block_size  # no KVP: all of it
     assert engine.policy == "lars" and engine.chunking == "adaptive"  # adaptive's default
-    idle = EngineStats(waiting=0, prefilling=0, running=0, swapped=0, kv_blocks_used=0,
-                       kv_blocks_free=blocks, preemptions=0)
+    idle = EngineStats(
+        waiting=0,
+        prefilling=0,
+        running=0,
+        swapped=0,
+        kv_blocks_used=0,
+        kv_blocks_free=blocks,
+        preemptions=0,
+    )
     assert engine.stats() == idle
 
     engine.add_request("r", [5, 6, 7, 8], SamplingParams(max_tokens=4, ignore_eos=True))
@@ -36,9 +44,10 @@ def test_engine_stats_tell_waiting_from_prefilling(tiny_model):
     from medha.engine.llm_engine import EngineConfig, LLMEngine
     from medha.engine.sampling_params import SamplingParams
 
-    engine = LLMEngine(EngineConfig(model=tiny_model, kv_memory_gb=0.01),
-                       SchedulerConfig(policy="fcfs", chunking="static:4", multi_prefill=False,
-                                       max_model_len=512))
+    engine = LLMEngine(
+        EngineConfig(model=tiny_model, kv_memory_gb=0.01),
+        SchedulerConfig(policy="fcfs", chunking="static:4", multi_prefill=False, max_model_len=512),
+    )
     params = SamplingParams(max_tokens=2, ignore_eos=True)
     engine.add_request("a", list(range(5, 15)), params)  # 10 tokens: three chunks
     engine.add_request("b", list(range(5, 15)), params)
@@ -54,6 +63,8 @@ def test_engine_stats_tell_waiting_from_prefilling(tiny_model):
 def test_engine_names_the_policy_it_was_given(tiny_model):
     from medha.engine.llm_engine import EngineConfig, LLMEngine
 
-    engine = LLMEngine(EngineConfig(model=tiny_model, kv_memory_gb=0.01),
-                       SchedulerConfig(policy="edf", chunking="static:256"))
+    engine = LLMEngine(
+        EngineConfig(model=tiny_model, kv_memory_gb=0.01),
+        SchedulerConfig(policy="edf", chunking="static:256"),
+    )
     assert engine.policy == "edf" and engine.chunking == "static:256"

@@ -38,7 +38,7 @@ def _imported(node: ast.AST, module: str, is_package: bool, known: set[str]) -> 
     base = node.module or ""
     if node.level:  # relative: from the package that holds `module`
         package = module.split(".")
-        package = package[:len(package) - node.level + is_package]
+        package = package[: len(package) - node.level + is_package]
         base = ".".join(package + ([base] if base else []))
     # `from a.b import c` loads a.b.c when c is a module, else it takes a name from a.b
     found = [f"{base}.{alias.name}" for alias in node.names if f"{base}.{alias.name}" in known]
@@ -55,9 +55,12 @@ def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
     for module, path in files.items():
         tree = ast.parse(path.read_text(), str(path))
         is_package = path.name == "__init__.py"
-        graph[module] = {target for node in ast.walk(tree)
-                         for target in _imported(node, module, is_package, known)
-                         if target != module}
+        graph[module] = {
+            target
+            for node in ast.walk(tree)
+            for target in _imported(node, module, is_package, known)
+            if target != module
+        }
     return graph
 
 
@@ -140,8 +143,9 @@ def test_the_check_finds_a_cycle(tmp_path):
     (pkg / "__init__.py").write_text("")
     (pkg / "sub" / "__init__.py").write_text("from pkg.sub.b import B\n")
     (pkg / "a.py").write_text("def f():\n    from pkg.sub import b\n")
-    (pkg / "sub" / "b.py").write_text("from typing import TYPE_CHECKING\nB = 1\n"
-                                      "if TYPE_CHECKING:\n    from ..a import f\n")
+    (pkg / "sub" / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nB = 1\nif TYPE_CHECKING:\n    from ..a import f\n"
+    )
     (pkg / "c.py").write_text("import pkg.a\n")
     assert report(pkg) == ["pkg.a -> pkg.sub.b -> pkg.a"]
 

@@ -24,16 +24,18 @@ from medha.engine.llm_engine import MAX_FORWARD_FAILURES
 from medha.engine.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
-PROMPTS = [[(7 * i + 3 * k) % 40000 + 100 for k in range(n)]
-           for i, n in enumerate([5, 40, 17, 90, 3, 61, 28, 12])]
+PROMPTS = [
+    [(7 * i + 3 * k) % 40000 + 100 for k in range(n)]
+    for i, n in enumerate([5, 40, 17, 90, 3, 61, 28, 12])
+]
 
 
 @pytest.fixture(scope="module")
 def llm(tiny_model):
     # small chunks: prompts prefill over several batches, beside decodes of the others
     from medha.core.config import SchedulerConfig
-    return LLM(tiny_model, SchedulerConfig(policy="fcfs", chunking="static:16"),
-               kv_memory_gb=0.01)
+
+    return LLM(tiny_model, SchedulerConfig(policy="fcfs", chunking="static:16"), kv_memory_gb=0.01)
 
 
 @pytest.fixture(scope="module")
@@ -49,11 +51,18 @@ def assert_clean(llm) -> None:
     assert e.scheduler.blocks.num_used == 0
 
 
-@pytest.mark.parametrize("error", [
-    ValueError("bad stop"), TypeError("x"), KeyError("k"), IndexError("i"),
-    RuntimeError("shape mismatch"), ZeroDivisionError(), UnicodeEncodeError("utf-8", "\ud800",
-                                                                           0, 1, "surrogate"),
-])
+@pytest.mark.parametrize(
+    "error",
+    [
+        ValueError("bad stop"),
+        TypeError("x"),
+        KeyError("k"),
+        IndexError("i"),
+        RuntimeError("shape mismatch"),
+        ZeroDivisionError(),
+        UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogate"),
+    ],
+)
 def test_errors_of_one_request_are_that_requests(error):
     assert not is_fatal(error)
     with pytest.raises(RequestFailedError) as e, blame("r7"):
@@ -61,27 +70,43 @@ def test_errors_of_one_request_are_that_requests(error):
     assert e.value.request_id == "r7" and type(error).__name__ in str(e.value)
 
 
-@pytest.mark.parametrize("error", [
-    MemoryError(), torch.OutOfMemoryError("out of memory"),
-    torch.AcceleratorError("CUDA error: an illegal memory access was encountered"),
-    RuntimeError("CUDA error: device-side assert triggered"),
-    RuntimeError("[gloo] Connection closed by peer"), KeyboardInterrupt(), SystemExit(1),
-])
+@pytest.mark.parametrize(
+    "error",
+    [
+        MemoryError(),
+        torch.OutOfMemoryError("out of memory"),
+        torch.AcceleratorError("CUDA error: an illegal memory access was encountered"),
+        RuntimeError("CUDA error: device-side assert triggered"),
+        RuntimeError("[gloo] Connection closed by peer"),
+        KeyboardInterrupt(),
+        SystemExit(1),
+    ],
+)
 def test_errors_that_break_the_engine_are_fatal_wherever_they_happen(error):
     assert is_fatal(error)
     with pytest.raises(type(error)), blame("r7"):  # not turned into the request's error
         raise error
 
 
-@pytest.mark.parametrize("kwargs,param", [
-    (dict(temperature=1, top_p=1e-300), "top_p"), (dict(temperature=1, top_p=1e-46), "top_p"),
-    (dict(temperature=1e-40), "temperature"), (dict(temperature=1, seed=2**64), "seed"),
-    (dict(temperature=1, seed=-2**63 - 1), "seed"), (dict(seed=True), "seed"),
-    (dict(max_tokens=True), "max_tokens"), (dict(top_k=2.0), "top_k"),
-    (dict(temperature=float("nan")), "temperature"), (dict(stop=["x" * 1025]), "stop"),
-    (dict(stop=["a"] * 17), "stop"), (dict(stop_token_ids=[-1]), "stop_token_ids"),
-    (dict(logprobs=21), "logprobs"), (dict(ignore_eos="yes"), "ignore_eos"),
-])
+@pytest.mark.parametrize(
+    "kwargs,param",
+    [
+        (dict(temperature=1, top_p=1e-300), "top_p"),
+        (dict(temperature=1, top_p=1e-46), "top_p"),
+        (dict(temperature=1e-40), "temperature"),
+        (dict(temperature=1, seed=2**64), "seed"),
+        (dict(temperature=1, seed=-(2**63) - 1), "seed"),
+        (dict(seed=True), "seed"),
+        (dict(max_tokens=True), "max_tokens"),
+        (dict(top_k=2.0), "top_k"),
+        (dict(temperature=float("nan")), "temperature"),
+        (dict(stop=["x" * 1025]), "stop"),
+        (dict(stop=["a"] * 17), "stop"),
+        (dict(stop_token_ids=[-1]), "stop_token_ids"),
+        (dict(logprobs=21), "logprobs"),
+        (dict(ignore_eos="yes"), "ignore_eos"),
+    ],
+)
 def test_sampling_values_the_sampler_cannot_serve_are_refused_naming_the_field(kwargs, param):
     with pytest.raises(InvalidRequestError) as e:
         SamplingParams(**kwargs)
@@ -90,9 +115,14 @@ def test_sampling_values_the_sampler_cannot_serve_are_refused_naming_the_field(k
 
 def test_float32_edges_are_served(llm, quiet):
     """The smallest values float32 holds as normal numbers run; below 1e-5 is greedy."""
-    for kwargs in (dict(temperature=1.2e-38), dict(temperature=1e-20),
-                   dict(temperature=1, top_p=1.2e-38), dict(temperature=1, top_p=1e-30),
-                   dict(temperature=1, seed=2**63 - 1), dict(temperature=1, seed=-2**63)):
+    for kwargs in (
+        dict(temperature=1.2e-38),
+        dict(temperature=1e-20),
+        dict(temperature=1, top_p=1.2e-38),
+        dict(temperature=1, top_p=1e-30),
+        dict(temperature=1, seed=2**63 - 1),
+        dict(temperature=1, seed=-(2**63)),
+    ):
         p = SamplingParams(max_tokens=6, ignore_eos=True, **kwargs)
         out = llm.generate([PROMPTS[1]], p)[0]
         assert out.finish_reason == "length" and len(out.token_ids) == 6
@@ -102,12 +132,25 @@ def test_float32_edges_are_served(llm, quiet):
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
-@given(bad=st.sampled_from([
-    ("prompt", ""), ("prompt", "\ud800 surrogate"), ("prompt", [1, 49152]), ("prompt", [-1]),
-    ("prompt", [True, 2]), ("prompt", [5] * 9000), ("prompt", "word " * 300_000),
-    ("params", dict(temperature=1, seed=2**64)), ("params", dict(max_tokens=10**6)),
-    ("params", dict(temperature=1, top_p=1e-300)), ("params", "not params"),
-]), position=st.integers(0, 3), seed=st.integers(0, 2**32 - 1))
+@given(
+    bad=st.sampled_from(
+        [
+            ("prompt", ""),
+            ("prompt", "\ud800 surrogate"),
+            ("prompt", [1, 49152]),
+            ("prompt", [-1]),
+            ("prompt", [True, 2]),
+            ("prompt", [5] * 9000),
+            ("prompt", "word " * 300_000),
+            ("params", dict(temperature=1, seed=2**64)),
+            ("params", dict(max_tokens=10**6)),
+            ("params", dict(temperature=1, top_p=1e-300)),
+            ("params", "not params"),
+        ]
+    ),
+    position=st.integers(0, 3),
+    seed=st.integers(0, 2**32 - 1),
+)
 def test_the_python_api_is_usable_after_any_rejected_call(llm, quiet, bad, position, seed):
     """A call with one bad prompt among good ones raises, runs none of them and leaves the
     engine as it was: the next call gives the quiet tokens."""
@@ -116,8 +159,7 @@ def test_the_python_api_is_usable_after_any_rejected_call(llm, quiet, bad, posit
     params: list = [GREEDY] * 3
     prompts.insert(position, value if kind == "prompt" else PROMPTS[0])
     if kind == "params":
-        params.insert(position, value if isinstance(value, str) else
-                      _params_or_error(value))
+        params.insert(position, value if isinstance(value, str) else _params_or_error(value))
     else:
         params.insert(position, GREEDY)
     with pytest.raises(ValueError):
@@ -143,6 +185,7 @@ def test_a_call_interrupted_midway_leaves_nothing_behind(llm, quiet, monkeypatch
         if calls == 3:
             raise KeyboardInterrupt
         return real()
+
     monkeypatch.setattr(llm.engine, "step", interrupted)
     with pytest.raises(KeyboardInterrupt):
         llm.generate(PROMPTS, GREEDY)
@@ -152,8 +195,9 @@ def test_a_call_interrupted_midway_leaves_nothing_behind(llm, quiet, monkeypatch
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
-@given(where=st.sampled_from(PLACES),
-       victim=st.integers(0, len(PROMPTS) - 1), after=st.integers(0, 6))
+@given(
+    where=st.sampled_from(PLACES), victim=st.integers(0, len(PROMPTS) - 1), after=st.integers(0, 6)
+)
 def test_a_request_that_fails_mid_batch_ends_alone(llm, quiet, where, victim, after):
     """Fault injection: the victim ends with finish_reason "error" (or finishes, if the fault
     comes too late for it), every other request finishes with its quiet tokens, no block
@@ -183,6 +227,7 @@ def test_an_error_that_follows_every_request_stops_the_engine(tiny_model):
     def broken(step, hidden=None):
         calls.append(step)
         raise RuntimeError("every forward fails")
+
     llm.engine.runner.forward = broken
     with pytest.raises(RuntimeError, match="every forward fails"):
         llm.generate(PROMPTS[:4], GREEDY)  # each of the batch's fails alone: not theirs
@@ -197,6 +242,7 @@ def test_an_error_that_follows_every_request_stops_the_engine(tiny_model):
     def device_error(step, hidden=None):
         calls.append(step)
         raise torch.AcceleratorError("CUDA error: an illegal memory access was encountered")
+
     llm.engine.runner.forward = device_error
     with pytest.raises(torch.AcceleratorError):
         llm.generate(PROMPTS[:4], GREEDY)

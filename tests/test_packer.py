@@ -31,16 +31,23 @@ def check_budget(batch, budget, min_chunk):
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.lists(st.tuples(st.floats(0, 2), st.integers(1, 40_000), st.integers(1, 30)),
-                min_size=1, max_size=10),
-       st.sampled_from(["fcfs", "edf", "lrs", "lars", "srpt"]),
-       st.sampled_from([0.02, 0.05, 0.2]), st.booleans())
+@given(
+    st.lists(
+        st.tuples(st.floats(0, 2), st.integers(1, 40_000), st.integers(1, 30)),
+        min_size=1,
+        max_size=10,
+    ),
+    st.sampled_from(["fcfs", "edf", "lrs", "lars", "srpt"]),
+    st.sampled_from([0.02, 0.05, 0.2]),
+    st.booleans(),
+)
 def test_adaptive_batches_stay_within_budget(specs, policy, budget, multi):
     # room for every request whole, twice over: no memory pressure (as with 65,536 blocks),
     # and a block check per batch of a few thousand blocks instead of 65,536
     blocks = 2 * sum(-(-(p + o) // 16) for _, p, o in specs)
-    sched = gpu_scheduler(blocks, policy=policy, iteration_budget_s=budget,
-                          multi_prefill=multi, max_model_len=65_536)
+    sched = gpu_scheduler(
+        blocks, policy=policy, iteration_budget_s=budget, multi_prefill=multi, max_model_len=65_536
+    )
     reqs = [Request(f"r{i}", t, p, o) for i, (t, p, o) in enumerate(specs)]
 
     def check(batch, now):
@@ -138,15 +145,21 @@ def test_no_chunking_runs_each_prompt_whole():
     sched = gpu_scheduler(chunking="none")
     reqs = [Request("long", 0.0, 300_000, 4), Request("short", 0.001, 100, 4)]
     chunks = []
-    replay(sched, reqs, on_batch=lambda b, now: chunks.extend(
-        (c.request.request_id, c.start, c.num_tokens) for c in b.prefills))
+    replay(
+        sched,
+        reqs,
+        on_batch=lambda b, now: chunks.extend(
+            (c.request.request_id, c.start, c.num_tokens) for c in b.prefills
+        ),
+    )
     assert chunks == [("long", 0, 300_000), ("short", 0, 100)]
     # the short request waited for the whole long prefill: the convoy effect
     assert reqs[1].ttft_s > reqs[0].ttft_s * 0.9
 
 
-@pytest.mark.parametrize("spec", ["static", "static:0", "static:x", "chunky", "none:5",
-                                  "adaptive:3", ""])
+@pytest.mark.parametrize(
+    "spec", ["static", "static:0", "static:x", "chunky", "none:5", "adaptive:3", ""]
+)
 def test_bad_chunking_specs(spec):
     with pytest.raises(ValueError, match="chunking"):
         parse_chunking(spec)
@@ -161,8 +174,10 @@ def test_default_budget_leaves_room_for_a_pipeline_slot():
     cfg = SchedulerConfig(tpot_target_s=0.06)
 
     def budget(config, spp):
-        return config.resolve(make_predictor("roofline", "llama-3-8b", "h100",
-                                             ParallelConfig(spp=spp))).iteration_budget_s
+        return config.resolve(
+            make_predictor("roofline", "llama-3-8b", "h100", ParallelConfig(spp=spp))
+        ).iteration_budget_s
+
     assert budget(cfg, 1) == 0.06  # a batch returns exactly when the next one starts
     assert budget(cfg, 2) == pytest.approx(0.04)  # a decode may wait one stage (latency/2)
     assert budget(cfg, 4) == pytest.approx(0.048)

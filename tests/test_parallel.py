@@ -26,21 +26,23 @@ GREEDY = SamplingParams(max_tokens=12, temperature=0)
 SCHED = SchedulerConfig(policy="fcfs", chunking="static:64")
 
 
-TEXT = " ".join(f"Report {i}: the harbour of town {i * 7 % 13} saw {i * 3 % 11} ships arrive "
-                "before noon, and the market sold fish, bread and oil." for i in range(30))
+TEXT = " ".join(
+    f"Report {i}: the harbour of town {i * 7 % 13} saw {i * 3 % 11} ships arrive "
+    "before noon, and the market sold fish, bread and oil."
+    for i in range(30)
+)
 
 
 def _prompts(llm):
     ids = llm.tokenizer.encode(TEXT)
-    return [ids[i * 41: i * 41 + n] for i, n in enumerate((3, 17, 90, 230))]
+    return [ids[i * 41 : i * 41 + n] for i, n in enumerate((3, 17, 90, 230))]
 
 
 def _prefill_logits(llm, ids):
     """Every row's logits of one prefill, and the most KVP groups its KV spanned."""
     engine = llm.engine
     blocks = engine.scheduler.blocks
-    engine.add_request("x", None, SamplingParams(max_tokens=1, temperature=0),
-                       prompt_token_ids=ids)
+    engine.add_request("x", None, SamplingParams(max_tokens=1, temperature=0), prompt_token_ids=ids)
     rows, groups = [], 1
     while engine.has_unfinished():
         batch = engine.scheduler.schedule(time.monotonic())
@@ -67,8 +69,14 @@ def _run(model, **parallel):
 
 # 64 tokens per KVP group: the 230-token prompt (and the 90-token one) span both groups
 KVP = {"kvp": 2, "max_tokens_per_kvp_group": 64}
-LAYOUTS = {"tp2": {"tp": 2}, "spp2": {"spp": 2}, "kvp2": KVP, "tp2-spp2": {"tp": 2, "spp": 2},
-           "tp2-kvp2": {"tp": 2, **KVP}, "spp2-kvp2": {"spp": 2, **KVP}}
+LAYOUTS = {
+    "tp2": {"tp": 2},
+    "spp2": {"spp": 2},
+    "kvp2": KVP,
+    "tp2-spp2": {"tp": 2, "spp": 2},
+    "tp2-kvp2": {"tp": 2, **KVP},
+    "spp2-kvp2": {"spp": 2, **KVP},
+}
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -114,8 +122,13 @@ def _spawned_children(pid: int) -> list[int]:
 
 
 def _stream_until_error(url: str, killed: list[int], worker: int) -> dict:
-    body = {"model": "smollm2", "prompt": "Once upon a time", "max_tokens": 400,
-            "ignore_eos": True, "stream": True}
+    body = {
+        "model": "smollm2",
+        "prompt": "Once upon a time",
+        "max_tokens": 400,
+        "ignore_eos": True,
+        "stream": True,
+    }
     with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
         for line in r.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
@@ -136,8 +149,9 @@ def test_a_dead_worker_fails_requests_with_503_and_a_restart_serves_again():
     server = Server("--tp", "2")
     try:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
-        out = client.completions.create(model="smollm2", prompt="The capital of France is",
-                                        max_tokens=4, temperature=0)
+        out = client.completions.create(
+            model="smollm2", prompt="The capital of France is", max_tokens=4, temperature=0
+        )
         assert out.usage.completion_tokens == 4
         workers = _spawned_children(server.proc.pid)
         assert len(workers) == 1
@@ -145,8 +159,10 @@ def test_a_dead_worker_fails_requests_with_503_and_a_restart_serves_again():
         error = _stream_until_error(server.url, killed := [], workers[0])
         assert killed and time.monotonic() - t0 < 30  # failed, not hung
         assert error["type"] == "service_unavailable" and "engine failed" in error["message"]
-        r = httpx.post(server.url + "/v1/completions",
-                       json={"model": "smollm2", "prompt": "Hi", "max_tokens": 2})
+        r = httpx.post(
+            server.url + "/v1/completions",
+            json={"model": "smollm2", "prompt": "Hi", "max_tokens": 2},
+        )
         assert r.status_code == 503 and "engine failed" in r.json()["error"]["message"]
         assert httpx.get(server.url + "/health").status_code == 503
     finally:
@@ -154,8 +170,9 @@ def test_a_dead_worker_fails_requests_with_503_and_a_restart_serves_again():
     restarted = Server("--tp", "2")
     try:
         client = openai.OpenAI(base_url=restarted.url + "/v1", api_key="x", max_retries=0)
-        again = client.completions.create(model="smollm2", prompt="The capital of France is",
-                                          max_tokens=4, temperature=0)
+        again = client.completions.create(
+            model="smollm2", prompt="The capital of France is", max_tokens=4, temperature=0
+        )
         assert again.choices[0].text == out.choices[0].text
     finally:
         assert restarted.stop() == 0
@@ -169,14 +186,27 @@ def test_pipeline_stages_chained_equal_the_whole_model(tiny_model):
         llm = LLM(str(path), kv_memory_gb=0.02, scheduler=SCHED)
         engine = llm.engine
         cfg = json.loads((path / "config.json").read_text())
-        stages = [ModelRunner(path, cfg, engine.device, engine.dtype,
-                              engine.scheduler.blocks.num_blocks, engine.runner.block_size,
-                              stage=Stage(i, 2)) for i in range(2)]
+        stages = [
+            ModelRunner(
+                path,
+                cfg,
+                engine.device,
+                engine.dtype,
+                engine.scheduler.blocks.num_blocks,
+                engine.runner.block_size,
+                stage=Stage(i, 2),
+            )
+            for i in range(2)
+        ]
         half = cfg["num_hidden_layers"] // 2
         assert [len(r.model.layers) for r in stages] == [half, half]
         assert stages[0].model.norm is None and stages[1].model.embed_tokens is None
-        engine.add_request("x", None, SamplingParams(max_tokens=1, temperature=0),
-                           prompt_token_ids=_prompts(llm)[-1])
+        engine.add_request(
+            "x",
+            None,
+            SamplingParams(max_tokens=1, temperature=0),
+            prompt_token_ids=_prompts(llm)[-1],
+        )
         while engine.has_unfinished():
             batch = engine.scheduler.schedule(time.monotonic())
             step, _ = engine.runner.prepare(batch, all_logits=True)
@@ -186,13 +216,16 @@ def test_pipeline_stages_chained_equal_the_whole_model(tiny_model):
             tokens = {"x": 0} if batch.prefills[-1].samples else None
             engine.scheduler.update(batch, BatchResult(0.01, tokens), time.monotonic())
     with pytest.raises(EngineError, match="pipeline stages for 2 layers"):
-        ModelRunner(Path(tiny_model), cfg, engine.device, engine.dtype, 4, 16,
-                    stage=Stage(0, 3))
+        ModelRunner(Path(tiny_model), cfg, engine.device, engine.dtype, 4, 16, stage=Stage(0, 3))
 
 
 def test_spp_stages_work_on_consecutive_chunks_at_once():
-    llm = LLM("smollm2", kv_memory_gb=0.05, spp=2,
-              scheduler=SchedulerConfig(policy="fcfs", chunking="static:128"))
+    llm = LLM(
+        "smollm2",
+        kv_memory_gb=0.05,
+        spp=2,
+        scheduler=SchedulerConfig(policy="fcfs", chunking="static:128"),
+    )
     try:
         ids = llm.tokenizer.encode(TEXT + " " + TEXT)[:1024]
         llm.generate([ids], SamplingParams(max_tokens=1, temperature=0))
@@ -200,8 +233,7 @@ def test_spp_stages_work_on_consecutive_chunks_at_once():
         batches = sorted({b for b, _ in times})
         assert len(batches) == 8  # 1,024 tokens in chunks of 128
         # stage 0 started chunk i+1 before stage 1 finished chunk i
-        overlaps = [times[(b1, 0)][0] < times[(b0, 1)][1]
-                    for b0, b1 in zip(batches, batches[1:])]
+        overlaps = [times[(b1, 0)][0] < times[(b0, 1)][1] for b0, b1 in zip(batches, batches[1:])]
         assert sum(overlaps) >= len(overlaps) // 2
     finally:
         llm.engine.close()
@@ -220,8 +252,7 @@ def test_serve_with_tp_and_kvp_answers_the_openai_client_as_one_process():
     server = Server("--tp", "2", "--kvp", "2", "--max-tokens-per-kvp-group", "64")
     try:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
-        out = client.completions.create(model="smollm2", prompt=prompt, max_tokens=8,
-                                        temperature=0)
+        out = client.completions.create(model="smollm2", prompt=prompt, max_tokens=8, temperature=0)
         assert out.choices[0].text == expected
         assert len(_spawned_children(server.proc.pid)) == 3
         assert server.wait_idle()["medha_kv_blocks_used"] == 0
@@ -237,10 +268,32 @@ def test_profile_runs_on_a_parallel_layout(tiny_model, tmp_path):
 
     out = tmp_path / "p.json"
     done = subprocess.run(
-        [sys.executable, "-m", "medha", "profile", "--model", tiny_model, "--spp", "2",
-         "--kvp", "2", "--max-tokens-per-kvp-group", "256", "--kv-memory-gb", "0.05",
-         "--quick", "--mixed", "2", "--quiet", "--out", str(out)],
-        capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "medha",
+            "profile",
+            "--model",
+            tiny_model,
+            "--spp",
+            "2",
+            "--kvp",
+            "2",
+            "--max-tokens-per-kvp-group",
+            "256",
+            "--kv-memory-gb",
+            "0.05",
+            "--quick",
+            "--mixed",
+            "2",
+            "--quiet",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr
     rows = load_profile(out).iteration_rows
     assert len(rows) > 10 and all(r.seconds > 0 for r in rows)

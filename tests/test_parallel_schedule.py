@@ -14,10 +14,12 @@ MAX_TOKENS = 6
 
 def _both(**parallel):
     words = Tokenizer(resolve_model("smollm2")).encode(
-        " ".join(f"line {i} of the harbour log." for i in range(400)))
-    prompts = [words[i:i + n] for i, n in enumerate(PROMPT_LENS)]
+        " ".join(f"line {i} of the harbour log." for i in range(400))
+    )
+    prompts = [words[i : i + n] for i, n in enumerate(PROMPT_LENS)]
     engine_log, ids, predictor, engine_stages = engine_run(
-        prompts, MAX_TOKENS, SCHED, kv_memory_gb=0.1, predictor="roofline", **parallel)
+        prompts, MAX_TOKENS, SCHED, kv_memory_gb=0.1, predictor="roofline", **parallel
+    )
     sim_log, sim_stages = sim_run(ids, PROMPT_LENS, MAX_TOKENS, SCHED, predictor)
     return engine_log, sim_log, ids, engine_stages, sim_stages
 
@@ -29,8 +31,7 @@ def test_spp_schedule_matches_the_simulator():
     # every batch passed stage 0, then stage 1, in both; where the engine ran the next chunk
     # of the long prompt on stage 0 while stage 1 still held the previous one, so did the
     # simulated pipeline
-    assert sorted((b, s) for b, s, *_ in sim_stages) == \
-        sorted((b, s) for b, s, *_ in engine_stages)
+    assert sorted((b, s) for b, s, *_ in sim_stages) == sorted((b, s) for b, s, *_ in engine_stages)
     long_chunks = {i for i, (p, *_) in enumerate(engine_log) if any(c[0] == ids[0] for c in p)}
     pairs = [i - 1 for i in sorted(long_chunks) if i - 1 in long_chunks]
     engine_overlap, sim_overlap = overlaps(engine_stages), overlaps(sim_stages)

@@ -26,9 +26,12 @@ BOUNDARY = 100  # toy runs: prompts below 100 tokens are short
 
 def toy_sim(replicas=1, dispatcher="round_robin", **sched):
     sched.setdefault("iteration_budget_s", 1 / 16)
-    return Simulator(ClusterConfig(replicas=replicas, dispatcher=dispatcher, kv_memory_gb=1.0),
-                     ParallelConfig(), SchedulerConfig(**sched),
-                     predictor=FixedCostPredictor(TOKEN_S))
+    return Simulator(
+        ClusterConfig(replicas=replicas, dispatcher=dispatcher, kv_memory_gb=1.0),
+        ParallelConfig(),
+        SchedulerConfig(**sched),
+        predictor=FixedCostPredictor(TOKEN_S),
+    )
 
 
 def pla(**config):
@@ -77,8 +80,11 @@ def test_no_batch_mixes_short_and_long_prefills():
     # fcfs on the same load does mix them, so the test above can fail
     mixed = toy_scheduler(policy="fcfs", multi_prefill=True)
     mixes = []
-    replay(mixed, [Request(r.request_id, r.arrival_s, r.prompt_len, 6) for r in reqs],
-           on_batch=lambda b, t: mixes.append(len(classes(b)) > 1))
+    replay(
+        mixed,
+        [Request(r.request_id, r.arrival_s, r.prompt_len, 6) for r in reqs],
+        on_batch=lambda b, t: mixes.append(len(classes(b)) > 1),
+    )
     assert any(mixes)
 
 
@@ -184,8 +190,9 @@ def shorts(n, t0, gap, length=32):
 
 @pytest.mark.parametrize("rate", [20.0, 3000.0])
 def test_wait_and_depth_adapt_to_the_arrival_rate(rate):
-    awd = AdaptiveWaitDepth(grid(), wait_s=0.0, depth=1, max_wait_s=0.05,
-                            iteration_budget_s=0.05, adaptive=True)
+    awd = AdaptiveWaitDepth(
+        grid(), wait_s=0.0, depth=1, max_wait_s=0.05, iteration_budget_s=0.05, adaptive=True
+    )
     t, gap = 0.0, 1 / rate
     for _ in range(30):  # dispatches of 4 shorts each, arriving `rate` per second
         batch = shorts(4, t, gap)
@@ -203,18 +210,27 @@ def test_wait_and_depth_adapt_to_the_arrival_rate(rate):
 
 
 def test_the_simulator_wakes_an_idle_replica_when_the_window_closes():
-    sim = toy_sim(policy="pla", pla_boundary_tokens=BOUNDARY, pla_wait_s=0.25, pla_depth=4,
-                  pla_adaptive=False)
+    sim = toy_sim(
+        policy="pla", pla_boundary_tokens=BOUNDARY, pla_wait_s=0.25, pla_depth=4, pla_adaptive=False
+    )
     reqs = [Request("a", 1.0, 20, 3)]
     sim.run(reqs)  # without the wake-up event it would stall with the request waiting
     assert reqs[0].ttft_s == pytest.approx(0.25 + 20 * TOKEN_S)
 
 
-@pytest.mark.parametrize("bad", [{"pla_boundary_tokens": 0}, {"pla_batching_gain": 1.0},
-                                 {"pla_wait_s": -1.0}, {"pla_depth": 0},
-                                 {"pla_max_wait_s": 0.0}, {"pla_cooldown_s": -1.0},
-                                 {"pla_pressure_low": 0.9, "pla_pressure_high": 0.5},
-                                 {"pla_long_instances": 0}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"pla_boundary_tokens": 0},
+        {"pla_batching_gain": 1.0},
+        {"pla_wait_s": -1.0},
+        {"pla_depth": 0},
+        {"pla_max_wait_s": 0.0},
+        {"pla_cooldown_s": -1.0},
+        {"pla_pressure_low": 0.9, "pla_pressure_high": 0.5},
+        {"pla_long_instances": 0},
+    ],
+)
 def test_bad_pla_config_names_the_field(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         SchedulerConfig(policy="pla", **bad)
@@ -282,12 +298,18 @@ def test_the_dispatcher_moves_one_instance_per_cooldown(monkeypatch):
 
 
 def test_a_cluster_run_under_the_pla_dispatcher_finishes_everything():
-    sim = toy_sim(replicas=3, dispatcher="pla", policy="pla", pla_boundary_tokens=BOUNDARY,
-                  pla_cooldown_s=0.5, pla_window_s=0.5, pla_pressure_high=0.2,
-                  pla_pressure_low=0.1)
+    sim = toy_sim(
+        replicas=3,
+        dispatcher="pla",
+        policy="pla",
+        pla_boundary_tokens=BOUNDARY,
+        pla_cooldown_s=0.5,
+        pla_window_s=0.5,
+        pla_pressure_high=0.2,
+        pla_pressure_low=0.1,
+    )
     reqs = [Request(f"r{i}", 0.02 * i, 400 if i % 3 == 0 else 30, 8) for i in range(150)]
     result = sim.run(reqs)
     assert all(r.state.is_done and r.num_output_tokens == 8 for r in reqs)
     moves = result.dispatcher.moves
     assert all(b.time_s - a.time_s >= 0.5 for a, b in zip(moves, moves[1:]))
-

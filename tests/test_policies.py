@@ -40,10 +40,17 @@ def test_lars_and_edf_disagree_where_length_matters():
     # short one (0.5 s of work, deadline 1 s after its arrival at t=5).
     long_ = req("long", 0.0, 16.0, 10.0, 5.0)
     short = req("short", 5.0, 6.0, 0.5, 0.5)
-    order = {p: sorted([long_, short], key=make_policy(p).sort_key(5.0))[0].request_id
-             for p in ("fcfs", "edf", "lrs", "lars", "srpt")}
-    assert order == {"fcfs": "long", "edf": "short", "lrs": "short", "lars": "short",
-                     "srpt": "short"}
+    order = {
+        p: sorted([long_, short], key=make_policy(p).sort_key(5.0))[0].request_id
+        for p in ("fcfs", "edf", "lrs", "lars", "srpt")
+    }
+    assert order == {
+        "fcfs": "long",
+        "edf": "short",
+        "lrs": "short",
+        "lars": "short",
+        "srpt": "short",
+    }
     # Later, when the long one has burnt most of its slack, relative slack puts it first
     # while EDF still prefers any short request with an earlier deadline.
     short2 = req("short2", 12.5, 13.5, 0.5, 0.5)

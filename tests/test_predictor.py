@@ -59,8 +59,7 @@ def test_paper_scale_checks():
 
 def test_fitted_ops_match_held_out_measurements():
     profile = load_profile(PROFILE_DIR / "a100_Meta-Llama-3-8B_mlp.csv")
-    table = summarize(op_holdout_errors(profile, get_model("llama-3-8b"),
-                                        get_hardware("a100")))
+    table = summarize(op_holdout_errors(profile, get_model("llama-3-8b"), get_hardware("a100")))
     for op, s in table.items():
         assert s["fitted_median"] <= 0.05, (op, s)
         assert s["fitted_p95"] <= 0.15, (op, s)
@@ -85,8 +84,9 @@ def test_profile_errors_are_clear(tmp_path):
     with pytest.raises(ProfileError, match="does not exist"):
         load_profile(tmp_path / "nope.json")
     bad = tmp_path / "bad.csv"
-    bad.write_text("num_tokens,num_tensor_parallel_workers,time_stats.add.median\n"
-                   "8,1,0.1\nx,1,0.2\n")
+    bad.write_text(
+        "num_tokens,num_tensor_parallel_workers,time_stats.add.median\n8,1,0.1\nx,1,0.2\n"
+    )
     with pytest.raises(ProfileError, match=r"bad.csv:3: num_tokens='x' is not a number"):
         load_profile(bad)
     other = tmp_path / "other.json"
@@ -108,22 +108,28 @@ def test_iteration_profile_round_trip(tmp_path):
     def sample(count):
         rows = []
         for _ in range(count):
-            prefills = [(int(rng.integers(1, 2048)), int(rng.integers(0, 6000)))
-                        for _ in range(rng.integers(0, 3))]
+            prefills = [
+                (int(rng.integers(1, 2048)), int(rng.integers(0, 6000)))
+                for _ in range(rng.integers(0, 3))
+            ]
             decodes = [int(k) for k in rng.integers(1, 8000, size=rng.integers(0, 64))]
             if not prefills and not decodes:
                 decodes = [100]
             noise = 1 + rng.normal(0, 0.02)
-            rows.append(IterationRow(1, tuple(prefills), tuple(decodes),
-                                     truth.shape_time(prefills, decodes) * noise))
+            rows.append(
+                IterationRow(
+                    1, tuple(prefills), tuple(decodes), truth.shape_time(prefills, decodes) * noise
+                )
+            )
         return rows
 
     profile = Profile(sources=["synthetic"], iteration_rows=sample(300))
     path = tmp_path / "prof.json"
     profile.save(path)
     pred = ProfiledPredictor(truth.model, truth.hardware, truth.parallel, load_profile(path))
-    errors = [abs(pred.shape_time(r.prefills, r.decode_kv) - r.seconds) / r.seconds
-              for r in sample(200)]
+    errors = [
+        abs(pred.shape_time(r.prefills, r.decode_kv) - r.seconds) / r.seconds for r in sample(200)
+    ]
     assert np.median(errors) < 0.05 and np.percentile(errors, 95) < 0.15
     with pytest.raises(ProfileError, match="at least 8"):
         IterationModel.fit(sample(3))
@@ -156,9 +162,11 @@ def test_prefill_time_cache_counts_pipeline_overlap():
 
 
 def test_scheduler_path_does_not_import_torch():
-    code = ("import sys, medha.scheduler.replica_scheduler, medha.perf, medha.sim.replay, "
-            "medha.perf.profiled_predictor; from medha.perf import make_predictor; "
-            "make_predictor('profiled', 'llama-3-8b', 'a100'); print('torch' in sys.modules)")
+    code = (
+        "import sys, medha.scheduler.replica_scheduler, medha.perf, medha.sim.replay, "
+        "medha.perf.profiled_predictor; from medha.perf import make_predictor; "
+        "make_predictor('profiled', 'llama-3-8b', 'a100'); print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

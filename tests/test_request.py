@@ -19,23 +19,31 @@ def test_from_tokens_sets_length():
 def test_context_token_ids_read_prompt_then_outputs():
     r = Request.from_tokens("a", 0.0, [1, 2, 3], 4)
     r.output_token_ids += [4, 5]
-    assert [r.context_token_ids(s, e) for s, e in ((0, 3), (1, 4), (3, 5), (4, 5), (0, 5))] \
-        == [[1, 2, 3], [2, 3, 4], [4, 5], [5], [1, 2, 3, 4, 5]]
+    assert [r.context_token_ids(s, e) for s, e in ((0, 3), (1, 4), (3, 5), (4, 5), (0, 5))] == [
+        [1, 2, 3],
+        [2, 3, 4],
+        [4, 5],
+        [5],
+        [1, 2, 3, 4, 5],
+    ]
     with pytest.raises(ValueError, match="no token ids"):
         Request("b", 0.0, 3, 4).context_token_ids(0, 1)
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    (dict(max_tokens=0), "max_tokens"),
-    (dict(max_tokens=-3), "max_tokens"),
-    (dict(prompt_len=0), "prompt"),
-    (dict(ttft_deadline_s=0.0), "ttft_deadline_s"),
-    (dict(ttft_deadline_s=-1.0), "ttft_deadline_s"),
-    (dict(ttft_deadline_s=math.nan), "ttft_deadline_s"),
-    (dict(tpot_target_s=0), "tpot_target_s"),
-    (dict(arrival_s=math.inf), "arrival_s"),
-    (dict(request_id=""), "request_id"),
-])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(max_tokens=0), "max_tokens"),
+        (dict(max_tokens=-3), "max_tokens"),
+        (dict(prompt_len=0), "prompt"),
+        (dict(ttft_deadline_s=0.0), "ttft_deadline_s"),
+        (dict(ttft_deadline_s=-1.0), "ttft_deadline_s"),
+        (dict(ttft_deadline_s=math.nan), "ttft_deadline_s"),
+        (dict(tpot_target_s=0), "tpot_target_s"),
+        (dict(arrival_s=math.inf), "arrival_s"),
+        (dict(request_id=""), "request_id"),
+    ],
+)
 def test_bad_fields_are_named(kwargs, field):
     base = dict(request_id="a", arrival_s=0.0, prompt_len=8, max_tokens=4)
     base.update(kwargs)
@@ -62,13 +70,24 @@ def test_context_limits():
     r.validate(max_model_len=110)
 
 
-@pytest.mark.parametrize("path", [
-    [S.PREFILLING, S.DECODING, S.FINISHED],
-    [S.PREFILLING, S.FINISHED],
-    [S.PREFILLING, S.PREEMPTED, S.PREFILLING, S.DECODING, S.PREEMPTED, S.PREFILLING,
-     S.DECODING, S.ABORTED],
-    [S.ABORTED],
-])
+@pytest.mark.parametrize(
+    "path",
+    [
+        [S.PREFILLING, S.DECODING, S.FINISHED],
+        [S.PREFILLING, S.FINISHED],
+        [
+            S.PREFILLING,
+            S.PREEMPTED,
+            S.PREFILLING,
+            S.DECODING,
+            S.PREEMPTED,
+            S.PREFILLING,
+            S.DECODING,
+            S.ABORTED,
+        ],
+        [S.ABORTED],
+    ],
+)
 def test_allowed_paths(path):
     r = Request("a", 0.0, 4, 4)
     for state in path:
@@ -76,14 +95,17 @@ def test_allowed_paths(path):
     assert r.state is path[-1]
 
 
-@pytest.mark.parametrize("path", [
-    [S.DECODING],  # decoding needs a prefill first
-    [S.FINISHED],
-    [S.PREFILLING, S.WAITING],
-    [S.PREFILLING, S.DECODING, S.PREFILLING],  # a decode only re-prefills after preemption
-    [S.ABORTED, S.PREFILLING],
-    [S.PREFILLING, S.FINISHED, S.DECODING],
-])
+@pytest.mark.parametrize(
+    "path",
+    [
+        [S.DECODING],  # decoding needs a prefill first
+        [S.FINISHED],
+        [S.PREFILLING, S.WAITING],
+        [S.PREFILLING, S.DECODING, S.PREFILLING],  # a decode only re-prefills after preemption
+        [S.ABORTED, S.PREFILLING],
+        [S.PREFILLING, S.FINISHED, S.DECODING],
+    ],
+)
 def test_forbidden_transitions(path):
     r = Request("a", 0.0, 4, 4)
     with pytest.raises(InvalidTransition):

@@ -17,11 +17,14 @@ BUDGET = 1 / 8
 
 def illustrative(policy, chunking, **config):
     # r_L counts as long (space sharing, one per batch); the short requests do not
-    sched = toy_scheduler(policy, chunking, iteration_budget_s=BUDGET,
-                          long_prefill_threshold=4096, **config)
-    reqs = [Request("r_L", 0.0, 10 * 1024, 1, ttft_deadline_s=16.0),  # 10 s of work
-            Request("r_S1", 5.0, 512, 1, ttft_deadline_s=1.0),  # 0.5 s each
-            Request("r_S2", 5.0, 512, 1, ttft_deadline_s=1.0)]
+    sched = toy_scheduler(
+        policy, chunking, iteration_budget_s=BUDGET, long_prefill_threshold=4096, **config
+    )
+    reqs = [
+        Request("r_L", 0.0, 10 * 1024, 1, ttft_deadline_s=16.0),  # 10 s of work
+        Request("r_S1", 5.0, 512, 1, ttft_deadline_s=1.0),  # 0.5 s each
+        Request("r_S2", 5.0, 512, 1, ttft_deadline_s=1.0),
+    ]
     replay(sched, reqs, on_batch=lambda b, now: sched.check_invariants())
     assert sched.blocks.num_used == 0
     return {r.request_id: r.ttft_s for r in reqs}
@@ -60,8 +63,9 @@ def steady_stream(policy, gap=0.032, horizon=50.0):
     every deadline here (below this load EDF does, being optimal for a preemptive machine).
     """
     pred = make_predictor("roofline", "llama-3-8b", "h100", ParallelConfig(tp=8))
-    sched = ReplicaScheduler(SchedulerConfig(policy=policy, iteration_budget_s=0.05), pred,
-                             BlockManager(1 << 19))
+    sched = ReplicaScheduler(
+        SchedulerConfig(policy=policy, iteration_budget_s=0.05), pred, BlockManager(1 << 19)
+    )
     long_ = Request("long", 0.0, 500_000, 1)
     shorts = [Request(f"s{i}", 0.01 + i * gap, 1500, 100) for i in range(int(horizon / gap))]
     replay(sched, [long_, *shorts])

@@ -46,8 +46,9 @@ def test_engine_tokens_and_early_stop():
     r = Request("a", 0.0, 10, 50)
     sched.add_request(r, 0.0)
     _, now, _ = step(sched, 0.0, BatchResult(0.01, token_ids={"a": 7}))
-    _, now, finished = step(sched, now, BatchResult(0.01, token_ids={"a": 9},
-                                                    stopped=frozenset({"a"})))
+    _, now, finished = step(
+        sched, now, BatchResult(0.01, token_ids={"a": 9}, stopped=frozenset({"a"}))
+    )
     assert r.output_token_ids == [7, 9] and finished == [r] and r.finish_reason == "stop"
     assert sched.blocks.num_used == 0
 
@@ -86,8 +87,11 @@ def test_abort_frees_kv(when):
 
 def test_default_and_explicit_deadlines():
     sched = toy_scheduler(min_ttft_deadline_s=0.5, ttft_deadline_factor=1.5)
-    short, long_, own = (Request("s", 0.0, 64, 1), Request("l", 0.0, 4096, 1),
-                         Request("o", 1.0, 64, 1, ttft_deadline_s=2.0))
+    short, long_, own = (
+        Request("s", 0.0, 64, 1),
+        Request("l", 0.0, 4096, 1),
+        Request("o", 1.0, 64, 1, ttft_deadline_s=2.0),
+    )
     for r in (short, long_, own):
         sched.add_request(r, r.arrival_s)
     assert short.deadline_s == 0.5  # 1.5 x 62.5 ms is below the floor
@@ -126,8 +130,13 @@ def test_preempted_decode_recomputes_prompt_and_outputs():
     context = b.num_tokens
     assert context == 47 + 2
     chunks = []
-    replay(sched, [], on_batch=lambda bt, t: chunks.extend(
-        (c.start, c.end) for c in bt.prefills if c.request is b))
+    replay(
+        sched,
+        [],
+        on_batch=lambda bt, t: chunks.extend(
+            (c.start, c.end) for c in bt.prefills if c.request is b
+        ),
+    )
     # the whole context (prompt + generated tokens) was prefilled again from zero (memory is
     # so tight here that a partial re-prefill may itself be evicted and restart)
     last = max(i for i, c in enumerate(chunks) if c[0] == 0)
@@ -142,8 +151,7 @@ def test_a_batch_carries_each_chunks_tokens_and_block_table():
     # Tight memory, so that a request is preempted and recomputes prompt + outputs: every
     # chunk must still read the right tokens from its request and hold its live block table.
     sched = toy_scheduler(num_blocks=6, watermark=0.0, iteration_budget_s=0.2)
-    reqs = [Request.from_tokens(n, 0.0, [hash((n, i)) % 1000 for i in range(47)], 30)
-            for n in "ab"]
+    reqs = [Request.from_tokens(n, 0.0, [hash((n, i)) % 1000 for i in range(47)], 30) for n in "ab"]
     for r in reqs:
         sched.add_request(r, 0.0)
     now, recomputed = 0.0, 0
@@ -152,7 +160,7 @@ def test_a_batch_carries_each_chunks_tokens_and_block_table():
         for c in batch.chunks:
             r = c.request
             context = r.prompt_token_ids + r.output_token_ids
-            assert c.token_ids == context[c.start:c.end]
+            assert c.token_ids == context[c.start : c.end]
             assert c.block_table is sched.blocks.blocks_of(r.request_id)  # the live list
             assert len(c.block_table) * sched.blocks.block_size >= c.end
             recomputed += c.start == 0 and r.num_output_tokens > 0
@@ -163,20 +171,34 @@ def test_a_batch_carries_each_chunks_tokens_and_block_table():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.floats(0, 1), st.integers(1, 300), st.integers(1, 40),
-                          st.one_of(st.none(), st.integers(0, 30)),
-                          st.sampled_from(PRIORITY_CLASSES + (None,))),
-                min_size=1, max_size=15),
-       st.sampled_from(["fcfs", "edf", "lrs", "lars", "srpt", "deferred", "aligned",
-                        "priority", "pla"]),
-       st.sampled_from(["adaptive", "static:64", "none"]),
-       st.integers(24, 200),
-       st.tuples(st.integers(1, 8), st.integers(1, 8), st.booleans()),
-       st.tuples(st.sampled_from(["recompute", "swap", "auto"]), st.integers(1, 40),
-                 st.sampled_from([None, 0.0005])),
-       st.booleans())
-def test_every_request_ends_and_no_block_leaks(specs, policy, chunking, blocks, deferral,
-                                               swapping, kvp):
+@given(
+    st.lists(
+        st.tuples(
+            st.floats(0, 1),
+            st.integers(1, 300),
+            st.integers(1, 40),
+            st.one_of(st.none(), st.integers(0, 30)),
+            st.sampled_from(PRIORITY_CLASSES + (None,)),
+        ),
+        min_size=1,
+        max_size=15,
+    ),
+    st.sampled_from(
+        ["fcfs", "edf", "lrs", "lars", "srpt", "deferred", "aligned", "priority", "pla"]
+    ),
+    st.sampled_from(["adaptive", "static:64", "none"]),
+    st.integers(24, 200),
+    st.tuples(st.integers(1, 8), st.integers(1, 8), st.booleans()),
+    st.tuples(
+        st.sampled_from(["recompute", "swap", "auto"]),
+        st.integers(1, 40),
+        st.sampled_from([None, 0.0005]),
+    ),
+    st.booleans(),
+)
+def test_every_request_ends_and_no_block_leaks(
+    specs, policy, chunking, blocks, deferral, swapping, kvp
+):
     cap, k, prefill_only = deferral  # batch cap C and threshold K of the deferred policy
     # swap and auto with a host pool of 1-40 blocks; 0.0005 GB/s makes swapping about as
     # dear as recomputing on the toy predictor, so that auto takes both ways
@@ -184,25 +206,42 @@ def test_every_request_ends_and_no_block_leaks(specs, policy, chunking, blocks, 
     # aligned: a small memory threshold and min batch make it split the decodes into batches
     # (the toy predictor alone would always batch them all)
     # KV-cache parallel: 2 groups, a request's group 0 holding 16-64 tokens before group 1
-    kvp_blocks = KvpBlockManager(blocks // 2, 16, 2, 16 * (1 + k % 4)) \
-        if kvp and mode == "recompute" else None
-    sched = toy_scheduler(policy=policy, chunking=chunking, num_blocks=blocks, batch_cap=cap,
-                          blocks=kvp_blocks,
-                          departure_threshold=min(k, cap),
-                          prefill_only_iterations=prefill_only, aligned_min_batch=k,
-                          aligned_memory_fraction=cap / 8, preemption_mode=mode,
-                          host_kv_blocks=host_blocks, swap_bandwidth_gbps=bandwidth,
-                          # pla: boundary 40-320 tokens; short prefills wait for up to C of
-                          # them or k/64 s (adaptive, on the toy predictor, never waits)
-                          pla_boundary_tokens=40 * k, pla_depth=cap, pla_wait_s=k / 64,
-                          pla_adaptive=k % 2 == 0)
+    kvp_blocks = (
+        KvpBlockManager(blocks // 2, 16, 2, 16 * (1 + k % 4))
+        if kvp and mode == "recompute"
+        else None
+    )
+    sched = toy_scheduler(
+        policy=policy,
+        chunking=chunking,
+        num_blocks=blocks,
+        batch_cap=cap,
+        blocks=kvp_blocks,
+        departure_threshold=min(k, cap),
+        prefill_only_iterations=prefill_only,
+        aligned_min_batch=k,
+        aligned_memory_fraction=cap / 8,
+        preemption_mode=mode,
+        host_kv_blocks=host_blocks,
+        swap_bandwidth_gbps=bandwidth,
+        # pla: boundary 40-320 tokens; short prefills wait for up to C of
+        # them or k/64 s (adaptive, on the toy predictor, never waits)
+        pla_boundary_tokens=40 * k,
+        pla_depth=cap,
+        pla_wait_s=k / 64,
+        pla_adaptive=k % 2 == 0,
+    )
     room = sched.blocks.capacity_tokens
-    reqs = [Request(f"r{i}", t, p, o, priority_class=c)
-            for i, (t, p, o, _, c) in enumerate(specs) if p + o <= room]
+    reqs = [
+        Request(f"r{i}", t, p, o, priority_class=c)
+        for i, (t, p, o, _, c) in enumerate(specs)
+        if p + o <= room
+    ]
     # abort each marked request once that many batches have run, wherever it is by then:
     # waiting, held back by its policy, prefilling, decoding or swapped out
-    abort_at = {f"r{i}": ab for i, (t, p, o, ab, _) in enumerate(specs)
-                if ab is not None and p + o <= room}
+    abort_at = {
+        f"r{i}": ab for i, (t, p, o, ab, _) in enumerate(specs) if ab is not None and p + o <= room
+    }
     now, pending = 0.0, sorted(reqs, key=lambda r: r.arrival_s)
     for _ in range(100_000):
         while pending and pending[0].arrival_s <= now:
@@ -244,12 +283,14 @@ def test_a_discarded_batch_ends_its_requests_and_frees_their_kv():
     batch = sched.schedule(0.02)
     sched.abort("late", 0.02)  # aborted while the failing batch runs: released once, too
     gone = sched.discard(batch, 0.03)
-    assert {r.request_id for r in gone} == {c.request.request_id
-                                            for c in (*batch.prefills, *batch.decodes)}
+    assert {r.request_id for r in gone} == {
+        c.request.request_id for c in (*batch.prefills, *batch.decodes)
+    }
     assert all(r.state is S.ABORTED for r in gone)
     assert all(not sched.blocks.blocks_of(r.request_id) for r in gone)
-    assert sched.blocks.num_used == sum(len(sched.blocks.blocks_of(r.request_id))
-                                        for r in sched.live_requests())
+    assert sched.blocks.num_used == sum(
+        len(sched.blocks.blocks_of(r.request_id)) for r in sched.live_requests()
+    )
     sched.check_invariants()
 
 
@@ -268,14 +309,16 @@ def test_config_is_resolved_once_and_resolve_is_idempotent():
     assert explicit.resolve(sched.predictor).iteration_budget_s == 0.03
 
 
-@pytest.mark.parametrize("max_model_len, expected", [(8192, 2048), (4096, 1024),
-                                                     (1 << 20, 32768), (3, 1)])
+@pytest.mark.parametrize(
+    "max_model_len, expected", [(8192, 2048), (4096, 1024), (1 << 20, 32768), (3, 1)]
+)
 def test_one_default_long_threshold(max_model_len, expected):
     assert default_long_threshold(max_model_len) == expected
     sched = toy_scheduler(max_model_len=max_model_len)
     assert sched.long_threshold == sched.config.long_prefill_threshold == expected
-    assert toy_scheduler(max_model_len=max_model_len,
-                         long_prefill_threshold=77).long_threshold == 77
+    assert (
+        toy_scheduler(max_model_len=max_model_len, long_prefill_threshold=77).long_threshold == 77
+    )
 
 
 def test_waiting_and_prefilling_are_counted_apart():
@@ -303,9 +346,11 @@ def test_a_decodes_own_tpot_target_caps_the_prefill_chunk_beside_it(spp):
         # 1/1024 s per token, no fixed cost: a budget of B seconds holds 1024 B tokens
         pred = FixedCostPredictor(1 / 1024)
         pred.parallel = ParallelConfig(spp=spp)
-        sched = ReplicaScheduler(SchedulerConfig(policy="fcfs", iteration_budget_s=1 / 16,
-                                                 min_chunk_tokens=4),
-                                 pred, BlockManager(1 << 12))
+        sched = ReplicaScheduler(
+            SchedulerConfig(policy="fcfs", iteration_budget_s=1 / 16, min_chunk_tokens=4),
+            pred,
+            BlockManager(1 << 12),
+        )
         d = Request("d", 0.0, 8, 50, tpot_target_s=target)
         sched.add_request(d, 0.0)
         step(sched, 0.0)  # d's prompt: it decodes from here

@@ -30,14 +30,29 @@ class Server:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "medha", "serve", "--port", str(self.port),
-             "--log-level", "warning", "--kv-memory-gb", "0.25", *flags],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            [
+                sys.executable,
+                "-m",
+                "medha",
+                "serve",
+                "--port",
+                str(self.port),
+                "--log-level",
+                "warning",
+                "--kv-memory-gb",
+                "0.25",
+                *flags,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         deadline = time.monotonic() + 240  # first start converts the embedded model
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited {self.proc.returncode}: "
-                                   f"{self.proc.stdout.read()}")
+                raise RuntimeError(
+                    f"server exited {self.proc.returncode}: {self.proc.stdout.read()}"
+                )
             try:
                 if httpx.get(self.url + "/health", timeout=1).status_code == 200:
                     return
@@ -58,8 +73,12 @@ class Server:
         deadline = time.monotonic() + timeout
         while True:
             m = self.metrics()
-            busy = m["medha_kv_blocks_used"] + m["medha_num_requests_waiting"] + \
-                m["medha_num_requests_prefilling"] + m["medha_num_requests_running"]
+            busy = (
+                m["medha_kv_blocks_used"]
+                + m["medha_num_requests_waiting"]
+                + m["medha_num_requests_prefilling"]
+                + m["medha_num_requests_running"]
+            )
             if busy == 0 or time.monotonic() > deadline:
                 return m
             time.sleep(0.2)
@@ -93,85 +112,144 @@ def test_models_and_health(server, client):
 
 def test_chat_stream_equals_non_stream(client):
     messages = [{"role": "user", "content": "Name three colours."}]
-    full = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=12,
-                                          temperature=0)
+    full = client.chat.completions.create(
+        model="smollm2", messages=messages, max_tokens=12, temperature=0
+    )
     assert full.choices[0].message.role == "assistant"
     assert full.usage.completion_tokens == 12 or full.choices[0].finish_reason == "stop"
-    chunks = list(client.chat.completions.create(
-        model="smollm2", messages=messages, max_tokens=12, temperature=0, stream=True,
-        stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model="smollm2",
+            messages=messages,
+            max_tokens=12,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == full.choices[0].message.content and text
     assert chunks[0].choices[0].delta.role == "assistant"
     assert chunks[-1].choices == [] and chunks[-1].usage == full.usage
-    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == \
-        full.choices[0].finish_reason
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == full.choices[
+        0
+    ].finish_reason
 
 
 def test_completions_stream_equals_non_stream(client):
-    full = client.completions.create(model="smollm2", prompt="Once upon a time",
-                                     max_tokens=10, temperature=0, extra_body={"ignore_eos": True})
+    full = client.completions.create(
+        model="smollm2",
+        prompt="Once upon a time",
+        max_tokens=10,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
     assert full.choices[0].finish_reason == "length" and full.usage.completion_tokens == 10
-    parts = list(client.completions.create(model="smollm2", prompt="Once upon a time",
-                                           max_tokens=10, temperature=0, stream=True,
-                                           extra_body={"ignore_eos": True}))
+    parts = list(
+        client.completions.create(
+            model="smollm2",
+            prompt="Once upon a time",
+            max_tokens=10,
+            temperature=0,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+    )
     assert "".join(p.choices[0].text for p in parts) == full.choices[0].text
 
 
 def test_token_prompts_batches_echo_and_logprobs(client):
-    out = client.completions.create(model="smollm2", prompt=["Hello", "Good morning"],
-                                    max_tokens=2, temperature=0, echo=True)
+    out = client.completions.create(
+        model="smollm2", prompt=["Hello", "Good morning"], max_tokens=2, temperature=0, echo=True
+    )
     assert [c.index for c in out.choices] == [0, 1]
     assert out.choices[1].text.startswith("Good morning")
-    out = client.completions.create(model="smollm2", prompt=[504, 3575, 282], max_tokens=4,
-                                    temperature=0, logprobs=2, extra_body={"ignore_eos": True})
+    out = client.completions.create(
+        model="smollm2",
+        prompt=[504, 3575, 282],
+        max_tokens=4,
+        temperature=0,
+        logprobs=2,
+        extra_body={"ignore_eos": True},
+    )
     lp = out.choices[0].logprobs
     assert len(lp.tokens) == 4 and all(len(t) == 2 for t in lp.top_logprobs)
     assert all(v <= 0 for v in lp.token_logprobs)
     # greedy: the chosen token is the likeliest
-    assert all(lp.token_logprobs[i] == pytest.approx(max(lp.top_logprobs[i].values()))
-               for i in range(4))
+    assert all(
+        lp.token_logprobs[i] == pytest.approx(max(lp.top_logprobs[i].values())) for i in range(4)
+    )
     chat = client.chat.completions.create(
-        model="smollm2", messages=[{"role": "user", "content": "Hi"}], max_tokens=3,
-        temperature=0, logprobs=True, top_logprobs=3)
+        model="smollm2",
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=3,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=3,
+    )
     assert all(len(t.top_logprobs) == 3 for t in chat.choices[0].logprobs.content)
 
 
 def test_seeded_sampling_is_reproducible(client):
-    kw = dict(model="smollm2", prompt="The weather today", max_tokens=8, temperature=1.0,
-              top_p=0.9, seed=7)
-    assert client.completions.create(**kw).choices[0].text == \
+    kw = dict(
+        model="smollm2",
+        prompt="The weather today",
+        max_tokens=8,
+        temperature=1.0,
+        top_p=0.9,
+        seed=7,
+    )
+    assert (
         client.completions.create(**kw).choices[0].text
+        == client.completions.create(**kw).choices[0].text
+    )
 
 
 def test_slo_fields_are_accepted(client):
     out = client.completions.create(
-        model="smollm2", prompt="Hi", max_tokens=2,
-        extra_body={"medha": {"priority": "HIGH", "ttft_slo_s": 2.0, "tpot_slo_s": 0.5}})
+        model="smollm2",
+        prompt="Hi",
+        max_tokens=2,
+        extra_body={"medha": {"priority": "HIGH", "ttft_slo_s": 2.0, "tpot_slo_s": 0.5}},
+    )
     assert out.usage.completion_tokens >= 1
 
 
-@pytest.mark.parametrize("path,body,status,param", [
-    ("/v1/completions", {"prompt": "hi", "temperature": -1}, 400, "temperature"),
-    ("/v1/completions", {"prompt": "hi", "top_p": 1.5}, 400, "top_p"),
-    ("/v1/completions", {"prompt": "hi", "top_p": 0}, 400, "top_p"),
-    ("/v1/completions", {"prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
-    ("/v1/completions", {"prompt": "hi", "max_tokens": 100000}, 400, "max_tokens"),
-    ("/v1/completions", {"prompt": "hi", "n": 3}, 400, "n"),
-    ("/v1/completions", {"prompt": ""}, 400, "prompt"),
-    ("/v1/completions", {"prompt": [1, 10**9]}, 400, "prompt"),
-    ("/v1/completions", {"max_tokens": 3}, 400, "prompt"),
-    ("/v1/completions", {"prompt": "hi", "model": "gpt-4"}, 404, "model"),
-    ("/v1/completions", {"prompt": "hi", "medha": {"ttft_slo_s": 0}}, 400,
-     "medha.ttft_slo_s"),
-    ("/v1/completions", {"prompt": "hi", "medha": {"priority": "URGENT"}}, 400,
-     "medha.priority"),
-    ("/v1/chat/completions", {"messages": []}, 400, "messages"),
-    ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, 400,
-     "messages.0.role"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
-                              "max_tokens": 9000}, 400, "max_tokens"),
-])
+@pytest.mark.parametrize(
+    "path,body,status,param",
+    [
+        ("/v1/completions", {"prompt": "hi", "temperature": -1}, 400, "temperature"),
+        ("/v1/completions", {"prompt": "hi", "top_p": 1.5}, 400, "top_p"),
+        ("/v1/completions", {"prompt": "hi", "top_p": 0}, 400, "top_p"),
+        ("/v1/completions", {"prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
+        ("/v1/completions", {"prompt": "hi", "max_tokens": 100000}, 400, "max_tokens"),
+        ("/v1/completions", {"prompt": "hi", "n": 3}, 400, "n"),
+        ("/v1/completions", {"prompt": ""}, 400, "prompt"),
+        ("/v1/completions", {"prompt": [1, 10**9]}, 400, "prompt"),
+        ("/v1/completions", {"max_tokens": 3}, 400, "prompt"),
+        ("/v1/completions", {"prompt": "hi", "model": "gpt-4"}, 404, "model"),
+        ("/v1/completions", {"prompt": "hi", "medha": {"ttft_slo_s": 0}}, 400, "medha.ttft_slo_s"),
+        (
+            "/v1/completions",
+            {"prompt": "hi", "medha": {"priority": "URGENT"}},
+            400,
+            "medha.priority",
+        ),
+        ("/v1/chat/completions", {"messages": []}, 400, "messages"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "wizard", "content": "x"}]},
+            400,
+            "messages.0.role",
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "x"}], "max_tokens": 9000},
+            400,
+            "max_tokens",
+        ),
+    ],
+)
 def test_invalid_requests_get_openai_errors(server, path, body, status, param):
     r = httpx.post(server.url + path, json=body, headers=AUTH)
     assert r.status_code == status, r.text
@@ -181,8 +259,11 @@ def test_invalid_requests_get_openai_errors(server, path, body, status, param):
 
 def test_malformed_json_and_auth(server):
     for content_type in ("application/json", "text/plain"):
-        r = httpx.post(server.url + "/v1/completions", content=b"{not json",
-                       headers=AUTH | {"Content-Type": content_type})
+        r = httpx.post(
+            server.url + "/v1/completions",
+            content=b"{not json",
+            headers=AUTH | {"Content-Type": content_type},
+        )
         assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
     for headers in ({}, {"Authorization": "Bearer wrong"}):
         r = httpx.post(server.url + "/v1/completions", json={"prompt": "hi"}, headers=headers)
@@ -196,12 +277,18 @@ def test_metrics_count_requests_and_latencies(server, client):
     client.completions.create(model="smollm2", prompt="Count", max_tokens=3)
     httpx.post(server.url + "/v1/completions", json={"prompt": ""}, headers=AUTH)
     after = server.wait_idle()
-    assert after['medha_requests_total{status="ok"}'] == \
-        before['medha_requests_total{status="ok"}'] + 1
-    assert after['medha_requests_total{status="invalid"}'] >= \
-        before['medha_requests_total{status="invalid"}'] + 1
-    assert after["medha_time_to_first_token_seconds_count"] == \
-        before["medha_time_to_first_token_seconds_count"] + 1
+    assert (
+        after['medha_requests_total{status="ok"}']
+        == before['medha_requests_total{status="ok"}'] + 1
+    )
+    assert (
+        after['medha_requests_total{status="invalid"}']
+        >= before['medha_requests_total{status="invalid"}'] + 1
+    )
+    assert (
+        after["medha_time_to_first_token_seconds_count"]
+        == before["medha_time_to_first_token_seconds_count"] + 1
+    )
     assert after["medha_iteration_seconds_count"] > before["medha_iteration_seconds_count"]
     assert after["medha_kv_blocks_total"] > 0 and after["medha_kv_blocks_used"] == 0
     # the prefill-phase queue in two gauges: not started, and started
@@ -209,8 +296,12 @@ def test_metrics_count_requests_and_latencies(server, client):
 
 
 async def _disconnect(url: str, rng: random.Random) -> None:
-    body = {"prompt": [rng.randrange(1000, 30000) for _ in range(rng.randint(8, 120))],
-            "max_tokens": 200, "ignore_eos": True, "stream": rng.random() < 0.8}
+    body = {
+        "prompt": [rng.randrange(1000, 30000) for _ in range(rng.randint(8, 120))],
+        "max_tokens": 200,
+        "ignore_eos": True,
+        "stream": rng.random() < 0.8,
+    }
     # a stream waits for its first token behind up to 15 others: minutes on a slow CPU
     async with httpx.AsyncClient(headers=AUTH, timeout=180) as c:
         if not body["stream"]:
@@ -234,7 +325,9 @@ def test_random_disconnects_leave_no_kv_in_use(server, client):
         async def one(i):
             async with sem:
                 await _disconnect(url, random.Random(rng.random()))
+
         await asyncio.gather(*(one(i) for i in range(120)))
+
     before = server.metrics()['medha_requests_total{status="aborted"}']
     asyncio.run(main())
     after = server.wait_idle()
@@ -243,27 +336,65 @@ def test_random_disconnects_leave_no_kv_in_use(server, client):
     assert after["medha_num_requests_running"] == 0
     assert after['medha_requests_total{status="aborted"}'] - before >= 90
     # and it still serves
-    assert client.completions.create(model="smollm2", prompt="Still there?",
-                                     max_tokens=2).usage.completion_tokens >= 1
+    assert (
+        client.completions.create(
+            model="smollm2", prompt="Still there?", max_tokens=2
+        ).usage.completion_tokens
+        >= 1
+    )
 
 
-_JSON = st.recursive(st.none() | st.booleans() | st.integers(-10, 10**6) |
-                     st.floats(allow_nan=True) | st.text(max_size=20),
-                     lambda inner: st.lists(inner, max_size=4) |
-                     st.dictionaries(st.text(max_size=10), inner, max_size=4), max_leaves=8)
-_FIELDS = ["model", "prompt", "messages", "temperature", "top_p", "top_k", "n", "stop", "seed",
-           "stream", "stream_options", "logprobs", "top_logprobs", "echo", "medha",
-           "ignore_eos", "stop_token_ids", "presence_penalty", "max_completion_tokens"]
-_MESSAGES = st.lists(st.fixed_dictionaries(
-    {"role": st.sampled_from(["user", "system", "assistant", "bot"]),
-     "content": st.one_of(st.text(max_size=30), _JSON)}), max_size=3)
+_JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-10, 10**6)
+    | st.floats(allow_nan=True)
+    | st.text(max_size=20),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4)
+    ),
+    max_leaves=8,
+)
+_FIELDS = [
+    "model",
+    "prompt",
+    "messages",
+    "temperature",
+    "top_p",
+    "top_k",
+    "n",
+    "stop",
+    "seed",
+    "stream",
+    "stream_options",
+    "logprobs",
+    "top_logprobs",
+    "echo",
+    "medha",
+    "ignore_eos",
+    "stop_token_ids",
+    "presence_penalty",
+    "max_completion_tokens",
+]
+_MESSAGES = st.lists(
+    st.fixed_dictionaries(
+        {
+            "role": st.sampled_from(["user", "system", "assistant", "bot"]),
+            "content": st.one_of(st.text(max_size=30), _JSON),
+        }
+    ),
+    max_size=3,
+)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
-@given(path=st.sampled_from(["/v1/completions", "/v1/chat/completions"]),
-       body=st.dictionaries(st.sampled_from(_FIELDS),
-                            st.one_of(_JSON, _MESSAGES, st.text(max_size=40)), max_size=6),
-       max_tokens=st.one_of(st.integers(-2, 4), _JSON))
+@given(
+    path=st.sampled_from(["/v1/completions", "/v1/chat/completions"]),
+    body=st.dictionaries(
+        st.sampled_from(_FIELDS), st.one_of(_JSON, _MESSAGES, st.text(max_size=40)), max_size=6
+    ),
+    max_tokens=st.one_of(st.integers(-2, 4), _JSON),
+)
 def test_fuzzed_bodies_never_get_5xx(server, path, body, max_tokens):
     body["max_tokens"] = max_tokens  # bounded, so valid bodies finish quickly
     body.pop("max_completion_tokens", None)
@@ -276,15 +407,19 @@ def test_fuzzed_bodies_never_get_5xx(server, path, body, max_tokens):
         assert "message" in r.json()["error"]
 
 
-INNOCENT = {"prompt": "The history of the printing press begins", "max_tokens": 16,
-            "temperature": 0, "ignore_eos": True, "stream": True}
+INNOCENT = {
+    "prompt": "The history of the printing press begins",
+    "max_tokens": 16,
+    "temperature": 0,
+    "ignore_eos": True,
+    "stream": True,
+}
 
 
 def _stream_text(url: str, body: dict = INNOCENT) -> list[str]:
     """The text chunks of a streamed completion (an error event fails the test)."""
     chunks = []
-    with httpx.stream("POST", url + "/v1/completions", json=body, headers=AUTH,
-                      timeout=120) as r:
+    with httpx.stream("POST", url + "/v1/completions", json=body, headers=AUTH, timeout=120) as r:
         assert r.status_code == 200, r.read()
         for line in r.iter_lines():
             if line.startswith("data: ") and line != "data: [DONE]":
@@ -301,21 +436,35 @@ def quiet_stream(server):
 
 # The requests that took the service down (issue 13), and the surrogate that got a 500.
 KILLERS = [
-    ("/v1/completions", b'{"prompt": "Hi", "max_tokens": 2, "temperature": 1, "top_p": 1e-300}',
-     "top_p"),
-    ("/v1/completions", b'{"prompt": "Hi", "max_tokens": 2, "temperature": 1, "top_p": 1e-46}',
-     "top_p"),
-    ("/v1/completions", b'{"prompt": "Hi", "max_tokens": 2, "temperature": 1e-40}',
-     "temperature"),
-    ("/v1/completions", b'{"prompt": "Hi", "max_tokens": 2, "temperature": 1, '
-     b'"seed": 18446744073709551616}', "seed"),
+    (
+        "/v1/completions",
+        b'{"prompt": "Hi", "max_tokens": 2, "temperature": 1, "top_p": 1e-300}',
+        "top_p",
+    ),
+    (
+        "/v1/completions",
+        b'{"prompt": "Hi", "max_tokens": 2, "temperature": 1, "top_p": 1e-46}',
+        "top_p",
+    ),
+    ("/v1/completions", b'{"prompt": "Hi", "max_tokens": 2, "temperature": 1e-40}', "temperature"),
+    (
+        "/v1/completions",
+        b'{"prompt": "Hi", "max_tokens": 2, "temperature": 1, "seed": 18446744073709551616}',
+        "seed",
+    ),
     ("/v1/completions", b'{"prompt": "\\ud800", "max_tokens": 2}', "prompt"),
     ("/v1/completions", b'{"prompt": "ok \xff\xfe", "max_tokens": 2}', "prompt"),
     ("/v1/completions", b'{"prompt": "Hi", "model": "\\udfff"}', "model"),
-    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x\\ud800"}]}',
-     "messages.0.content"),
-    ("/v1/completions", b'{"prompt": "Hi", "stream_options": {"include_usage": true}}',
-     "stream_options"),
+    (
+        "/v1/chat/completions",
+        b'{"messages": [{"role": "user", "content": "x\\ud800"}]}',
+        "messages.0.content",
+    ),
+    (
+        "/v1/completions",
+        b'{"prompt": "Hi", "stream_options": {"include_usage": true}}',
+        "stream_options",
+    ),
     ("/v1/completions", b'{"prompt": "Hi", "best_of": 0}', "best_of"),
     ("/v1/completions", b'{"prompt": "Hi", "echo": true, "logprobs": 1}', "logprobs"),
     ("/v1/completions", b'{"prompt": "Hi", "max_tokens": 2.0}', "max_tokens"),
@@ -332,8 +481,12 @@ def test_killers_get_4xx_and_leave_others_alone(server, quiet_stream):
     with ThreadPoolExecutor(1) as pool:
         for path, raw, param in KILLERS:
             innocent = pool.submit(_stream_text, server.url)
-            r = httpx.post(server.url + path, content=raw, headers=AUTH | {
-                "Content-Type": "application/json"}, timeout=60)
+            r = httpx.post(
+                server.url + path,
+                content=raw,
+                headers=AUTH | {"Content-Type": "application/json"},
+                timeout=60,
+            )
             assert r.status_code == 400 and r.json()["error"]["param"] == param, (raw, r.text)
             assert httpx.get(server.url + "/health").status_code == 200
             assert innocent.result() == quiet_stream, raw
@@ -350,8 +503,10 @@ def _send_large(url: str, size: int, chunked: bool) -> tuple[int, float]:
     piece = b"hello world " * 80_000  # ~1 MB
     sock = socket.create_connection((host, int(port)), timeout=60)
     framing = "Transfer-Encoding: chunked" if chunked else f"Content-Length: {size}"
-    sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer "
-                 f"{KEY}\r\nContent-Type: application/json\r\n{framing}\r\n\r\n".encode())
+    sock.sendall(
+        f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer "
+        f"{KEY}\r\nContent-Type: application/json\r\n{framing}\r\n\r\n".encode()
+    )
     stop = threading.Event()
 
     def send() -> None:
@@ -364,6 +519,7 @@ def _send_large(url: str, size: int, chunked: bool) -> tuple[int, float]:
                 sent += len(part)
         except OSError:
             pass  # refused and closed: the rest is never read
+
     t0 = time.perf_counter()
     sender = threading.Thread(target=send, daemon=True)
     sender.start()
@@ -380,9 +536,11 @@ def test_large_bodies_get_413_before_they_are_read(server):
     Path(f"/proc/{pid}/clear_refs").write_text("5")  # peak RSS from here
 
     def rss(field: str) -> int:
-        line = next(x for x in Path(f"/proc/{pid}/status").read_text().splitlines()
-                    if x.startswith(field))
+        line = next(
+            x for x in Path(f"/proc/{pid}/status").read_text().splitlines() if x.startswith(field)
+        )
         return int(line.split()[1]) * 1024
+
     before = rss("VmRSS")
     for size, chunked in ((50 * 10**6, False), (20 * 10**6, True)):
         status, seconds = _send_large(server.url, size, chunked)
@@ -393,19 +551,33 @@ def test_large_bodies_get_413_before_they_are_read(server):
 
 _HOSTILE = st.one_of(
     st.sampled_from([raw for _, raw, _ in KILLERS]),
-    st.builds(lambda b: json.dumps(b).encode(), st.dictionaries(
-        st.sampled_from(_FIELDS), st.one_of(_JSON, _MESSAGES, st.text(max_size=40)),
-        max_size=6)),
-    st.builds(lambda p, t, s, k: json.dumps({"prompt": p, "max_tokens": 3, "temperature": t,
-                                             "seed": s, "top_k": k}).encode(),
-              st.one_of(st.text(max_size=30), st.lists(st.integers(-5, 60000), max_size=20)),
-              st.floats(0, 2), st.integers(-2**64, 2**64), st.integers(-3, 2**64)),
-    st.binary(max_size=200))
+    st.builds(
+        lambda b: json.dumps(b).encode(),
+        st.dictionaries(
+            st.sampled_from(_FIELDS), st.one_of(_JSON, _MESSAGES, st.text(max_size=40)), max_size=6
+        ),
+    ),
+    st.builds(
+        lambda p, t, s, k: json.dumps(
+            {"prompt": p, "max_tokens": 3, "temperature": t, "seed": s, "top_k": k}
+        ).encode(),
+        st.one_of(st.text(max_size=30), st.lists(st.integers(-5, 60000), max_size=20)),
+        st.floats(0, 2),
+        st.integers(-(2**64), 2**64),
+        st.integers(-3, 2**64),
+    ),
+    st.binary(max_size=200),
+)
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
-@given(bodies=st.lists(st.tuples(st.sampled_from(["/v1/completions", "/v1/chat/completions"]),
-                                 _HOSTILE), min_size=1, max_size=8))
+@given(
+    bodies=st.lists(
+        st.tuples(st.sampled_from(["/v1/completions", "/v1/chat/completions"]), _HOSTILE),
+        min_size=1,
+        max_size=8,
+    )
+)
 def test_hostile_bodies_beside_a_stream_leave_its_tokens_alone(server, quiet_stream, bodies):
     from concurrent.futures import ThreadPoolExecutor
 
@@ -413,9 +585,16 @@ def test_hostile_bodies_beside_a_stream_leave_its_tokens_alone(server, quiet_str
         innocent = pool.submit(_stream_text, server.url)
 
         def hostile() -> list[int]:
-            return [httpx.post(server.url + path, content=raw, headers=AUTH | {
-                "Content-Type": "application/json"}, timeout=120).status_code
-                for path, raw in bodies]
+            return [
+                httpx.post(
+                    server.url + path,
+                    content=raw,
+                    headers=AUTH | {"Content-Type": "application/json"},
+                    timeout=120,
+                ).status_code
+                for path, raw in bodies
+            ]
+
         codes = pool.submit(hostile).result()
         assert all(c < 500 for c in codes), (codes, bodies)
         assert innocent.result() == quiet_stream
@@ -438,9 +617,10 @@ def test_queue_full_429_then_sigterm_drains():
 
         async def burst():
             async with httpx.AsyncClient(timeout=120) as c:
-                return await asyncio.gather(*(c.post(url, json={"prompt": prompt,
-                                                                "max_tokens": 1})
-                                              for _ in range(4)))
+                return await asyncio.gather(
+                    *(c.post(url, json={"prompt": prompt, "max_tokens": 1}) for _ in range(4))
+                )
+
         codes = sorted(r.status_code for r in asyncio.run(burst()))
         assert codes[0] == 200 and codes[-1] == 429
         rejected = [r for r in asyncio.run(burst()) if r.status_code == 429]
@@ -449,8 +629,16 @@ def test_queue_full_429_then_sigterm_drains():
 
         # SIGTERM while a stream is running: it finishes, then the server exits cleanly
         events = []
-        with httpx.stream("POST", url, json={"prompt": "Tell me a story", "max_tokens": 40,
-                                             "ignore_eos": True, "stream": True}) as resp:
+        with httpx.stream(
+            "POST",
+            url,
+            json={
+                "prompt": "Tell me a story",
+                "max_tokens": 40,
+                "ignore_eos": True,
+                "stream": True,
+            },
+        ) as resp:
             for line in resp.iter_lines():
                 if line.startswith("data: "):
                     if not events:
@@ -467,11 +655,31 @@ def test_queue_full_429_then_sigterm_drains():
 def test_bench_against_the_server(server, tmp_path):
     out = tmp_path / "run"
     env = os.environ | {"MEDHA_API_KEY": KEY}
-    r = subprocess.run([sys.executable, "-m", "medha", "bench", "--url", server.url,
-                        "--workload", "prompt=16-64,output=2-6,long_fraction=0.3,"
-                        "long_prompt=300-400", "--long-threshold", "300", "--qps", "8",
-                        "--num-requests", "12", "--out", str(out), "--quiet"],
-                       capture_output=True, text=True, env=env, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "medha",
+            "bench",
+            "--url",
+            server.url,
+            "--workload",
+            "prompt=16-64,output=2-6,long_fraction=0.3,long_prompt=300-400",
+            "--long-threshold",
+            "300",
+            "--qps",
+            "8",
+            "--num-requests",
+            "12",
+            "--out",
+            str(out),
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert summary["requests"] == {"total": 12, "completed": 12}
@@ -481,16 +689,33 @@ def test_bench_against_the_server(server, tmp_path):
     assert 0 < summary["ttft_s"]["p50"] <= summary["e2e_s"]["p50"]
     assert (out / "ttft_cdf.png").stat().st_size > 0
     from medha.sim.workload.traces import load_trace
+
     entries = load_trace(out / "requests.csv")  # a run is a replayable trace
     assert len(entries) == 12 and all(2 <= e.output_len <= 6 for e in entries)
     assert sorted(e.arrival_s for e in entries) == [e.arrival_s for e in entries]
 
 
 def test_bench_reports_an_unreachable_server(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "medha", "bench", "--url",
-                        f"http://127.0.0.1:{free_port()}", "--qps", "1", "--num-requests",
-                        "2", "--out", str(tmp_path / "x"), "--quiet"],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "medha",
+            "bench",
+            "--url",
+            f"http://127.0.0.1:{free_port()}",
+            "--qps",
+            "1",
+            "--num-requests",
+            "2",
+            "--out",
+            str(tmp_path / "x"),
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2 and "cannot reach" in r.stderr
     assert not (tmp_path / "x" / "summary.json").exists()
 
@@ -505,8 +730,11 @@ def test_slo_fields_reach_the_scheduler_and_engine_failure_gives_503():
     seen = []
     add = engine.add_request
     engine.add_request = lambda *a, **kw: (seen.append(kw), add(*a, **kw))[1]
-    body = {"prompt": "hi", "max_tokens": 2,
-            "medha": {"priority": "HIGH", "ttft_slo_s": 3, "tpot_slo_s": 0.5}}
+    body = {
+        "prompt": "hi",
+        "max_tokens": 2,
+        "medha": {"priority": "HIGH", "ttft_slo_s": 3, "tpot_slo_s": 0.5},
+    }
     with TestClient(build_app(engine)) as c:
         assert c.post("/v1/completions", json=body).status_code == 200
         assert seen[0]["ttft_deadline_s"] == 3 and seen[0]["tpot_target_s"] == 0.5
@@ -514,7 +742,9 @@ def test_slo_fields_reach_the_scheduler_and_engine_failure_gives_503():
 
         def lost(*args, **kwargs):  # a device error: fatal whichever request met it
             import torch
+
             raise torch.AcceleratorError("CUDA error: device lost")
+
         engine.runner.run = lost
         r = c.post("/v1/completions", json=body)  # in flight when the engine dies
         assert r.status_code == 503 and "device lost" in r.json()["error"]["message"]
@@ -545,6 +775,7 @@ def test_a_request_failing_after_admission_ends_alone(tiny_model):
             logits = logits.clone()
             logits[request_ids.index(poisoned["victim"]), 0] = float("nan")
         return real(logits, params, generators, request_ids)
+
     llm_engine.sample = sample
     try:
         body = {"prompt": [5, 6, 7, 8], "max_tokens": 8, "temperature": 0, "ignore_eos": True}
@@ -552,9 +783,12 @@ def test_a_request_failing_after_admission_ends_alone(tiny_model):
             from concurrent.futures import ThreadPoolExecutor
 
             with ThreadPoolExecutor(4) as pool:
-                results = list(pool.map(lambda s: c.post("/v1/completions",
-                                                         json=body | {"stream": s}),
-                                        [False, True, False, True]))
+                results = list(
+                    pool.map(
+                        lambda s: c.post("/v1/completions", json=body | {"stream": s}),
+                        [False, True, False, True],
+                    )
+                )
             failed = [r for r in results if r.status_code == 500 or "server_error" in r.text]
             assert len(failed) == 1, [r.text[:200] for r in results]
             assert "non-finite logits" in failed[0].text

@@ -17,9 +17,12 @@ from medha.sim.workload.generator import WorkloadConfig
 
 def toy_sim(replicas=1, dispatcher="round_robin", **sched):
     sched.setdefault("iteration_budget_s", 1 / 16)
-    return Simulator(ClusterConfig(replicas=replicas, dispatcher=dispatcher, kv_memory_gb=1.0),
-                     ParallelConfig(), SchedulerConfig(**sched),
-                     predictor=FixedCostPredictor(TOKEN_S))
+    return Simulator(
+        ClusterConfig(replicas=replicas, dispatcher=dispatcher, kv_memory_gb=1.0),
+        ParallelConfig(),
+        SchedulerConfig(**sched),
+        predictor=FixedCostPredictor(TOKEN_S),
+    )
 
 
 def test_metrics_of_a_hand_checked_run():
@@ -29,8 +32,9 @@ def test_metrics_of_a_hand_checked_run():
     r = Request("a", 1.0, 128, 4)
     result = sim.run([r])
     assert r.ttft_s == pytest.approx(2 / 16)
-    assert [b - a for a, b in zip(r.token_times_s, r.token_times_s[1:])] == \
-        pytest.approx([TOKEN_S] * 3)
+    assert [b - a for a, b in zip(r.token_times_s, r.token_times_s[1:])] == pytest.approx(
+        [TOKEN_S] * 3
+    )
     assert result.simulated_s == pytest.approx(2 / 16 + 3 * TOKEN_S)
     assert len(result.log) == 5 and result.log.prefill_tokens[:2] == [64, 64]
 
@@ -50,8 +54,11 @@ def test_round_robin_and_least_work_dispatch():
 
 def test_stream_pipeline_overlaps_chunks_of_one_prefill():
     def ttft(spp):
-        sim = Simulator(ClusterConfig(hardware="h100"), ParallelConfig(tp=8, spp=spp),
-                        SchedulerConfig(iteration_budget_s=0.05))
+        sim = Simulator(
+            ClusterConfig(hardware="h100"),
+            ParallelConfig(tp=8, spp=spp),
+            SchedulerConfig(iteration_budget_s=0.05),
+        )
         r = Request("long", 0.0, 200_000, 1)
         res = sim.run([r])
         return r.ttft_s, res.log
@@ -65,9 +72,11 @@ def test_stream_pipeline_overlaps_chunks_of_one_prefill():
 
 def test_kv_parallelism_cuts_long_context_decode_time():
     def tpot(kvp):
-        sim = Simulator(ClusterConfig(hardware="h100"),
-                        ParallelConfig(tp=8, spp=2, kvp=kvp, max_tokens_per_kvp_group=1 << 19),
-                        SchedulerConfig(max_model_len=1_600_000, iteration_budget_s=0.2))
+        sim = Simulator(
+            ClusterConfig(hardware="h100"),
+            ParallelConfig(tp=8, spp=2, kvp=kvp, max_tokens_per_kvp_group=1 << 19),
+            SchedulerConfig(max_model_len=1_600_000, iteration_budget_s=0.2),
+        )
         r = Request("long", 0.0, 1_500_000, 20)
         sim.run([r])
         times = r.token_times_s
@@ -77,10 +86,12 @@ def test_kv_parallelism_cuts_long_context_decode_time():
 
 
 def test_simulation_is_deterministic():
-    spec = RunSpec(cluster=ClusterConfig(hardware="h100", replicas=2),
-                   parallel=ParallelConfig(tp=8), scheduler=SchedulerConfig())
-    work = WorkloadConfig(trace="sharegpt", qps=4.0, num_requests=150, long_fraction=0.02,
-                          seed=3)
+    spec = RunSpec(
+        cluster=ClusterConfig(hardware="h100", replicas=2),
+        parallel=ParallelConfig(tp=8),
+        scheduler=SchedulerConfig(),
+    )
+    work = WorkloadConfig(trace="sharegpt", qps=4.0, num_requests=150, long_fraction=0.02, seed=3)
     a, b = simulate(spec, work), simulate(spec, work)
     for s in (a.summary, b.summary):
         for k in WALL_CLOCK_KEYS:
@@ -91,10 +102,20 @@ def test_simulation_is_deterministic():
 
 def test_summary_schema():
     spec = RunSpec(cluster=ClusterConfig(hardware="h100"), parallel=ParallelConfig(tp=8))
-    s = simulate(spec, WorkloadConfig(trace="sharegpt", qps=2.0, num_requests=60,
-                                      long_fraction=0.05, seed=1)).summary
-    for key in ("config", "requests", "ttft_s", "tpot_s", "e2e_s", "by_class", "throughput",
-                "slo_attainment", "sim"):
+    s = simulate(
+        spec, WorkloadConfig(trace="sharegpt", qps=2.0, num_requests=60, long_fraction=0.05, seed=1)
+    ).summary
+    for key in (
+        "config",
+        "requests",
+        "ttft_s",
+        "tpot_s",
+        "e2e_s",
+        "by_class",
+        "throughput",
+        "slo_attainment",
+        "sim",
+    ):
         assert key in s
     assert set(s["ttft_s"]) >= {"p50", "p90", "p99", "mean"}
     assert s["by_class"]["short"]["count"] + s["by_class"]["long"]["count"] == 60
@@ -103,18 +124,36 @@ def test_summary_schema():
 
 
 def medha(*args):
-    return subprocess.run([sys.executable, "-m", "medha", *args], capture_output=True,
-                          text=True)
+    return subprocess.run([sys.executable, "-m", "medha", *args], capture_output=True, text=True)
 
 
 def test_cli_writes_results(tmp_path):
     out = tmp_path / "run"
-    res = medha("simulate", "--hardware", "h100", "--tp", "8", "--qps", "2",
-                "--num-requests", "40", "--long-fraction", "0.05", "--out", str(out),
-                "--quiet")
+    res = medha(
+        "simulate",
+        "--hardware",
+        "h100",
+        "--tp",
+        "8",
+        "--qps",
+        "2",
+        "--num-requests",
+        "40",
+        "--long-fraction",
+        "0.05",
+        "--out",
+        str(out),
+        "--quiet",
+    )
     assert res.returncode == 0, res.stderr
-    for f in ("summary.json", "requests.csv", "iterations.csv", "ttft_cdf.png", "tpot_cdf.png",
-              "longest_request_chunks.png"):
+    for f in (
+        "summary.json",
+        "requests.csv",
+        "iterations.csv",
+        "ttft_cdf.png",
+        "tpot_cdf.png",
+        "longest_request_chunks.png",
+    ):
         assert (out / f).stat().st_size > 0, f
     assert json.loads(res.stdout)["requests"]["completed"] == 40
     again = medha("simulate", "--qps", "2", "--num-requests", "5", "--out", str(out), "--quiet")
@@ -123,9 +162,11 @@ def test_cli_writes_results(tmp_path):
 
 def test_cli_compare_and_yaml(tmp_path):
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("hardware: h100\ntp: 8\nqps: 3\nnum-requests: 40\nseed: 2\n"
-                   "compare:\n  - name: medha\n    policy: lars\n"
-                   "  - name: orca\n    policy: fcfs\n    chunking: none\n")
+    cfg.write_text(
+        "hardware: h100\ntp: 8\nqps: 3\nnum-requests: 40\nseed: 2\n"
+        "compare:\n  - name: medha\n    policy: lars\n"
+        "  - name: orca\n    policy: fcfs\n    chunking: none\n"
+    )
     out = tmp_path / "cmp"
     res = medha("simulate", "--config", str(cfg), "--out", str(out), "--quiet", "--no-plots")
     assert res.returncode == 0, res.stderr
@@ -135,25 +176,40 @@ def test_cli_compare_and_yaml(tmp_path):
     assert orca["config"]["scheduler"]["chunking"] == "none"
     assert orca["config"]["workload"]["qps"] == 3.0
     # flags override the YAML file
-    res = medha("simulate", "--config", str(cfg), "--qps", "1", "--compare", "name=x",
-                "--out", str(tmp_path / "o2"), "--quiet", "--no-plots")
+    res = medha(
+        "simulate",
+        "--config",
+        str(cfg),
+        "--qps",
+        "1",
+        "--compare",
+        "name=x",
+        "--out",
+        str(tmp_path / "o2"),
+        "--quiet",
+        "--no-plots",
+    )
     assert res.returncode == 0, res.stderr
     x = json.loads((tmp_path / "o2" / "x" / "summary.json").read_text())
     assert x["config"]["workload"]["qps"] == 1.0
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--model", "gpt-9"], "unknown model 'gpt-9'"),
-    (["--hardware", "tpu"], "unknown hardware 'tpu'"),
-    (["--policy", "fifo"], "unknown policy 'fifo'"),
-    (["--compare", "policy=lars"], "give it a name"),
-    (["--compare", "name=a,qps=3"], "cannot set qps per run"),
-    (["--compare", "name=a,tp=two"], "tp='two' is not a valid int"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--model", "gpt-9"], "unknown model 'gpt-9'"),
+        (["--hardware", "tpu"], "unknown hardware 'tpu'"),
+        (["--policy", "fifo"], "unknown policy 'fifo'"),
+        (["--compare", "policy=lars"], "give it a name"),
+        (["--compare", "name=a,qps=3"], "cannot set qps per run"),
+        (["--compare", "name=a,tp=two"], "tp='two' is not a valid int"),
+    ],
+)
 def test_cli_bad_flags(tmp_path, args, message):
     out = tmp_path / "never"
-    res = medha("simulate", "--qps", "1", "--num-requests", "5", "--out", str(out), "--quiet",
-                *args)
+    res = medha(
+        "simulate", "--qps", "1", "--num-requests", "5", "--out", str(out), "--quiet", *args
+    )
     assert res.returncode == 2 and message in res.stderr, res.stderr
     assert "Traceback" not in res.stderr
     assert not out.exists()
@@ -177,14 +233,21 @@ def test_metrics_count_long_requests_as_the_scheduler_does():
     # no --long-threshold: the scheduler's resolved long_prefill_threshold, the one its "one
     # long prefill per batch" rule used (here max_model_len / 4 = 2048)
     work = WorkloadConfig(trace="sharegpt", qps=4.0, num_requests=40, seed=3)
-    spec = RunSpec(cluster=ClusterConfig(hardware="h100"), parallel=ParallelConfig(tp=8),
-                   scheduler=SchedulerConfig(max_model_len=8192))
+    spec = RunSpec(
+        cluster=ClusterConfig(hardware="h100"),
+        parallel=ParallelConfig(tp=8),
+        scheduler=SchedulerConfig(max_model_len=8192),
+    )
     out = simulate(spec, work)
     assert out.result is not None and out.summary["config"]["long_threshold"] == 2048
     longs = {m.request_id for m in out.rows if m.request_class == "long"}
     assert longs == {m.request_id for m in out.rows if m.prompt_len >= 2048}
-    spec = RunSpec(cluster=ClusterConfig(hardware="h100"), parallel=ParallelConfig(tp=8),
-                   scheduler=SchedulerConfig(max_model_len=8192), long_threshold=100)
+    spec = RunSpec(
+        cluster=ClusterConfig(hardware="h100"),
+        parallel=ParallelConfig(tp=8),
+        scheduler=SchedulerConfig(max_model_len=8192),
+        long_threshold=100,
+    )
     out = simulate(spec, work)  # the flag overrides it
     assert out.summary["config"]["long_threshold"] == 100
     assert all((m.request_class == "long") == (m.prompt_len >= 100) for m in out.rows)

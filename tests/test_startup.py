@@ -66,13 +66,34 @@ else:
 
 # ---- the set-up cache -------------------------------------------------------------
 
+
 def simulate(out, *flags) -> dict:
     """`medha simulate` of a few 20K-token prompts, in this process; its summary.json without
     the wall-clock fields, and its requests.csv."""
     with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
-        code = main(["simulate", "--hardware", "h100", "--trace", "synthetic", "--prompt-len",
-                     "20000", "--output-len", "8", "--qps", "2", "--num-requests", "4",
-                     "--quiet", "--no-plots", "--overwrite", "--out", str(out), *flags])
+        code = main(
+            [
+                "simulate",
+                "--hardware",
+                "h100",
+                "--trace",
+                "synthetic",
+                "--prompt-len",
+                "20000",
+                "--output-len",
+                "8",
+                "--qps",
+                "2",
+                "--num-requests",
+                "4",
+                "--quiet",
+                "--no-plots",
+                "--overwrite",
+                "--out",
+                str(out),
+                *flags,
+            ]
+        )
     assert code == 0
     summary = json.loads((out / "summary.json").read_text())
     for k in WALL_CLOCK_KEYS:
@@ -96,7 +117,8 @@ def no_walking(monkeypatch):
 
 
 def test_a_second_run_takes_the_walk_from_the_cache_and_gives_the_same_results(
-        cache, tmp_path, monkeypatch):
+    cache, tmp_path, monkeypatch
+):
     cold = simulate(tmp_path / "cold")
     [stored] = cache.iterdir()
     with monkeypatch.context() as m:
@@ -110,15 +132,20 @@ def test_a_second_run_takes_the_walk_from_the_cache_and_gives_the_same_results(
 
 def test_changed_inputs_miss(cache, tmp_path):
     simulate(tmp_path / "out")
-    for flags in (("--tpot-target-s", "0.04"), ("--predictor", "roofline-padded"),
-                  ("--spp", "2"), ("--hardware", "a100")):
+    for flags in (
+        ("--tpot-target-s", "0.04"),
+        ("--predictor", "roofline-padded"),
+        ("--spp", "2"),
+        ("--hardware", "a100"),
+    ):
         before = set(cache.iterdir())
         simulate(tmp_path / "out", *flags)
         assert len(set(cache.iterdir()) - before) == 1, flags
 
 
-@pytest.mark.parametrize("content", [b"", b'{"chunks": [1, 2', b"[]",
-                                     b'{"chunks": [0], "cumulative_s": [0.0, 1.0]}'])
+@pytest.mark.parametrize(
+    "content", [b"", b'{"chunks": [1, 2', b"[]", b'{"chunks": [0], "cumulative_s": [0.0, 1.0]}']
+)
 def test_a_corrupt_cache_file_is_a_miss_and_is_replaced(cache, tmp_path, content):
     cold = simulate(tmp_path / "out")
     [path] = cache.iterdir()
@@ -155,14 +182,22 @@ def test_the_walk_is_the_same_in_any_order_and_restored():
 def small_profile() -> Profile:
     """Every kind of row the fitted predictor fits: ops, collectives, whole iterations."""
     truth = make_predictor("roofline", "smollm2", "h100")
-    ops = [(op, n, 1, truth.op_time(op, n)) for op in ("mlp_up_proj", "attn_rope")
-           for n in range(16, 4096, 97)]
-    collectives = [("all_reduce", 2, 2, b, 1e-5 + b / 1e11) for b in range(1 << 10, 1 << 24,
-                                                                         1 << 19)]
-    iterations = [IterationRow(1, ((n, k),), (k + 1,) * (n % 7), truth.shape_time([(n, k)]))
-                  for n in range(1, 2048, 61) for k in (0, 3000)]
-    return Profile(sources=["synthetic"], op_rows=ops, collective_rows=collectives,
-                   iteration_rows=iterations)
+    ops = [
+        (op, n, 1, truth.op_time(op, n))
+        for op in ("mlp_up_proj", "attn_rope")
+        for n in range(16, 4096, 97)
+    ]
+    collectives = [
+        ("all_reduce", 2, 2, b, 1e-5 + b / 1e11) for b in range(1 << 10, 1 << 24, 1 << 19)
+    ]
+    iterations = [
+        IterationRow(1, ((n, k),), (k + 1,) * (n % 7), truth.shape_time([(n, k)]))
+        for n in range(1, 2048, 61)
+        for k in (0, 3000)
+    ]
+    return Profile(
+        sources=["synthetic"], op_rows=ops, collective_rows=collectives, iteration_rows=iterations
+    )
 
 
 def test_the_fitted_predictor_comes_from_the_cache(cache, monkeypatch):

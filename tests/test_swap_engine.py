@@ -21,7 +21,8 @@ def test_host_kv_cache_moves_blocks_both_ways():
     host = HostKVCache(caches, num_blocks=6, block_size=bs)
 
     def block(t, b):
-        return t[:, b * bs:(b + 1) * bs].clone()
+        return t[:, b * bs : (b + 1) * bs].clone()
+
     saved = [[block(t, b) for t in kv] for kv in caches for b in (5, 2, 7)]
     host.swap_out([5, 2, 7], [3, 4, 0])  # runs of host blocks: (3, 4) and (0)
     for kv in caches:
@@ -46,19 +47,22 @@ def test_a_batch_swaps_in_before_it_swaps_out():
     assert torch.equal(host.host[0, 0], torch.tensor([[[12.0, 13.0], [14.0, 15.0]]]))
 
 
-TEXT = " ".join(f"Entry {i}: the ferry from {i * 5 % 17} to {i * 3 % 7} left at {i % 12} "
-                "o'clock with cars, bikes and crates of apples." for i in range(40))
+TEXT = " ".join(
+    f"Entry {i}: the ferry from {i * 5 % 17} to {i * 3 % 7} left at {i % 12} "
+    "o'clock with cars, bikes and crates of apples."
+    for i in range(40)
+)
 GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
 BLOCK_BYTES = 2 * 2 * 2 * 16 * 4 * 16  # layers x K/V x KV heads x head_dim x fp32 x tokens
 
 
 def _generate(model, mode, num_blocks, host_blocks=64):
-    sched = SchedulerConfig(policy="fcfs", chunking="static:64", preemption_mode=mode,
-                            host_kv_blocks=host_blocks)
-    llm = LLM(model, scheduler=sched, kv_memory_gb=num_blocks * BLOCK_BYTES / 2**30,
-              device="cpu")
+    sched = SchedulerConfig(
+        policy="fcfs", chunking="static:64", preemption_mode=mode, host_kv_blocks=host_blocks
+    )
+    llm = LLM(model, scheduler=sched, kv_memory_gb=num_blocks * BLOCK_BYTES / 2**30, device="cpu")
     ids = llm.tokenizer.encode(TEXT)
-    prompts = [ids[i * 37: i * 37 + n] for i, n in enumerate((5, 11, 40, 96, 170, 260, 400))]
+    prompts = [ids[i * 37 : i * 37 + n] for i, n in enumerate((5, 11, 40, 96, 170, 260, 400))]
     outs = [o.token_ids for o in llm.generate(prompts, GREEDY)]
     s = llm.engine.scheduler
     assert s.blocks.num_used == 0 and not s.has_unfinished()
@@ -82,5 +86,4 @@ def test_engine_swaps_kv_out_and_back_with_the_same_tokens(tiny_model):
 
 def test_engine_refuses_to_swap_across_worker_processes(tiny_model):
     with pytest.raises(EngineError, match="preemption_mode swap runs in one process"):
-        LLM(tiny_model, scheduler=SchedulerConfig(preemption_mode="swap"), tp=2,
-            kv_memory_gb=0.01)
+        LLM(tiny_model, scheduler=SchedulerConfig(preemption_mode="swap"), tp=2, kv_memory_gb=0.01)

@@ -57,6 +57,7 @@ def test_a_swapped_request_resumes_without_recomputing():
     def seen(bt, t):
         chunks.extend((c.start, c.num_tokens) for c in bt.chunks if c.request is b)
         swaps_in.extend(s for s in bt.swap_in if s.request is b)
+
     replay(sched, [], on_batch=seen)
     assert len(swaps_in) == 1 and swaps_in[0].host_blocks == [0, 1, 2]
     # it came back into a's freed blocks and went on decoding from token 48: no re-prefill
@@ -73,12 +74,14 @@ def test_auto_swaps_when_recomputing_is_dearer_and_recomputes_otherwise():
     # 0.5 us over the default link, 0.25 s over a 0.1 MB/s one
     _, batch, _, b, _ = two_decodes(preemption_mode="auto", host_kv_blocks=8)
     assert [s.request for s in batch.swap_out] == [b] and not batch.preempted
-    _, batch, _, b, _ = two_decodes(preemption_mode="auto", host_kv_blocks=8,
-                                    swap_bandwidth_gbps=1e-4)
+    _, batch, _, b, _ = two_decodes(
+        preemption_mode="auto", host_kv_blocks=8, swap_bandwidth_gbps=1e-4
+    )
     assert batch.preempted == [b] and not batch.swap_out and b.num_computed == 0
     # swap mode ignores the cost; both swapping modes recompute when the pool is full
-    _, batch, _, b, _ = two_decodes(preemption_mode="swap", host_kv_blocks=8,
-                                    swap_bandwidth_gbps=1e-4)
+    _, batch, _, b, _ = two_decodes(
+        preemption_mode="swap", host_kv_blocks=8, swap_bandwidth_gbps=1e-4
+    )
     assert [s.request for s in batch.swap_out] == [b]
     sched, batch, _, b, _ = two_decodes(preemption_mode="swap", host_kv_blocks=2)
     assert batch.preempted == [b] and sched.stats.recomputed_tokens == 48
@@ -94,6 +97,7 @@ def test_the_host_pool_never_holds_more_than_its_capacity():
     def check(bt, t):
         sched.check_invariants()
         most.append(sched.kv.host_pool.num_blocks - sched.kv.host_pool.num_free)
+
     replay(sched, reqs, on_batch=check)
     st = sched.stats
     assert st.swap_outs > 0 and st.recomputes > 0 and st.swap_outs == st.swap_ins
@@ -128,27 +132,50 @@ def test_swapping_is_refused_where_it_is_not_built():
         SchedulerConfig(preemption_mode="offload")
     with pytest.raises(ValueError, match="kvp > 1"):
         from medha.sim.simulator import Simulator
-        Simulator(ClusterConfig(hardware="h100"), ParallelConfig(kvp=2),
-                  SchedulerConfig(preemption_mode="swap"))
+
+        Simulator(
+            ClusterConfig(hardware="h100"),
+            ParallelConfig(kvp=2),
+            SchedulerConfig(preemption_mode="swap"),
+        )
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.tuples(st.floats(0, 1), st.integers(1, 300), st.integers(1, 120),
-                          st.sampled_from(PRIORITY_CLASSES)), min_size=2, max_size=20),
-       st.sampled_from(["fcfs", "lars", "priority"]),
-       st.sampled_from(["adaptive", "static:64"]),
-       st.integers(24, 60),
-       st.sampled_from(["swap", "auto"]),
-       st.integers(1, 30),
-       st.lists(st.integers(0, 400), max_size=6))
+@given(
+    st.lists(
+        st.tuples(
+            st.floats(0, 1),
+            st.integers(1, 300),
+            st.integers(1, 120),
+            st.sampled_from(PRIORITY_CLASSES),
+        ),
+        min_size=2,
+        max_size=20,
+    ),
+    st.sampled_from(["fcfs", "lars", "priority"]),
+    st.sampled_from(["adaptive", "static:64"]),
+    st.integers(24, 60),
+    st.sampled_from(["swap", "auto"]),
+    st.integers(1, 30),
+    st.lists(st.integers(0, 400), max_size=6),
+)
 def test_under_heavy_pressure_every_request_ends_and_nothing_leaks(
-        specs, policy, chunking, blocks, mode, host_blocks, abort_steps):
+    specs, policy, chunking, blocks, mode, host_blocks, abort_steps
+):
     """Small caches, long outputs and aborts at arbitrary iterations (swapped requests too)."""
-    sched = toy_scheduler(policy=policy, chunking=chunking, num_blocks=blocks,
-                          preemption_mode=mode, host_kv_blocks=host_blocks,
-                          swap_bandwidth_gbps=0.0005 if mode == "auto" else None)
-    reqs = [Request(f"r{i}", t, p, o, priority_class=c)
-            for i, (t, p, o, c) in enumerate(specs) if p + o <= blocks * 16]
+    sched = toy_scheduler(
+        policy=policy,
+        chunking=chunking,
+        num_blocks=blocks,
+        preemption_mode=mode,
+        host_kv_blocks=host_blocks,
+        swap_bandwidth_gbps=0.0005 if mode == "auto" else None,
+    )
+    reqs = [
+        Request(f"r{i}", t, p, o, priority_class=c)
+        for i, (t, p, o, c) in enumerate(specs)
+        if p + o <= blocks * 16
+    ]
     pending, now, aborts = sorted(reqs, key=lambda r: r.arrival_s), 0.0, set(abort_steps)
     for it in range(100_000):
         while pending and pending[0].arrival_s <= now:
@@ -171,12 +198,18 @@ def test_under_heavy_pressure_every_request_ends_and_nothing_leaks(
 
 
 def test_the_simulator_reports_swaps_beside_recomputes():
-    spec = dict(cluster=ClusterConfig(hardware="a100", kv_memory_gb=0.25),
-                parallel=ParallelConfig())
-    workload = WorkloadConfig(trace="synthetic", prompt_len=600, output_len=300, qps=50.0,
-                              num_requests=16)
-    runs = {mode: simulate(RunSpec(scheduler=SchedulerConfig(preemption_mode=mode), **spec),
-                           workload).summary for mode in ("recompute", "swap")}
+    spec = dict(
+        cluster=ClusterConfig(hardware="a100", kv_memory_gb=0.25), parallel=ParallelConfig()
+    )
+    workload = WorkloadConfig(
+        trace="synthetic", prompt_len=600, output_len=300, qps=50.0, num_requests=16
+    )
+    runs = {
+        mode: simulate(
+            RunSpec(scheduler=SchedulerConfig(preemption_mode=mode), **spec), workload
+        ).summary
+        for mode in ("recompute", "swap")
+    }
     rec, swap = runs["recompute"]["preemption"], runs["swap"]["preemption"]
     assert rec["recomputes"] > 0 and rec["recomputed_tokens"] > 0 and rec["swap_outs"] == 0
     assert swap["swap_outs"] > 0 and swap["recomputed_tokens"] == 0

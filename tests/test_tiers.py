@@ -39,14 +39,16 @@ def without_torch(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     (tmp_path / "sitecustomize.py").write_text(NO_TORCH)
     paths = [str(tmp_path), str(ROOT), os.environ.get("PYTHONPATH", "")]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in paths if p))
-    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=900)
+    return subprocess.run(
+        [sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
+    )
 
 
 def pytest_core(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
     """The core tier run by pytest without torch, and the counts of its last line."""
-    out = without_torch(tmp_path, "-m", "pytest", "-m", "core", "-q", "-p", "no:cacheprovider",
-                        *args)
+    out = without_torch(
+        tmp_path, "-m", "pytest", "-m", "core", "-q", "-p", "no:cacheprovider", *args
+    )
     last = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else ""
     return out, {word: int(n) for n, word in re.findall(r"(\d+)(?:/\d+)? (\w+)", last)}
 
@@ -77,10 +79,29 @@ def test_a_core_module_that_loads_torch_stops_a_core_run(tmp_path):
         (tests / name).write_text("")
     (tests / "test_new.py").write_text("import torch\n\n\ndef test_it():\n    assert torch\n")
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p))
-    out = subprocess.run([sys.executable, "-m", "pytest", "-m", "core", "-q", "-p",
-                          "no:cacheprovider", "-c", "pytest.ini", "tests"],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
+    )
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-m",
+            "core",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-c",
+            "pytest.ini",
+            "tests",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 2, out.stdout + out.stderr
     assert "test_new.py has core tests but importing it loads torch" in out.stdout

@@ -15,9 +15,15 @@ from medha.scheduler.replica_scheduler import ReplicaScheduler
 
 
 def snapshot(sched):
-    return (len(sched), sched.prefill_counts(), sched.num_decoding, sched.blocks.num_free,
-            dataclasses.astuple(sched.stats), sched._admissions,
-            sorted(sched.blocks.owners()))
+    return (
+        len(sched),
+        sched.prefill_counts(),
+        sched.num_decoding,
+        sched.blocks.num_free,
+        dataclasses.astuple(sched.stats),
+        sched._admissions,
+        sorted(sched.blocks.owners()),
+    )
 
 
 @pytest.fixture
@@ -36,17 +42,20 @@ def corrupt(field, value):
     return r
 
 
-@pytest.mark.parametrize("request_, field", [
-    (corrupt("max_tokens", 0), "max_tokens"),
-    (corrupt("max_tokens", -4), "max_tokens"),
-    (corrupt("prompt_len", 0), "prompt"),
-    (corrupt("ttft_deadline_s", 0.0), "ttft_deadline_s"),
-    (corrupt("ttft_deadline_s", -2.0), "ttft_deadline_s"),
-    (corrupt("tpot_target_s", -1.0), "tpot_target_s"),
-    (Request("bad", 0.1, 5000, 5), "max_model_len"),  # prompt longer than the context
-    (Request("bad", 0.1, 4000, 500), "max_tokens"),  # prompt fits, the completion does not
-    (Request("ok0", 0.1, 10, 5), "request_id"),  # duplicate
-])
+@pytest.mark.parametrize(
+    "request_, field",
+    [
+        (corrupt("max_tokens", 0), "max_tokens"),
+        (corrupt("max_tokens", -4), "max_tokens"),
+        (corrupt("prompt_len", 0), "prompt"),
+        (corrupt("ttft_deadline_s", 0.0), "ttft_deadline_s"),
+        (corrupt("ttft_deadline_s", -2.0), "ttft_deadline_s"),
+        (corrupt("tpot_target_s", -1.0), "tpot_target_s"),
+        (Request("bad", 0.1, 5000, 5), "max_model_len"),  # prompt longer than the context
+        (Request("bad", 0.1, 4000, 500), "max_tokens"),  # prompt fits, the completion does not
+        (Request("ok0", 0.1, 10, 5), "request_id"),  # duplicate
+    ],
+)
 def test_bad_requests(busy_scheduler, request_, field):
     before = snapshot(busy_scheduler)
     with pytest.raises(ValueError, match=field):
@@ -64,17 +73,20 @@ def test_more_than_the_kv_cache_can_ever_hold():
     assert snapshot(sched) == before
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    (dict(policy="fifo"), "policy"),
-    (dict(chunking="static:abc"), "chunking"),
-    (dict(chunking="chunky"), "chunking"),
-    (dict(tpot_target_s=0), "tpot_target_s"),
-    (dict(ttft_deadline_s=-1.0), "ttft_deadline_s"),
-    (dict(iteration_budget_s=0.0), "iteration_budget_s"),
-    (dict(rho_max=1.5), "rho_max"),
-    (dict(max_num_seqs=0), "max_num_seqs"),
-    (dict(long_prefill_threshold=-5), "long_prefill_threshold"),
-])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(policy="fifo"), "policy"),
+        (dict(chunking="static:abc"), "chunking"),
+        (dict(chunking="chunky"), "chunking"),
+        (dict(tpot_target_s=0), "tpot_target_s"),
+        (dict(ttft_deadline_s=-1.0), "ttft_deadline_s"),
+        (dict(iteration_budget_s=0.0), "iteration_budget_s"),
+        (dict(rho_max=1.5), "rho_max"),
+        (dict(max_num_seqs=0), "max_num_seqs"),
+        (dict(long_prefill_threshold=-5), "long_prefill_threshold"),
+    ],
+)
 def test_bad_config(kwargs, field):
     with pytest.raises(ValueError, match=field):
         SchedulerConfig(**kwargs)
@@ -82,8 +94,9 @@ def test_bad_config(kwargs, field):
 
 def test_context_limit_comes_from_the_model():
     tiny = ModelSpec("tiny", 1, 8, 1, 1, 8, 16, 32, max_context=128)
-    sched = ReplicaScheduler(SchedulerConfig(), FixedCostPredictor(1e-3, model=tiny),
-                             BlockManager(64))
+    sched = ReplicaScheduler(
+        SchedulerConfig(), FixedCostPredictor(1e-3, model=tiny), BlockManager(64)
+    )
     assert sched.max_model_len == 128  # from the model spec
     with pytest.raises(ValueError, match="max_model_len=128"):
         sched.add_request(Request("r", 0.0, 129, 1), 0.0)

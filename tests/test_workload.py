@@ -23,46 +23,94 @@ def write(tmp_path, name, text):
 
 
 def test_every_format_loads(tmp_path):
-    vidur = load_trace(write(tmp_path, "v.csv", "arrived_at,num_prefill_tokens,num_decode_tokens\n"
-                                                "1.5,10,3\n2.0,20,4\n"))
-    assert [(e.arrival_s, e.prompt_len, e.output_len) for e in vidur] == [(0.0, 10, 3),
-                                                                           (0.5, 20, 4)]
-    azure = load_trace(write(tmp_path, "a.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n"
-                                                "2023-11-16 18:15:46.5,100,5\n"
-                                                "2023-11-16 18:15:48.0,200,6\n"))
+    vidur = load_trace(
+        write(
+            tmp_path,
+            "v.csv",
+            "arrived_at,num_prefill_tokens,num_decode_tokens\n1.5,10,3\n2.0,20,4\n",
+        )
+    )
+    assert [(e.arrival_s, e.prompt_len, e.output_len) for e in vidur] == [
+        (0.0, 10, 3),
+        (0.5, 20, 4),
+    ]
+    azure = load_trace(
+        write(
+            tmp_path,
+            "a.csv",
+            "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+            "2023-11-16 18:15:46.5,100,5\n"
+            "2023-11-16 18:15:48.0,200,6\n",
+        )
+    )
     assert [e.arrival_s for e in azure] == [0.0, 1.5]
-    lengths = load_trace(write(tmp_path, "l.csv", "num_prefill_tokens,num_decode_tokens,x\n"
-                                                  "7,8,9\n"))
+    lengths = load_trace(
+        write(tmp_path, "l.csv", "num_prefill_tokens,num_decode_tokens,x\n7,8,9\n")
+    )
     assert lengths[0].arrival_s is None and lengths[0].prompt_len == 7
-    jsonl = load_trace(write(tmp_path, "j.jsonl",
-                             '{"timestamp": 1000, "input_length": 5, "output_length": 6}\n\n'
-                             '{"timestamp": 3500, "input_length": 7, "output_length": 8}\n'))
+    jsonl = load_trace(
+        write(
+            tmp_path,
+            "j.jsonl",
+            '{"timestamp": 1000, "input_length": 5, "output_length": 6}\n\n'
+            '{"timestamp": 3500, "input_length": 7, "output_length": 8}\n',
+        )
+    )
     assert [(e.arrival_s, e.prompt_len) for e in jsonl] == [(0.0, 5), (2.5, 7)]
 
 
 def test_bundled_traces_load():
-    for name in ("sharegpt", "arxiv", "splitwise_conv", "splitwise_code", "azure_conv",
-                 "azure_code"):
+    for name in (
+        "sharegpt",
+        "arxiv",
+        "splitwise_conv",
+        "splitwise_code",
+        "azure_conv",
+        "azure_code",
+    ):
         assert len(load_trace(name, limit=5)) == 5
 
 
-@pytest.mark.parametrize("name, text, message", [
-    ("m.csv", "arrived_at,num_prefill_tokens\n0,5\n", r"m.csv:1: missing column "
-                                                       r"'num_decode_tokens'"),
-    ("n.csv", "num_prefill_tokens,num_decode_tokens\n5,3\n-2,4\n",
-     r"n.csv:3: num_prefill_tokens='-2' must be at least 1"),
-    ("x.csv", "num_prefill_tokens,num_decode_tokens\n5,lots\n",
-     r"x.csv:2: num_decode_tokens='lots' is not a number"),
-    ("t.csv", "arrived_at,num_prefill_tokens,num_decode_tokens\n-1,5,5\n",
-     r"t.csv:2: arrived_at='-1' must be a non-negative time"),
-    ("f.csv", "num_prefill_tokens,num_decode_tokens\n5.5,3\n", r"f.csv:2: .*whole number"),
-    ("u.csv", "prompt,answer\n1,2\n", r"u.csv:1: unrecognised columns"),
-    ("j.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 1}\n{oops\n',
-     r"j.jsonl:2: not valid JSON"),
-    ("k.jsonl", '{"timestamp": 0, "input_length": 5}\n', r"k.jsonl:1: missing field "
-                                                          r"'output_length'"),
-    ("e.csv", "", r"e.csv:1: empty file"),
-])
+@pytest.mark.parametrize(
+    "name, text, message",
+    [
+        (
+            "m.csv",
+            "arrived_at,num_prefill_tokens\n0,5\n",
+            r"m.csv:1: missing column "
+            r"'num_decode_tokens'",
+        ),
+        (
+            "n.csv",
+            "num_prefill_tokens,num_decode_tokens\n5,3\n-2,4\n",
+            r"n.csv:3: num_prefill_tokens='-2' must be at least 1",
+        ),
+        (
+            "x.csv",
+            "num_prefill_tokens,num_decode_tokens\n5,lots\n",
+            r"x.csv:2: num_decode_tokens='lots' is not a number",
+        ),
+        (
+            "t.csv",
+            "arrived_at,num_prefill_tokens,num_decode_tokens\n-1,5,5\n",
+            r"t.csv:2: arrived_at='-1' must be a non-negative time",
+        ),
+        ("f.csv", "num_prefill_tokens,num_decode_tokens\n5.5,3\n", r"f.csv:2: .*whole number"),
+        ("u.csv", "prompt,answer\n1,2\n", r"u.csv:1: unrecognised columns"),
+        (
+            "j.jsonl",
+            '{"timestamp": 0, "input_length": 5, "output_length": 1}\n{oops\n',
+            r"j.jsonl:2: not valid JSON",
+        ),
+        (
+            "k.jsonl",
+            '{"timestamp": 0, "input_length": 5}\n',
+            r"k.jsonl:1: missing field "
+            r"'output_length'",
+        ),
+        ("e.csv", "", r"e.csv:1: empty file"),
+    ],
+)
 def test_bad_traces_name_file_and_line(tmp_path, name, text, message):
     with pytest.raises(TraceError, match=message):
         load_trace(write(tmp_path, name, text))
@@ -76,20 +124,23 @@ def test_missing_file_lists_bundled_names():
 def test_requests_are_reproducible_and_follow_the_config():
     cfg = WorkloadConfig(trace="sharegpt", qps=2.0, num_requests=400, long_fraction=0.1, seed=7)
     a, b = build_requests(cfg, 1 << 20), build_requests(cfg, 1 << 20)
-    assert [(r.arrival_s, r.prompt_len, r.max_tokens) for r in a] == \
-        [(r.arrival_s, r.prompt_len, r.max_tokens) for r in b]
+    assert [(r.arrival_s, r.prompt_len, r.max_tokens) for r in a] == [
+        (r.arrival_s, r.prompt_len, r.max_tokens) for r in b
+    ]
     longs = [r for r in a if r.prompt_len >= 128 * 1024]
     assert 20 <= len(longs) <= 60  # 10% of 400, give or take sampling
     assert 1.5 < len(a) / a[-1].arrival_s < 2.5  # Poisson at 2 requests/s
-    other = build_requests(WorkloadConfig(trace="sharegpt", qps=2.0, num_requests=400, seed=8),
-                           1 << 20)
+    other = build_requests(
+        WorkloadConfig(trace="sharegpt", qps=2.0, num_requests=400, seed=8), 1 << 20
+    )
     assert [r.prompt_len for r in other] != [r.prompt_len for r in a]
 
 
 def test_trace_timestamps_and_time_scale():
     base = build_requests(WorkloadConfig(trace="splitwise_conv", num_requests=50), 1 << 20)
-    fast = build_requests(WorkloadConfig(trace="splitwise_conv", num_requests=50,
-                                         time_scale=0.5), 1 << 20)
+    fast = build_requests(
+        WorkloadConfig(trace="splitwise_conv", num_requests=50, time_scale=0.5), 1 << 20
+    )
     assert fast[-1].arrival_s == pytest.approx(base[-1].arrival_s / 2)
     with pytest.raises(TraceError, match="give --qps"):
         build_requests(WorkloadConfig(trace="sharegpt", num_requests=5), 1 << 20)
@@ -128,8 +179,10 @@ def truncated_lognormal(p50: float, p90: float, low: float, high: float):
 
 
 def test_the_stored_long_context_parameters_solve_the_quantiles():
-    for spec, stored in ((LONG_PREFILL, LONG_PREFILL_LOGNORMAL),
-                         (LONG_DECODE, LONG_DECODE_LOGNORMAL)):
+    for spec, stored in (
+        (LONG_PREFILL, LONG_PREFILL_LOGNORMAL),
+        (LONG_DECODE, LONG_DECODE_LOGNORMAL),
+    ):
         assert truncated_lognormal(**spec) == pytest.approx(stored, rel=1e-6)
 
 
@@ -139,10 +192,15 @@ def test_requests_beyond_the_context_are_refused(tmp_path):
         build_requests(WorkloadConfig(trace=str(path), qps=1.0, num_requests=1), 4096)
 
 
-@pytest.mark.parametrize("kwargs, field", [(dict(qps=0), "qps"), (dict(arrival="burst"),
-                                                                   "arrival"),
-                                           (dict(long_fraction=1.5), "long_fraction"),
-                                           (dict(num_requests=0), "num_requests")])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(qps=0), "qps"),
+        (dict(arrival="burst"), "arrival"),
+        (dict(long_fraction=1.5), "long_fraction"),
+        (dict(num_requests=0), "num_requests"),
+    ],
+)
 def test_bad_workload_config(kwargs, field):
     with pytest.raises(ValueError, match=field):
         WorkloadConfig(**kwargs)

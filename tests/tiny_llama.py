@@ -22,9 +22,15 @@ def build_tiny_llama(out: Path) -> str:
         if f.suffix != ".safetensors" and f.name != "config.json":
             shutil.copy(f, out / f.name)
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=json.loads((src / "config.json").read_text())["vocab_size"],
-                      hidden_size=64, intermediate_size=160, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                      tie_word_embeddings=True)
+    cfg = LlamaConfig(
+        vocab_size=json.loads((src / "config.json").read_text())["vocab_size"],
+        hidden_size=64,
+        intermediate_size=160,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+    )
     LlamaForCausalLM(cfg).save_pretrained(out, safe_serialization=True)
     return str(out)

@@ -24,38 +24,76 @@ The model and its derivation: medha/analysis/deferred_prefill.py and docs/reprod
 
 @dataclass
 class DeferredPrefillArgs:
-    batch_cap: int = field(default=410, metadata={"aliases": ("--C",), "help": (
-        "C: most requests in the running batch")})
+    batch_cap: int = field(
+        default=410,
+        metadata={"aliases": ("--C",), "help": ("C: most requests in the running batch")},
+    )
     prompt_tokens: int = field(default=285, metadata={"help": "d_0: tokens of every prompt"})
-    mean_output: int = field(default=201, metadata={"help": (
-        "mean output tokens; outputs are geometric, each token ending its request with "
-        "probability alpha = 1 / mean")})
-    prefill_only_iterations: bool = field(default=True, metadata={"help": (
-        "prefills run in iterations of their own while the decodes wait (vLLM without "
-        "chunked prefill, the paper's system; default); --no-prefill-only-iterations: they "
-        "ride along in decode iterations, have no fixed cost, and K = 1 is best")})
-    k_values: str | None = field(default=None, metadata={"help": (
-        "K values to print, comma-separated (default: 1, 2, 3, 4, 6, 8, ... up to C/2); K=1 "
-        "and each K* are always added")})
-    simulate: bool = field(default=False, metadata={"help": (
-        "also run each K in the simulator (deferred policy, whole prefills, every request "
-        "queued at t=0) and print the throughput measured while the backlog lasts")})
-    num_requests: int = field(default=6000, metadata={"help": (
-        "requests per simulated K (at least 4 C; the first 2 C departures are warm-up)")})
+    mean_output: int = field(
+        default=201,
+        metadata={
+            "help": (
+                "mean output tokens; outputs are geometric, each token ending its request with "
+                "probability alpha = 1 / mean"
+            )
+        },
+    )
+    prefill_only_iterations: bool = field(
+        default=True,
+        metadata={
+            "help": (
+                "prefills run in iterations of their own while the decodes wait (vLLM without "
+                "chunked prefill, the paper's system; default); --no-prefill-only-iterations: they "
+                "ride along in decode iterations, have no fixed cost, and K = 1 is best"
+            )
+        },
+    )
+    k_values: str | None = field(
+        default=None,
+        metadata={
+            "help": (
+                "K values to print, comma-separated (default: 1, 2, 3, 4, 6, 8, ... up to C/2); "
+                "K=1 and each K* are always added"
+            )
+        },
+    )
+    simulate: bool = field(
+        default=False,
+        metadata={
+            "help": (
+                "also run each K in the simulator (deferred policy, whole prefills, every request "
+                "queued at t=0) and print the throughput measured while the backlog lasts"
+            )
+        },
+    )
+    num_requests: int = field(
+        default=6000,
+        metadata={
+            "help": (
+                "requests per simulated K (at least 4 C; the first 2 C departures are warm-up)"
+            )
+        },
+    )
     seed: int = field(default=0, metadata={"help": "seed of the simulated output lengths"})
 
     def __post_init__(self) -> None:
         self.system()  # raises on a bad C, d_0 or mean
         self.ks(())
         if self.simulate and self.num_requests < 4 * self.batch_cap:
-            raise ValueError(f"--num-requests must be at least 4 C = {4 * self.batch_cap} "
-                             f"(the first 2 C departures are warm-up), got {self.num_requests}")
+            raise ValueError(
+                f"--num-requests must be at least 4 C = {4 * self.batch_cap} "
+                f"(the first 2 C departures are warm-up), got {self.num_requests}"
+            )
 
     def system(self) -> DeferredSystem:
         from medha.analysis.deferred_prefill import DeferredSystem
 
-        return DeferredSystem(self.batch_cap, self.prompt_tokens, float(self.mean_output),
-                              self.prefill_only_iterations)
+        return DeferredSystem(
+            self.batch_cap,
+            self.prompt_tokens,
+            float(self.mean_output),
+            self.prefill_only_iterations,
+        )
 
     def ks(self, extra: tuple[int, ...]) -> list[int]:
         """The K values to print: --k-values (or the default grid), K=1 and `extra`."""
@@ -66,16 +104,19 @@ class DeferredPrefillArgs:
         try:
             ks = {int(k) for k in self.k_values.split(",") if k.strip()}
         except ValueError:
-            raise ValueError(f"--k-values {self.k_values!r}: expected integers, e.g. "
-                             "1,8,32") from None
+            raise ValueError(
+                f"--k-values {self.k_values!r}: expected integers, e.g. 1,8,32"
+            ) from None
         if not ks or min(ks) < 1 or max(ks) >= self.batch_cap:
             raise ValueError(f"--k-values must lie in 1 .. C - 1 = {self.batch_cap - 1}")
         return sorted(ks | {1, *extra})
 
 
 def describe_costs(c: Costs) -> str:
-    return (f"c_p = {c.c_p * 1e3:.3f} ms, t_p = {c.t_p * 1e6:.3f} us/token, "
-            f"c_d = {c.c_d * 1e3:.3f} ms, t_d = {c.t_d * 1e6:.2f} us/request")
+    return (
+        f"c_p = {c.c_p * 1e3:.3f} ms, t_p = {c.t_p * 1e6:.3f} us/token, "
+        f"c_d = {c.c_d * 1e3:.3f} ms, t_d = {c.t_d * 1e6:.2f} us/request"
+    )
 
 
 def gain(curve: dict[int, float], k: int) -> str:
@@ -103,8 +144,12 @@ class Curve:
         return max(curve, key=curve.get)
 
 
-def compute(args: DeferredPrefillArgs, predictor: Predictor, cluster=None,
-            parallel: ParallelConfig | None = None) -> Curve:
+def compute(
+    args: DeferredPrefillArgs,
+    predictor: Predictor,
+    cluster=None,
+    parallel: ParallelConfig | None = None,
+) -> Curve:
     """The curve; simulates when args.simulate (then `cluster` is required)."""
     from medha.analysis.deferred_prefill import (
         StepTimes,
@@ -119,27 +164,42 @@ def compute(args: DeferredPrefillArgs, predictor: Predictor, cluster=None,
     costs, k_approx = fit_costs_at_optimum(times)
     k_renewal = best_k(lambda k: renewal_throughput(times, k), system.cap)
     ks = args.ks((k_approx, k_renewal))
-    curve = Curve(costs, {k: approx_throughput(costs, system, k) for k in ks},
-                  {k: renewal_throughput(times, k) for k in ks}, k_approx, k_renewal)
+    curve = Curve(
+        costs,
+        {k: approx_throughput(costs, system, k) for k in ks},
+        {k: renewal_throughput(times, k) for k in ks},
+        k_approx,
+        k_renewal,
+    )
     if args.simulate:
         curve.sim = simulate_curve(args, system, ks, predictor, cluster, parallel)
     return curve
 
 
-def analyze(args: DeferredPrefillArgs, predictor: Predictor, cluster=None,
-            parallel: ParallelConfig | None = None) -> str:
+def analyze(
+    args: DeferredPrefillArgs,
+    predictor: Predictor,
+    cluster=None,
+    parallel: ParallelConfig | None = None,
+) -> str:
     """The report of `medha analyze deferred-prefill` as text."""
     curve = compute(args, predictor, cluster, parallel)
     return "\n".join(header(args, predictor, curve.costs) + table(curve) + summary(curve))
 
 
 def header(args: DeferredPrefillArgs, predictor: Predictor, costs: Costs) -> list[str]:
-    mode = ("prefills in iterations of their own" if args.prefill_only_iterations
-            else "prefills inside decode iterations")
-    return [f"deferred prefill: C={args.batch_cap}, d_0={args.prompt_tokens} tokens, geometric "
-            f"outputs with mean {args.mean_output} (alpha={1 / args.mean_output:.5f}); {mode}",
-            predictor.describe(),
-            f"Prop. 1 costs (fitted around K*): {describe_costs(costs)}", ""]
+    mode = (
+        "prefills in iterations of their own"
+        if args.prefill_only_iterations
+        else "prefills inside decode iterations"
+    )
+    return [
+        f"deferred prefill: C={args.batch_cap}, d_0={args.prompt_tokens} tokens, geometric "
+        f"outputs with mean {args.mean_output} (alpha={1 / args.mean_output:.5f}); {mode}",
+        predictor.describe(),
+        f"Prop. 1 costs (fitted around K*): {describe_costs(costs)}",
+        "",
+    ]
 
 
 def table(c: Curve) -> list[str]:
@@ -161,18 +221,21 @@ def distance(k: int, k_ref: int) -> float:
 
 
 def summary(c: Curve) -> list[str]:
-    out = [f"K* (Prop. 1) = {c.k_approx}: {gain(c.approx, c.k_approx)}",
-           f"K* (renewal) = {c.k_renewal}: {gain(c.renewal, c.k_renewal)}"]
+    out = [
+        f"K* (Prop. 1) = {c.k_approx}: {gain(c.approx, c.k_approx)}",
+        f"K* (renewal) = {c.k_renewal}: {gain(c.renewal, c.k_renewal)}",
+    ]
     if c.sim:
         out.append(f"simulated best K = {c.k_sim}: {gain(c.simulated, c.k_sim)}")
         for name, k in (("Prop. 1", c.k_approx), ("renewal", c.k_renewal)):
-            out.append(f"K* ({name}) lies {distance(k, c.k_sim):.0f}% from the simulated "
-                       "best K")
+            out.append(f"K* ({name}) lies {distance(k, c.k_sim):.0f}% from the simulated best K")
     return out
 
 
 def simulate_curve(args, system, ks, predictor, cluster, parallel) -> dict:
     from medha.analysis.deferred_prefill_sim import simulate_point
 
-    return {k: simulate_point(system, k, cluster, parallel, predictor, args.num_requests,
-                              args.seed) for k in ks}
+    return {
+        k: simulate_point(system, k, cluster, parallel, predictor, args.num_requests, args.seed)
+        for k in ks
+    }

@@ -59,9 +59,11 @@ class DeferredSystem:
 
     def __post_init__(self) -> None:
         if self.cap < 2 or self.prompt_tokens < 1 or not self.mean_output > 1:
-            raise ValueError("need C >= 2, prompt tokens >= 1 and mean output > 1, got "
-                             f"C={self.cap}, d_0={self.prompt_tokens}, "
-                             f"mean output={self.mean_output}")
+            raise ValueError(
+                "need C >= 2, prompt tokens >= 1 and mean output > 1, got "
+                f"C={self.cap}, d_0={self.prompt_tokens}, "
+                f"mean output={self.mean_output}"
+            )
 
     @property
     def alpha(self) -> float:
@@ -94,8 +96,9 @@ class StepTimes:
     def decode_table(self) -> np.ndarray:
         if self._decode is None:
             kv, p = self.system.decode_kv, self.predictor
-            self._decode = np.array([p.shape_time((), [kv] * n)
-                                     for n in range(self.system.cap + 1)])
+            self._decode = np.array(
+                [p.shape_time((), [kv] * n) for n in range(self.system.cap + 1)]
+            )
         return self._decode
 
     def prefill_table(self) -> np.ndarray:
@@ -146,8 +149,9 @@ def fit_costs_at_optimum(times: StepTimes, max_rounds: int = 8) -> tuple[Costs, 
 def approx_throughput(costs: Costs, s: DeferredSystem, k: int) -> float:
     """Proposition 1: requests per second at threshold k (1 <= k < C)."""
     steps = math.log(1 - k / s.cap) / math.log(1 - s.alpha)
-    per_request = ((costs.c_p + costs.c_d * steps) / k + costs.t_d / s.alpha
-                   + costs.t_p * s.prompt_tokens)
+    per_request = (
+        (costs.c_p + costs.c_d * steps) / k + costs.t_d / s.alpha + costs.t_p * s.prompt_tokens
+    )
     return 1.0 / per_request
 
 
@@ -158,17 +162,18 @@ def _binomial_pmf(n: int, p: float) -> np.ndarray:
     return binom.pmf(np.arange(n + 1), n, p)
 
 
-def cycle_means(k: int, cap: int, alpha: float, step_values: np.ndarray,
-                end_values: np.ndarray) -> np.ndarray:
+def cycle_means(
+    k: int, cap: int, alpha: float, step_values: np.ndarray, end_values: np.ndarray
+) -> np.ndarray:
     """Expectations over one cycle of the chain that starts with `cap` requests and ends once
     k have left: sum over its decode steps of step_values[n] (n requests decoding) plus
     end_values[D] (D gone at the end). Both are (cap + 1, m) tables; returns m numbers."""
     acc = np.zeros((k, step_values.shape[1]))
-    final = end_values[k:cap + 1]  # a step from j that ends the cycle lands on D = k .. cap
+    final = end_values[k : cap + 1]  # a step from j that ends the cycle lands on D = k .. cap
     for j in range(k - 1, -1, -1):
         p = _binomial_pmf(cap - j, alpha)
         m = k - j  # i >= m departures in this step end the cycle
-        acc[j] = (step_values[cap - j] + p[1:m] @ acc[j + 1:] + p[m:] @ final) / (1.0 - p[0])
+        acc[j] = (step_values[cap - j] + p[1:m] @ acc[j + 1 :] + p[m:] @ final) / (1.0 - p[0])
     return acc[0]
 
 

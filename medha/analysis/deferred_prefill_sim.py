@@ -31,33 +31,49 @@ class SimPoint:
 
 
 def scheduler_config(system: DeferredSystem, k: int) -> SchedulerConfig:
-    return SchedulerConfig(policy="deferred", chunking="none", departure_threshold=k,
-                           batch_cap=system.cap, max_num_seqs=system.cap,
-                           prefill_only_iterations=system.prefill_only)
+    return SchedulerConfig(
+        policy="deferred",
+        chunking="none",
+        departure_threshold=k,
+        batch_cap=system.cap,
+        max_num_seqs=system.cap,
+        prefill_only_iterations=system.prefill_only,
+    )
 
 
 def saturated_workload(system: DeferredSystem, num_requests: int, seed: int) -> WorkloadConfig:
     if num_requests < 4 * system.cap:
-        raise ValueError(f"num_requests must be at least 4 C = {4 * system.cap} (2 C are "
-                         f"warm-up), got {num_requests}")
+        raise ValueError(
+            f"num_requests must be at least 4 C = {4 * system.cap} (2 C are "
+            f"warm-up), got {num_requests}"
+        )
     # qps so high that every request is queued within microseconds of t=0
-    return WorkloadConfig(trace="synthetic", prompt_len=system.prompt_tokens,
-                          output_len=round(system.mean_output),
-                          output_distribution="geometric", qps=1e9,
-                          num_requests=num_requests, seed=seed)
+    return WorkloadConfig(
+        trace="synthetic",
+        prompt_len=system.prompt_tokens,
+        output_len=round(system.mean_output),
+        output_distribution="geometric",
+        qps=1e9,
+        num_requests=num_requests,
+        seed=seed,
+    )
 
 
-def simulate_point(system: DeferredSystem, k: int, cluster: ClusterConfig,
-                   parallel: ParallelConfig, predictor: Predictor, num_requests: int,
-                   seed: int = 0) -> SimPoint:
+def simulate_point(
+    system: DeferredSystem,
+    k: int,
+    cluster: ClusterConfig,
+    parallel: ParallelConfig,
+    predictor: Predictor,
+    num_requests: int,
+    seed: int = 0,
+) -> SimPoint:
     sim = Simulator(cluster, parallel, scheduler_config(system, k), predictor=predictor)
-    requests = build_requests(saturated_workload(system, num_requests, seed),
-                              sim.max_model_len)
+    requests = build_requests(saturated_workload(system, num_requests, seed), sim.max_model_len)
     return SimPoint(k, *saturated_throughput(sim.run(requests), system))
 
 
-def saturated_throughput(result: SimResult, system: DeferredSystem
-                         ) -> tuple[float, float, float]:
+def saturated_throughput(result: SimResult, system: DeferredSystem) -> tuple[float, float, float]:
     """(requests/s from output tokens, departures/s, prompts per prefilling iteration)
     between the 2C-th departure and the last admission."""
     finishes = sorted(r.finish_s for r in result.requests)
@@ -66,11 +82,17 @@ def saturated_throughput(result: SimResult, system: DeferredSystem
     if end <= start:
         raise ValueError("the backlog ran dry during warm-up: simulate more requests")
     log = result.log
-    rows = [(s, e, d, p) for s, e, d, p in zip(log.start_s, log.end_s, log.num_decodes,
-                                                log.num_prefills) if s >= start and e <= end]
+    rows = [
+        (s, e, d, p)
+        for s, e, d, p in zip(log.start_s, log.end_s, log.num_decodes, log.num_prefills)
+        if s >= start and e <= end
+    ]
     tokens = sum(d + p for _, _, d, p in rows)
     span = rows[-1][1] - rows[0][0]
     departures = sum(start < f <= end for f in finishes)
     groups = [p for *_, p in rows if p]
-    return (tokens / span / system.mean_output, departures / (end - start),
-            sum(groups) / max(1, len(groups)))
+    return (
+        tokens / span / system.mean_output,
+        departures / (end - start),
+        sum(groups) / max(1, len(groups)),
+    )

@@ -29,11 +29,14 @@ def recording() -> Iterator[list[Decision]]:
         batch = schedule(self, now)
         if batch is not None:
             groups = getattr(self.blocks, "groups_holding", lambda _: 1)
-            log.append((tuple((c.request.request_id, c.start, c.num_tokens)
-                              for c in batch.prefills),
-                        tuple(sorted((c.request.request_id, c.start) for c in batch.decodes)),
-                        self.stats.batches - self._inflight,
-                        tuple(groups(c.request.request_id) for c in batch.prefills)))
+            log.append(
+                (
+                    tuple((c.request.request_id, c.start, c.num_tokens) for c in batch.prefills),
+                    tuple(sorted((c.request.request_id, c.start) for c in batch.decodes)),
+                    self.stats.batches - self._inflight,
+                    tuple(groups(c.request.request_id) for c in batch.prefills),
+                )
+            )
         return batch
 
     ReplicaScheduler.schedule = record
@@ -43,8 +46,9 @@ def recording() -> Iterator[list[Decision]]:
         ReplicaScheduler.schedule = schedule
 
 
-def engine_run(prompts: list[list[int]], max_tokens: int, scheduler: SchedulerConfig,
-               **engine_options):
+def engine_run(
+    prompts: list[list[int]], max_tokens: int, scheduler: SchedulerConfig, **engine_options
+):
     """(decisions, request ids, the engine's predictor, its stage times or None)."""
     from medha.engine.llm import LLM
     from medha.engine.sampling_params import SamplingParams
@@ -55,21 +59,30 @@ def engine_run(prompts: list[list[int]], max_tokens: int, scheduler: SchedulerCo
         with recording() as log:
             outs = llm.generate(prompts, params)
         pipeline = llm.engine.pipeline
-        return (log, [o.request_id for o in outs], llm.engine.predictor,
-                pipeline.stage_times if pipeline is not None else None)
+        return (
+            log,
+            [o.request_id for o in outs],
+            llm.engine.predictor,
+            pipeline.stage_times if pipeline is not None else None,
+        )
     finally:
         llm.engine.close()
 
 
-def sim_run(ids: list[str], prompt_lens: list[int], max_tokens: int,
-            scheduler: SchedulerConfig, predictor):
+def sim_run(
+    ids: list[str], prompt_lens: list[int], max_tokens: int, scheduler: SchedulerConfig, predictor
+):
     """(decisions, stage times as (batch, stage, start, end)) of the same requests, all
     arriving at once, simulated with `predictor` and its parallel layout."""
     from medha.sim.simulator import ClusterConfig, Simulator
 
     requests = [Request(rid, 0.0, n, max_tokens) for rid, n in zip(ids, prompt_lens)]
-    sim = Simulator(ClusterConfig(hardware=predictor.hardware.name, kv_memory_gb=1.0),
-                    predictor.parallel, scheduler, predictor=predictor)
+    sim = Simulator(
+        ClusterConfig(hardware=predictor.hardware.name, kv_memory_gb=1.0),
+        predictor.parallel,
+        scheduler,
+        predictor=predictor,
+    )
     with recording() as log:
         result = sim.run(requests)
     return log, [(b, s, a, e) for _, b, s, a, e in result.stage_times]

@@ -10,33 +10,65 @@ from medha.benchmark.workload import WORKLOAD_HELP
 
 @dataclass
 class BenchConfig:
-    url: str = field(default="http://127.0.0.1:8000", metadata={"help": (
-        "server base URL (with or without /v1)")})
-    trace: str | None = field(default=None, metadata={"help": (
-        "request lengths (and times, if it has them and --qps is not given) from a trace: a "
-        "bundled name (sharegpt, arxiv, ...) or a CSV/JSONL file, e.g. a previous run's "
-        "requests.csv")})
+    url: str = field(
+        default="http://127.0.0.1:8000",
+        metadata={"help": ("server base URL (with or without /v1)")},
+    )
+    trace: str | None = field(
+        default=None,
+        metadata={
+            "help": (
+                "request lengths (and times, if it has them and --qps is not given) from a trace: "
+                "a bundled name (sharegpt, arxiv, ...) or a CSV/JSONL file, e.g. a previous run's "
+                "requests.csv"
+            )
+        },
+    )
     workload: str | None = field(default=None, metadata={"help": WORKLOAD_HELP})
     qps: float | None = field(default=None, metadata={"help": "Poisson arrival rate (req/s)"})
     num_requests: int = field(default=200, metadata={"help": "requests to send"})
-    out: str = field(default="runs/bench", metadata={"help": (
-        "output folder: summary.json, requests.csv, CDF plots")})
-    endpoint: str = field(default="completions", metadata={"help": (
-        "completions (prompts as token ids, exact lengths) or chat (text prompts of about "
-        "that many tokens)")})
-    model: str | None = field(default=None, metadata={"help": (
-        "model id to request (default: the first of the server's /v1/models)")})
-    api_key: str | None = field(default=None, metadata={"help": (
-        "bearer token (default: $OPENAI_API_KEY or $MEDHA_API_KEY)")})
-    ignore_eos: bool = field(default=True, metadata={"help": (
-        "send ignore_eos so every request produces exactly its output length (vLLM and "
-        "medha extension)")})
+    out: str = field(
+        default="runs/bench",
+        metadata={"help": ("output folder: summary.json, requests.csv, CDF plots")},
+    )
+    endpoint: str = field(
+        default="completions",
+        metadata={
+            "help": (
+                "completions (prompts as token ids, exact lengths) or chat (text prompts of about "
+                "that many tokens)"
+            )
+        },
+    )
+    model: str | None = field(
+        default=None,
+        metadata={"help": ("model id to request (default: the first of the server's /v1/models)")},
+    )
+    api_key: str | None = field(
+        default=None,
+        metadata={"help": ("bearer token (default: $OPENAI_API_KEY or $MEDHA_API_KEY)")},
+    )
+    ignore_eos: bool = field(
+        default=True,
+        metadata={
+            "help": (
+                "send ignore_eos so every request produces exactly its output length (vLLM and "
+                "medha extension)"
+            )
+        },
+    )
     ttft_slo_s: float = field(default=1.0, metadata={"help": "TTFT target for attainment"})
     tpot_slo_s: float = field(default=0.2, metadata={"help": "TPOT target for attainment"})
-    long_threshold: int | None = field(default=None, metadata={"help": (
-        "prompts of at least this many tokens count as long in the by-class tables (default: "
-        "the scheduler's default, min(32768, max_model_len / 4), of the max_model_len the "
-        "server's /v1/models reports; 32768 if it reports none)")})
+    long_threshold: int | None = field(
+        default=None,
+        metadata={
+            "help": (
+                "prompts of at least this many tokens count as long in the by-class tables "
+                "(default: the scheduler's default, min(32768, max_model_len / 4), of the "
+                "max_model_len the server's /v1/models reports; 32768 if it reports none)"
+            )
+        },
+    )
     seed: int = field(default=0, metadata={"help": "seed of lengths, arrivals and prompts"})
     timeout_s: float = field(default=600.0, metadata={"help": "per-request timeout"})
 

@@ -21,9 +21,11 @@ from medha.core.config import LONG_THRESHOLD_CAP, default_long_threshold
 from medha.sim.metrics.plots import latency_cdfs
 from medha.sim.metrics.summary import RequestMetrics, latency_summary
 
-_WORDS = ("the cat sat on a mat and we ran to see it go by while you read this line of text "
-          "about time space light sound water fire earth wind rain snow day night sun moon "
-          "star tree leaf root seed bird fish road city town house door room wall").split()
+_WORDS = (
+    "the cat sat on a mat and we ran to see it go by while you read this line of text "
+    "about time space light sound water fire earth wind rain snow day night sun moon "
+    "star tree leaf root seed bird fish road city town house door room wall"
+).split()
 
 
 @dataclass
@@ -55,8 +57,13 @@ def _prompt(req: BenchRequest, seed: int, as_tokens: bool):
 
 
 def _body(cfg: BenchConfig, model: str, req: BenchRequest) -> dict:
-    body = {"model": model, "max_tokens": req.output_len, "stream": True, "temperature": 0,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "model": model,
+        "max_tokens": req.output_len,
+        "stream": True,
+        "temperature": 0,
+        "stream_options": {"include_usage": True},
+    }
     if cfg.ignore_eos:
         body["ignore_eos"] = True
     if cfg.endpoint == "chat":
@@ -117,12 +124,20 @@ def _metrics(res: _Result, cfg: BenchConfig, t0: float, threshold: int) -> Reque
     return RequestMetrics(
         request_id=str(res.req.index),
         request_class="long" if res.req.prompt_len >= threshold else "short",
-        arrival_s=res.send_s - t0, prompt_len=res.req.prompt_len, output_len=n if ok else 0,
-        ttft_s=ttft, tpot_s=tpot, e2e_s=e2e,
-        normalized_e2e_s=e2e / n if ok and n else None, scheduling_delay_s=None,
-        ttft_deadline_s=cfg.ttft_slo_s, ttft_met=ttft is not None and ttft <= cfg.ttft_slo_s,
-        tpot_met=ok and (tpot is None or tpot <= cfg.tpot_slo_s), preemptions=0,
-        tbt_s=[b - a for a, b in zip(res.chunk_s, res.chunk_s[1:])] if ok else [])
+        arrival_s=res.send_s - t0,
+        prompt_len=res.req.prompt_len,
+        output_len=n if ok else 0,
+        ttft_s=ttft,
+        tpot_s=tpot,
+        e2e_s=e2e,
+        normalized_e2e_s=e2e / n if ok and n else None,
+        scheduling_delay_s=None,
+        ttft_deadline_s=cfg.ttft_slo_s,
+        ttft_met=ttft is not None and ttft <= cfg.ttft_slo_s,
+        tpot_met=ok and (tpot is None or tpot <= cfg.tpot_slo_s),
+        preemptions=0,
+        tbt_s=[b - a for a, b in zip(res.chunk_s, res.chunk_s[1:])] if ok else [],
+    )
 
 
 async def _server_counter(client: httpx.AsyncClient, base: str, name: str) -> float | None:
@@ -148,8 +163,7 @@ async def _run(cfg: BenchConfig, requests: list[BenchRequest], progress: bool) -
         except httpx.HTTPError as e:
             raise BenchError(f"cannot reach {base}/models: {e}") from None
         if resp.status_code != 200:
-            raise BenchError(f"{base}/models answered HTTP {resp.status_code}: "
-                             f"{resp.text[:200]}")
+            raise BenchError(f"{base}/models answered HTTP {resp.status_code}: {resp.text[:200]}")
         cards = resp.json()["data"]
         model = cfg.model or cards[0]["id"]
         card = next((c for c in cards if c.get("id") == model), {})
@@ -171,24 +185,40 @@ async def _run(cfg: BenchConfig, requests: list[BenchRequest], progress: bool) -
         wall = time.perf_counter() - t0
         bar.close()
         preempt1 = await _server_counter(c, base, "medha_preemptions")
-    preemptions = preempt1 - preempt0 if preempt0 is not None and preempt1 is not None \
-        else None
+    preemptions = preempt1 - preempt0 if preempt0 is not None and preempt1 is not None else None
     return model, threshold, results, t0, wall, preemptions
 
 
 def run_bench(cfg: BenchConfig, progress: bool = True) -> dict:
-    requests = build_requests(trace=cfg.trace, workload=cfg.workload, qps=cfg.qps,
-                              num_requests=cfg.num_requests, seed=cfg.seed)
+    requests = build_requests(
+        trace=cfg.trace,
+        workload=cfg.workload,
+        qps=cfg.qps,
+        num_requests=cfg.num_requests,
+        seed=cfg.seed,
+    )
     model, (threshold, source), results, t0, wall, preemptions = asyncio.run(
-        _run(cfg, requests, progress))
+        _run(cfg, requests, progress)
+    )
     rows = [_metrics(r, cfg, t0, threshold) for r in results]
-    summary = {"config": {"bench": asdict(cfg) | {"api_key": None}, "model": model,
-                          "url": _base(cfg.url), "long_threshold": threshold,
-                          "long_threshold_from": source},
-               **latency_summary(rows), "utilization": None, "batches": None, "sim": None,
-               "client": {"wall_s": wall,
-                          "errors": sum(r.status != "ok" for r in results),
-                          "server_preemptions": preemptions}}
+    summary = {
+        "config": {
+            "bench": asdict(cfg) | {"api_key": None},
+            "model": model,
+            "url": _base(cfg.url),
+            "long_threshold": threshold,
+            "long_threshold_from": source,
+        },
+        **latency_summary(rows),
+        "utilization": None,
+        "batches": None,
+        "sim": None,
+        "client": {
+            "wall_s": wall,
+            "errors": sum(r.status != "ok" for r in results),
+            "server_preemptions": preemptions,
+        },
+    }
     if preemptions is not None:
         summary["preemptions"] = int(preemptions)
     _write(Path(cfg.out), summary, rows, results)
@@ -201,12 +231,35 @@ def _write(out: Path, summary: dict, rows: list[RequestMetrics], results: list[_
         w = csv.writer(fh)
         # the first three columns make the file a Vidur-style trace: `medha simulate --trace`
         # and `medha bench --trace` replay exactly this run
-        w.writerow(["arrived_at", "num_prefill_tokens", "num_decode_tokens", "request_class",
-                    "status", "ttft_s", "tpot_s", "e2e_s", "completion_tokens", "error"])
+        w.writerow(
+            [
+                "arrived_at",
+                "num_prefill_tokens",
+                "num_decode_tokens",
+                "request_class",
+                "status",
+                "ttft_s",
+                "tpot_s",
+                "e2e_s",
+                "completion_tokens",
+                "error",
+            ]
+        )
         for m, r in zip(rows, results):
-            w.writerow([f"{r.req.arrival_s:.6f}", r.req.prompt_len, r.req.output_len,
-                        m.request_class, r.status, m.ttft_s, m.tpot_s, m.e2e_s,
-                        r.completion_tokens, r.error])
+            w.writerow(
+                [
+                    f"{r.req.arrival_s:.6f}",
+                    r.req.prompt_len,
+                    r.req.output_len,
+                    m.request_class,
+                    r.status,
+                    m.ttft_s,
+                    m.tpot_s,
+                    m.e2e_s,
+                    r.completion_tokens,
+                    r.error,
+                ]
+            )
     latency_cdfs(out, rows)
     tmp = out / "summary.json.tmp"
     tmp.write_text(json.dumps(summary, indent=1))

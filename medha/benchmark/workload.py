@@ -11,7 +11,8 @@ WORKLOAD_HELP = (
     "comma-separated key=value: prompt=LO-HI, output=LO-HI (tokens, uniform), and optionally "
     "long_fraction=F with long_prompt=LO-HI, long_output=LO-HI; e.g. "
     "'prompt=32-256,output=16-64,long_fraction=0.05,long_prompt=3000-6000' "
-    "(default: prompt=32-256,output=32-128)")
+    "(default: prompt=32-256,output=32-128)"
+)
 
 
 @dataclass(frozen=True)
@@ -34,13 +35,17 @@ def _range(key: str, value: str) -> tuple[int, int]:
 
 
 def parse_workload(spec: str) -> dict:
-    out = {"prompt": (32, 256), "output": (32, 128), "long_fraction": 0.0,
-           "long_prompt": (3000, 6000), "long_output": None}
+    out = {
+        "prompt": (32, 256),
+        "output": (32, 128),
+        "long_fraction": 0.0,
+        "long_prompt": (3000, 6000),
+        "long_output": None,
+    }
     for item in filter(None, (s.strip() for s in spec.split(","))):
         key, eq, value = item.partition("=")
         if not eq or key not in out:
-            raise ValueError(f"--workload: unknown item {item!r}; keys are "
-                             f"{', '.join(out)}")
+            raise ValueError(f"--workload: unknown item {item!r}; keys are {', '.join(out)}")
         if key == "long_fraction":
             try:
                 out[key] = float(value)
@@ -54,8 +59,9 @@ def parse_workload(spec: str) -> dict:
     return out
 
 
-def build_requests(*, trace: str | None, workload: str | None, qps: float | None,
-                   num_requests: int, seed: int) -> list[BenchRequest]:
+def build_requests(
+    *, trace: str | None, workload: str | None, qps: float | None, num_requests: int, seed: int
+) -> list[BenchRequest]:
     """The same arguments always give the same list (lengths and arrival times)."""
     rng = random.Random(seed)
     if trace:
@@ -63,8 +69,11 @@ def build_requests(*, trace: str | None, workload: str | None, qps: float | None
         timed = entries[0].arrival_s is not None and qps is None
         if not timed and qps is None:
             raise TraceError(f"trace {trace} has no timestamps: give --qps")
-        entries = entries[:num_requests] if timed else \
-            [entries[rng.randrange(len(entries))] for _ in range(num_requests)]
+        entries = (
+            entries[:num_requests]
+            if timed
+            else [entries[rng.randrange(len(entries))] for _ in range(num_requests)]
+        )
         lengths = [(e.prompt_len, e.output_len) for e in entries]
         arrivals = [e.arrival_s - entries[0].arrival_s for e in entries] if timed else None
     else:

@@ -30,8 +30,10 @@ COMMANDS = (demo, chunks, predict, generate, profile, serve, bench, simulate, an
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="medha", description="LLM serving for mixed short and very long requests "
-        "(preemptive chunked prefills, LARS scheduling, adaptive chunking).")
+        prog="medha",
+        description="LLM serving for mixed short and very long requests "
+        "(preemptive chunked prefills, LARS scheduling, adaptive chunking).",
+    )
     parser.add_argument("--version", action="version", version=f"medha {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for command in COMMANDS:

@@ -20,14 +20,17 @@ class CliError(Exception):
     """A user error: printed without a traceback, exit code 2."""
 
 
-def add_platform_args(p: argparse.ArgumentParser, model: str, hardware: str,
-                      tp: int = 1) -> None:
+def add_platform_args(p: argparse.ArgumentParser, model: str, hardware: str, tp: int = 1) -> None:
     g = p.add_argument_group("model and hardware")
-    g.add_argument("--model", default=model,
-                   help=f"model spec: {', '.join(sorted(MODELS))} (default: {model})")
-    g.add_argument("--hardware", default=hardware,
-                   help=f"device: {', '.join(HARDWARE_NAMES)}; cpu is this machine, measured "
-                        f"once and cached (default: {hardware})")
+    g.add_argument(
+        "--model", default=model, help=f"model spec: {', '.join(sorted(MODELS))} (default: {model})"
+    )
+    g.add_argument(
+        "--hardware",
+        default=hardware,
+        help=f"device: {', '.join(HARDWARE_NAMES)}; cpu is this machine, measured "
+        f"once and cached (default: {hardware})",
+    )
     g.add_argument("--predictor", default="roofline", help=PREDICTOR_HELP + " (default: roofline)")
     add_dataclass_args(p, ParallelConfig, title="parallelism")
     p.set_defaults(tp=tp)
@@ -54,7 +57,9 @@ def llm_from_args(args: argparse.Namespace) -> LLM:
     from medha.engine.llm import LLM
 
     try:
-        return LLM(scheduler=scheduler_config_from_args(args),
-                   **vars(dataclass_from_args(EngineConfig, args)))
+        return LLM(
+            scheduler=scheduler_config_from_args(args),
+            **vars(dataclass_from_args(EngineConfig, args)),
+        )
     except EngineError as e:
         raise CliError(str(e)) from None

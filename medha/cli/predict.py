@@ -11,10 +11,20 @@ from medha.cli.common import CliError, add_platform_args, predictor_from_args
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("predict", help="predicted time of one batch")
     add_platform_args(p, "llama-3-8b", "h100")
-    p.add_argument("--prefill", action="append", default=[], metavar="TOKENS@KV",
-                   help="a prefill chunk of TOKENS after KV cached tokens (repeatable)")
-    p.add_argument("--decode", action="append", default=[], metavar="COUNT@KV",
-                   help="COUNT decodes over KV cached tokens each (repeatable)")
+    p.add_argument(
+        "--prefill",
+        action="append",
+        default=[],
+        metavar="TOKENS@KV",
+        help="a prefill chunk of TOKENS after KV cached tokens (repeatable)",
+    )
+    p.add_argument(
+        "--decode",
+        action="append",
+        default=[],
+        metavar="COUNT@KV",
+        help="COUNT decodes over KV cached tokens each (repeatable)",
+    )
     p.set_defaults(func=run)
 
 
@@ -40,8 +50,7 @@ def run(args: argparse.Namespace) -> None:
         "predictor": predictor.describe(),
         "batch_time_ms": total * 1e3,
         "linear_ms": predictor.linear_time(tokens, len(prefills) + len(decodes)) * 1e3,
-        "prefill_attention_ms": [predictor.prefill_attention_time(n, k) * 1e3
-                                 for n, k in prefills],
+        "prefill_attention_ms": [predictor.prefill_attention_time(n, k) * 1e3 for n, k in prefills],
         "decode_attention_ms": sum(predictor.decode_attention_time(k) for k in decodes) * 1e3,
     }
     print(json.dumps(result, indent=1))

@@ -14,15 +14,18 @@ from medha.utils.dataclass_cli import add_dataclass_args, dataclass_from_args
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("serve", help="OpenAI-compatible HTTP server",
-                       description="Serve a model over the OpenAI API (/v1/completions, "
-                       "/v1/chat/completions, /v1/models) with /health and Prometheus "
-                       "/metrics. Per-request targets go in a `medha` object of the request "
-                       "body: priority, ttft_slo_s (the request's TTFT deadline), tpot_slo_s "
-                       "(its TPOT target: a batch that carries its decode gets at most that "
-                       "iteration budget, scaled by spp/(spp+1) with pipeline stages, as "
-                       "--iteration-budget-s is from --tpot-target-s); the scheduler flags "
-                       "below set the server-wide defaults. SIGTERM drains in-flight requests.")
+    p = sub.add_parser(
+        "serve",
+        help="OpenAI-compatible HTTP server",
+        description="Serve a model over the OpenAI API (/v1/completions, "
+        "/v1/chat/completions, /v1/models) with /health and Prometheus "
+        "/metrics. Per-request targets go in a `medha` object of the request "
+        "body: priority, ttft_slo_s (the request's TTFT deadline), tpot_slo_s "
+        "(its TPOT target: a batch that carries its decode gets at most that "
+        "iteration budget, scaled by spp/(spp+1) with pipeline stages, as "
+        "--iteration-budget-s is from --tpot-target-s); the scheduler flags "
+        "below set the server-wide defaults. SIGTERM drains in-flight requests.",
+    )
     add_dataclass_args(p, ServerConfig, title="server")
     add_dataclass_args(p, EngineConfig, title="engine")
     add_dataclass_args(p, SchedulerConfig, title="scheduler")
@@ -47,16 +50,25 @@ def run(args: argparse.Namespace) -> None:
     engine = llm_from_args(args).engine
     app = build_app(engine, config, engine_thread=False)
     logging.basicConfig(level=config.log_level.upper(), format="%(levelname)s %(message)s")
-    print(f"medha {__version__} serving {config.served_model_name or args.model} "
-          f"({engine.spec.name}, {engine.device.type}, policy "
-          f"{engine.policy}, chunking {engine.chunking}) on http://{config.host}:{config.port}/v1",
-          file=sys.stderr, flush=True)
+    print(
+        f"medha {__version__} serving {config.served_model_name or args.model} "
+        f"({engine.spec.name}, {engine.device.type}, policy "
+        f"{engine.policy}, chunking {engine.chunking}) on http://{config.host}:{config.port}/v1",
+        file=sys.stderr,
+        flush=True,
+    )
     # The engine loop runs here, on the thread that loaded the model (see AsyncEngine), and
     # uvicorn on its own thread. SIGTERM/SIGINT ask uvicorn to drain (a second one forces it);
     # its lifespan shutdown then stops the engine loop.
-    server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port,
-                                           log_level=config.log_level,
-                                           timeout_graceful_shutdown=config.drain_timeout_s))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=config.host,
+            port=config.port,
+            log_level=config.log_level,
+            timeout_graceful_shutdown=config.drain_timeout_s,
+        )
+    )
     http = threading.Thread(target=server.run, name="medha-http")
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, server.handle_exit)

@@ -38,29 +38,47 @@ class ConfigError(ValueError):
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("simulate", help="simulate a cluster serving a workload",
-                       description=DESCRIPTION,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "simulate",
+        help="simulate a cluster serving a workload",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_dataclass_args(p, ClusterConfig, title="cluster")
     add_dataclass_args(p, ParallelConfig, title="parallelism (per replica)")
     add_dataclass_args(p, SchedulerConfig, title="scheduler")
     add_dataclass_args(p, WorkloadConfig, title="workload")
     g = p.add_argument_group("runs and output")
     g.add_argument("--config", metavar="YAML", help="read flags (and compare runs) from YAML")
-    g.add_argument("--compare", nargs="+", metavar="SPEC", default=None,
-                   help="runs to compare: name=NAME,flag=value,... (flags as above)")
+    g.add_argument(
+        "--compare",
+        nargs="+",
+        metavar="SPEC",
+        default=None,
+        help="runs to compare: name=NAME,flag=value,... (flags as above)",
+    )
     g.add_argument("--name", default="run", help="name of the run (default: run)")
-    g.add_argument("--long-threshold", type=int, default=None,
-                   help="prompt tokens from which a request counts as long in the metrics "
-                        "(default: the scheduler's --long-prefill-threshold, whose default is "
-                        "min(32768, max_model_len / 4))")
+    g.add_argument(
+        "--long-threshold",
+        type=int,
+        default=None,
+        help="prompt tokens from which a request counts as long in the metrics "
+        "(default: the scheduler's --long-prefill-threshold, whose default is "
+        "min(32768, max_model_len / 4))",
+    )
     g.add_argument("--out", default="sim-out", help="output directory (default: sim-out)")
-    g.add_argument("--overwrite", action="store_true",
-                   help="replace an existing --out directory, or a symlink there (the link, "
-                        "not what it points to); a file is never replaced")
+    g.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing --out directory, or a symlink there (the link, "
+        "not what it points to); a file is never replaced",
+    )
     g.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
-    g.add_argument("--save-token-times", action="store_true",
-                   help="also write every request's token timestamps (token_times.jsonl)")
+    g.add_argument(
+        "--save-token-times",
+        action="store_true",
+        help="also write every request's token timestamps (token_times.jsonl)",
+    )
     g.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -85,8 +103,7 @@ def _convert(key: str, value, where: str):
                 return text in ("true", "yes", "1")
             return None if text in ("none", "null") else tp(value)
         except ValueError:
-            raise ConfigError(f"{where}: {key}={value!r} is not a valid {tp.__name__}") \
-                from None
+            raise ConfigError(f"{where}: {key}={value!r} is not a valid {tp.__name__}") from None
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     return value
@@ -116,8 +133,9 @@ def load_yaml(path: str, parser: argparse.ArgumentParser) -> tuple[dict, list[di
         dest = _normalize(str(key))
         if dest not in known or dest in ("config", "compare", "help"):
             raise ConfigError(f"--config {path}: unknown key {key!r}")
-        values[dest] = _convert(dest, value, f"--config {path}") if dest in _field_types() \
-            else value
+        values[dest] = (
+            _convert(dest, value, f"--config {path}") if dest in _field_types() else value
+        )
     if compare is not None:
         if not isinstance(compare, list) or not all(isinstance(c, dict) for c in compare):
             raise ConfigError(f"--config {path}: compare must be a list of mappings")
@@ -125,8 +143,9 @@ def load_yaml(path: str, parser: argparse.ArgumentParser) -> tuple[dict, list[di
     return values, compare
 
 
-def parse_with_config(parser: argparse.ArgumentParser, argv: list[str] | None,
-                      path: str) -> argparse.Namespace:
+def parse_with_config(
+    parser: argparse.ArgumentParser, argv: list[str] | None, path: str
+) -> argparse.Namespace:
     """Parse `argv` again with the YAML file's values as defaults: flags override the file,
     which overrides the defaults."""
     try:
@@ -160,13 +179,15 @@ def _run_spec(values: dict, where: str) -> RunSpec:
             cluster=dataclass_from_args(ClusterConfig, argparse.Namespace(**values)),
             parallel=dataclass_from_args(ParallelConfig, argparse.Namespace(**values)),
             scheduler=dataclass_from_args(SchedulerConfig, argparse.Namespace(**values)),
-            long_threshold=values["long_threshold"])
+            long_threshold=values["long_threshold"],
+        )
     except ValueError as e:
         raise ConfigError(f"{where}: {e}") from None
 
 
-def build_specs(args: argparse.Namespace, yaml_compare: list[dict] | None
-                ) -> tuple[list[RunSpec], WorkloadConfig]:
+def build_specs(
+    args: argparse.Namespace, yaml_compare: list[dict] | None
+) -> tuple[list[RunSpec], WorkloadConfig]:
     base = vars(args).copy()
     try:
         workload = dataclass_from_args(WorkloadConfig, args)
@@ -181,8 +202,10 @@ def build_specs(args: argparse.Namespace, yaml_compare: list[dict] | None
         where = f"compare run {i + 1}"
         bad = set(overrides) - allowed - {"name"}
         if bad:
-            raise ConfigError(f"{where}: cannot set {', '.join(sorted(bad))} per run (workload "
-                              "flags are shared, so that every run sees the same requests)")
+            raise ConfigError(
+                f"{where}: cannot set {', '.join(sorted(bad))} per run (workload "
+                "flags are shared, so that every run sees the same requests)"
+            )
         if "name" not in overrides:
             raise ConfigError(f"{where}: give it a name=...")
         values = dict(base)
@@ -205,20 +228,26 @@ def run(args: argparse.Namespace) -> None:
 
     try:
         specs, workload = build_specs(args, getattr(args, "yaml_compare", None))
-        compare = len(specs) > 1 or bool(args.compare) or bool(getattr(args, "yaml_compare",
-                                                                           None))
+        compare = len(specs) > 1 or bool(args.compare) or bool(getattr(args, "yaml_compare", None))
         outcomes = []
         with output_dir(args.out, args.overwrite) as tmp:
             for spec in specs:
                 if not args.quiet:
-                    print(f"[{spec.name}] {spec.cluster.replicas} x {spec.cluster.model} on "
-                          f"{spec.parallel.world_size} {spec.cluster.hardware} (tp "
-                          f"{spec.parallel.tp}, spp {spec.parallel.spp}, kvp "
-                          f"{spec.parallel.kvp}); {spec.scheduler.policy or 'default'} policy, "
-                          f"{spec.scheduler.chunking} chunking", file=sys.stderr)
+                    print(
+                        f"[{spec.name}] {spec.cluster.replicas} x {spec.cluster.model} on "
+                        f"{spec.parallel.world_size} {spec.cluster.hardware} (tp "
+                        f"{spec.parallel.tp}, spp {spec.parallel.spp}, kvp "
+                        f"{spec.parallel.kvp}); {spec.scheduler.policy or 'default'} policy, "
+                        f"{spec.scheduler.chunking} chunking",
+                        file=sys.stderr,
+                    )
                 outcome = simulate(spec, workload, progress=not args.quiet)
-                write_run(tmp / spec.name if compare else tmp, outcome,
-                          plots=not args.no_plots, token_times=args.save_token_times)
+                write_run(
+                    tmp / spec.name if compare else tmp,
+                    outcome,
+                    plots=not args.no_plots,
+                    token_times=args.save_token_times,
+                )
                 outcomes.append(outcome)
             table = write_compare(tmp, outcomes, plots=not args.no_plots) if compare else None
     except (ConfigError, TraceError, ProfileError, OutputDirError) as e:
@@ -230,8 +259,19 @@ def run(args: argparse.Namespace) -> None:
     else:
         s = outcomes[0].summary
         short, long_ = s["by_class"]["short"], s["by_class"]["long"]
-        print(json.dumps({"requests": s["requests"], "ttft_s": s["ttft_s"],
-                          "short_ttft_s": short["ttft_s"], "long_ttft_s": long_["ttft_s"],
-                          "tpot_s": s["tpot_s"], "slo_attainment": s["slo_attainment"],
-                          "throughput": s["throughput"], "sim": s["sim"]}, indent=1))
+        print(
+            json.dumps(
+                {
+                    "requests": s["requests"],
+                    "ttft_s": s["ttft_s"],
+                    "short_ttft_s": short["ttft_s"],
+                    "long_ttft_s": long_["ttft_s"],
+                    "tpot_s": s["tpot_s"],
+                    "slo_attainment": s["slo_attainment"],
+                    "throughput": s["throughput"],
+                    "sim": s["sim"],
+                },
+                indent=1,
+            )
+        )
     print(f"results in {args.out}/", file=sys.stderr)

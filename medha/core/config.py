@@ -58,8 +58,9 @@ def parse_chunking(spec: str) -> tuple[str, int | None]:
         raise ValueError(f"unknown chunking {spec!r}; expected none, static:N or adaptive")
     if name in _CHUNKING_TAKES_ARGUMENT:
         if not arg.isdigit() or int(arg) < 1:
-            raise ValueError(f"chunking {spec!r}: static chunking needs a positive token "
-                             "budget, e.g. static:512")
+            raise ValueError(
+                f"chunking {spec!r}: static chunking needs a positive token budget, e.g. static:512"
+            )
         return name, int(arg)
     if arg:
         raise ValueError(f"chunking {spec!r}: {name} takes no argument")
@@ -68,164 +69,363 @@ def parse_chunking(spec: str) -> tuple[str, int | None]:
 
 @dataclass
 class SchedulerConfig:
-    policy: str | None = field(default=None, metadata=_help(SCHEDULER,
-        "who goes first: fcfs, edf, lrs, lars or srpt (default: lars with adaptive chunking; "
-        "fcfs with none or static:N, the paper's Orca/vLLM and Sarathi baselines); deferred "
-        "is fcfs that admits new prefills only after --departure-threshold departures; "
-        "aligned is fcfs that runs decodes of similar prefix length together (AlignedServe); "
-        "priority orders by the request's class (REALTIME > HIGH > NORMAL > LOW), then by "
-        "--priority-base, and preempts lower classes first; pla splits prefills at a length "
-        "boundary into a short and a long queue, runs one class per batch and batches short "
-        "prefills by an adaptive wait and depth (PLA-Serve)"))
-    chunking: str = field(default="adaptive", metadata=_help(CHUNKING,
-        "how many prompt tokens an iteration takes: adaptive (largest chunks that keep the "
-        "predicted iteration within the budget), static:N (N-token budget per iteration, "
-        "Sarathi) or none (whole prompt in one iteration, non-preemptive)"))
-    multi_prefill: bool = field(default=True, metadata=_help(CHUNKING,
-        "let several prefills share an iteration (off: at most one prefill chunk per batch)"))
-    space_sharing: bool = field(default=True, metadata=_help(CHUNKING,
-        "a long prefill with slack leaves part of the iteration budget to others"))
-    tpot_target_s: float | None = field(default=None, metadata=_help(SCHEDULER,
-        "time-per-output-token target (s) counted in SLO attainment, and what the iteration "
-        "budget defaults from (default: 0.05 on GPUs; on CPUs 6x a lone decode iteration, at "
-        "least 0.05)"))
-    iteration_budget_s: float | None = field(default=None, metadata=_help(CHUNKING,
-        "iteration time budget (s): adaptive chunking keeps each batch's predicted time within "
-        "it, and pla keeps one iteration of slack for the other class's batch (default: the "
-        "TPOT target; with spp stages, spp/(spp+1) of it, since a decode may wait one stage "
-        "for its next slot). A batch that carries the decode of a request with its own TPOT "
-        "target (the API's tpot_slo_s) gets at most that target, scaled the same way"))
-    rho_max: float = field(default=0.4, metadata=_help(CHUNKING,
-        "most of the budget a long prefill yields to others under space sharing"))
-    long_prefill_threshold: int | None = field(default=None, metadata=_help(CHUNKING,
-        "prompt tokens from which a prefill counts as long: at most one long prefill per "
-        "batch, and space sharing applies to it (default: min(32768, max_model_len / 4))"))
-    ttft_deadline_s: float | None = field(default=None, metadata=_help(SCHEDULER,
-        "fixed TTFT deadline (s) for requests without their own (default: "
-        "max(factor x predicted isolated prefill time, min deadline))"))
-    ttft_deadline_factor: float = field(default=1.5, metadata=_help(SCHEDULER,
-        "TTFT deadline as a multiple of the predicted isolated prefill time"))
-    min_ttft_deadline_s: float = field(default=0.5, metadata=_help(SCHEDULER,
-        "smallest default TTFT deadline (s)"))
-    max_num_seqs: int = field(default=256, metadata=_help(SCHEDULER,
-        "most sequences (decodes + prefill chunks) in one iteration"))
-    max_batch_tokens: int | None = field(default=None, metadata=_help(CHUNKING,
-        "most tokens in one iteration (default: no cap; N for static:N, the model context "
-        "for none)"))
-    min_chunk_tokens: int = field(default=32, metadata=_help(CHUNKING,
-        "chunk an otherwise empty iteration still runs when even it exceeds the budget, so "
-        "that a request deep into a long context keeps making progress"))
-    max_model_len: int | None = field(default=None, metadata=_help(SCHEDULER,
-        "longest context (prompt + output) accepted (default: the model's)"))
-    watermark: float = field(default=0.01, metadata=_help(KV_MEMORY,
-        "share of KV blocks new prefill chunks leave free for running decodes"))
-    prefill_only_iterations: bool = field(default=False, metadata=_help(CHUNKING,
-        "an iteration with prefill work runs prefills only and the decodes wait for the next "
-        "one, as in vLLM without chunked prefill (off: prefills share iterations with decodes)"))
-    departure_threshold: int = field(default=1, metadata=_help(DEFERRED,
-        "deferred policy: admit new prefills only once this many requests (K) have left the "
-        "running batch since the last admission; 1 is ordinary continuous batching"))
-    batch_cap: int | None = field(default=None, metadata=_help(DEFERRED,
-        "deferred policy: most requests in the running batch (C), admitted and not yet "
-        "finished; at most max_num_seqs (default: max_num_seqs)"))
+    policy: str | None = field(
+        default=None,
+        metadata=_help(
+            SCHEDULER,
+            "who goes first: fcfs, edf, lrs, lars or srpt (default: lars with adaptive chunking; "
+            "fcfs with none or static:N, the paper's Orca/vLLM and Sarathi baselines); deferred "
+            "is fcfs that admits new prefills only after --departure-threshold departures; "
+            "aligned is fcfs that runs decodes of similar prefix length together (AlignedServe); "
+            "priority orders by the request's class (REALTIME > HIGH > NORMAL > LOW), then by "
+            "--priority-base, and preempts lower classes first; pla splits prefills at a length "
+            "boundary into a short and a long queue, runs one class per batch and batches short "
+            "prefills by an adaptive wait and depth (PLA-Serve)",
+        ),
+    )
+    chunking: str = field(
+        default="adaptive",
+        metadata=_help(
+            CHUNKING,
+            "how many prompt tokens an iteration takes: adaptive (largest chunks that keep the "
+            "predicted iteration within the budget), static:N (N-token budget per iteration, "
+            "Sarathi) or none (whole prompt in one iteration, non-preemptive)",
+        ),
+    )
+    multi_prefill: bool = field(
+        default=True,
+        metadata=_help(
+            CHUNKING,
+            "let several prefills share an iteration (off: at most one prefill chunk per batch)",
+        ),
+    )
+    space_sharing: bool = field(
+        default=True,
+        metadata=_help(
+            CHUNKING, "a long prefill with slack leaves part of the iteration budget to others"
+        ),
+    )
+    tpot_target_s: float | None = field(
+        default=None,
+        metadata=_help(
+            SCHEDULER,
+            "time-per-output-token target (s) counted in SLO attainment, and what the iteration "
+            "budget defaults from (default: 0.05 on GPUs; on CPUs 6x a lone decode iteration, at "
+            "least 0.05)",
+        ),
+    )
+    iteration_budget_s: float | None = field(
+        default=None,
+        metadata=_help(
+            CHUNKING,
+            "iteration time budget (s): adaptive chunking keeps each batch's predicted time within "
+            "it, and pla keeps one iteration of slack for the other class's batch (default: the "
+            "TPOT target; with spp stages, spp/(spp+1) of it, since a decode may wait one stage "
+            "for its next slot). A batch that carries the decode of a request with its own TPOT "
+            "target (the API's tpot_slo_s) gets at most that target, scaled the same way",
+        ),
+    )
+    rho_max: float = field(
+        default=0.4,
+        metadata=_help(
+            CHUNKING, "most of the budget a long prefill yields to others under space sharing"
+        ),
+    )
+    long_prefill_threshold: int | None = field(
+        default=None,
+        metadata=_help(
+            CHUNKING,
+            "prompt tokens from which a prefill counts as long: at most one long prefill per "
+            "batch, and space sharing applies to it (default: min(32768, max_model_len / 4))",
+        ),
+    )
+    ttft_deadline_s: float | None = field(
+        default=None,
+        metadata=_help(
+            SCHEDULER,
+            "fixed TTFT deadline (s) for requests without their own (default: "
+            "max(factor x predicted isolated prefill time, min deadline))",
+        ),
+    )
+    ttft_deadline_factor: float = field(
+        default=1.5,
+        metadata=_help(
+            SCHEDULER, "TTFT deadline as a multiple of the predicted isolated prefill time"
+        ),
+    )
+    min_ttft_deadline_s: float = field(
+        default=0.5, metadata=_help(SCHEDULER, "smallest default TTFT deadline (s)")
+    )
+    max_num_seqs: int = field(
+        default=256,
+        metadata=_help(SCHEDULER, "most sequences (decodes + prefill chunks) in one iteration"),
+    )
+    max_batch_tokens: int | None = field(
+        default=None,
+        metadata=_help(
+            CHUNKING,
+            "most tokens in one iteration (default: no cap; N for static:N, the model context "
+            "for none)",
+        ),
+    )
+    min_chunk_tokens: int = field(
+        default=32,
+        metadata=_help(
+            CHUNKING,
+            "chunk an otherwise empty iteration still runs when even it exceeds the budget, so "
+            "that a request deep into a long context keeps making progress",
+        ),
+    )
+    max_model_len: int | None = field(
+        default=None,
+        metadata=_help(
+            SCHEDULER, "longest context (prompt + output) accepted (default: the model's)"
+        ),
+    )
+    watermark: float = field(
+        default=0.01,
+        metadata=_help(
+            KV_MEMORY, "share of KV blocks new prefill chunks leave free for running decodes"
+        ),
+    )
+    prefill_only_iterations: bool = field(
+        default=False,
+        metadata=_help(
+            CHUNKING,
+            "an iteration with prefill work runs prefills only and the decodes wait for the next "
+            "one, as in vLLM without chunked prefill (off: prefills share iterations with decodes)",
+        ),
+    )
+    departure_threshold: int = field(
+        default=1,
+        metadata=_help(
+            DEFERRED,
+            "deferred policy: admit new prefills only once this many requests (K) have left the "
+            "running batch since the last admission; 1 is ordinary continuous batching",
+        ),
+    )
+    batch_cap: int | None = field(
+        default=None,
+        metadata=_help(
+            DEFERRED,
+            "deferred policy: most requests in the running batch (C), admitted and not yet "
+            "finished; at most max_num_seqs (default: max_num_seqs)",
+        ),
+    )
 
-    aligned_min_batch: int = field(default=16, metadata=_help(ALIGNED,
-        "aligned policy: fewest decodes a prefix-length cluster must hold to be batched on its "
-        "own; sparser ranges are merged with their neighbours (fewer ready decodes run together)"))
-    aligned_memory_fraction: float = field(default=1.0, metadata=_help(ALIGNED,
-        "aligned policy: most of the replica's KV blocks one decode batch may hold (AlignedServe's "
-        "memory threshold; 1 lets only the cache itself bound a batch)"))
-    aligned_starvation_s: float | None = field(default=None, metadata=_help(ALIGNED,
-        "aligned policy: a ready decode that has waited this long for its next token promotes "
-        "its length range to the next batch (default: 4 x the TPOT target)"))
-    aligned_batch_iterations: int = field(default=1, metadata=_help(ALIGNED,
-        "aligned policy: iterations one decode batch runs before the candidate batch, prepared "
-        "when it started, takes over"))
+    aligned_min_batch: int = field(
+        default=16,
+        metadata=_help(
+            ALIGNED,
+            "aligned policy: fewest decodes a prefix-length cluster must hold to be batched on its "
+            "own; sparser ranges are merged with their neighbours (fewer ready decodes run "
+            "together)",
+        ),
+    )
+    aligned_memory_fraction: float = field(
+        default=1.0,
+        metadata=_help(
+            ALIGNED,
+            "aligned policy: most of the replica's KV blocks one decode batch may hold "
+            "(AlignedServe's memory threshold; 1 lets only the cache itself bound a batch)",
+        ),
+    )
+    aligned_starvation_s: float | None = field(
+        default=None,
+        metadata=_help(
+            ALIGNED,
+            "aligned policy: a ready decode that has waited this long for its next token promotes "
+            "its length range to the next batch (default: 4 x the TPOT target)",
+        ),
+    )
+    aligned_batch_iterations: int = field(
+        default=1,
+        metadata=_help(
+            ALIGNED,
+            "aligned policy: iterations one decode batch runs before the candidate batch, prepared "
+            "when it started, takes over",
+        ),
+    )
 
-    priority_base: str = field(default="fcfs", metadata=_help(PRIORITY,
-        "priority policy: the policy that orders requests within a class (REALTIME > HIGH > "
-        "NORMAL > LOW); any other policy name"))
-    preemption_mode: str = field(default="recompute", metadata=_help(KV_MEMORY,
-        "what a request preempted under KV memory pressure loses: recompute (its KV is "
-        "dropped and its whole context prefilled again), swap (its KV moves to the host pool "
-        "and back, progress kept; recompute when the pool is full) or auto (swap when moving "
-        "the KV out and back is predicted cheaper than recomputing it, and the pool has room)"))
-    swap_space_gb: float = field(default=4.0, metadata=_help(KV_MEMORY,
-        "host memory in GiB per device for swapped-out KV (the host pool), with "
-        "--preemption-mode swap or auto"))
-    host_kv_blocks: int | None = field(default=None, metadata=_help(KV_MEMORY,
-        "host pool size in KV blocks; overrides --swap-space-gb (the engine sets it from its "
-        "own KV dtype)"))
-    swap_bandwidth_gbps: float | None = field(default=None, metadata=_help(KV_MEMORY,
-        "device-host bandwidth in GB/s per device that swaps are timed with (default: the "
-        "hardware's host link: PCIe, 25 GB/s for a100, 50 for h100/h200; the measured copy "
-        "bandwidth for cpu)"))
+    priority_base: str = field(
+        default="fcfs",
+        metadata=_help(
+            PRIORITY,
+            "priority policy: the policy that orders requests within a class (REALTIME > HIGH > "
+            "NORMAL > LOW); any other policy name",
+        ),
+    )
+    preemption_mode: str = field(
+        default="recompute",
+        metadata=_help(
+            KV_MEMORY,
+            "what a request preempted under KV memory pressure loses: recompute (its KV is "
+            "dropped and its whole context prefilled again), swap (its KV moves to the host pool "
+            "and back, progress kept; recompute when the pool is full) or auto (swap when moving "
+            "the KV out and back is predicted cheaper than recomputing it, and the pool has room)",
+        ),
+    )
+    swap_space_gb: float = field(
+        default=4.0,
+        metadata=_help(
+            KV_MEMORY,
+            "host memory in GiB per device for swapped-out KV (the host pool), with "
+            "--preemption-mode swap or auto",
+        ),
+    )
+    host_kv_blocks: int | None = field(
+        default=None,
+        metadata=_help(
+            KV_MEMORY,
+            "host pool size in KV blocks; overrides --swap-space-gb (the engine sets it from its "
+            "own KV dtype)",
+        ),
+    )
+    swap_bandwidth_gbps: float | None = field(
+        default=None,
+        metadata=_help(
+            KV_MEMORY,
+            "device-host bandwidth in GB/s per device that swaps are timed with (default: the "
+            "hardware's host link: PCIe, 25 GB/s for a100, 50 for h100/h200; the measured copy "
+            "bandwidth for cpu)",
+        ),
+    )
 
-    pla_boundary_tokens: int | None = field(default=None, metadata=_help(PLA,
-        "pla policy and dispatcher: prefills of fewer tokens than this are short (L_m) "
-        "(default: from the predictor, the length at which batching two prefills saves "
-        "less than --pla-batching-gain of running them apart)"))
-    pla_batching_gain: float = field(default=0.25, metadata=_help(PLA,
-        "pla: share of the time a batch must save over running its prefills apart to be "
-        "worth forming; sets L_m (two prefills of L_m tokens cost 2 x (1 - gain) x one) and "
-        "the deepest short batch worth waiting for; 0.25 is halfway between memory-bound "
-        "(a second prompt is free) and compute-bound (it costs as much as the first)"))
-    pla_wait_s: float = field(default=0.0, metadata=_help(PLA,
-        "pla: initial waiting window W (s): short prefills wait up to this long after the "
-        "oldest one arrived for the batch to reach the target depth"))
-    pla_depth: int = field(default=1, metadata=_help(PLA,
-        "pla: initial target depth D: short prefills go as soon as this many wait"))
-    pla_adaptive: bool = field(default=True, metadata=_help(PLA,
-        "pla: re-estimate W and D after every short dispatch from the short arrival rate and "
-        "the predictor's bucket grid (off: W and D stay at --pla-wait-s and --pla-depth)"))
-    pla_max_wait_s: float | None = field(default=None, metadata=_help(PLA,
-        "pla: longest adaptive waiting window W (s) (default: the iteration budget)"))
-    pla_long_instances: int | None = field(default=None, metadata=_help(PLA,
-        "pla dispatcher: replicas that start in the long-prefill pool, the rest serve short "
-        "prefills; each pool keeps at least one (default: max(1, replicas / 4))"))
-    pla_pressure_high: float = field(default=0.5, metadata=_help(PLA,
-        "pla dispatcher: a pool whose P90 instance pressure reaches this may take an "
-        "instance from the other pool (pressure: mean of queued prefill work / TTFT "
-        "deadline, TTFT / deadline, KV-cache utilisation; about 1 at saturation)"))
-    pla_pressure_low: float = field(default=0.25, metadata=_help(PLA,
-        "pla dispatcher: a pool gives up an instance only while its P90 pressure is at most "
-        "this (hysteresis: between low and high nothing moves)"))
-    pla_cooldown_s: float = field(default=5.0, metadata=_help(PLA,
-        "pla dispatcher: least time (s) between two instance moves"))
-    pla_window_s: float = field(default=2.0, metadata=_help(PLA,
-        "pla dispatcher: requests dispatched this recently (s), or still waiting for their "
-        "first token, make up an instance's SLO deviation"))
+    pla_boundary_tokens: int | None = field(
+        default=None,
+        metadata=_help(
+            PLA,
+            "pla policy and dispatcher: prefills of fewer tokens than this are short (L_m) "
+            "(default: from the predictor, the length at which batching two prefills saves "
+            "less than --pla-batching-gain of running them apart)",
+        ),
+    )
+    pla_batching_gain: float = field(
+        default=0.25,
+        metadata=_help(
+            PLA,
+            "pla: share of the time a batch must save over running its prefills apart to be "
+            "worth forming; sets L_m (two prefills of L_m tokens cost 2 x (1 - gain) x one) and "
+            "the deepest short batch worth waiting for; 0.25 is halfway between memory-bound "
+            "(a second prompt is free) and compute-bound (it costs as much as the first)",
+        ),
+    )
+    pla_wait_s: float = field(
+        default=0.0,
+        metadata=_help(
+            PLA,
+            "pla: initial waiting window W (s): short prefills wait up to this long after the "
+            "oldest one arrived for the batch to reach the target depth",
+        ),
+    )
+    pla_depth: int = field(
+        default=1,
+        metadata=_help(
+            PLA, "pla: initial target depth D: short prefills go as soon as this many wait"
+        ),
+    )
+    pla_adaptive: bool = field(
+        default=True,
+        metadata=_help(
+            PLA,
+            "pla: re-estimate W and D after every short dispatch from the short arrival rate and "
+            "the predictor's bucket grid (off: W and D stay at --pla-wait-s and --pla-depth)",
+        ),
+    )
+    pla_max_wait_s: float | None = field(
+        default=None,
+        metadata=_help(
+            PLA, "pla: longest adaptive waiting window W (s) (default: the iteration budget)"
+        ),
+    )
+    pla_long_instances: int | None = field(
+        default=None,
+        metadata=_help(
+            PLA,
+            "pla dispatcher: replicas that start in the long-prefill pool, the rest serve short "
+            "prefills; each pool keeps at least one (default: max(1, replicas / 4))",
+        ),
+    )
+    pla_pressure_high: float = field(
+        default=0.5,
+        metadata=_help(
+            PLA,
+            "pla dispatcher: a pool whose P90 instance pressure reaches this may take an "
+            "instance from the other pool (pressure: mean of queued prefill work / TTFT "
+            "deadline, TTFT / deadline, KV-cache utilisation; about 1 at saturation)",
+        ),
+    )
+    pla_pressure_low: float = field(
+        default=0.25,
+        metadata=_help(
+            PLA,
+            "pla dispatcher: a pool gives up an instance only while its P90 pressure is at most "
+            "this (hysteresis: between low and high nothing moves)",
+        ),
+    )
+    pla_cooldown_s: float = field(
+        default=5.0,
+        metadata=_help(PLA, "pla dispatcher: least time (s) between two instance moves"),
+    )
+    pla_window_s: float = field(
+        default=2.0,
+        metadata=_help(
+            PLA,
+            "pla dispatcher: requests dispatched this recently (s), or still waiting for their "
+            "first token, make up an instance's SLO deviation",
+        ),
+    )
 
     def __post_init__(self) -> None:
         if self.policy is not None and self.policy not in POLICY_NAMES:
             raise unknown_name("policy", self.policy, POLICY_NAMES)
         parse_chunking(self.chunking)
-        for name in ("tpot_target_s", "iteration_budget_s", "ttft_deadline_s",
-                     "ttft_deadline_factor", "min_ttft_deadline_s", "aligned_starvation_s"):
+        for name in (
+            "tpot_target_s",
+            "iteration_budget_s",
+            "ttft_deadline_s",
+            "ttft_deadline_factor",
+            "min_ttft_deadline_s",
+            "aligned_starvation_s",
+        ):
             value = getattr(self, name)
-            if value is not None and not (isinstance(value, (int, float))
-                                          and math.isfinite(value) and value > 0):
+            if value is not None and not (
+                isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+            ):
                 raise ValueError(f"{name} must be a positive number, got {value!r}")
-        for name in ("max_num_seqs", "long_prefill_threshold", "min_chunk_tokens",
-                     "max_batch_tokens", "max_model_len", "departure_threshold", "batch_cap",
-                     "aligned_min_batch", "aligned_batch_iterations"):
+        for name in (
+            "max_num_seqs",
+            "long_prefill_threshold",
+            "min_chunk_tokens",
+            "max_batch_tokens",
+            "max_model_len",
+            "departure_threshold",
+            "batch_cap",
+            "aligned_min_batch",
+            "aligned_batch_iterations",
+        ):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, int) and value >= 1):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if not 0 <= self.rho_max < 1:
             raise ValueError(f"rho_max must lie in [0, 1), got {self.rho_max!r}")
         if not 0 < self.aligned_memory_fraction <= 1:
-            raise ValueError("aligned_memory_fraction must lie in (0, 1], got "
-                             f"{self.aligned_memory_fraction!r}")
+            raise ValueError(
+                f"aligned_memory_fraction must lie in (0, 1], got {self.aligned_memory_fraction!r}"
+            )
         if not 0 <= self.watermark < 1:
             raise ValueError(f"watermark must lie in [0, 1), got {self.watermark!r}")
         # Every admitted request decodes in every iteration only if the cap fits in one.
         if self.batch_cap is not None and self.batch_cap > self.max_num_seqs:
-            raise ValueError(f"batch_cap ({self.batch_cap}) exceeds max_num_seqs "
-                             f"({self.max_num_seqs}): raise max_num_seqs too")
+            raise ValueError(
+                f"batch_cap ({self.batch_cap}) exceeds max_num_seqs "
+                f"({self.max_num_seqs}): raise max_num_seqs too"
+            )
         if self.departure_threshold > self.running_cap:
-            raise ValueError(f"departure_threshold ({self.departure_threshold}) exceeds the "
-                             f"batch cap ({self.running_cap}): no batch could lose that many")
+            raise ValueError(
+                f"departure_threshold ({self.departure_threshold}) exceeds the "
+                f"batch cap ({self.running_cap}): no batch could lose that many"
+            )
         self._check_priority_and_swap()
         self._check_pla()
 
@@ -235,15 +435,20 @@ class SchedulerConfig:
         if self.priority_base == "priority":
             raise ValueError("priority_base must name another policy, got 'priority'")
         if self.preemption_mode not in PREEMPTION_MODES:
-            raise ValueError(f"preemption_mode must be one of {', '.join(PREEMPTION_MODES)}, "
-                             f"got {self.preemption_mode!r}")
-        if not (isinstance(self.swap_space_gb, (int, float)) and math.isfinite(self.swap_space_gb)
-                and self.swap_space_gb >= 0):
+            raise ValueError(
+                f"preemption_mode must be one of {', '.join(PREEMPTION_MODES)}, "
+                f"got {self.preemption_mode!r}"
+            )
+        if not (
+            isinstance(self.swap_space_gb, (int, float))
+            and math.isfinite(self.swap_space_gb)
+            and self.swap_space_gb >= 0
+        ):
             raise ValueError(f"swap_space_gb must be a number >= 0, got {self.swap_space_gb!r}")
-        if self.host_kv_blocks is not None and not (isinstance(self.host_kv_blocks, int)
-                                                    and self.host_kv_blocks >= 0):
-            raise ValueError(f"host_kv_blocks must be an integer >= 0, got "
-                             f"{self.host_kv_blocks!r}")
+        if self.host_kv_blocks is not None and not (
+            isinstance(self.host_kv_blocks, int) and self.host_kv_blocks >= 0
+        ):
+            raise ValueError(f"host_kv_blocks must be an integer >= 0, got {self.host_kv_blocks!r}")
         bw = self.swap_bandwidth_gbps
         if bw is not None and not (isinstance(bw, (int, float)) and math.isfinite(bw) and bw > 0):
             raise ValueError(f"swap_bandwidth_gbps must be a positive number, got {bw!r}")
@@ -251,22 +456,26 @@ class SchedulerConfig:
     def _check_pla(self) -> None:
         for name in ("pla_max_wait_s", "pla_cooldown_s", "pla_window_s"):
             value = getattr(self, name)
-            if value is not None and not (isinstance(value, (int, float))
-                                          and math.isfinite(value) and value > 0):
+            if value is not None and not (
+                isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+            ):
                 raise ValueError(f"{name} must be a positive number, got {value!r}")
         for name in ("pla_boundary_tokens", "pla_depth", "pla_long_instances"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, int) and value >= 1):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if not 0 < self.pla_batching_gain < 1:
-            raise ValueError("pla_batching_gain must lie in (0, 1), got "
-                             f"{self.pla_batching_gain!r}")
+            raise ValueError(
+                f"pla_batching_gain must lie in (0, 1), got {self.pla_batching_gain!r}"
+            )
         wait = self.pla_wait_s
         if not (isinstance(wait, (int, float)) and math.isfinite(wait) and wait >= 0):
             raise ValueError(f"pla_wait_s must be a number >= 0, got {wait!r}")
         if not 0 <= self.pla_pressure_low < self.pla_pressure_high:
-            raise ValueError(f"pla_pressure_low ({self.pla_pressure_low!r}) must be >= 0 and "
-                             f"below pla_pressure_high ({self.pla_pressure_high!r})")
+            raise ValueError(
+                f"pla_pressure_low ({self.pla_pressure_low!r}) must be >= 0 and "
+                f"below pla_pressure_high ({self.pla_pressure_high!r})"
+            )
 
     @property
     def running_cap(self) -> int:
@@ -276,8 +485,12 @@ class SchedulerConfig:
     @property
     def is_resolved(self) -> bool:
         """Whether `resolve` has filled in the hardware-dependent defaults."""
-        return None not in (self.tpot_target_s, self.iteration_budget_s, self.max_model_len,
-                            self.long_prefill_threshold)
+        return None not in (
+            self.tpot_target_s,
+            self.iteration_budget_s,
+            self.max_model_len,
+            self.long_prefill_threshold,
+        )
 
     def resolve(self, predictor) -> SchedulerConfig:
         """This config with the hardware-dependent defaults filled in, so that everyone (the
@@ -305,9 +518,13 @@ class SchedulerConfig:
         budget = self.iteration_budget_s or iteration_budget(target, predictor.parallel.spp)
         max_model_len = self.max_model_len or predictor.model.max_context
         long_threshold = self.long_prefill_threshold or default_long_threshold(max_model_len)
-        return dataclasses.replace(self, tpot_target_s=target, iteration_budget_s=budget,
-                                   max_model_len=max_model_len,
-                                   long_prefill_threshold=long_threshold)
+        return dataclasses.replace(
+            self,
+            tpot_target_s=target,
+            iteration_budget_s=budget,
+            max_model_len=max_model_len,
+            long_prefill_threshold=long_threshold,
+        )
 
 
 def iteration_budget(tpot_target_s: float, spp: int = 1) -> float:

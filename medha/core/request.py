@@ -45,8 +45,12 @@ _ALLOWED = {
         RequestState.SWAPPED,
         RequestState.ABORTED,
     },
-    RequestState.DECODING: {RequestState.FINISHED, RequestState.PREEMPTED,
-                            RequestState.SWAPPED, RequestState.ABORTED},
+    RequestState.DECODING: {
+        RequestState.FINISHED,
+        RequestState.PREEMPTED,
+        RequestState.SWAPPED,
+        RequestState.ABORTED,
+    },
     RequestState.PREEMPTED: {RequestState.PREFILLING, RequestState.ABORTED},
     # back to the phase it was swapped out of
     RequestState.SWAPPED: {RequestState.PREFILLING, RequestState.DECODING, RequestState.ABORTED},
@@ -105,10 +109,22 @@ class Request:
     remaining_work_s: float = field(default=0.0, init=False)
 
     @classmethod
-    def from_tokens(cls, request_id: str, arrival_s: float, prompt_token_ids: list[int],
-                    max_tokens: int, **kwargs) -> Request:
-        return cls(request_id, arrival_s, len(prompt_token_ids), max_tokens,
-                   prompt_token_ids=list(prompt_token_ids), **kwargs)
+    def from_tokens(
+        cls,
+        request_id: str,
+        arrival_s: float,
+        prompt_token_ids: list[int],
+        max_tokens: int,
+        **kwargs,
+    ) -> Request:
+        return cls(
+            request_id,
+            arrival_s,
+            len(prompt_token_ids),
+            max_tokens,
+            prompt_token_ids=list(prompt_token_ids),
+            **kwargs,
+        )
 
     def __post_init__(self) -> None:
         if isinstance(self.priority_class, str):
@@ -126,21 +142,28 @@ class Request:
         if self.prompt_token_ids is not None and len(self.prompt_token_ids) != self.prompt_len:
             raise ValueError(
                 f"prompt_len ({self.prompt_len}) does not match len(prompt_token_ids) "
-                f"({len(self.prompt_token_ids)})")
+                f"({len(self.prompt_token_ids)})"
+            )
         if not isinstance(self.max_tokens, int) or self.max_tokens <= 0:
             raise ValueError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
         _positive_finite(self.ttft_deadline_s, "ttft_deadline_s")
         _positive_finite(self.tpot_target_s, "tpot_target_s")
         if self.priority_class is not None and self.priority_class not in _PRIORITY_RANK:
-            raise ValueError(f"priority_class must be one of {', '.join(PRIORITY_CLASSES)} "
-                             f"(or None), got {self.priority_class!r}")
+            raise ValueError(
+                f"priority_class must be one of {', '.join(PRIORITY_CLASSES)} "
+                f"(or None), got {self.priority_class!r}"
+            )
         if max_model_len is not None:
             if self.prompt_len > max_model_len:
-                raise ValueError(f"prompt_len {self.prompt_len} exceeds the model context "
-                                 f"(max_model_len={max_model_len})")
+                raise ValueError(
+                    f"prompt_len {self.prompt_len} exceeds the model context "
+                    f"(max_model_len={max_model_len})"
+                )
             if self.prompt_len + self.max_tokens > max_model_len:
-                raise ValueError(f"prompt_len + max_tokens = {self.prompt_len + self.max_tokens} "
-                                 f"exceeds the model context (max_model_len={max_model_len})")
+                raise ValueError(
+                    f"prompt_len + max_tokens = {self.prompt_len + self.max_tokens} "
+                    f"exceeds the model context (max_model_len={max_model_len})"
+                )
 
     # ---- context -------------------------------------------------------------------------
     @property
@@ -156,7 +179,7 @@ class Request:
             raise ValueError(f"request {self.request_id} carries no token ids")
         if end <= n:
             return prompt[start:end]
-        out = self.output_token_ids[max(0, start - n):end - n]
+        out = self.output_token_ids[max(0, start - n) : end - n]
         return prompt[start:] + out if start < n else out
 
     @property
@@ -165,8 +188,7 @@ class Request:
 
     @property
     def in_prefill(self) -> bool:
-        return self.state in (RequestState.WAITING, RequestState.PREFILLING,
-                              RequestState.PREEMPTED)
+        return self.state in (RequestState.WAITING, RequestState.PREFILLING, RequestState.PREEMPTED)
 
     @property
     def priority_rank(self) -> int:
@@ -188,8 +210,7 @@ class Request:
 
     def relative_slack(self, now: float) -> float:
         """rho_r = s_r / w_r(t): slack in units of the prefill work still ahead."""
-        return (self.deadline_s - now - self.remaining_work_s) / max(self.remaining_work_s,
-                                                                      1e-12)
+        return (self.deadline_s - now - self.remaining_work_s) / max(self.remaining_work_s, 1e-12)
 
     # ---- state machine -------------------------------------------------------------------
     def transition(self, new: RequestState) -> None:
@@ -197,10 +218,13 @@ class Request:
             return
         if new not in _ALLOWED[self.state]:
             raise InvalidTransition(
-                f"request {self.request_id}: {self.state.value} -> {new.value} is not allowed")
+                f"request {self.request_id}: {self.state.value} -> {new.value} is not allowed"
+            )
         self.state = new
 
     def __repr__(self) -> str:
-        return (f"Request({self.request_id!r}, {self.state.value}, prompt={self.prompt_len}, "
-                f"computed={self.num_computed}/{self.num_tokens}, out={self.num_output_tokens}/"
-                f"{self.max_tokens})")
+        return (
+            f"Request({self.request_id!r}, {self.state.value}, prompt={self.prompt_len}, "
+            f"computed={self.num_computed}/{self.num_tokens}, out={self.num_output_tokens}/"
+            f"{self.max_tokens})"
+        )

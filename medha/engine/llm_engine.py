@@ -84,6 +84,7 @@ class RequestOutput:
 @dataclass(frozen=True)
 class EngineStats:
     """The engine's queues and KV cache at one instant (LLMEngine.stats)."""
+
     waiting: int  # requests whose prefill has not started: new, or preempted by recompute
     prefilling: int  # requests whose prefill has started and not finished
     running: int  # requests decoding
@@ -108,8 +109,11 @@ class _State:
 def _default_profile_path(model_path, device: str, config: EngineConfig) -> str:
     """One profile per model, device and parallel layout (a tp 2 batch costs otherwise)."""
     name = os.path.basename(os.path.normpath(str(model_path)))
-    layout = "".join(f"-{k}{v}" for k, v in (("tp", config.tp), ("spp", config.spp),
-                                               ("kvp", config.kvp)) if v > 1)
+    layout = "".join(
+        f"-{k}{v}"
+        for k, v in (("tp", config.tp), ("spp", config.spp), ("kvp", config.kvp))
+        if v > 1
+    )
     return str(cache_dir() / "profiles" / f"{name}-{device}{layout}.json")
 
 
@@ -127,8 +131,9 @@ def _keep_freed_memory() -> None:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig | None = None,
-                 scheduler: SchedulerConfig | None = None) -> None:
+    def __init__(
+        self, config: EngineConfig | None = None, scheduler: SchedulerConfig | None = None
+    ) -> None:
         self.config = config = config or EngineConfig()
         _keep_freed_memory()
         if config.threads:
@@ -145,16 +150,26 @@ class LLMEngine:
         if num_blocks < 1:
             raise EngineError(f"kv_memory_gb={config.kv_memory_gb} holds no KV block")
         # swap preemption: the host pool in blocks of this KV dtype (refused with workers)
-        scheduler = swap_config(scheduler or SchedulerConfig(),
-                                {"tp": config.tp, "spp": config.spp, "kvp": config.kvp},
-                                kv_per_token, config.block_size)
+        scheduler = swap_config(
+            scheduler or SchedulerConfig(),
+            {"tp": config.tp, "spp": config.spp, "kvp": config.kvp},
+            kv_per_token,
+            config.block_size,
+        )
         self.workers = self._workers(config, hf_config, num_blocks)
         parallel = {} if self.workers is None else dict(self.workers.roles)
         self.pipeline = self.workers and self.workers.pipeline
         if self.workers is not None and self.pipeline is None:
             parallel["workers"] = self.workers  # no stages: every step is broadcast first
-        self.runner = ModelRunner(self.model_path, hf_config, self.device, self.dtype,
-                                  num_blocks, config.block_size, **parallel)
+        self.runner = ModelRunner(
+            self.model_path,
+            hf_config,
+            self.device,
+            self.dtype,
+            num_blocks,
+            config.block_size,
+            **parallel,
+        )
         self._inflight: collections.deque = collections.deque()  # pipelined batches
         self.spec = model_from_hf_config(os.path.basename(str(self.model_path)), hf_config)
         self.predictor = self._predictor(config.predictor)
@@ -175,14 +190,15 @@ class LLMEngine:
             if not (isinstance(value, int) and value >= 1):
                 raise EngineError(f"{name} must be a positive integer, got {value!r}")
         if config.max_tokens_per_kvp_group % config.block_size:
-            raise EngineError(f"max_tokens_per_kvp_group ({config.max_tokens_per_kvp_group}) "
-                              f"must be a multiple of block_size ({config.block_size})")
+            raise EngineError(
+                f"max_tokens_per_kvp_group ({config.max_tokens_per_kvp_group}) "
+                f"must be a multiple of block_size ({config.block_size})"
+            )
         layout = Layout(config.tp, config.spp, config.kvp)
         if layout.world == 1:
             return None
         if self.device.type != "cpu":
-            raise EngineError("tp/spp/kvp > 1 run on CPU (gloo) so far; NCCL on CUDA is not "
-                              "built")
+            raise EngineError("tp/spp/kvp > 1 run on CPU (gloo) so far; NCCL on CUDA is not built")
         args = LlamaArgs.from_config(hf_config)
         if config.tp > args.num_kv_heads:
             raise EngineError(f"tp={config.tp} exceeds the model's {args.num_kv_heads} KV heads")
@@ -190,8 +206,10 @@ class LLMEngine:
             raise EngineError(f"spp={config.spp} exceeds the model's {args.num_layers} layers")
         from medha.engine.parallel.workers import RunnerArgs, WorkerGroup
 
-        group = WorkerGroup(layout, RunnerArgs(self.model_path, hf_config, self.dtype,
-                                               num_blocks, config.block_size))
+        group = WorkerGroup(
+            layout,
+            RunnerArgs(self.model_path, hf_config, self.dtype, num_blocks, config.block_size),
+        )
         atexit.register(group.close)
         return group
 
@@ -214,29 +232,41 @@ class LLMEngine:
     def _dtype(name: str, device: torch.device) -> torch.dtype:
         if name == "auto":
             return torch.float32 if device.type == "cpu" else torch.bfloat16
-        table = {"float32": torch.float32, "bfloat16": torch.bfloat16,
-                 "float16": torch.float16}
+        table = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
         if name not in table:
             raise EngineError(f"dtype must be one of {', '.join(table)} or auto, got {name!r}")
         return table[name]
 
     def _predictor(self, spec: str) -> Predictor:
-        hardware = get_hardware("cpu") if self.device.type == "cpu" else \
-            _gpu_spec(torch.cuda.get_device_name())
+        hardware = (
+            get_hardware("cpu")
+            if self.device.type == "cpu"
+            else _gpu_spec(torch.cuda.get_device_name())
+        )
         if spec == "auto":
             path = _default_profile_path(self.model_path, self.device.type, self.config)
             spec = f"profiled:{path}" if os.path.exists(path) else "roofline"
         # tp stays 1: a profile of a tp layout times whole iterations, all-reduces included
-        parallel = ParallelConfig(spp=self.config.spp, kvp=self.config.kvp,
-                                  max_tokens_per_kvp_group=self.config.max_tokens_per_kvp_group)
+        parallel = ParallelConfig(
+            spp=self.config.spp,
+            kvp=self.config.kvp,
+            max_tokens_per_kvp_group=self.config.max_tokens_per_kvp_group,
+        )
         return make_predictor(spec, self.spec, hardware, parallel)
 
     # ---- requests ----------------------------------------------------------------------------
-    def add_request(self, request_id: str, prompt: str | list[int] | None,
-                    params: SamplingParams | None = None, *,
-                    prompt_token_ids: list[int] | None = None, arrival_s: float | None = None,
-                    ttft_deadline_s: float | None = None, tpot_target_s: float | None = None,
-                    priority_class: str | None = None) -> None:
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | list[int] | None,
+        params: SamplingParams | None = None,
+        *,
+        prompt_token_ids: list[int] | None = None,
+        arrival_s: float | None = None,
+        ttft_deadline_s: float | None = None,
+        tpot_target_s: float | None = None,
+        priority_class: str | None = None,
+    ) -> None:
         """Admit a request, all or nothing: a refused one (ValueError; InvalidRequestError
         names the field) leaves the engine as it was."""
         params = params if params is not None else SamplingParams()
@@ -248,11 +278,15 @@ class LLMEngine:
             elif prompt is not None:
                 prompt_token_ids = list(prompt)
         self._check_prompt(prompt_token_ids)
-        request = Request.from_tokens(request_id, time.monotonic() if arrival_s is None
-                                      else arrival_s, prompt_token_ids, params.max_tokens,
-                                      ttft_deadline_s=ttft_deadline_s,
-                                      tpot_target_s=tpot_target_s,
-                                      priority_class=priority_class)
+        request = Request.from_tokens(
+            request_id,
+            time.monotonic() if arrival_s is None else arrival_s,
+            prompt_token_ids,
+            params.max_tokens,
+            ttft_deadline_s=ttft_deadline_s,
+            tpot_target_s=tpot_target_s,
+            priority_class=priority_class,
+        )
         state = self._new_state(params)
         self.scheduler.add_request(request, request.arrival_s)  # validates; raises ValueError
         self._states[request_id] = state  # nothing after the scheduler took it may fail
@@ -268,8 +302,11 @@ class LLMEngine:
         limit = self.max_model_len
         at_least = sum(self.tokenizer.min_tokens(m.get("content") or "") for m in messages)
         if at_least > limit:
-            raise InvalidRequestError(f"messages are at least {at_least} tokens long; the "
-                                      f"model's context is {limit} tokens", "messages")
+            raise InvalidRequestError(
+                f"messages are at least {at_least} tokens long; the "
+                f"model's context is {limit} tokens",
+                "messages",
+            )
         return self.tokenizer.apply_chat_template(messages)
 
     def _check_prompt(self, ids: list[int] | None) -> None:
@@ -277,25 +314,30 @@ class LLMEngine:
             raise InvalidRequestError("prompt must not be empty", "prompt")
         limit = self.max_model_len
         if len(ids) > limit:  # before looking at each id
-            raise InvalidRequestError(f"prompt is {len(ids)} tokens long; the model's context "
-                                      f"is {limit} tokens", "prompt")
+            raise InvalidRequestError(
+                f"prompt is {len(ids)} tokens long; the model's context is {limit} tokens", "prompt"
+            )
         vocab = self.runner.args.vocab_size
-        if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids) or \
-                min(ids) < 0 or max(ids) >= vocab:
-            raise InvalidRequestError(f"prompt token ids must be integers in [0, {vocab})",
-                                      "prompt")
+        if (
+            not all(isinstance(t, int) and not isinstance(t, bool) for t in ids)
+            or min(ids) < 0
+            or max(ids) >= vocab
+        ):
+            raise InvalidRequestError(
+                f"prompt token ids must be integers in [0, {vocab})", "prompt"
+            )
 
     def _new_state(self, params: SamplingParams) -> _State:
         generator = None
         if not params.greedy:
             generator = torch.Generator()
-            generator.manual_seed(params.seed if params.seed is not None
-                                  else torch.seed() % 2**63)
+            generator.manual_seed(params.seed if params.seed is not None else torch.seed() % 2**63)
         stop_ids = set(params.stop_token_ids)
         if not params.ignore_eos and self.tokenizer.eos_token_id is not None:
             stop_ids.add(self.tokenizer.eos_token_id)
-        return _State(params, Detokenizer(self.tokenizer, params.stop), generator,
-                      frozenset(stop_ids))
+        return _State(
+            params, Detokenizer(self.tokenizer, params.stop), generator, frozenset(stop_ids)
+        )
 
     def abort(self, request_id: str) -> bool:
         self._states.pop(request_id, None)
@@ -306,12 +348,19 @@ class LLMEngine:
         log.warning("%s", error)
         state = self._states.pop(request_id, None)
         request = self.scheduler.abort(request_id, time.monotonic(), reason="error")
-        self._failed.append(RequestOutput(
-            request_id=request_id, new_token_ids=[], delta_text="",
-            text=state.detok.text if state else "",
-            token_ids=list(request.output_token_ids) if request else [], finished=True,
-            finish_reason="error", prompt_token_ids=request.prompt_token_ids if request else [],
-            error=error.detail))
+        self._failed.append(
+            RequestOutput(
+                request_id=request_id,
+                new_token_ids=[],
+                delta_text="",
+                text=state.detok.text if state else "",
+                token_ids=list(request.output_token_ids) if request else [],
+                finished=True,
+                finish_reason="error",
+                prompt_token_ids=request.prompt_token_ids if request else [],
+                error=error.detail,
+            )
+        )
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -345,9 +394,15 @@ class LLMEngine:
         though one taken while a step runs may mix before and after."""
         s, blocks = self.scheduler, self.scheduler.blocks
         waiting, prefilling = s.prefill_counts()
-        return EngineStats(waiting=waiting, prefilling=prefilling, running=s.num_decoding,
-                           swapped=s.num_swapped, kv_blocks_used=blocks.num_used,
-                           kv_blocks_free=blocks.num_free, preemptions=s.stats.preemptions)
+        return EngineStats(
+            waiting=waiting,
+            prefilling=prefilling,
+            running=s.num_decoding,
+            swapped=s.num_swapped,
+            kv_blocks_used=blocks.num_used,
+            kv_blocks_free=blocks.num_free,
+            preemptions=s.stats.preemptions,
+        )
 
     # ---- one iteration -----------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -366,8 +421,9 @@ class LLMEngine:
             if self.kv_swap is not None:
                 self.kv_swap.apply(batch)  # swapped KV moves before the step runs
             if not batch.num_seqs:  # the batch only moved KV
-                self.scheduler.update(batch, BatchResult(time.perf_counter() - t0),
-                                      time.monotonic())
+                self.scheduler.update(
+                    batch, BatchResult(time.perf_counter() - t0), time.monotonic()
+                )
                 return []
             logits, chunks = self._run_isolated(batch)
         return self._finish(batch, chunks, logits, t0)
@@ -425,17 +481,22 @@ class LLMEngine:
         return logits, chunks
 
     def _bisect(self, batch, error: Exception) -> tuple[torch.Tensor, list]:
-        members = [c.request.request_id for c in (*batch.decodes, *batch.prefills)
-                   if c.request.request_id in self._states]
+        members = [
+            c.request.request_id
+            for c in (*batch.decodes, *batch.prefills)
+            if c.request.request_id in self._states
+        ]
         if len(members) == 1:
             self._forward_failures += 1
             if self._forward_failures > MAX_FORWARD_FAILURES:
                 raise error  # every forward fails: not this request's doing
             self._fail(members[0], RequestFailedError(members[0], error))
             return self._no_logits(), []
-        half = set(members[:len(members) // 2])
-        parts = [self._run_isolated(_keeping(batch, half)),
-                 self._run_isolated(_keeping(batch, set(members) - half))]
+        half = set(members[: len(members) // 2])
+        parts = [
+            self._run_isolated(_keeping(batch, half)),
+            self._run_isolated(_keeping(batch, set(members) - half)),
+        ]
         if all(m not in self._states for m in members):
             raise error  # it failed with each request alone: not any one request's doing
         return torch.cat([p[0] for p in parts]), parts[0][1] + parts[1][1]
@@ -449,8 +510,7 @@ class LLMEngine:
 
     def _collect(self, batch, step) -> torch.Tensor:
         """The logits of the oldest batch in the pipeline, once its last stage is done."""
-        return self.runner.logits(step, self.pipeline.result(batch.batch_id,
-                                                             step.ids.numel()))
+        return self.runner.logits(step, self.pipeline.result(batch.batch_id, step.ids.numel()))
 
     def execute(self, batch, all_logits: bool = False) -> tuple[torch.Tensor, list]:
         """Run one batch through every rank and stage now (no overlap with other batches):
@@ -480,8 +540,9 @@ class LLMEngine:
         with self._discarding_on_error(batch):
             rids = [c.request.request_id for c in chunks]
             states = [self._states[rid] for rid in rids]
-            samples = sample(logits, [s.params for s in states], [s.generator for s in states],
-                             rids)
+            samples = sample(
+                logits, [s.params for s in states], [s.generator for s in states], rids
+            )
         duration = time.perf_counter() - t0
         token_ids, stopped, deltas, sampled = {}, set(), {}, []
         for c, s, smp in zip(chunks, states, samples):
@@ -499,9 +560,9 @@ class LLMEngine:
                 stopped.add(rid)
             sampled.append((c, s, smp))
         self.metrics.record(batch, duration)
-        finished = self.scheduler.update(batch, BatchResult(duration, token_ids,
-                                                            frozenset(stopped)),
-                                         time.monotonic())
+        finished = self.scheduler.update(
+            batch, BatchResult(duration, token_ids, frozenset(stopped)), time.monotonic()
+        )
         done = {r.request_id: r for r in finished}
         outputs = []
         for c, s, smp in sampled:
@@ -510,13 +571,20 @@ class LLMEngine:
             delta = deltas[r.request_id]
             if end is not None and end.finish_reason == "length":
                 delta += s.detok.flush()
-            outputs.append(RequestOutput(
-                request_id=r.request_id, new_token_ids=[smp.token], delta_text=delta,
-                text=s.detok.text, token_ids=list(r.output_token_ids) if end else None,
-                finished=end is not None, finish_reason=end.finish_reason if end else None,
-                prompt_token_ids=r.prompt_token_ids,
-                logprobs=[smp] if s.params.logprobs is not None else None,
-                metrics=_request_metrics(end) if end else None))
+            outputs.append(
+                RequestOutput(
+                    request_id=r.request_id,
+                    new_token_ids=[smp.token],
+                    delta_text=delta,
+                    text=s.detok.text,
+                    token_ids=list(r.output_token_ids) if end else None,
+                    finished=end is not None,
+                    finish_reason=end.finish_reason if end else None,
+                    prompt_token_ids=r.prompt_token_ids,
+                    logprobs=[smp] if s.params.logprobs is not None else None,
+                    metrics=_request_metrics(end) if end else None,
+                )
+            )
             if end is not None:
                 del self._states[r.request_id]
         return outputs
@@ -535,22 +603,29 @@ class LLMEngine:
 
 def _without(batch, request_id: str):
     """The batch without one request's chunk (what the runner reads: decodes, prefills)."""
-    return _keeping(batch, {c.request.request_id for c in (*batch.decodes, *batch.prefills)}
-                    - {request_id})
+    return _keeping(
+        batch, {c.request.request_id for c in (*batch.decodes, *batch.prefills)} - {request_id}
+    )
 
 
 def _keeping(batch, request_ids: set[str]):
     return dataclasses.replace(
-        batch, decodes=[c for c in batch.decodes if c.request.request_id in request_ids],
-        prefills=[c for c in batch.prefills if c.request.request_id in request_ids])
+        batch,
+        decodes=[c for c in batch.decodes if c.request.request_id in request_ids],
+        prefills=[c for c in batch.prefills if c.request.request_id in request_ids],
+    )
 
 
 def _request_metrics(r: Request) -> dict:
     t = r.token_times_s
-    return {"ttft_s": t[0] - r.arrival_s, "e2e_s": r.finish_s - r.arrival_s,
-            "tpot_s": (t[-1] - t[0]) / (len(t) - 1) if len(t) > 1 else None,
-            "preemptions": r.num_preemptions, "prompt_tokens": r.prompt_len,
-            "completion_tokens": r.num_output_tokens}
+    return {
+        "ttft_s": t[0] - r.arrival_s,
+        "e2e_s": r.finish_s - r.arrival_s,
+        "tpot_s": (t[-1] - t[0]) / (len(t) - 1) if len(t) > 1 else None,
+        "preemptions": r.num_preemptions,
+        "prompt_tokens": r.prompt_len,
+        "completion_tokens": r.num_output_tokens,
+    }
 
 
 def _gpu_spec(name: str):
@@ -573,9 +648,14 @@ class EngineMetrics:
         self.iterations += 1
         self.busy_s += duration
         if self.keep_samples:
-            self.samples.append((tuple((c.num_tokens, c.start) for c in batch.prefills),
-                                 tuple(c.start for c in batch.decodes), duration,
-                                 batch.predicted_time_s))
+            self.samples.append(
+                (
+                    tuple((c.num_tokens, c.start) for c in batch.prefills),
+                    tuple(c.start for c in batch.decodes),
+                    duration,
+                    batch.predicted_time_s,
+                )
+            )
 
     def to_json(self) -> str:
         return json.dumps({"iterations": self.iterations, "busy_s": self.busy_s})

@@ -35,19 +35,34 @@ class StepInput:
             return self
 
         def move(obj):
-            changes = {f.name: getattr(obj, f.name).to(device)
-                       for f in dataclasses.fields(obj)
-                       if isinstance(getattr(obj, f.name), torch.Tensor)}
+            changes = {
+                f.name: getattr(obj, f.name).to(device)
+                for f in dataclasses.fields(obj)
+                if isinstance(getattr(obj, f.name), torch.Tensor)
+            }
             return dataclasses.replace(obj, **changes)
-        return dataclasses.replace(move(self), decode_groups=[move(g) for g in
-                                                              self.decode_groups],
-                                   prefills=[move(p) for p in self.prefills])
+
+        return dataclasses.replace(
+            move(self),
+            decode_groups=[move(g) for g in self.decode_groups],
+            prefills=[move(p) for p in self.prefills],
+        )
 
 
 class ModelRunner:
-    def __init__(self, path: Path, config: dict, device: torch.device, dtype: torch.dtype,
-                 num_blocks: int, block_size: int, tp: TensorParallel = SINGLE,
-                 workers=None, stage: Stage = WHOLE, kvp: KvParallel = SINGLE_GROUP) -> None:
+    def __init__(
+        self,
+        path: Path,
+        config: dict,
+        device: torch.device,
+        dtype: torch.dtype,
+        num_blocks: int,
+        block_size: int,
+        tp: TensorParallel = SINGLE,
+        workers=None,
+        stage: Stage = WHOLE,
+        kvp: KvParallel = SINGLE_GROUP,
+    ) -> None:
         """`tp`: this process's tensor-parallel rank; `stage`: the pipeline stage whose layers
         it holds; `kvp`: its KV-cache parallel group (`num_blocks` are that group's);
         `workers` (rank 0 only): the WorkerGroup running the other ranks, which gets every
@@ -60,8 +75,9 @@ class ModelRunner:
         with torch.device("meta"):  # no random init: the weights are loaded next
             model = LlamaForCausalLM(self.args, tp, stage)
         model.to_empty(device=device)
-        model.rotary = model.rotary.__class__(self.args.head_dim, self.args.rope_theta,
-                                              self.args.rope_scaling).to(device)
+        model.rotary = model.rotary.__class__(
+            self.args.head_dim, self.args.rope_theta, self.args.rope_scaling
+        ).to(device)
         model.load_checkpoint(path, dtype, device)
         self.model = model.eval()
         self.workspace = Workspace()
@@ -70,9 +86,13 @@ class ModelRunner:
         shape = (model.layers[0].self_attn.kvh, num_blocks * block_size, a.head_dim)
         # zeros, not empty: stale memory can hold denormals or NaNs, which slow CPU math down
         # even where the attention mask hides them
-        self.kv_caches = [(torch.zeros(shape, dtype=dtype, device=device),
-                           torch.zeros(shape, dtype=dtype, device=device))
-                          for _ in model.layers]
+        self.kv_caches = [
+            (
+                torch.zeros(shape, dtype=dtype, device=device),
+                torch.zeros(shape, dtype=dtype, device=device),
+            )
+            for _ in model.layers
+        ]
 
     @staticmethod
     def kv_bytes_per_token(config: dict, dtype: torch.dtype) -> int:
@@ -84,8 +104,9 @@ class ModelRunner:
         table = torch.tensor(blocks, dtype=torch.long)
         return table[pos // self.block_size] * self.block_size + pos % self.block_size
 
-    def _decode_group(self, decodes, start: int, end: int,
-                      slot_parts: list[torch.Tensor]) -> DecodeGroup:
+    def _decode_group(
+        self, decodes, start: int, end: int, slot_parts: list[torch.Tensor]
+    ) -> DecodeGroup:
         bs = self.block_size
         chunks = decodes[start:end]
         lens = torch.tensor([c.start + 1 for c in chunks])  # contexts incl. the new token
@@ -108,8 +129,10 @@ class ModelRunner:
             with blame(rid):
                 tokens, table = c.token_ids, c.block_table
                 if len(tokens) != c.num_tokens or len(table) * self.block_size < c.end:
-                    raise IndexError(f"chunk [{c.start}:{c.end}) lies beyond its {len(tokens)}"
-                                     f" tokens or {len(table)} KV blocks")
+                    raise IndexError(
+                        f"chunk [{c.start}:{c.end}) lies beyond its {len(tokens)}"
+                        f" tokens or {len(table)} KV blocks"
+                    )
                 inputs[rid] = tokens
         return inputs
 
@@ -132,8 +155,11 @@ class ModelRunner:
         while start < len(decodes):
             end = start + 1
             # with KVP every decode reads its own slots: groups split its context anyway
-            while (end < len(decodes) and self.kvp.size == 1
-                   and decodes[end].start < 1.25 * decodes[start].start + bs):
+            while (
+                end < len(decodes)
+                and self.kvp.size == 1
+                and decodes[end].start < 1.25 * decodes[start].start + bs
+            ):
                 end += 1
             groups.append(self._decode_group(decodes, start, end, slot_parts))
             start = end
@@ -149,14 +175,20 @@ class ModelRunner:
             ids.extend(inputs[c.request.request_id])
             positions.extend(range(c.start, c.end))
             ctx_slots = self._slots(c.block_table, 0, c.end)
-            slot_parts.append(ctx_slots[c.start:])
+            slot_parts.append(ctx_slots[c.start :])
             spans.append(PrefillSpan(row, row + c.num_tokens, c.start, ctx_slots))
             row += c.num_tokens
             if c.samples:
                 sample_rows.append(row - 1)
                 sample_chunks.append(c)
-        step = StepInput(torch.tensor(ids), torch.tensor(positions), torch.cat(slot_parts),
-                         groups, spans, None if all_logits else sample_rows)
+        step = StepInput(
+            torch.tensor(ids),
+            torch.tensor(positions),
+            torch.cat(slot_parts),
+            groups,
+            spans,
+            None if all_logits else sample_rows,
+        )
         return step, sample_chunks
 
     @torch.inference_mode()
@@ -165,9 +197,13 @@ class ModelRunner:
         previous stage's output `hidden` elsewhere."""
         step = step.to(self.device)
         meta = AttentionMetadata(
-            slot_mapping=step.slot_mapping, decode_groups=step.decode_groups,
-            block_size=self.block_size, prefills=step.prefills, workspace=self.workspace,
-            kvp=build_view(step, self.kvp, self.block_size) if self.kvp.size > 1 else None)
+            slot_mapping=step.slot_mapping,
+            decode_groups=step.decode_groups,
+            block_size=self.block_size,
+            prefills=step.prefills,
+            workspace=self.workspace,
+            kvp=build_view(step, self.kvp, self.block_size) if self.kvp.size > 1 else None,
+        )
         if hidden is not None:
             hidden = hidden.to(self.device)
         return self.model(step.ids, step.positions, self.kv_caches, meta, hidden)

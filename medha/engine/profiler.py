@@ -32,12 +32,12 @@ class Shape:
 
     def kv_tokens(self) -> int:
         """KV tokens the batch's requests hold, rounded up to 16-token blocks."""
-        return sum(-(-(n + k) // 16) * 16 for n, k in self.prefills) + \
-            sum(-(-(kv + 1) // 16) * 16 for kv in self.decode_kv)
+        return sum(-(-(n + k) // 16) * 16 for n, k in self.prefills) + sum(
+            -(-(kv + 1) // 16) * 16 for kv in self.decode_kv
+        )
 
 
-def grid(max_len: int, capacity: int, mixed: int, seed: int, quick: bool = False
-         ) -> list[Shape]:
+def grid(max_len: int, capacity: int, mixed: int, seed: int, quick: bool = False) -> list[Shape]:
     """Shapes to time; `capacity` (KV tokens the cache holds) bounds each batch's contexts."""
     chunks = PREFILL_CHUNKS[::2] if quick else PREFILL_CHUNKS
     shapes = [Shape(((n, k),), ()) for n in chunks for k in PREFILL_OFFSETS if n + k <= max_len]
@@ -55,8 +55,10 @@ def random_mixed(count: int, max_len: int, capacity: int, seed: int) -> list[Sha
         for _ in range(rng.choice((0, 1, 1, 2))):
             n = rng.choice((16, 64, 128, 256, 512, 1024))
             prefills.append((n, rng.randrange(0, max(1, min(max_len - n - 1, 6000)))))
-        decodes = tuple(rng.randrange(16, min(max_len - 1, 4096))
-                        for _ in range(rng.choice((0, 1, 4, 8, 16, 32, 48))))
+        decodes = tuple(
+            rng.randrange(16, min(max_len - 1, 4096))
+            for _ in range(rng.choice((0, 1, 4, 8, 16, 32, 48)))
+        )
         if not prefills and not decodes:
             decodes = (256,)
         shape = Shape(tuple(prefills), decodes)
@@ -81,8 +83,9 @@ class Profiler:
 
         def chunk(name: str, start: int, num_tokens: int) -> Chunk:
             tokens = start + num_tokens
-            r = Request.from_tokens(name, 0.0, [self.rng.randrange(3, vocab)
-                                                for _ in range(tokens)], 1)
+            r = Request.from_tokens(
+                name, 0.0, [self.rng.randrange(3, vocab) for _ in range(tokens)], 1
+            )
             held.append(name)
             self._reserve(r, tokens)
             return Chunk(r, start, num_tokens, True, bm.blocks_of(name))
@@ -105,15 +108,15 @@ class Profiler:
     def _reserve(self, r: Request, tokens: int) -> None:
         bm = self.engine.scheduler.blocks
         if bm.grow(r.request_id, tokens) < tokens:
-            raise RuntimeError(f"the KV cache cannot hold a {tokens}-token context for "
-                               "profiling; raise --kv-memory-gb")
+            raise RuntimeError(
+                f"the KV cache cannot hold a {tokens}-token context for "
+                "profiling; raise --kv-memory-gb"
+            )
 
     def run(self, shapes: list[Shape], progress: bool = True) -> Profile:
         e = self.engine
-        profile = Profile(sources=["medha profile"], model=e.spec.name,
-                          hardware=e.device.type)
+        profile = Profile(sources=["medha profile"], model=e.spec.name, hardware=e.device.type)
         for shape in tqdm(shapes, desc="profiling", unit="batch", disable=not progress):
             seconds = self.measure(shape)
-            profile.iteration_rows.append(IterationRow(1, shape.prefills, shape.decode_kv,
-                                                       seconds))
+            profile.iteration_rows.append(IterationRow(1, shape.prefills, shape.decode_kv, seconds))
         return profile

@@ -29,7 +29,7 @@ MIN_TEMPERATURE = 1e-5
 FLOAT32_TINY = float(np.finfo(np.float32).tiny)  # the smallest normal float32, 1.1754944e-38
 MAX_STOPS = 16
 MAX_STOP_CHARS = 1024
-SEED_MIN, SEED_MAX = -2**63, 2**63 - 1
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 MAX_LOGPROBS = 20
 
 
@@ -53,31 +53,46 @@ class SamplingParams:
         if not _number(self.temperature) or self.temperature < 0:
             raise _invalid("temperature", "must be a finite number >= 0", self.temperature)
         if 0 < self.temperature < FLOAT32_TINY:
-            raise _invalid("temperature", "must be 0 (greedy) or at least 1.2e-38, the "
-                           "smallest normal float32 (the sampler divides float32 logits by it)",
-                           self.temperature)
+            raise _invalid(
+                "temperature",
+                "must be 0 (greedy) or at least 1.2e-38, the "
+                "smallest normal float32 (the sampler divides float32 logits by it)",
+                self.temperature,
+            )
         if not _number(self.top_p) or not FLOAT32_TINY <= self.top_p <= 1:
-            raise _invalid("top_p", "must lie in [1.2e-38, 1] (smaller values are 0 or a "
-                           "denormal in float32, where the sampler compares it)", self.top_p)
+            raise _invalid(
+                "top_p",
+                "must lie in [1.2e-38, 1] (smaller values are 0 or a "
+                "denormal in float32, where the sampler compares it)",
+                self.top_p,
+            )
         if not _integer(self.top_k) or self.top_k < -1:
             raise _invalid("top_k", "must be -1, 0 or a positive integer", self.top_k)
-        if self.seed is not None and (not _integer(self.seed)
-                                      or not SEED_MIN <= self.seed <= SEED_MAX):
+        if self.seed is not None and (
+            not _integer(self.seed) or not SEED_MIN <= self.seed <= SEED_MAX
+        ):
             raise _invalid("seed", "must be an integer in [-2**63, 2**63 - 1]", self.seed)
         if not isinstance(self.stop, list) or len(self.stop) > MAX_STOPS:
             raise _invalid("stop", f"must be at most {MAX_STOPS} strings", _short(self.stop))
         for s in self.stop:
             if not isinstance(s, str) or not s or len(s) > MAX_STOP_CHARS:
-                raise _invalid("stop", f"must hold non-empty strings of at most "
-                               f"{MAX_STOP_CHARS} characters each", _short(s))
+                raise _invalid(
+                    "stop",
+                    f"must hold non-empty strings of at most {MAX_STOP_CHARS} characters each",
+                    _short(s),
+                )
         if not isinstance(self.stop_token_ids, list) or not all(
-                _integer(t) and t >= 0 for t in self.stop_token_ids):
-            raise _invalid("stop_token_ids", "must be a list of token ids (integers >= 0)",
-                           _short(self.stop_token_ids))
-        if self.logprobs is not None and (not _integer(self.logprobs)
-                                          or not 0 <= self.logprobs <= MAX_LOGPROBS):
-            raise _invalid("logprobs", f"must be an integer in [0, {MAX_LOGPROBS}]",
-                           self.logprobs)
+            _integer(t) and t >= 0 for t in self.stop_token_ids
+        ):
+            raise _invalid(
+                "stop_token_ids",
+                "must be a list of token ids (integers >= 0)",
+                _short(self.stop_token_ids),
+            )
+        if self.logprobs is not None and (
+            not _integer(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS
+        ):
+            raise _invalid("logprobs", f"must be an integer in [0, {MAX_LOGPROBS}]", self.logprobs)
         if not isinstance(self.ignore_eos, bool):
             raise _invalid("ignore_eos", "must be a boolean", self.ignore_eos)
 

@@ -49,26 +49,31 @@ class Tokenizer:
             ids = self._tok.encode(text, add_special_tokens=False)
             at_least = len(ids)
         if at_least > limit:
-            raise InvalidRequestError(f"{param} is more than {limit} tokens long (at least "
-                                      f"{at_least}), the model's context", param)
+            raise InvalidRequestError(
+                f"{param} is more than {limit} tokens long (at least "
+                f"{at_least}), the model's context",
+                param,
+            )
         return ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True
-                            ) -> list[int]:
+    def apply_chat_template(
+        self, messages: list[dict], add_generation_prompt: bool = True
+    ) -> list[int]:
         if not self._tok.chat_template:
-            raise InvalidRequestError("this model has no chat template; send a plain prompt",
-                                      "messages")
+            raise InvalidRequestError(
+                "this model has no chat template; send a plain prompt", "messages"
+            )
         for i, m in enumerate(messages):
             _check_text(m.get("content") or "", f"messages.{i}.content")
         try:
             ids = self._tok.apply_chat_template(
-                messages, add_generation_prompt=add_generation_prompt, tokenize=True)
+                messages, add_generation_prompt=add_generation_prompt, tokenize=True
+            )
         except Exception as e:  # jinja raises its own types for malformed messages
-            raise InvalidRequestError(f"cannot apply the chat template: {e}",
-                                      "messages") from None
+            raise InvalidRequestError(f"cannot apply the chat template: {e}", "messages") from None
         return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
 
 
@@ -94,8 +99,11 @@ def _check_text(text: str, param: str) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise InvalidRequestError(f"{param} holds a lone surrogate ({text[e.start]!a} at "
-                                  f"character {e.start}), which is not text", param) from None
+        raise InvalidRequestError(
+            f"{param} holds a lone surrogate ({text[e.start]!a} at "
+            f"character {e.start}), which is not text",
+            param,
+        ) from None
 
 
 class Detokenizer:
@@ -130,12 +138,12 @@ class Detokenizer:
                     hold = max(hold, k)
                     break
         end = len(self.text) if self.stopped else len(self.text) - hold
-        delta = self.text[self._emitted:end] if end > self._emitted else ""
+        delta = self.text[self._emitted : end] if end > self._emitted else ""
         self._emitted = max(self._emitted, end)
         return delta
 
     def flush(self) -> str:
         """Whatever was held back, when the request ends for another reason."""
-        delta = self.text[self._emitted:]
+        delta = self.text[self._emitted :]
         self._emitted = len(self.text)
         return delta

@@ -7,14 +7,20 @@ from medha.perf.model_specs import ModelSpec, get_model
 from medha.perf.parallel_config import ParallelConfig
 from medha.perf.predictor import BatchTimer, Predictor
 
-PREDICTOR_HELP = ("batch-time model: roofline (analytic), roofline-padded (the same, with "
-                  "decode attention padded to the batch's longest context), profiled (fitted "
-                  "to the bundled profile of this model and hardware) or profiled:PATH (a "
-                  "profile written by `medha profile`, or a Vidur CSV table or directory)")
+PREDICTOR_HELP = (
+    "batch-time model: roofline (analytic), roofline-padded (the same, with "
+    "decode attention padded to the batch's longest context), profiled (fitted "
+    "to the bundled profile of this model and hardware) or profiled:PATH (a "
+    "profile written by `medha profile`, or a Vidur CSV table or directory)"
+)
 
 
-def make_predictor(spec: str, model: ModelSpec | str, hardware: HardwareSpec | str,
-                   parallel: ParallelConfig | None = None) -> Predictor:
+def make_predictor(
+    spec: str,
+    model: ModelSpec | str,
+    hardware: HardwareSpec | str,
+    parallel: ParallelConfig | None = None,
+) -> Predictor:
     # Each kind imports its own module: the fitted one brings numpy and scipy along.
     model = get_model(model) if isinstance(model, str) else model
     hardware = get_hardware(hardware) if isinstance(hardware, str) else hardware
@@ -34,9 +40,19 @@ def make_predictor(spec: str, model: ModelSpec | str, hardware: HardwareSpec | s
 
         profile = load_profile(path) if path else bundled_profile(hardware.name, model.name)
         return ProfiledPredictor(model, hardware, parallel, profile)
-    raise ValueError(f"unknown predictor {spec!r}; expected roofline, roofline-padded, "
-                     "profiled or profiled:PATH")
+    raise ValueError(
+        f"unknown predictor {spec!r}; expected roofline, roofline-padded, profiled or profiled:PATH"
+    )
 
 
-__all__ = ["BatchTimer", "HardwareSpec", "ModelSpec", "ParallelConfig", "Predictor",
-           "PREDICTOR_HELP", "get_hardware", "get_model", "make_predictor"]
+__all__ = [
+    "BatchTimer",
+    "HardwareSpec",
+    "ModelSpec",
+    "ParallelConfig",
+    "Predictor",
+    "PREDICTOR_HELP",
+    "get_hardware",
+    "get_model",
+    "make_predictor",
+]

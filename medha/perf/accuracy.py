@@ -15,8 +15,13 @@ from medha.perf.profile_data import Profile
 from medha.perf.roofline_predictor import RooflinePredictor
 
 
-def op_holdout_errors(profile: Profile, model: ModelSpec, hardware: HardwareSpec,
-                      test_fraction: float = 0.2, seed: int = 0) -> dict[str, dict]:
+def op_holdout_errors(
+    profile: Profile,
+    model: ModelSpec,
+    hardware: HardwareSpec,
+    test_fraction: float = 0.2,
+    seed: int = 0,
+) -> dict[str, dict]:
     """Per op: relative errors of a fit on the other rows, and of the analytic model, on a
     random `test_fraction` of each (op, TP degree) group of rows."""
     rng = random.Random(seed)
@@ -24,8 +29,7 @@ def op_holdout_errors(profile: Profile, model: ModelSpec, hardware: HardwareSpec
     for op, n, tp, seconds in profile.op_rows:
         groups[(op, tp)].append((n, seconds))
     analytic = {}
-    errors: dict[str, dict[str, list[float]]] = defaultdict(lambda: {"fitted": [],
-                                                                     "analytic": []})
+    errors: dict[str, dict[str, list[float]]] = defaultdict(lambda: {"fitted": [], "analytic": []})
     for (op, tp), rows in sorted(groups.items()):
         order = list(range(len(rows)))
         rng.shuffle(order)
@@ -44,12 +48,17 @@ def op_holdout_errors(profile: Profile, model: ModelSpec, hardware: HardwareSpec
 def summarize(errors: dict[str, dict]) -> dict[str, dict[str, float]]:
     out = {}
     for op, e in errors.items():
-        out[op] = {f"{kind}_{stat}": float(np.percentile(v, q))
-                   for kind, v in e.items() for stat, q in (("median", 50), ("p95", 95))}
+        out[op] = {
+            f"{kind}_{stat}": float(np.percentile(v, q))
+            for kind, v in e.items()
+            for stat, q in (("median", 50), ("p95", 95))
+        }
         out[op]["rows"] = len(e["fitted"])
-    every = {kind: [x for e in errors.values() for x in e[kind]] for kind in ("fitted",
-                                                                             "analytic")}
-    out["all ops"] = {f"{kind}_{stat}": float(np.percentile(v, q)) for kind, v in every.items()
-                      for stat, q in (("median", 50), ("p95", 95))}
+    every = {kind: [x for e in errors.values() for x in e[kind]] for kind in ("fitted", "analytic")}
+    out["all ops"] = {
+        f"{kind}_{stat}": float(np.percentile(v, q))
+        for kind, v in every.items()
+        for stat, q in (("median", 50), ("p95", 95))
+    }
     out["all ops"]["rows"] = len(every["fitted"])
     return out

@@ -22,6 +22,7 @@ def one_blas_thread(fit: Callable) -> Callable:
     threads only add hand-offs, and OpenBLAS's spinning threads make them 15-30x slower (an
     A100 profile's fit: 20-36 s instead of 1.3 s) whenever anything else keeps a core busy, an
     engine included. Limited once at the outermost fit (setting the limit costs ~0.7 ms)."""
+
     @functools.wraps(fit)
     def pinned(*args, **kwargs):
         if getattr(_fitting, "active", False):
@@ -32,6 +33,7 @@ def one_blas_thread(fit: Callable) -> Callable:
                 return fit(*args, **kwargs)
         finally:
             _fitting.active = False
+
     return pinned
 
 
@@ -45,8 +47,9 @@ class PiecewiseLinear:
 
     @classmethod
     @one_blas_thread
-    def fit(cls, x: Sequence[float], y: Sequence[float], num_knots: int | None = None
-            ) -> PiecewiseLinear:
+    def fit(
+        cls, x: Sequence[float], y: Sequence[float], num_knots: int | None = None
+    ) -> PiecewiseLinear:
         x_arr, y_arr = np.asarray(x, float), np.asarray(y, float)
         if len(x_arr) == 0:
             raise ValueError("cannot fit a model to zero rows")

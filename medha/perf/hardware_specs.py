@@ -53,23 +53,62 @@ class HardwareSpec:
 
 
 _GPU_COMMON = dict(
-    dtype_bytes=2, internode_bw=40e9, internode_latency_s=10e-6, devices_per_node=8,
-    attn_tile_rows=32, mem_eff=0.8, elementwise_eff=0.45, kernel_overhead_s=4e-6,
+    dtype_bytes=2,
+    internode_bw=40e9,
+    internode_latency_s=10e-6,
+    devices_per_node=8,
+    attn_tile_rows=32,
+    mem_eff=0.8,
+    elementwise_eff=0.45,
+    kernel_overhead_s=4e-6,
     iteration_overhead_s=1e-3,
 )
 GPUS: dict[str, HardwareSpec] = {
-    "a100": HardwareSpec("a100", peak_flops=312e12, mem_bw=2.039e12, mem_bytes=80e9,
-                         link_bw=200e9, link_latency_s=4.5e-6, gemm_eff=0.75, attn_eff=0.6,
-                         host_bw=25e9, **_GPU_COMMON),
-    "h100": HardwareSpec("h100", peak_flops=989e12, mem_bw=3.35e12, mem_bytes=80e9,
-                         link_bw=400e9, link_latency_s=3e-6, gemm_eff=0.7, attn_eff=0.6,
-                         host_bw=50e9, **_GPU_COMMON),
-    "h200": HardwareSpec("h200", peak_flops=989e12, mem_bw=4.8e12, mem_bytes=141e9,
-                         link_bw=400e9, link_latency_s=3e-6, gemm_eff=0.7, attn_eff=0.6,
-                         host_bw=50e9, **_GPU_COMMON),
+    "a100": HardwareSpec(
+        "a100",
+        peak_flops=312e12,
+        mem_bw=2.039e12,
+        mem_bytes=80e9,
+        link_bw=200e9,
+        link_latency_s=4.5e-6,
+        gemm_eff=0.75,
+        attn_eff=0.6,
+        host_bw=25e9,
+        **_GPU_COMMON,
+    ),
+    "h100": HardwareSpec(
+        "h100",
+        peak_flops=989e12,
+        mem_bw=3.35e12,
+        mem_bytes=80e9,
+        link_bw=400e9,
+        link_latency_s=3e-6,
+        gemm_eff=0.7,
+        attn_eff=0.6,
+        host_bw=50e9,
+        **_GPU_COMMON,
+    ),
+    "h200": HardwareSpec(
+        "h200",
+        peak_flops=989e12,
+        mem_bw=4.8e12,
+        mem_bytes=141e9,
+        link_bw=400e9,
+        link_latency_s=3e-6,
+        gemm_eff=0.7,
+        attn_eff=0.6,
+        host_bw=50e9,
+        **_GPU_COMMON,
+    ),
 }
-_ALIASES = {"a100-80gb": "a100", "a100_80gb": "a100", "h100-80gb": "h100", "h100_80gb": "h100",
-            "h100-sxm": "h100", "h200-141gb": "h200"}
+_ALIASES = {
+    "a100-80gb": "a100",
+    "a100_80gb": "a100",
+    "h100-80gb": "h100",
+    "h100_80gb": "h100",
+    "h100-sxm": "h100",
+    "h200-141gb": "h200",
+}
 HARDWARE_NAMES = sorted([*GPUS, "cpu"])
 
 
@@ -137,13 +176,25 @@ def measure_cpu() -> tuple[HardwareSpec, str]:
     bw = _measure_copy_bw()
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return HardwareSpec(
-        name="cpu", peak_flops=flops, mem_bw=bw, mem_bytes=float(mem), dtype_bytes=4,
+        name="cpu",
+        peak_flops=flops,
+        mem_bw=bw,
+        mem_bytes=float(mem),
+        dtype_bytes=4,
         # gloo over shared memory between worker processes
-        link_bw=5e9, link_latency_s=30e-6, internode_bw=1e9, internode_latency_s=100e-6,
+        link_bw=5e9,
+        link_latency_s=30e-6,
+        internode_bw=1e9,
+        internode_latency_s=100e-6,
         devices_per_node=1,
         # peak and bandwidth are measured with the same kind of kernel, hence 1.0
-        gemm_eff=1.0, attn_eff=0.5, attn_tile_rows=8, mem_eff=1.0, elementwise_eff=0.5,
-        kernel_overhead_s=10e-6, iteration_overhead_s=2e-3,
+        gemm_eff=1.0,
+        attn_eff=0.5,
+        attn_tile_rows=8,
+        mem_eff=1.0,
+        elementwise_eff=0.5,
+        kernel_overhead_s=10e-6,
+        iteration_overhead_s=2e-3,
     ), lib
 
 
@@ -168,8 +219,7 @@ def this_cpu(refresh: bool = False) -> HardwareSpec:
     spec, lib = measure_cpu()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"key": key, "measured_with": lib, "spec": spec.to_json()},
-                              indent=1))
+    tmp.write_text(json.dumps({"key": key, "measured_with": lib, "spec": spec.to_json()}, indent=1))
     tmp.replace(path)
     _cpu_spec = spec
     return spec

@@ -41,8 +41,9 @@ class ModelSpec:
     def linear_flops(self, num_tokens: int) -> float:
         """Matmul FLOPs of all layers plus the LM head, for `num_tokens` tokens."""
         h, i = self.hidden_size, self.intermediate_size
-        per_token_layer = 2 * h * (self.q_size + 2 * self.kv_size) + 2 * self.q_size * h \
-            + 2 * 3 * h * i
+        per_token_layer = (
+            2 * h * (self.q_size + 2 * self.kv_size) + 2 * self.q_size * h + 2 * 3 * h * i
+        )
         return num_tokens * (self.num_layers * per_token_layer + 2 * h * self.vocab_size)
 
     def attention_flops(self, num_tokens: int, kv_offset: int = 0) -> float:
@@ -56,16 +57,49 @@ class ModelSpec:
 
 
 _SPECS = [
-    ModelSpec("llama-3-8b", 32, 4096, 32, 8, 128, 14336, 128256, 1 << 20,
-              hf_id="meta-llama/Meta-Llama-3-8B"),
-    ModelSpec("llama-3-70b", 80, 8192, 64, 8, 128, 28672, 128256, 1 << 20,
-              hf_id="meta-llama/Meta-Llama-3-70B"),
-    ModelSpec("llama-2-7b", 32, 4096, 32, 32, 128, 11008, 32000, 4096,
-              hf_id="meta-llama/Llama-2-7b-hf"),
-    ModelSpec("llama-2-70b", 80, 8192, 64, 8, 128, 28672, 32000, 4096,
-              hf_id="meta-llama/Llama-2-70b-hf"),
-    ModelSpec("smollm2-135m", 30, 576, 9, 3, 64, 1536, 49152, 8192, tied_embeddings=True,
-              hf_id="HuggingFaceTB/SmolLM2-135M-Instruct"),
+    ModelSpec(
+        "llama-3-8b",
+        32,
+        4096,
+        32,
+        8,
+        128,
+        14336,
+        128256,
+        1 << 20,
+        hf_id="meta-llama/Meta-Llama-3-8B",
+    ),
+    ModelSpec(
+        "llama-3-70b",
+        80,
+        8192,
+        64,
+        8,
+        128,
+        28672,
+        128256,
+        1 << 20,
+        hf_id="meta-llama/Meta-Llama-3-70B",
+    ),
+    ModelSpec(
+        "llama-2-7b", 32, 4096, 32, 32, 128, 11008, 32000, 4096, hf_id="meta-llama/Llama-2-7b-hf"
+    ),
+    ModelSpec(
+        "llama-2-70b", 80, 8192, 64, 8, 128, 28672, 32000, 4096, hf_id="meta-llama/Llama-2-70b-hf"
+    ),
+    ModelSpec(
+        "smollm2-135m",
+        30,
+        576,
+        9,
+        3,
+        64,
+        1536,
+        49152,
+        8192,
+        tied_embeddings=True,
+        hf_id="HuggingFaceTB/SmolLM2-135M-Instruct",
+    ),
 ]
 # Llama-3 ships with an 8K window; the Medha experiments use its long-context (1M) variants,
 # which have the same shapes, so the specs allow 1M tokens.

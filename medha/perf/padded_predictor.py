@@ -45,8 +45,9 @@ class PaddedBatchTimer(BatchTimer):
             self._longest = max(self._longest, max(kv_lens))
 
     def _decode_s(self) -> float:
-        return self._decodes * self._p.decode_attention_time(self._longest) if self._decodes \
-            else 0.0
+        return (
+            self._decodes * self._p.decode_attention_time(self._longest) if self._decodes else 0.0
+        )
 
     def time(self) -> float:
         return super().time() + self._decode_s() if self.num_seqs else 0.0

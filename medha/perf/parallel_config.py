@@ -13,7 +13,8 @@ class ParallelConfig:
     kvp: int = field(default=1, metadata={"help": "KV-cache parallel groups for long requests"})
     max_tokens_per_kvp_group: int = field(
         default=1 << 20,
-        metadata={"help": "KV tokens one KVP group holds before the next group joins"})
+        metadata={"help": "KV tokens one KVP group holds before the next group joins"},
+    )
 
     def __post_init__(self) -> None:
         for name in ("tp", "spp", "kvp", "max_tokens_per_kvp_group"):

@@ -46,8 +46,9 @@ class Predictor(ABC):
     def timer(self) -> BatchTimer:
         return BatchTimer(self)
 
-    def shape_time(self, prefills: Iterable[tuple[int, int]] = (),
-                   decode_kv_lens: Iterable[int] = ()) -> float:
+    def shape_time(
+        self, prefills: Iterable[tuple[int, int]] = (), decode_kv_lens: Iterable[int] = ()
+    ) -> float:
         """Predicted time of a batch given as (chunk, kv_offset) pairs and decode KV lengths."""
         t = self.timer()
         for kv in decode_kv_lens:
@@ -57,8 +58,9 @@ class Predictor(ABC):
         return t.time()
 
     def batch_time(self, batch: Batch) -> float:
-        return self.shape_time(((c.num_tokens, c.start) for c in batch.prefills),
-                               (c.start for c in batch.decodes))
+        return self.shape_time(
+            ((c.num_tokens, c.start) for c in batch.prefills), (c.start for c in batch.decodes)
+        )
 
     def stage_time(self, batch_time: float) -> float:
         """Time a batch occupies one pipeline stage (stages are balanced by layer count)."""
@@ -72,8 +74,10 @@ class Predictor(ABC):
 
     def describe(self) -> str:
         p = self.parallel
-        return (f"{self.name} predictor: {self.model.name} on {self.hardware.name}, "
-                f"tp={p.tp} spp={p.spp} kvp={p.kvp}")
+        return (
+            f"{self.name} predictor: {self.model.name} on {self.hardware.name}, "
+            f"tp={p.tp} spp={p.spp} kvp={p.kvp}"
+        )
 
 
 class BatchTimer:
@@ -110,5 +114,8 @@ class BatchTimer:
     def time_with_prefill(self, num_tokens: int, kv_offset: int) -> float:
         """Predicted time if a chunk of `num_tokens` after `kv_offset` joined the batch."""
         p = self._p
-        return (p.linear_time(self.num_tokens + num_tokens, self.num_seqs + 1)
-                + self.attention_s + p.prefill_attention_time(num_tokens, kv_offset))
+        return (
+            p.linear_time(self.num_tokens + num_tokens, self.num_seqs + 1)
+            + self.attention_s
+            + p.prefill_attention_time(num_tokens, kv_offset)
+        )

@@ -60,11 +60,15 @@ class PrefillTimeCache:
         """Continue from `walked()` of a cache with the same predictor, planner and max_len.
         Raises ValueError, and changes nothing, when it is not such a walk."""
         chunks, cumulative = walked.get("chunks"), walked.get("cumulative_s")
-        if not (isinstance(chunks, list) and isinstance(cumulative, list)
-                and len(cumulative) == len(chunks) + 1 and cumulative[0] == 0.0
-                and all(type(n) is int and n > 0 for n in chunks)
-                and all(type(t) is float for t in cumulative)
-                and sum(chunks) <= self.max_len):
+        if not (
+            isinstance(chunks, list)
+            and isinstance(cumulative, list)
+            and len(cumulative) == len(chunks) + 1
+            and cumulative[0] == 0.0
+            and all(type(n) is int and n > 0 for n in chunks)
+            and all(type(t) is float for t in cumulative)
+            and sum(chunks) <= self.max_len
+        ):
             raise ValueError("not a walk of this prefill-time cache")
         self.chunks, self.cumulative_s = chunks, cumulative
         self.boundaries = [0, *accumulate(chunks)]

@@ -54,15 +54,33 @@ class Profile:
 
     def to_json(self) -> dict:
         return {
-            "format": FORMAT, "version": 1, "model": self.model, "hardware": self.hardware,
-            "ops": [{"op": o, "num_tokens": n, "tp": tp, "time_ms": s * 1e3}
-                    for o, n, tp, s in self.op_rows],
-            "collectives": [{"collective": c, "num_workers": w, "devices_per_node": d,
-                             "size_bytes": b, "time_ms": s * 1e3}
-                            for c, w, d, b, s in self.collective_rows],
-            "iterations": [{"tp": r.tp, "prefills": [list(p) for p in r.prefills],
-                            "decode_kv": list(r.decode_kv), "time_ms": r.seconds * 1e3}
-                           for r in self.iteration_rows],
+            "format": FORMAT,
+            "version": 1,
+            "model": self.model,
+            "hardware": self.hardware,
+            "ops": [
+                {"op": o, "num_tokens": n, "tp": tp, "time_ms": s * 1e3}
+                for o, n, tp, s in self.op_rows
+            ],
+            "collectives": [
+                {
+                    "collective": c,
+                    "num_workers": w,
+                    "devices_per_node": d,
+                    "size_bytes": b,
+                    "time_ms": s * 1e3,
+                }
+                for c, w, d, b, s in self.collective_rows
+            ],
+            "iterations": [
+                {
+                    "tp": r.tp,
+                    "prefills": [list(p) for p in r.prefills],
+                    "decode_kv": list(r.decode_kv),
+                    "time_ms": r.seconds * 1e3,
+                }
+                for r in self.iteration_rows
+            ],
         }
 
     def save(self, path: str | Path) -> None:
@@ -107,9 +125,15 @@ def _load_vidur_collective(path: Path, reader: csv.DictReader) -> Profile:
     for line, row in enumerate(reader, start=2):
         where = f"{path}:{line}"
         coll = row.get("collective") or ""
-        prof.collective_rows.append((
-            coll, _num(row, "num_workers", where, int), _num(row, "devices_per_node", where, int),
-            _num(row, "size", where, int), _num(row, f"time_stats.{coll}.median", where) * 1e-3))
+        prof.collective_rows.append(
+            (
+                coll,
+                _num(row, "num_workers", where, int),
+                _num(row, "devices_per_node", where, int),
+                _num(row, "size", where, int),
+                _num(row, f"time_stats.{coll}.median", where) * 1e-3,
+            )
+        )
     return prof
 
 
@@ -119,30 +143,46 @@ def _load_json(path: Path) -> Profile:
     except ValueError as e:
         raise ProfileError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise ProfileError(f"{path}: not a medha profile (expected \"format\": \"{FORMAT}\")")
+        raise ProfileError(f'{path}: not a medha profile (expected "format": "{FORMAT}")')
     prof = Profile(sources=[str(path)], model=data.get("model"), hardware=data.get("hardware"))
     for i, r in enumerate(data.get("ops", [])):
         where = f"{path}: ops[{i}]"
-        prof.op_rows.append((str(r.get("op")), _num(r, "num_tokens", where, int),
-                             _num(r, "tp", where, int), _num(r, "time_ms", where) * 1e-3))
+        prof.op_rows.append(
+            (
+                str(r.get("op")),
+                _num(r, "num_tokens", where, int),
+                _num(r, "tp", where, int),
+                _num(r, "time_ms", where) * 1e-3,
+            )
+        )
     for i, r in enumerate(data.get("collectives", [])):
         where = f"{path}: collectives[{i}]"
-        prof.collective_rows.append((
-            str(r.get("collective")), _num(r, "num_workers", where, int),
-            _num(r, "devices_per_node", where, int), _num(r, "size_bytes", where, int),
-            _num(r, "time_ms", where) * 1e-3))
+        prof.collective_rows.append(
+            (
+                str(r.get("collective")),
+                _num(r, "num_workers", where, int),
+                _num(r, "devices_per_node", where, int),
+                _num(r, "size_bytes", where, int),
+                _num(r, "time_ms", where) * 1e-3,
+            )
+        )
     for i, r in enumerate(data.get("iterations", [])):
         where = f"{path}: iterations[{i}]"
         try:
             prefills = tuple((int(n), int(k)) for n, k in r.get("prefills", []))
             decode_kv = tuple(int(k) for k in r.get("decode_kv", []))
         except (TypeError, ValueError):
-            raise ProfileError(f"{where}: prefills must be [chunk, kv_offset] pairs and "
-                               "decode_kv a list of integers") from None
+            raise ProfileError(
+                f"{where}: prefills must be [chunk, kv_offset] pairs and "
+                "decode_kv a list of integers"
+            ) from None
         if not prefills and not decode_kv:
             raise ProfileError(f"{where}: an iteration needs prefills or decodes")
-        prof.iteration_rows.append(IterationRow(
-            _num(r, "tp", where, int), prefills, decode_kv, _num(r, "time_ms", where) * 1e-3))
+        prof.iteration_rows.append(
+            IterationRow(
+                _num(r, "tp", where, int), prefills, decode_kv, _num(r, "time_ms", where) * 1e-3
+            )
+        )
     return prof
 
 
@@ -168,15 +208,23 @@ def load_profile(path: str | Path) -> Profile:
             return _load_vidur_ops(path, reader)
         if "collective" in cols:
             return _load_vidur_collective(path, reader)
-    raise ProfileError(f"{path}: unrecognised profile columns; expected a Vidur op table, a "
-                       "Vidur collective table or a medha JSON profile")
+    raise ProfileError(
+        f"{path}: unrecognised profile columns; expected a Vidur op table, a "
+        "Vidur collective table or a medha JSON profile"
+    )
 
 
 BUNDLED = {
-    ("a100", "llama-3-8b"): ["a100_Meta-Llama-3-8B_mlp.csv", "a100_dgx_all_reduce.csv",
-                             "a100_dgx_send_recv.csv"],
-    ("a100", "llama-3-70b"): ["a100_Meta-Llama-3-70B_mlp.csv", "a100_dgx_all_reduce.csv",
-                              "a100_dgx_send_recv.csv"],
+    ("a100", "llama-3-8b"): [
+        "a100_Meta-Llama-3-8B_mlp.csv",
+        "a100_dgx_all_reduce.csv",
+        "a100_dgx_send_recv.csv",
+    ],
+    ("a100", "llama-3-70b"): [
+        "a100_Meta-Llama-3-70B_mlp.csv",
+        "a100_dgx_all_reduce.csv",
+        "a100_dgx_send_recv.csv",
+    ],
     ("h100", None): ["h100_dgx_all_reduce.csv", "h100_dgx_send_recv.csv"],
     ("h200", None): ["h100_dgx_all_reduce.csv", "h100_dgx_send_recv.csv"],  # same NVLink fabric
 }
@@ -185,8 +233,10 @@ BUNDLED = {
 def bundled_profile(hardware: str, model: str) -> Profile:
     files = BUNDLED.get((hardware, model)) or BUNDLED.get((hardware, None))
     if not files:
-        raise ProfileError(f"no bundled profile for {model} on {hardware}; measure one with "
-                           "`medha profile` and pass --predictor profiled:PATH")
+        raise ProfileError(
+            f"no bundled profile for {model} on {hardware}; measure one with "
+            "`medha profile` and pass --predictor profiled:PATH"
+        )
     prof = Profile()
     for name in files:
         prof.merge(load_profile(PROFILE_DIR / name))

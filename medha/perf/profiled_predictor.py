@@ -24,8 +24,9 @@ from medha.perf.roofline_predictor import RooflinePredictor
 class ProfiledPredictor(RooflinePredictor):
     name = "profiled"
 
-    def __init__(self, model: ModelSpec, hardware: HardwareSpec, parallel: ParallelConfig,
-                 profile: Profile):
+    def __init__(
+        self, model: ModelSpec, hardware: HardwareSpec, parallel: ParallelConfig, profile: Profile
+    ):
         super().__init__(model, hardware, parallel)
         self.profile = profile
         rows = (profile.op_rows, profile.collective_rows, profile.iteration_rows)
@@ -43,37 +44,56 @@ class ProfiledPredictor(RooflinePredictor):
         tp = parallel.tp
         self._ops = self._fit_ops(profile, tp)
         self._all_reduce = self._fit_collective(
-            profile, "all_reduce", tp, min(tp, hardware.devices_per_node))
+            profile, "all_reduce", tp, min(tp, hardware.devices_per_node)
+        )
         inside = tp * parallel.spp <= hardware.devices_per_node
         self._send_recv = self._fit_collective(profile, "send_recv", 2, 2 if inside else 1)
         rows = [r for r in profile.iteration_rows if r.tp == tp]
         if profile.iteration_rows and not rows:
-            raise ProfileError(f"profile {profile.sources} has iteration timings for tp in "
-                               f"{sorted({r.tp for r in profile.iteration_rows})}, not tp={tp}")
+            raise ProfileError(
+                f"profile {profile.sources} has iteration timings for tp in "
+                f"{sorted({r.tp for r in profile.iteration_rows})}, not tp={tp}"
+            )
         self._iteration = IterationModel.fit(rows) if rows else None
         if not (self._ops or self._iteration or self._all_reduce or self._send_recv):
             raise ProfileError(f"profile {profile.sources} holds no timings usable for tp={tp}")
 
     def _fits(self) -> dict:
         """The fitted models as JSON data (what the set-up cache stores)."""
+
         def line(f: PiecewiseLinear | None) -> list | None:
             return None if f is None else [f.knots, f.values]
 
         it = self._iteration
-        return {"ops": {op: line(f) for op, f in self._ops.items()},
-                "all_reduce": line(self._all_reduce), "send_recv": line(self._send_recv),
-                "iteration": None if it is None else [
-                    it.knots, it.token_values, it.per_seq, it.attn_compute, it.attn_read,
-                    it.per_decode, it.decode_read]}
+        return {
+            "ops": {op: line(f) for op, f in self._ops.items()},
+            "all_reduce": line(self._all_reduce),
+            "send_recv": line(self._send_recv),
+            "iteration": None
+            if it is None
+            else [
+                it.knots,
+                it.token_values,
+                it.per_seq,
+                it.attn_compute,
+                it.attn_read,
+                it.per_decode,
+                it.decode_read,
+            ],
+        }
 
     def _restore(self, fits: dict) -> bool:
         """Take the models from `_fits()` data; False, changing nothing, if it is not that."""
+
         def line(x) -> PiecewiseLinear | None:
             if x is None:
                 return None
             knots, values = x
-            if not (isinstance(knots, list) and isinstance(values, list)
-                    and len(knots) == len(values) >= 1):
+            if not (
+                isinstance(knots, list)
+                and isinstance(values, list)
+                and len(knots) == len(values) >= 1
+            ):
                 raise ValueError("not a fitted line")
             return PiecewiseLinear(knots, values)
 
@@ -100,15 +120,20 @@ class ProfiledPredictor(RooflinePredictor):
                 by_op[op][0].append(n)
                 by_op[op][1].append(seconds)
         if tps and tp not in tps:
-            raise ProfileError(f"profile {profile.sources} has op timings for tp in "
-                               f"{sorted(tps)}, not tp={tp}")
+            raise ProfileError(
+                f"profile {profile.sources} has op timings for tp in {sorted(tps)}, not tp={tp}"
+            )
         return {op: PiecewiseLinear.fit(x, y) for op, (x, y) in by_op.items()}
 
     @staticmethod
-    def _fit_collective(profile: Profile, kind: str, workers: int, per_node: int
-                        ) -> PiecewiseLinear | None:
-        rows = [(b, s) for c, w, d, b, s in profile.collective_rows
-                if c == kind and w == workers and d == per_node]
+    def _fit_collective(
+        profile: Profile, kind: str, workers: int, per_node: int
+    ) -> PiecewiseLinear | None:
+        rows = [
+            (b, s)
+            for c, w, d, b, s in profile.collective_rows
+            if c == kind and w == workers and d == per_node
+        ]
         if not rows:
             return None
         x, y = zip(*rows)
@@ -120,8 +145,11 @@ class ProfiledPredictor(RooflinePredictor):
     def fitted_components(self) -> dict[str, str]:
         """component -> 'fitted' or 'analytic'."""
         if self._iteration is not None:
-            return {"linear layers": "fitted (whole iterations)", "attention": "fitted (whole "
-                    "iterations)", "collectives": "fitted" if self._all_reduce else "analytic"}
+            return {
+                "linear layers": "fitted (whole iterations)",
+                "attention": "fitted (whole iterations)",
+                "collectives": "fitted" if self._all_reduce else "analytic",
+            }
         parts = {op: "fitted" for op in self._ops}
         parts["attention"] = "analytic"
         parts["lm_head"] = "analytic"
@@ -174,11 +202,15 @@ class IterationModel:
     KV reads ~ (k + n); a decode over k reads k tokens of KV.
     """
 
-    def __init__(self, knots, token_values, per_seq, attn_compute, attn_read, per_decode,
-                 decode_read):
+    def __init__(
+        self, knots, token_values, per_seq, attn_compute, attn_read, per_decode, decode_read
+    ):
         self._tokens = PiecewiseLinear(knots, token_values)
         self.per_seq, self.attn_compute, self.attn_read = (
-            float(per_seq), float(attn_compute), float(attn_read))
+            float(per_seq),
+            float(attn_compute),
+            float(attn_read),
+        )
         self.per_decode, self.decode_read = float(per_decode), float(decode_read)
 
     @property
@@ -199,13 +231,19 @@ class IterationModel:
         knots = np.unique(np.quantile(tokens, np.linspace(0, 1, num_knots)))
         if len(knots) < 2:
             knots = np.array([0.0, max(1.0, tokens[0])])
-        extra = np.array([[
-            len(r.prefills) + len(r.decode_kv),
-            sum(n * (k + (n + 1) / 2) for n, k in r.prefills),
-            sum(k + n for n, k in r.prefills),
-            len(r.decode_kv),
-            sum(r.decode_kv),
-        ] for r in rows], float)
+        extra = np.array(
+            [
+                [
+                    len(r.prefills) + len(r.decode_kv),
+                    sum(n * (k + (n + 1) / 2) for n, k in r.prefills),
+                    sum(k + n for n, k in r.prefills),
+                    len(r.decode_kv),
+                    sum(r.decode_kv),
+                ]
+                for r in rows
+            ],
+            float,
+        )
         features = np.hstack([_hat_basis(tokens, knots), extra])
         y = np.array([r.seconds for r in rows])
         w = 1.0 / y

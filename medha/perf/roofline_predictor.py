@@ -50,10 +50,12 @@ class RooflinePredictor(Predictor):
 
     def fingerprint(self) -> dict | None:
         cls = type(self)
-        return {"class": f"{cls.__module__}.{cls.__qualname__}",
-                "model": dataclasses.asdict(self.model),
-                "hardware": dataclasses.asdict(self.hardware),
-                "parallel": dataclasses.asdict(self.parallel)}
+        return {
+            "class": f"{cls.__module__}.{cls.__qualname__}",
+            "model": dataclasses.asdict(self.model),
+            "hardware": dataclasses.asdict(self.hardware),
+            "parallel": dataclasses.asdict(self.parallel),
+        }
 
     # ---- kernels ---------------------------------------------------------------------------
     def _gemm(self, n: int, k: int, m: int) -> float:
@@ -92,15 +94,19 @@ class RooflinePredictor(Predictor):
         tp, hw = self.parallel.tp, self.hardware
         if tp == 1:
             return 0.0
-        bw, lat = ((hw.link_bw, hw.link_latency_s) if tp <= hw.devices_per_node
-                   else (hw.internode_bw, hw.internode_latency_s))
+        bw, lat = (
+            (hw.link_bw, hw.link_latency_s)
+            if tp <= hw.devices_per_node
+            else (hw.internode_bw, hw.internode_latency_s)
+        )
         return 2 * (tp - 1) * lat + 2 * (tp - 1) / tp * nbytes / bw
 
     def send_recv_time(self, nbytes: float) -> float:
         hw = self.hardware
         inside = self.parallel.tp * self.parallel.spp <= hw.devices_per_node
-        bw, lat = ((hw.link_bw, hw.link_latency_s) if inside
-                   else (hw.internode_bw, hw.internode_latency_s))
+        bw, lat = (
+            (hw.link_bw, hw.link_latency_s) if inside else (hw.internode_bw, hw.internode_latency_s)
+        )
         return lat + nbytes / bw
 
     def _kvp_merge_time(self, n: int, groups: int) -> float:
@@ -119,7 +125,8 @@ class RooflinePredictor(Predictor):
         layer += hw.kernel_overhead_s  # the attention kernel's launch; its work is per chunk
         layer += 2 * self.all_reduce_time(n * m.hidden_size * self._b)  # after attention, MLP
         stages = (self.parallel.spp - 1) * self.send_recv_time(
-            n * m.hidden_size * self._b / self.parallel.tp)
+            n * m.hidden_size * self._b / self.parallel.tp
+        )
         final_norm = self.op_time("input_layernorm", n)
         return m.num_layers * layer + self.op_time("emb", n) + final_norm + stages
 
@@ -131,8 +138,11 @@ class RooflinePredictor(Predictor):
     def linear_time(self, num_tokens: int, num_seqs: int) -> float:
         if num_tokens <= 0:
             return 0.0
-        return (self._token_time(num_tokens) + self._seq_time(num_seqs)
-                + self.hardware.iteration_overhead_s)
+        return (
+            self._token_time(num_tokens)
+            + self._seq_time(num_seqs)
+            + self.hardware.iteration_overhead_s
+        )
 
     def _attention_layer(self, n: int, k: int) -> float:
         hw, b, dh = self.hardware, self._b, self.model.head_dim

@@ -57,8 +57,9 @@ def path_for(kind: str, inputs: dict) -> Path | None:
     is off."""
     if os.environ.get("MEDHA_NO_SETUP_CACHE", "") not in ("", "0"):
         return None
-    text = json.dumps({"format": FORMAT, "code": _code_digest(), "kind": kind,
-                       "inputs": inputs}, sort_keys=True)
+    text = json.dumps(
+        {"format": FORMAT, "code": _code_digest(), "kind": kind, "inputs": inputs}, sort_keys=True
+    )
     return cache_dir() / "setup" / f"{kind}-{hashlib.sha256(text.encode()).hexdigest()[:32]}.json"
 
 
@@ -96,13 +97,23 @@ class StoredWalk:
     """A prefill-time cache's walk on disk: taken over when a run with the same inputs stored
     one, and stored again by `save` once this run has walked further."""
 
-    def __init__(self, times: PrefillTimeCache, predictor: Predictor,
-                 config: SchedulerConfig) -> None:
+    def __init__(
+        self, times: PrefillTimeCache, predictor: Predictor, config: SchedulerConfig
+    ) -> None:
         self.times = times
         fingerprint = predictor.fingerprint()
-        self.path = None if fingerprint is None else path_for("prefill-times", {
-            "predictor": fingerprint, "scheduler": dataclasses.asdict(config),
-            "max_len": times.max_len})
+        self.path = (
+            None
+            if fingerprint is None
+            else path_for(
+                "prefill-times",
+                {
+                    "predictor": fingerprint,
+                    "scheduler": dataclasses.asdict(config),
+                    "max_len": times.max_len,
+                },
+            )
+        )
         data = read(self.path)
         if data is not None:
             try:

@@ -13,8 +13,9 @@ from medha.perf.predictor import Predictor
 
 
 class SwapCost:
-    def __init__(self, predictor: Predictor, block_size: int,
-                 bandwidth_gbps: float | None = None) -> None:
+    def __init__(
+        self, predictor: Predictor, block_size: int, bandwidth_gbps: float | None = None
+    ) -> None:
         """`bandwidth_gbps` overrides the hardware's host link (GB/s per device, one way)."""
         model, hw, par = predictor.model, predictor.hardware, predictor.parallel
         shards = min(par.tp, model.num_kv_heads) * par.spp

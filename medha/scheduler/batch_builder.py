@@ -13,8 +13,16 @@ from medha.scheduler.kv_arbiter import KVArbiter
 
 
 class BatchBuilder:
-    def __init__(self, kv: KVArbiter, batch: Batch, timer: BatchTimer, now: float,
-                 max_seqs: int, max_tokens: int | None, long_threshold: int) -> None:
+    def __init__(
+        self,
+        kv: KVArbiter,
+        batch: Batch,
+        timer: BatchTimer,
+        now: float,
+        max_seqs: int,
+        max_tokens: int | None,
+        long_threshold: int,
+    ) -> None:
         self._kv = kv
         self.long_threshold = long_threshold
         self.batch = batch

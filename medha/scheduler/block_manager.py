@@ -32,29 +32,40 @@ class BlockManager:
         self._tables: dict[str, list[int]] = {}
 
     @classmethod
-    def from_memory(cls, kv_memory_bytes: float, model: ModelSpec, parallel: ParallelConfig,
-                    dtype_bytes: int, block_size: int = 16) -> BlockManager:
+    def from_memory(
+        cls,
+        kv_memory_bytes: float,
+        model: ModelSpec,
+        parallel: ParallelConfig,
+        dtype_bytes: int,
+        block_size: int = 16,
+    ) -> BlockManager:
         """Blocks that fit in `kv_memory_bytes` of KV memory per device.
 
         Each device holds its TP share of the heads and its SPP share of the layers; each KVP
         group holds its own pages, so a replica has kvp times the blocks of one group.
         """
         per_token = model.kv_bytes_per_token(dtype_bytes) / (
-            min(parallel.tp, model.num_kv_heads) * parallel.spp)
+            min(parallel.tp, model.num_kv_heads) * parallel.spp
+        )
         blocks = int(kv_memory_bytes // (per_token * block_size))
         if blocks < 1:
-            raise ValueError(f"kv memory of {kv_memory_bytes:.3g} bytes holds no "
-                             f"{block_size}-token block of {model.name}")
+            raise ValueError(
+                f"kv memory of {kv_memory_bytes:.3g} bytes holds no "
+                f"{block_size}-token block of {model.name}"
+            )
         return cls.for_layout(blocks, block_size, parallel)
 
     @classmethod
-    def for_layout(cls, blocks_per_group: int, block_size: int,
-                   parallel: ParallelConfig) -> BlockManager:
+    def for_layout(
+        cls, blocks_per_group: int, block_size: int, parallel: ParallelConfig
+    ) -> BlockManager:
         """`blocks_per_group` blocks, or with KV-cache parallelism that many in each group."""
         if parallel.kvp == 1:
             return cls(blocks_per_group, block_size)
-        return KvpBlockManager(blocks_per_group, block_size, parallel.kvp,
-                               parallel.max_tokens_per_kvp_group)
+        return KvpBlockManager(
+            blocks_per_group, block_size, parallel.kvp, parallel.max_tokens_per_kvp_group
+        )
 
     # ---- queries -----------------------------------------------------------------------------
     @property
@@ -88,8 +99,9 @@ class BlockManager:
         have = len(self._tables.get(request_id, ()))
         return max(0, math.ceil(num_tokens / self.block_size) - have)
 
-    def shortfall(self, request_id: str, num_tokens: int, reserve: int = 0,
-                  freeable: tuple[str, ...] = ()) -> int:
+    def shortfall(
+        self, request_id: str, num_tokens: int, reserve: int = 0, freeable: tuple[str, ...] = ()
+    ) -> int:
         """Blocks still missing for `request_id` to hold `num_tokens` tokens with `reserve`
         blocks left free (0: it fits), counting the blocks of `freeable` requests as free."""
         free = self.num_free + sum(len(self._tables.get(v, ())) for v in freeable)
@@ -135,7 +147,8 @@ class BlockManager:
             raise BlockAccountingError("a block is both free and in use")
         if len(free) + len(owned) != self.num_blocks:
             raise BlockAccountingError(
-                f"free {len(free)} + used {len(owned)} != total {self.num_blocks}")
+                f"free {len(free)} + used {len(owned)} != total {self.num_blocks}"
+            )
         everything = free | owned
         if min(everything) < 0 or max(everything) >= self.num_blocks:
             raise BlockAccountingError("a block id is out of range")
@@ -147,20 +160,25 @@ class KvpBlockManager(BlockManager):
     """Blocks owned by KV-cache parallel groups, a request's filled group by group (see the
     module's docstring)."""
 
-    def __init__(self, blocks_per_group: int, block_size: int, groups: int,
-                 max_tokens_per_group: int) -> None:
+    def __init__(
+        self, blocks_per_group: int, block_size: int, groups: int, max_tokens_per_group: int
+    ) -> None:
         super().__init__(blocks_per_group * groups, block_size)
         if max_tokens_per_group % block_size:
-            raise ValueError(f"max_tokens_per_kvp_group ({max_tokens_per_group}) must be a "
-                             f"multiple of the block size ({block_size})")
+            raise ValueError(
+                f"max_tokens_per_kvp_group ({max_tokens_per_group}) must be a "
+                f"multiple of the block size ({block_size})"
+            )
         self.blocks_per_group = blocks_per_group
         self.groups = groups
         # a request's share of a group that is not its last: G tokens, or the whole group if
         # that is smaller (a group cannot hold more than its blocks)
         self._blocks_per_share = min(max_tokens_per_group // block_size, blocks_per_group)
         # group g owns block ids [g * blocks_per_group, (g + 1) * blocks_per_group)
-        self._pools = [list(range((g + 1) * blocks_per_group - 1, g * blocks_per_group - 1, -1))
-                       for g in range(groups)]
+        self._pools = [
+            list(range((g + 1) * blocks_per_group - 1, g * blocks_per_group - 1, -1))
+            for g in range(groups)
+        ]
         self._free = []
 
     def group_of(self, block_index: int) -> int:
@@ -171,15 +189,17 @@ class KvpBlockManager(BlockManager):
     def capacity_tokens(self) -> int:
         """The longest context one request can hold: a share of each group but the last,
         all of the last."""
-        return ((self.groups - 1) * self._blocks_per_share + self.blocks_per_group) \
-            * self.block_size
+        return (
+            (self.groups - 1) * self._blocks_per_share + self.blocks_per_group
+        ) * self.block_size
 
     def groups_holding(self, request_id: str) -> int:
         table = self._tables.get(request_id, ())
         return self.group_of(len(table) - 1) + 1 if table else 0
 
-    def shortfall(self, request_id: str, num_tokens: int, reserve: int = 0,
-                  freeable: tuple[str, ...] = ()) -> int:
+    def shortfall(
+        self, request_id: str, num_tokens: int, reserve: int = 0, freeable: tuple[str, ...] = ()
+    ) -> int:
         """As BlockManager's, but a block is of use only in the group it belongs to: room in
         group 0 does not help a request whose next blocks lie in group 1."""
         free = [len(pool) for pool in self._pools]

@@ -85,5 +85,7 @@ class HostKVPool:
             if device.blocks_of(rid):
                 raise BlockAccountingError(f"{rid} owns device and host blocks at once")
             if self.tokens_held(rid) < r.num_computed:
-                raise BlockAccountingError(f"{rid} computed {r.num_computed} tokens, "
-                                           f"holds {self.tokens_held(rid)} on the host")
+                raise BlockAccountingError(
+                    f"{rid} computed {r.num_computed} tokens, "
+                    f"holds {self.tokens_held(rid)} on the host"
+                )

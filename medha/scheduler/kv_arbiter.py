@@ -42,9 +42,16 @@ class KVStats:
 
 
 class KVArbiter:
-    def __init__(self, config: SchedulerConfig, predictor: Predictor, blocks: BlockManager,
-                 policy: Policy, prefill_times: PrefillTimeCache,
-                 live: Mapping[str, Request], stats: KVStats) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        predictor: Predictor,
+        blocks: BlockManager,
+        policy: Policy,
+        prefill_times: PrefillTimeCache,
+        live: Mapping[str, Request],
+        stats: KVStats,
+    ) -> None:
         """`live` is the scheduler's map of live requests (read only): the victims are chosen
         among them. `stats` receives the preemption and swap counters."""
         self.blocks = blocks
@@ -62,14 +69,19 @@ class KVArbiter:
         if config.preemption_mode == "recompute":
             return None
         if predictor.parallel.kvp > 1:
-            raise ValueError("preemption_mode swap/auto with kvp > 1 is not built yet: use "
-                             "preemption_mode recompute")
+            raise ValueError(
+                "preemption_mode swap/auto with kvp > 1 is not built yet: use "
+                "preemption_mode recompute"
+            )
         n = config.host_kv_blocks
         if n is None:
             n = self.swap_cost.blocks_in(config.swap_space_gb * 2**30)
         # an empty pool never has room: every preemption recomputes
-        return HostKVPool(n, self.blocks.block_size, self.swap_cost,
-                          config.preemption_mode) if n > 0 else None
+        return (
+            HostKVPool(n, self.blocks.block_size, self.swap_cost, config.preemption_mode)
+            if n > 0
+            else None
+        )
 
     # ---- queries -----------------------------------------------------------------------------
     @property
@@ -84,11 +96,13 @@ class KVArbiter:
         if r.num_scheduled or not self._swapped:
             return True
         return self._policy.uses_classes and r.priority_rank < min(
-            s.priority_rank for s in self._swapped.values())
+            s.priority_rank for s in self._swapped.values()
+        )
 
     # ---- reservations ------------------------------------------------------------------------
-    def reserve(self, r: Request, num_tokens: int, batch: Batch, now: float,
-                all_or_nothing: bool = False) -> int:
+    def reserve(
+        self, r: Request, num_tokens: int, batch: Batch, now: float, all_or_nothing: bool = False
+    ) -> int:
         """Make `r` hold KV for `num_tokens` tokens, evicting lower-ranked requests if needed;
         returns the tokens it can hold now (its `num_scheduled` when it gets nothing).
 
@@ -111,8 +125,9 @@ class KVArbiter:
         must_fit = r.num_tokens if starting else num_tokens
         if bm.shortfall(r.request_id, must_fit, reserve):
             # under a class policy the ranks alone keep a prefill off its own class's decodes
-            self._evict_below(r, must_fit, reserve, batch, now,
-                              evict_decodes=decode or self._policy.uses_classes)
+            self._evict_below(
+                r, must_fit, reserve, batch, now, evict_decodes=decode or self._policy.uses_classes
+            )
             if (all_or_nothing or starting) and bm.shortfall(r.request_id, must_fit, reserve):
                 return r.num_scheduled
         held = bm.grow(r.request_id, num_tokens, reserve)
@@ -126,8 +141,15 @@ class KVArbiter:
         if self.blocks.shortfall(r.request_id, r.num_tokens, reserve):
             self._evict_below(r, r.num_tokens, reserve, batch, now, evict_decodes=True)
 
-    def _evict_below(self, r: Request, num_tokens: int, reserve: int, batch: Batch,
-                     now: float, evict_decodes: bool) -> None:
+    def _evict_below(
+        self,
+        r: Request,
+        num_tokens: int,
+        reserve: int,
+        batch: Batch,
+        now: float,
+        evict_decodes: bool,
+    ) -> None:
         """Preempt requests ranked below `r` until it can hold `num_tokens` tokens with
         `reserve` blocks left free."""
         rank = self._policy.eviction_rank(now)
@@ -135,16 +157,22 @@ class KVArbiter:
         # batch members are in flight; swapped requests hold no device blocks; a request
         # swapped in for this batch stays (its copy is already planned)
         back = {s.request.request_id for s in batch.swap_in}
-        victims = [v for v in self._live.values()
-                   if v is not r and v.num_inflight_batches == 0 and v.num_scheduled > 0
-                   and (evict_decodes or v.in_prefill) and v.request_id not in self._swapped
-                   and v.request_id not in back and rank(v) > mine]
+        victims = [
+            v
+            for v in self._live.values()
+            if v is not r
+            and v.num_inflight_batches == 0
+            and v.num_scheduled > 0
+            and (evict_decodes or v.in_prefill)
+            and v.request_id not in self._swapped
+            and v.request_id not in back
+            and rank(v) > mine
+        ]
         # Evict only when that makes enough room: work thrown away for nothing can livelock
         # (a prefill evicted for a request that still does not fit restarts in the room it
         # left, and is evicted again by the next try).
         bm = self.blocks
-        if bm.shortfall(r.request_id, num_tokens, reserve,
-                        tuple(v.request_id for v in victims)):
+        if bm.shortfall(r.request_id, num_tokens, reserve, tuple(v.request_id for v in victims)):
             return
         victims.sort(key=rank, reverse=True)
         for v in victims:
@@ -247,8 +275,9 @@ class KVArbiter:
             elif bm.tokens_held(rid) < r.num_scheduled:
                 raise BlockAccountingError(f"{r} scheduled tokens it holds no KV for")
             if r.kv_capacity != bm.tokens_held(rid):
-                raise BlockAccountingError(f"{r} records KV capacity {r.kv_capacity}, "
-                                           f"holds {bm.tokens_held(rid)}")
+                raise BlockAccountingError(
+                    f"{r} records KV capacity {r.kv_capacity}, holds {bm.tokens_held(rid)}"
+                )
         for rid in bm.owners():
             if rid not in self._live and rid not in aborted_inflight:
                 raise BlockAccountingError(f"blocks of {rid} outlived the request")

@@ -42,8 +42,13 @@ class SchedulerStats(KVStats):
 
 
 class ReplicaScheduler:
-    def __init__(self, config: SchedulerConfig, predictor: Predictor,
-                 blocks: BlockManager, prefill_times: PrefillTimeCache | None = None) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        predictor: Predictor,
+        blocks: BlockManager,
+        prefill_times: PrefillTimeCache | None = None,
+    ) -> None:
         """`prefill_times` lets replicas with the same predictor and packer share one cache."""
         # The one resolution of the config: the packer, the policy, the KV arbiter and the
         # simulator's metrics all read this object's defaults (resolve returns it unchanged).
@@ -53,7 +58,8 @@ class ReplicaScheduler:
         self.policy = make_policy(config.policy or self.packer.default_policy, config)
         self.max_model_len: int = config.max_model_len
         self.prefill_times = prefill_times or PrefillTimeCache(
-            predictor, self.packer.plan_isolated, self.max_model_len)
+            predictor, self.packer.plan_isolated, self.max_model_len
+        )
         self.policy.bind(predictor, blocks, self.max_model_len)
         self._max_batch_tokens = self.packer.max_batch_tokens(self.max_model_len)
         self.long_threshold: int = config.long_prefill_threshold
@@ -64,8 +70,9 @@ class ReplicaScheduler:
         self._decoding: dict[str, Request] = {}
         self._aborted_inflight: dict[str, Request] = {}  # aborted, KV freed when batches return
         self.stats = SchedulerStats()
-        self.kv = KVArbiter(config, predictor, blocks, self.policy, self.prefill_times,
-                            self._requests, self.stats)
+        self.kv = KVArbiter(
+            config, predictor, blocks, self.policy, self.prefill_times, self._requests, self.stats
+        )
         self._next_batch_id = 0
         self._admissions = 0
         self._inflight = 0  # batches scheduled and not yet updated
@@ -82,16 +89,22 @@ class ReplicaScheduler:
         if request.request_id in self._requests:
             raise ValueError(f"request_id {request.request_id!r} is already in the scheduler")
         if request.state is not RequestState.WAITING or request.num_scheduled:
-            raise ValueError(f"request {request.request_id!r} was already scheduled elsewhere "
-                             f"(state {request.state.value})")
+            raise ValueError(
+                f"request {request.request_id!r} was already scheduled elsewhere "
+                f"(state {request.state.value})"
+            )
         total_tokens = request.prompt_len + request.max_tokens
         if total_tokens > self.blocks.capacity_tokens:
-            raise ValueError(f"prompt_len + max_tokens = {total_tokens} exceeds the KV cache "
-                             f"capacity of {self.blocks.capacity_tokens} tokens")
+            raise ValueError(
+                f"prompt_len + max_tokens = {total_tokens} exceeds the KV cache "
+                f"capacity of {self.blocks.capacity_tokens} tokens"
+            )
         work = self.prefill_times.time(request.prompt_len)
-        deadline = (request.ttft_deadline_s or self.config.ttft_deadline_s
-                    or max(self.config.ttft_deadline_factor * work,
-                           self.config.min_ttft_deadline_s))
+        deadline = (
+            request.ttft_deadline_s
+            or self.config.ttft_deadline_s
+            or max(self.config.ttft_deadline_factor * work, self.config.min_ttft_deadline_s)
+        )
         request.deadline_s = request.arrival_s + deadline
         request.total_work_s = max(work, 1e-12)
         request.remaining_work_s = work
@@ -243,24 +256,34 @@ class ReplicaScheduler:
         r = self._most_urgent_prefill(builder.now)
         if r is None or not self.kv.may_start(r):
             return
-        growing = sum(1 for d in self._decoding.values()
-                      if d.num_inflight_batches == 0 and d.kv_capacity <= d.num_scheduled)
+        growing = sum(
+            1
+            for d in self._decoding.values()
+            if d.num_inflight_batches == 0 and d.kv_capacity <= d.num_scheduled
+        )
         self.kv.make_room(r, growing, builder.batch, builder.now)
 
     def _builder(self, batch: Batch, now: float, max_seqs: int) -> BatchBuilder:
-        return BatchBuilder(self.kv, batch, self.predictor.timer(), now, max_seqs,
-                            self._max_batch_tokens, self.long_threshold)
+        return BatchBuilder(
+            self.kv,
+            batch,
+            self.predictor.timer(),
+            now,
+            max_seqs,
+            self._max_batch_tokens,
+            self.long_threshold,
+        )
 
     def _add_prefills(self, builder: BatchBuilder, now: float) -> None:
         batch = builder.batch
-        queue = self.policy.admit(list(self._prefilling.values()), self._requests.__contains__,
-                                  now)
+        queue = self.policy.admit(list(self._prefilling.values()), self._requests.__contains__, now)
         if self._inflight or batch.preempted:
             # Skip requests whose remaining chunks are all running (pipelined batches), and
             # those the arbiter recomputed for this batch so far (for its decodes, an urgent
             # prefill, or a first try at it): memory is short, they wait a turn.
-            queue = [r for r in queue
-                     if r.num_scheduled < r.num_tokens and r not in batch.preempted]
+            queue = [
+                r for r in queue if r.num_scheduled < r.num_tokens and r not in batch.preempted
+            ]
         if queue:
             self.packer.pack(now, self._prefill_order(queue, now), builder)
 
@@ -290,8 +313,13 @@ class ReplicaScheduler:
         key = self.policy.sort_key(now)
         threshold = self.long_threshold
         if self.policy.uses_classes:  # the rule applies within a class, never across
-            queue.sort(key=lambda r: (r.priority_rank,
-                                      not (r.num_scheduled and r.num_tokens < threshold), key(r)))
+            queue.sort(
+                key=lambda r: (
+                    r.priority_rank,
+                    not (r.num_scheduled and r.num_tokens < threshold),
+                    key(r),
+                )
+            )
             return queue
         started = [r for r in queue if r.num_scheduled and r.num_tokens < threshold]
         if not started:
@@ -367,9 +395,11 @@ class ReplicaScheduler:
         self._inflight -= 1
         requests = {c.request.request_id: c.request for c in (*batch.prefills, *batch.decodes)}
         # the KV a failed batch was moving is as unknown as the KV it was writing
-        requests.update((s.request.request_id, s.request)
-                        for s in (*batch.swap_in, *batch.swap_out)
-                        if s.request.request_id in self._requests)
+        requests.update(
+            (s.request.request_id, s.request)
+            for s in (*batch.swap_in, *batch.swap_out)
+            if s.request.request_id in self._requests
+        )
         for r in requests.values():
             self.abort(r.request_id, now)
         for c in (*batch.prefills, *batch.decodes):
@@ -377,8 +407,14 @@ class ReplicaScheduler:
             self._release_aborted(c.request)
         return list(requests.values())
 
-    def _sampled(self, r: Request, batch: Batch, tokens: dict[str, int] | None,
-                 stopped: frozenset[str], now: float) -> bool:
+    def _sampled(
+        self,
+        r: Request,
+        batch: Batch,
+        tokens: dict[str, int] | None,
+        stopped: frozenset[str],
+        now: float,
+    ) -> bool:
         """Record the token a sampling chunk produced; True when it finished the request."""
         if tokens is not None:
             token = tokens.get(r.request_id)

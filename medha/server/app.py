@@ -26,8 +26,9 @@ from medha.server.state import ServerState
 log = logging.getLogger("medha.server")
 
 
-def build_app(engine: LLMEngine, config: ServerConfig | None = None,
-              engine_thread: bool = True) -> FastAPI:
+def build_app(
+    engine: LLMEngine, config: ServerConfig | None = None, engine_thread: bool = True
+) -> FastAPI:
     """The API over `engine`. With `engine_thread` the app starts the engine loop on a thread
     of its own; without, the caller runs `app.state.engine.run()` on the thread it chooses."""
     config = config or ServerConfig()
@@ -41,18 +42,30 @@ def build_app(engine: LLMEngine, config: ServerConfig | None = None,
         yield
         async_engine.stop()
 
-    app = FastAPI(title="medha", version=__version__, lifespan=lifespan,
-                  description="OpenAI-compatible API of the medha engine. Per-request service "
-                  "targets go in a `medha` object: priority, ttft_slo_s, tpot_slo_s.")
+    app = FastAPI(
+        title="medha",
+        version=__version__,
+        lifespan=lifespan,
+        description="OpenAI-compatible API of the medha engine. Per-request service "
+        "targets go in a `medha` object: priority, ttft_slo_s, tpot_slo_s.",
+    )
     app.state.engine = async_engine
     app.state.server = ServerState(
-        engine=engine, async_engine=async_engine, config=config, metrics=metrics,
-        model_name=config.served_model_name or engine.config.model, created=int(time.time()))
+        engine=engine,
+        async_engine=async_engine,
+        config=config,
+        metrics=metrics,
+        model_name=config.served_model_name or engine.config.model,
+        created=int(time.time()),
+    )
     app.add_middleware(BodyGuard, max_bytes=max_request_bytes(config, engine.max_model_len))
     app.openapi = lambda: app.openapi_schema or document(app, config.api_key is not None)
-    for exc, handler in ((RequestError, _request_error),
-                         (RequestValidationError, _validation_error),
-                         (StarletteHTTPException, _http_error), (Exception, _unexpected)):
+    for exc, handler in (
+        (RequestError, _request_error),
+        (RequestValidationError, _validation_error),
+        (StarletteHTTPException, _http_error),
+        (Exception, _unexpected),
+    ):
         app.add_exception_handler(exc, handler)
     for module in (routes, completions, chat):  # this order is the OpenAPI document's
         app.include_router(module.router)
@@ -76,14 +89,15 @@ async def _validation_error(request: Request, e: RequestValidationError):
 
 
 async def _http_error(request: Request, e: StarletteHTTPException):
-    kind = {401: "authentication_error", 404: "not_found_error"}.get(e.status_code,
-                                                                      "invalid_request_error")
+    kind = {401: "authentication_error", 404: "not_found_error"}.get(
+        e.status_code, "invalid_request_error"
+    )
     return RequestError(str(e.detail), None, e.status_code, kind).response(
-        headers=getattr(e, "headers", None))
+        headers=getattr(e, "headers", None)
+    )
 
 
 async def _unexpected(request: Request, e: Exception):  # a bug: say so, keep serving
     log.exception("unhandled error")
     _metrics(request).requests.labels("failed").inc()
-    return RequestError(f"internal error: {type(e).__name__}", None, 500,
-                        "server_error").response()
+    return RequestError(f"internal error: {type(e).__name__}", None, 500, "server_error").response()

@@ -74,8 +74,9 @@ class AsyncEngine:
         """Run the engine loop on a thread of its own (tests, embedding in another app)."""
         threading.Thread(target=self.run, name="medha-engine", daemon=True).start()
 
-    async def add(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-                  **slo) -> asyncio.Queue:
+    async def add(
+        self, request_id: str, prompt_ids: list[int], params: SamplingParams, **slo
+    ) -> asyncio.Queue:
         """Admit one request; its RequestOutputs (then None, or an exception: the request's
         RequestFailedError, or EngineDeadError) arrive on the returned queue. Raises what
         admission raised (ValueError for a request the engine refuses), the engine unchanged."""
@@ -143,8 +144,9 @@ class AsyncEngine:
 
     def _admit(self, cmd: _Add) -> None:
         try:
-            self.engine.add_request(cmd.request_id, None, cmd.params,
-                                    prompt_token_ids=cmd.prompt_ids, **cmd.slo)
+            self.engine.add_request(
+                cmd.request_id, None, cmd.params, prompt_token_ids=cmd.prompt_ids, **cmd.slo
+            )
         except Exception as e:  # admission is all or nothing: the request's error alone
             if is_fatal(e):
                 raise
@@ -202,4 +204,3 @@ class AsyncEngine:
 
 def is_final(item) -> bool:
     return item is None or isinstance(item, BaseException)
-

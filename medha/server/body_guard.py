@@ -73,8 +73,11 @@ def bad_text(body: bytes) -> RequestError | None:
     if path is None:
         return None
     name = ".".join(path) or "body"
-    return RequestError(f"{name} holds invalid UTF-8 or a lone surrogate (\\ud800-\\udfff), "
-                        "which is not text", name if path else None, code="invalid_value")
+    return RequestError(
+        f"{name} holds invalid UTF-8 or a lone surrogate (\\ud800-\\udfff), which is not text",
+        name if path else None,
+        code="invalid_value",
+    )
 
 
 def _first_unencodable(value) -> list[str] | None:
@@ -105,8 +108,13 @@ def _encodable(s: str) -> bool:
 
 def _too_large(length: int | None, limit: int) -> RequestError:
     size = f"of {length} bytes " if length is not None else ""
-    return RequestError(f"the request body {size}exceeds the server's limit of {limit} bytes "
-                        "(medha serve --max-request-bytes)", None, 413, code="request_too_large")
+    return RequestError(
+        f"the request body {size}exceeds the server's limit of {limit} bytes "
+        "(medha serve --max-request-bytes)",
+        None,
+        413,
+        code="request_too_large",
+    )
 
 
 def _content_length(scope: Scope) -> int | None:
@@ -129,6 +137,7 @@ def _replay(body: bytes, receive: Receive) -> Receive:
             sent = True
             return {"type": "http.request", "body": body, "more_body": False}
         return await receive()
+
     return replay
 
 

@@ -54,34 +54,58 @@ def _logprobs(tokenizer: Tokenizer, samples: list) -> dict:
     def entry(token: int, lp: float) -> dict:
         text = tokenizer.decode([token], skip_special_tokens=False)
         return {"token": text, "logprob": lp, "bytes": list(text.encode())}
-    return {"content": [entry(s.token, s.logprob) | {
-        "top_logprobs": [entry(t, lp) for t, lp in s.top_logprobs]} for s in samples]}
+
+    return {
+        "content": [
+            entry(s.token, s.logprob) | {"top_logprobs": [entry(t, lp) for t, lp in s.top_logprobs]}
+            for s in samples
+        ]
+    }
 
 
 def _body(state: ServerState, c: Choice, body: ChatCompletionRequest) -> dict:
-    return {"id": c.request_id, "object": "chat.completion", "created": int(time.time()),
-            "model": state.model_name, "choices": [{
-                "index": 0, "message": {"role": "assistant", "content": c.final.text},
+    return {
+        "id": c.request_id,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": state.model_name,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": c.final.text},
                 "logprobs": _logprobs(state.tokenizer, c.logprobs) if body.logprobs else None,
-                "finish_reason": c.final.finish_reason}],
-            "usage": usage([c])}
+                "finish_reason": c.final.finish_reason,
+            }
+        ],
+        "usage": usage([c]),
+    }
 
 
-async def _stream(state: ServerState, c: Choice, body: ChatCompletionRequest
-                  ) -> AsyncIterator[dict]:
+async def _stream(
+    state: ServerState, c: Choice, body: ChatCompletionRequest
+) -> AsyncIterator[dict]:
     def chunk(delta: dict, finish: str | None, lp: dict | None = None) -> dict:
-        return {"id": c.request_id, "object": "chat.completion.chunk",
-                "created": int(time.time()), "model": state.model_name,
-                "choices": [{"index": 0, "delta": delta, "logprobs": lp,
-                             "finish_reason": finish}]} | (
-            {"usage": None} if include_usage(body) else {})
+        return {
+            "id": c.request_id,
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": state.model_name,
+            "choices": [{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}],
+        } | ({"usage": None} if include_usage(body) else {})
+
     yield chunk({"role": "assistant", "content": ""}, None)
     async for _, out in merged([c]):
         lp = _logprobs(state.tokenizer, out.logprobs or []) if body.logprobs else None
         if out.delta_text or out.finished or lp:
-            yield chunk({"content": out.delta_text} if out.delta_text else {},
-                        out.finish_reason, lp)
+            yield chunk(
+                {"content": out.delta_text} if out.delta_text else {}, out.finish_reason, lp
+            )
     if include_usage(body):
-        yield {"id": c.request_id, "object": "chat.completion.chunk",
-               "created": int(time.time()), "model": state.model_name, "choices": [],
-               "usage": usage([c])}
+        yield {
+            "id": c.request_id,
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": state.model_name,
+            "choices": [],
+            "usage": usage([c]),
+        }

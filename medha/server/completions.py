@@ -47,8 +47,9 @@ async def _encode_prompts(state: ServerState, body: CompletionRequest) -> list[C
     prompts = body.prompts
     limit = state.config.max_waiting
     if len(prompts) > limit:  # could never be admitted at once
-        raise RequestError(f"{len(prompts)} prompts in one request; at most {limit} "
-                           "(--max-waiting)", "prompt")
+        raise RequestError(
+            f"{len(prompts)} prompts in one request; at most {limit} (--max-waiting)", "prompt"
+        )
     choices = []
     base = f"cmpl-{uuid.uuid4().hex}"
     for i, p in enumerate(prompts):
@@ -74,46 +75,79 @@ def _logprobs(tokenizer: Tokenizer, samples: list, offset: int) -> dict:
         tokens.append(tokenizer.decode([s.token], skip_special_tokens=False))
         text_offset.append(offset)
         offset += len(tokens[-1])
-    return {"tokens": tokens, "token_logprobs": [s.logprob for s in samples],
-            "top_logprobs": [{tokenizer.decode([t], skip_special_tokens=False): lp
-                              for t, lp in s.top_logprobs} for s in samples],
-            "text_offset": text_offset}
+    return {
+        "tokens": tokens,
+        "token_logprobs": [s.logprob for s in samples],
+        "top_logprobs": [
+            {tokenizer.decode([t], skip_special_tokens=False): lp for t, lp in s.top_logprobs}
+            for s in samples
+        ],
+        "text_offset": text_offset,
+    }
 
 
-def _body(state: ServerState, rid: str, choices: list[Choice], body: CompletionRequest
-          ) -> dict:
+def _body(state: ServerState, rid: str, choices: list[Choice], body: CompletionRequest) -> dict:
     out = []
     for c in choices:
         prefix = _echoed(state.tokenizer, c) if body.echo else ""
-        out.append({"index": c.index, "text": prefix + c.final.text,
-                    "logprobs": _logprobs(state.tokenizer, c.logprobs, len(prefix))
-                    if body.logprobs is not None else None,
-                    "finish_reason": c.final.finish_reason})
-    return {"id": rid, "object": "text_completion", "created": int(time.time()),
-            "model": state.model_name, "choices": out, "usage": usage(choices)}
+        out.append(
+            {
+                "index": c.index,
+                "text": prefix + c.final.text,
+                "logprobs": _logprobs(state.tokenizer, c.logprobs, len(prefix))
+                if body.logprobs is not None
+                else None,
+                "finish_reason": c.final.finish_reason,
+            }
+        )
+    return {
+        "id": rid,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": state.model_name,
+        "choices": out,
+        "usage": usage(choices),
+    }
 
 
-async def _stream(state: ServerState, rid: str, choices: list[Choice],
-                  body: CompletionRequest) -> AsyncIterator[dict]:
+async def _stream(
+    state: ServerState, rid: str, choices: list[Choice], body: CompletionRequest
+) -> AsyncIterator[dict]:
     def chunk(choice: dict) -> dict:
-        return {"id": rid, "object": "text_completion", "created": int(time.time()),
-                "model": state.model_name, "choices": [choice]} | (
-            {"usage": None} if include_usage(body) else {})
+        return {
+            "id": rid,
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": state.model_name,
+            "choices": [choice],
+        } | ({"usage": None} if include_usage(body) else {})
+
     offsets = {}
     if body.echo:
         for c in choices:
             text = _echoed(state.tokenizer, c)
             offsets[c.index] = len(text)
-            yield chunk({"index": c.index, "text": text, "logprobs": None,
-                         "finish_reason": None})
+            yield chunk({"index": c.index, "text": text, "logprobs": None, "finish_reason": None})
     async for c, out in merged(choices):
         lp = None
         if body.logprobs is not None:
             lp = _logprobs(state.tokenizer, out.logprobs or [], offsets.get(c.index, 0))
             offsets[c.index] = offsets.get(c.index, 0) + len(out.delta_text)
         if out.delta_text or out.finished or lp:
-            yield chunk({"index": c.index, "text": out.delta_text, "logprobs": lp,
-                         "finish_reason": out.finish_reason})
+            yield chunk(
+                {
+                    "index": c.index,
+                    "text": out.delta_text,
+                    "logprobs": lp,
+                    "finish_reason": out.finish_reason,
+                }
+            )
     if include_usage(body):
-        yield {"id": rid, "object": "text_completion", "created": int(time.time()),
-               "model": state.model_name, "choices": [], "usage": usage(choices)}
+        yield {
+            "id": rid,
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": state.model_name,
+            "choices": [],
+            "usage": usage(choices),
+        }

@@ -10,17 +10,41 @@ from dataclasses import dataclass, field
 class ServerConfig:
     host: str = field(default="127.0.0.1", metadata={"help": "address to listen on"})
     port: int = field(default=8000, metadata={"help": "TCP port (0: any free port)"})
-    api_key: str | None = field(default=None, metadata={"help": (
-        "require `Authorization: Bearer KEY` on /v1 (default: $MEDHA_API_KEY if set)")})
-    served_model_name: str | None = field(default=None, metadata={"help": (
-        "the model id clients send and /v1/models lists (default: the --model value)")})
-    max_waiting: int = field(default=256, metadata={"help": (
-        "requests waiting for their first token before new ones get 429 with Retry-After")})
-    drain_timeout_s: float = field(default=30.0, metadata={"help": (
-        "on SIGTERM, seconds in-flight requests get to finish before they are aborted")})
-    max_request_bytes: int | None = field(default=None, metadata={"help": (
-        "request bodies above this size get 413 before they are read (default: 64 bytes per "
-        "token of the model's context + 1 MiB, room for any prompt that fits)")})
+    api_key: str | None = field(
+        default=None,
+        metadata={
+            "help": ("require `Authorization: Bearer KEY` on /v1 (default: $MEDHA_API_KEY if set)")
+        },
+    )
+    served_model_name: str | None = field(
+        default=None,
+        metadata={
+            "help": ("the model id clients send and /v1/models lists (default: the --model value)")
+        },
+    )
+    max_waiting: int = field(
+        default=256,
+        metadata={
+            "help": (
+                "requests waiting for their first token before new ones get 429 with Retry-After"
+            )
+        },
+    )
+    drain_timeout_s: float = field(
+        default=30.0,
+        metadata={
+            "help": ("on SIGTERM, seconds in-flight requests get to finish before they are aborted")
+        },
+    )
+    max_request_bytes: int | None = field(
+        default=None,
+        metadata={
+            "help": (
+                "request bodies above this size get 413 before they are read (default: 64 bytes "
+                "per token of the model's context + 1 MiB, room for any prompt that fits)"
+            )
+        },
+    )
     log_level: str = field(default="info", metadata={"help": "uvicorn log level"})
 
 

@@ -32,8 +32,9 @@ Body = CompletionRequest | ChatCompletionRequest
 class Choice:
     """One prompt of a request, as the engine sees it."""
 
-    def __init__(self, index: int, request_id: str, prompt_ids: list[int],
-                 prompt_text: str | None) -> None:
+    def __init__(
+        self, index: int, request_id: str, prompt_ids: list[int], prompt_text: str | None
+    ) -> None:
         self.index, self.request_id = index, request_id
         self.prompt_ids, self.prompt_text = prompt_ids, prompt_text
         self.queue: asyncio.Queue | None = None
@@ -43,9 +44,13 @@ class Choice:
 
 def check_model(state: ServerState, name: str | None) -> None:
     if name is not None and name != state.model_name:
-        raise RequestError(f"model {name!r} is not served here; this server serves "
-                           f"{state.model_name!r}", "model", 404, "not_found_error",
-                           "model_not_found")
+        raise RequestError(
+            f"model {name!r} is not served here; this server serves {state.model_name!r}",
+            "model",
+            404,
+            "not_found_error",
+            "model_not_found",
+        )
 
 
 def engine_call(fn: Callable[..., T], *args) -> T:
@@ -59,13 +64,22 @@ def engine_call(fn: Callable[..., T], *args) -> T:
 def sampling(body: Body, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
     try:
         return SamplingParams(
-            max_tokens=max_tokens or 16, temperature=body.temperature, top_p=body.top_p,
-            top_k=body.top_k, seed=body.seed, stop=body.stops,
-            stop_token_ids=body.stop_token_ids or [], ignore_eos=body.ignore_eos,
-            logprobs=logprobs)
+            max_tokens=max_tokens or 16,
+            temperature=body.temperature,
+            top_p=body.top_p,
+            top_k=body.top_k,
+            seed=body.seed,
+            stop=body.stops,
+            stop_token_ids=body.stop_token_ids or [],
+            ignore_eos=body.ignore_eos,
+            logprobs=logprobs,
+        )
     except InvalidRequestError as e:
-        param = "top_logprobs" if e.param == "logprobs" and \
-            isinstance(body, ChatCompletionRequest) else e.param
+        param = (
+            "top_logprobs"
+            if e.param == "logprobs" and isinstance(body, ChatCompletionRequest)
+            else e.param
+        )
         raise RequestError(str(e), param) from None
 
 
@@ -73,12 +87,16 @@ def _slo(body: Body) -> dict:
     m = body.medha
     if m is None:
         return {}
-    return {"ttft_deadline_s": m.ttft_slo_s, "tpot_target_s": m.tpot_slo_s,
-            "priority_class": m.priority}
+    return {
+        "ttft_deadline_s": m.ttft_slo_s,
+        "tpot_target_s": m.tpot_slo_s,
+        "priority_class": m.priority,
+    }
 
 
-async def submit(state: ServerState, choices: list[Choice], params: list[SamplingParams],
-                 body: Body) -> None:
+async def submit(
+    state: ServerState, choices: list[Choice], params: list[SamplingParams], body: Body
+) -> None:
     """Admit every choice or none."""
     try:
         for c, p in zip(choices, params):
@@ -108,16 +126,18 @@ def _refusal(state: ServerState, e: BaseException) -> RequestError | None:
         return RequestError(msg, "max_tokens" if "max_tokens" in msg else "prompt")
     if isinstance(e, Exception) and not is_fatal(e):  # a bug, this request's alone
         log.exception("admission failed")
-        return RequestError(f"internal error admitting the request: {type(e).__name__}",
-                            None, 500, "server_error")
+        return RequestError(
+            f"internal error admitting the request: {type(e).__name__}", None, 500, "server_error"
+        )
     return None
 
 
 def failure(e: EngineDeadError | RequestFailedError) -> RequestError:
     """The answer to a request that failed after admission."""
     if isinstance(e, EngineDeadError):
-        return RequestError(f"engine failed during the request: {e}", None, 503,
-                            "service_unavailable")
+        return RequestError(
+            f"engine failed during the request: {e}", None, 503, "service_unavailable"
+        )
     return RequestError(str(e), None, 500, "server_error")
 
 
@@ -130,6 +150,7 @@ def abort_unfinished(async_engine: AsyncEngine, choices: list[Choice]) -> None:
 
 async def collect(state: ServerState, choices: list[Choice], request: Request) -> bool:
     """Wait for every choice to finish; False (and all aborted) if the client went away."""
+
     async def drain(c: Choice) -> None:
         while not is_final(item := await c.queue.get()):
             c.final = item
@@ -161,5 +182,8 @@ async def collect(state: ServerState, choices: list[Choice], request: Request) -
 def usage(choices: list[Choice]) -> dict:
     prompt = sum(len(c.prompt_ids) for c in choices)
     completion = sum(len(c.final.token_ids) if c.final else 0 for c in choices)
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion}
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }

@@ -19,33 +19,62 @@ class ServerMetrics:
         """`stats`: the engine's, which the gauges read at scrape time (on the HTTP thread)."""
         r = self.registry = CollectorRegistry()
         self.requests = Counter(
-            "medha_requests", "Requests by final status: ok (stop or length), aborted (client "
+            "medha_requests",
+            "Requests by final status: ok (stop or length), aborted (client "
             "gone or shutdown), rejected (queue full), invalid (4xx), failed (engine error)",
-            ["status"], registry=r)
-        self.ttft = Histogram("medha_time_to_first_token_seconds", "Time to first token",
-                              buckets=_LATENCY_BUCKETS, registry=r)
-        self.tpot = Histogram("medha_time_per_output_token_seconds",
-                              "Mean time per output token after the first",
-                              buckets=_TOKEN_BUCKETS, registry=r)
-        self.e2e = Histogram("medha_e2e_request_latency_seconds", "Arrival to last token",
-                             buckets=_LATENCY_BUCKETS, registry=r)
-        self.iteration = Histogram("medha_iteration_seconds", "Time of one engine iteration",
-                                   buckets=_TOKEN_BUCKETS, registry=r)
-        self.prompt_tokens = Counter("medha_prompt_tokens", "Prompt tokens of finished "
-                                     "requests", registry=r)
-        self.generation_tokens = Counter("medha_generation_tokens", "Tokens generated for "
-                                         "finished requests", registry=r)
-        Gauge("medha_num_requests_waiting", "Requests whose prefill has not started (new, or "
-              "preempted by recompute)", registry=r).set_function(lambda: stats().waiting)
-        Gauge("medha_num_requests_prefilling", "Requests whose prefill has started and not "
-              "finished", registry=r).set_function(lambda: stats().prefilling)
-        Gauge("medha_num_requests_running", "Requests decoding",
-              registry=r).set_function(lambda: stats().running)
-        Gauge("medha_kv_blocks_used", "KV cache blocks in use",
-              registry=r).set_function(lambda: stats().kv_blocks_used)
+            ["status"],
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "medha_time_to_first_token_seconds",
+            "Time to first token",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tpot = Histogram(
+            "medha_time_per_output_token_seconds",
+            "Mean time per output token after the first",
+            buckets=_TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "medha_e2e_request_latency_seconds",
+            "Arrival to last token",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.iteration = Histogram(
+            "medha_iteration_seconds",
+            "Time of one engine iteration",
+            buckets=_TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "medha_prompt_tokens", "Prompt tokens of finished requests", registry=r
+        )
+        self.generation_tokens = Counter(
+            "medha_generation_tokens", "Tokens generated for finished requests", registry=r
+        )
+        Gauge(
+            "medha_num_requests_waiting",
+            "Requests whose prefill has not started (new, or preempted by recompute)",
+            registry=r,
+        ).set_function(lambda: stats().waiting)
+        Gauge(
+            "medha_num_requests_prefilling",
+            "Requests whose prefill has started and not finished",
+            registry=r,
+        ).set_function(lambda: stats().prefilling)
+        Gauge("medha_num_requests_running", "Requests decoding", registry=r).set_function(
+            lambda: stats().running
+        )
+        Gauge("medha_kv_blocks_used", "KV cache blocks in use", registry=r).set_function(
+            lambda: stats().kv_blocks_used
+        )
         Gauge("medha_kv_blocks_total", "KV cache blocks", registry=r).set(kv_blocks_total)
-        Gauge("medha_preemptions", "Preemptions (recompute and swap) since start",
-              registry=r).set_function(lambda: stats().preemptions)
+        Gauge(
+            "medha_preemptions", "Preemptions (recompute and swap) since start", registry=r
+        ).set_function(lambda: stats().preemptions)
         for status in ("ok", "aborted", "rejected", "invalid", "failed"):
             self.requests.labels(status)  # export zeros from the start
 

@@ -25,7 +25,7 @@ from medha.server.protocol import (
 _REF = "#/components/schemas/{model}"
 _ERRORS = {
     "400": "invalid request: a field out of range, of the wrong type or not supported, a prompt "
-           "that does not fit the context, text that is not valid UTF-8; `param` names the field",
+    "that does not fit the context, text that is not valid UTF-8; `param` names the field",
     "401": "missing or wrong API key",
     "404": "the model is not served here",
     "413": "the body is larger than --max-request-bytes",
@@ -36,13 +36,24 @@ _ERRORS = {
 
 
 def document(app: FastAPI, api_key: bool) -> dict:
-    schema = get_openapi(title=app.title, version=app.version, description=app.description,
-                         routes=app.routes)
+    schema = get_openapi(
+        title=app.title, version=app.version, description=app.description, routes=app.routes
+    )
     keys, defs = models_json_schema(
-        [(m, "serialization") for m in (ErrorResponse, CompletionResponse, CompletionChunk,
-                                        ChatCompletionResponse, ChatCompletionChunk, ModelList,
-                                        Health)],
-        ref_template=_REF)
+        [
+            (m, "serialization")
+            for m in (
+                ErrorResponse,
+                CompletionResponse,
+                CompletionChunk,
+                ChatCompletionResponse,
+                ChatCompletionChunk,
+                ModelList,
+                Health,
+            )
+        ],
+        ref_template=_REF,
+    )
     components = schema.setdefault("components", {})
     schemas = components.setdefault("schemas", {})
     for unused in ("HTTPValidationError", "ValidationError"):
@@ -53,25 +64,32 @@ def document(app: FastAPI, api_key: bool) -> dict:
         return {"$ref": _REF.format(model=model.__name__)}
 
     def json_body(model, description: str) -> dict:
-        return {"description": description, "content": {"application/json": {
-            "schema": ref(model)}}}
+        return {"description": description, "content": {"application/json": {"schema": ref(model)}}}
 
     def errors(*codes: str) -> dict:
-        return {c: json_body(ErrorResponse, _ERRORS[c]) for c in codes
-                if c != "401" or api_key}
+        return {c: json_body(ErrorResponse, _ERRORS[c]) for c in codes if c != "401" or api_key}
 
     generation = ("400", "401", "404", "413", "429", "500", "503")
     responses = {
-        "/v1/completions": {"200": _generated(ref(CompletionResponse), ref(CompletionChunk)),
-                            **errors(*generation)},
-        "/v1/chat/completions": {"200": _generated(ref(ChatCompletionResponse),
-                                                   ref(ChatCompletionChunk)),
-                                 **errors(*generation)},
+        "/v1/completions": {
+            "200": _generated(ref(CompletionResponse), ref(CompletionChunk)),
+            **errors(*generation),
+        },
+        "/v1/chat/completions": {
+            "200": _generated(ref(ChatCompletionResponse), ref(ChatCompletionChunk)),
+            **errors(*generation),
+        },
         "/v1/models": {"200": json_body(ModelList, "the served model"), **errors("401")},
-        "/health": {"200": json_body(Health, "the engine runs"),
-                    "503": json_body(Health, "the engine has stopped after a fatal error")},
-        "/metrics": {"200": {"description": "Prometheus metrics", "content": {
-            "text/plain": {"schema": {"type": "string"}}}}},
+        "/health": {
+            "200": json_body(Health, "the engine runs"),
+            "503": json_body(Health, "the engine has stopped after a fatal error"),
+        },
+        "/metrics": {
+            "200": {
+                "description": "Prometheus metrics",
+                "content": {"text/plain": {"schema": {"type": "string"}}},
+            }
+        },
     }
     for path, operations in schema.get("paths", {}).items():
         for operation in operations.values():
@@ -87,14 +105,36 @@ def document(app: FastAPI, api_key: bool) -> dict:
 
 def _generated(body_ref: dict, chunk_ref: dict) -> dict:
     # OpenAPI 3.1 reads an event stream's schema as the schema of one event
-    event = {"type": "object", "required": ["data"], "properties": {
-        "data": {"anyOf": [{"const": "[DONE]"}, {
-            "type": "string", "contentMediaType": "application/json",
-            "contentSchema": {"anyOf": [chunk_ref, {"$ref": _REF.format(
-                model=ErrorResponse.__name__)}]}}]},
-        "event": {"type": "string"}, "id": {"type": "string"}, "retry": {"type": "integer"}}}
-    return {"description": "the completion, or with `stream: true` server-sent events: one "
-            "JSON chunk per `data:` line, an error object if the request fails mid-stream, "
-            "then `data: [DONE]`",
-            "content": {"application/json": {"schema": body_ref},
-                        "text/event-stream": {"schema": event}}}
+    event = {
+        "type": "object",
+        "required": ["data"],
+        "properties": {
+            "data": {
+                "anyOf": [
+                    {"const": "[DONE]"},
+                    {
+                        "type": "string",
+                        "contentMediaType": "application/json",
+                        "contentSchema": {
+                            "anyOf": [
+                                chunk_ref,
+                                {"$ref": _REF.format(model=ErrorResponse.__name__)},
+                            ]
+                        },
+                    },
+                ]
+            },
+            "event": {"type": "string"},
+            "id": {"type": "string"},
+            "retry": {"type": "integer"},
+        },
+    }
+    return {
+        "description": "the completion, or with `stream: true` server-sent events: one "
+        "JSON chunk per `data:` line, an error object if the request fails mid-stream, "
+        "then `data: [DONE]`",
+        "content": {
+            "application/json": {"schema": body_ref},
+            "text/event-stream": {"schema": event},
+        },
+    }

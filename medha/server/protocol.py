@@ -33,15 +33,20 @@ class MedhaOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
     priority: Literal[PRIORITIES] | None = Field(  # type: ignore[valid-type]
-        None, description="priority class, REALTIME > HIGH > NORMAL (the default) > LOW; "
-        "`medha serve --policy priority` orders and preempts by it")
+        None,
+        description="priority class, REALTIME > HIGH > NORMAL (the default) > LOW; "
+        "`medha serve --policy priority` orders and preempts by it",
+    )
     ttft_slo_s: PositiveFloat | None = Field(
-        None, description="time-to-first-token target in seconds (the scheduler's deadline)")
+        None, description="time-to-first-token target in seconds (the scheduler's deadline)"
+    )
     tpot_slo_s: PositiveFloat | None = Field(
-        None, description="time-per-output-token target in seconds: counted in SLO "
+        None,
+        description="time-per-output-token target in seconds: counted in SLO "
         "attainment, and every batch that carries this request's decode keeps its predicted "
         "time within it (x spp/(spp+1) with pipeline stages), so prefill chunks beside it "
-        "shrink; a tighter --iteration-budget-s still applies")
+        "shrink; a tighter --iteration-budget-s still applies",
+    )
 
 
 class StreamOptions(BaseModel):
@@ -54,11 +59,22 @@ class _Common(BaseModel):
 
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0, le=2, allow_inf_nan=False, description=(
-        "0 or at least 1.2e-38 (a normal float32); below 1e-5 the request is greedy"))
-    top_p: float = Field(1.0, ge=FLOAT32_TINY, le=1, allow_inf_nan=False, description=(
-        "nucleus mass, at least 1.2e-38 (a normal float32); the likeliest token is always "
-        "kept"))
+    temperature: float = Field(
+        1.0,
+        ge=0,
+        le=2,
+        allow_inf_nan=False,
+        description=("0 or at least 1.2e-38 (a normal float32); below 1e-5 the request is greedy"),
+    )
+    top_p: float = Field(
+        1.0,
+        ge=FLOAT32_TINY,
+        le=1,
+        allow_inf_nan=False,
+        description=(
+            "nucleus mass, at least 1.2e-38 (a normal float32); the likeliest token is always kept"
+        ),
+    )
     top_k: int = Field(0, ge=-1, description="extension (vLLM): keep the k likeliest tokens")
     n: int = Field(1, ge=1, le=1, description="only 1: send several requests for more")
     seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
@@ -81,8 +97,10 @@ class _Common(BaseModel):
         if self.logit_bias:
             raise _unsupported("logit_bias", "logit_bias is not supported")
         if self.stream_options is not None and not self.stream:
-            raise _unsupported("stream_options", "The 'stream_options' parameter is only "
-                               "allowed when 'stream' is enabled.")
+            raise _unsupported(
+                "stream_options",
+                "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+            )
         return self
 
     @property
@@ -91,10 +109,12 @@ class _Common(BaseModel):
 
 
 class CompletionRequest(_Common):
-    prompt: (NonEmptyStr | Annotated[list[NonEmptyStr], Field(min_length=1)]
-             | Annotated[list[TokenId], Field(min_length=1)]
-             | Annotated[list[Annotated[list[TokenId], Field(min_length=1)]],
-                         Field(min_length=1)])
+    prompt: (
+        NonEmptyStr
+        | Annotated[list[NonEmptyStr], Field(min_length=1)]
+        | Annotated[list[TokenId], Field(min_length=1)]
+        | Annotated[list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1)]
+    )
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     suffix: str | None = Field(None, description="not supported")
@@ -105,8 +125,11 @@ class CompletionRequest(_Common):
         if self.suffix:
             raise _unsupported("suffix", "suffix is not supported")
         if self.echo and self.logprobs is not None:
-            raise _unsupported("logprobs", "echo with logprobs (the prompt's logprobs) is not "
-                               "supported; send one or the other")
+            raise _unsupported(
+                "logprobs",
+                "echo with logprobs (the prompt's logprobs) is not "
+                "supported; send one or the other",
+            )
         return self
 
     @property
@@ -144,7 +167,7 @@ class ChatCompletionRequest(_Common):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     tools: list[dict] | None = Field(None, description="not supported")
-    response_format: dict | None = Field(None, description="only {\"type\": \"text\"}")
+    response_format: dict | None = Field(None, description='only {"type": "text"}')
 
     @model_validator(mode="after")
     def _chat(self):
@@ -210,6 +233,7 @@ class CompletionResponse(BaseModel):
 class CompletionChunk(BaseModel):
     """One event of a streamed completion; with stream_options.include_usage every chunk has a
     usage field, null but in the last one, whose choices are empty."""
+
     id: str
     object: Literal["text_completion"]
     created: int
@@ -267,6 +291,7 @@ class ChatChunkChoice(BaseModel):
 
 class ChatCompletionChunk(BaseModel):
     """One event of a streamed chat completion (usage as in CompletionChunk)."""
+
     id: str
     object: Literal["chat.completion.chunk"]
     created: int

@@ -17,8 +17,9 @@ router = APIRouter()
 @router.get("/health")
 async def health(state: ServerStateDep):
     if state.async_engine.dead:
-        return SafeJSONResponse({"status": "error", "reason": state.async_engine.dead},
-                                status_code=503)
+        return SafeJSONResponse(
+            {"status": "error", "reason": state.async_engine.dead}, status_code=503
+        )
     return {"status": "ok"}
 
 
@@ -29,6 +30,15 @@ async def prometheus(state: ServerStateDep):
 
 @router.get("/v1/models", dependencies=[Depends(authorize)])
 async def models(state: ServerStateDep):
-    return {"object": "list", "data": [{
-        "id": state.model_name, "object": "model", "created": state.created,
-        "owned_by": "medha", "max_model_len": state.engine.max_model_len}]}
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": state.model_name,
+                "object": "model",
+                "created": state.created,
+                "owned_by": "medha",
+                "max_model_len": state.engine.max_model_len,
+            }
+        ],
+    }

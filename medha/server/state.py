@@ -48,5 +48,4 @@ async def authorize(request: Request) -> None:
         return
     given = request.headers.get("authorization", "")
     if not secrets.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-        raise StarletteHTTPException(401, "invalid or missing API key "
-                                     "(Authorization: Bearer KEY)")
+        raise StarletteHTTPException(401, "invalid or missing API key (Authorization: Bearer KEY)")

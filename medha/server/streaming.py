@@ -15,10 +15,12 @@ from medha.server.async_engine import AsyncEngine
 from medha.server.generation import Body, Choice, abort_unfinished, failure
 
 
-def sse(events: AsyncIterator[dict], choices: list[Choice], async_engine: AsyncEngine
-        ) -> StreamingResponse:
+def sse(
+    events: AsyncIterator[dict], choices: list[Choice], async_engine: AsyncEngine
+) -> StreamingResponse:
     """Server-sent events ending in [DONE]. A client that disconnects cancels the generator,
     and the `finally` frees the requests' KV."""
+
     async def body():
         try:
             async for event in events:
@@ -30,8 +32,10 @@ def sse(events: AsyncIterator[dict], choices: list[Choice], async_engine: AsyncE
             yield "data: [DONE]\n\n"
         finally:
             abort_unfinished(async_engine, choices)
-    return StreamingResponse(body(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache"})
+
+    return StreamingResponse(
+        body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+    )
 
 
 async def merged(choices: list[Choice]) -> AsyncIterator[tuple[Choice, RequestOutput]]:

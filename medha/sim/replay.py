@@ -13,10 +13,13 @@ from medha.core.request import Request
 from medha.scheduler.replica_scheduler import ReplicaScheduler
 
 
-def replay(scheduler: ReplicaScheduler, requests: Iterable[Request],
-           batch_time: Callable[[Batch], float] | None = None,
-           on_batch: Callable[[Batch, float], None] | None = None,
-           time_limit_s: float = float("inf")) -> float:
+def replay(
+    scheduler: ReplicaScheduler,
+    requests: Iterable[Request],
+    batch_time: Callable[[Batch], float] | None = None,
+    on_batch: Callable[[Batch, float], None] | None = None,
+    time_limit_s: float = float("inf"),
+) -> float:
     """Run `requests` (admitted at their arrival times) until all finish; returns the end time.
 
     `batch_time` defaults to the batch's predicted time; `on_batch(batch, end)` sees every batch
@@ -34,8 +37,9 @@ def replay(scheduler: ReplicaScheduler, requests: Iterable[Request],
             wake = scheduler.wake_at()
             wake = wake if wake is not None and wake > now else float("inf")
             if i == len(pending) and wake == float("inf"):
-                raise RuntimeError(f"scheduler stalled at t={now:.3f}s with "
-                                   f"{len(scheduler)} unfinished requests")
+                raise RuntimeError(
+                    f"scheduler stalled at t={now:.3f}s with {len(scheduler)} unfinished requests"
+                )
             now = min(wake, pending[i].arrival_s if i < len(pending) else wake)
             continue
         duration = batch_time(batch) if batch_time else batch.predicted_time_s

@@ -62,5 +62,7 @@ class SimReplica:
 
     def outstanding_work_s(self) -> float:
         """Predicted prefill work still ahead plus the decode tokens still to generate."""
-        return sum(r.remaining_work_s + (r.max_tokens - r.num_output_tokens) * self._decode_token_s
-                   for r in self.scheduler.live_requests())
+        return sum(
+            r.remaining_work_s + (r.max_tokens - r.num_output_tokens) * self._decode_token_s
+            for r in self.scheduler.live_requests()
+        )

@@ -39,10 +39,13 @@ class RunSpec:
             raise ValueError(f"long_threshold must be a positive integer, got {t!r}")
 
     def to_json(self) -> dict:
-        return {"name": self.name, "cluster": dataclasses.asdict(self.cluster),
-                "parallel": dataclasses.asdict(self.parallel),
-                "scheduler": dataclasses.asdict(self.scheduler),
-                "long_threshold": self.long_threshold}
+        return {
+            "name": self.name,
+            "cluster": dataclasses.asdict(self.cluster),
+            "parallel": dataclasses.asdict(self.parallel),
+            "scheduler": dataclasses.asdict(self.scheduler),
+            "long_threshold": self.long_threshold,
+        }
 
 
 @dataclass
@@ -60,14 +63,25 @@ def simulate(spec: RunSpec, workload: WorkloadConfig, progress: bool = False) ->
     hw = sim.predictor.hardware
     long_threshold = spec.long_threshold or sim.scheduler_config.long_prefill_threshold
     summary, rows = summarize(
-        requests, result.log,
-        config={**spec.to_json(), "long_threshold": long_threshold,
-                "workload": dataclasses.asdict(workload)},
+        requests,
+        result.log,
+        config={
+            **spec.to_json(),
+            "long_threshold": long_threshold,
+            "workload": dataclasses.asdict(workload),
+        },
         long_threshold=long_threshold,
         tpot_target_s=sim.scheduler_config.tpot_target_s,
-        model=sim.predictor.model, dtype_bytes=hw.dtype_bytes, num_devices=result.num_devices,
-        num_replicas=spec.cluster.replicas, spp=spec.parallel.spp, peak_flops=hw.peak_flops,
-        mem_bw=hw.mem_bw, wall_s=result.wall_s, setup_s=result.setup_s)
+        model=sim.predictor.model,
+        dtype_bytes=hw.dtype_bytes,
+        num_devices=result.num_devices,
+        num_replicas=spec.cluster.replicas,
+        spp=spec.parallel.spp,
+        peak_flops=hw.peak_flops,
+        mem_bw=hw.mem_bw,
+        wall_s=result.wall_s,
+        setup_s=result.setup_s,
+    )
     # per device, 16-token blocks as kv_blocks_per_replica makes them
     block_bytes = SwapCost(sim.predictor, 16).block_bytes
     summary["preemption"] = preemption_summary(result.scheduler_stats, block_bytes)
@@ -95,8 +109,9 @@ def output_dir(out: str | Path, overwrite: bool):
         blocker = next(p for p in out.parents if os.path.lexists(p))
         raise OutputDirError(f"--out {out}: {blocker} is not a directory") from None
     except OSError as e:
-        raise OutputDirError(f"--out {out}: cannot create a directory in {out.parent} "
-                             f"({e.strerror})") from None
+        raise OutputDirError(
+            f"--out {out}: cannot create a directory in {out.parent} ({e.strerror})"
+        ) from None
     try:
         yield tmp
         _check_out(out, overwrite)  # a run takes a while: something may be at `out` by now
@@ -123,30 +138,51 @@ def _check_out(out: Path, overwrite: bool) -> None:
     try:
         if out.is_symlink():
             if not overwrite:
-                raise OutputDirError(f"--out {out} is a symlink; pass --overwrite to replace "
-                                     "the link (what it points to is left alone)")
+                raise OutputDirError(
+                    f"--out {out} is a symlink; pass --overwrite to replace "
+                    "the link (what it points to is left alone)"
+                )
         elif out.exists():
             if not out.is_dir():
-                raise OutputDirError(f"--out {out} is a file, not a directory; --overwrite "
-                                     "replaces only a directory")
+                raise OutputDirError(
+                    f"--out {out} is a file, not a directory; --overwrite replaces only a directory"
+                )
             if not overwrite and any(out.iterdir()):
                 raise OutputDirError(f"--out {out} exists and is not empty; pass --overwrite")
     except OSError as e:  # e.g. a directory on the way that may not be read
         raise OutputDirError(f"--out {out}: {e.strerror}") from None
 
 
-REQUEST_COLUMNS = ["request_id", "class", "arrival_s", "prompt_len", "output_len", "ttft_s",
-                   "tpot_s", "e2e_s", "normalized_e2e_s", "scheduling_delay_s",
-                   "ttft_deadline_s", "ttft_met", "tpot_met", "preemptions", "tbt_p50_s",
-                   "tbt_p99_s", "tbt_max_s", "priority", "swaps"]
+REQUEST_COLUMNS = [
+    "request_id",
+    "class",
+    "arrival_s",
+    "prompt_len",
+    "output_len",
+    "ttft_s",
+    "tpot_s",
+    "e2e_s",
+    "normalized_e2e_s",
+    "scheduling_delay_s",
+    "ttft_deadline_s",
+    "ttft_met",
+    "tpot_met",
+    "preemptions",
+    "tbt_p50_s",
+    "tbt_p99_s",
+    "tbt_max_s",
+    "priority",
+    "swaps",
+]
 
 
 def _fmt(x) -> str:
     return "" if x is None else (f"{x:.6g}" if isinstance(x, float) else str(x))
 
 
-def write_run(out: Path, outcome: RunOutcome, plots: bool = True,
-              token_times: bool = False) -> None:
+def write_run(
+    out: Path, outcome: RunOutcome, plots: bool = True, token_times: bool = False
+) -> None:
     import numpy as np
 
     out.mkdir(parents=True, exist_ok=True)
@@ -155,26 +191,74 @@ def write_run(out: Path, outcome: RunOutcome, plots: bool = True,
         w = csv.writer(fh)
         w.writerow(REQUEST_COLUMNS)
         for m in outcome.rows:
-            tbt = np.percentile(m.tbt_s, [50, 99]).tolist() + [max(m.tbt_s)] if m.tbt_s \
+            tbt = (
+                np.percentile(m.tbt_s, [50, 99]).tolist() + [max(m.tbt_s)]
+                if m.tbt_s
                 else [None] * 3
-            w.writerow([_fmt(x) for x in (
-                m.request_id, m.request_class, m.arrival_s, m.prompt_len, m.output_len,
-                m.ttft_s, m.tpot_s, m.e2e_s, m.normalized_e2e_s, m.scheduling_delay_s,
-                m.ttft_deadline_s, int(m.ttft_met), int(m.tpot_met), m.preemptions, *tbt,
-                m.priority, m.swaps)])
+            )
+            w.writerow(
+                [
+                    _fmt(x)
+                    for x in (
+                        m.request_id,
+                        m.request_class,
+                        m.arrival_s,
+                        m.prompt_len,
+                        m.output_len,
+                        m.ttft_s,
+                        m.tpot_s,
+                        m.e2e_s,
+                        m.normalized_e2e_s,
+                        m.scheduling_delay_s,
+                        m.ttft_deadline_s,
+                        int(m.ttft_met),
+                        int(m.tpot_met),
+                        m.preemptions,
+                        *tbt,
+                        m.priority,
+                        m.swaps,
+                    )
+                ]
+            )
     log = outcome.result.log
     with (out / "iterations.csv").open("w", newline="") as fh:
         w = csv.writer(fh)
-        w.writerow(["replica", "start_s", "end_s", "latency_s", "num_decodes", "decode_kv",
-                    "num_prefills", "prefill_tokens"])
-        for row in zip(log.replica, log.start_s, log.end_s, log.latency_s, log.num_decodes,
-                       log.decode_kv, log.num_prefills, log.prefill_tokens):
+        w.writerow(
+            [
+                "replica",
+                "start_s",
+                "end_s",
+                "latency_s",
+                "num_decodes",
+                "decode_kv",
+                "num_prefills",
+                "prefill_tokens",
+            ]
+        )
+        for row in zip(
+            log.replica,
+            log.start_s,
+            log.end_s,
+            log.latency_s,
+            log.num_decodes,
+            log.decode_kv,
+            log.num_prefills,
+            log.prefill_tokens,
+        ):
             w.writerow([_fmt(x) for x in row])
     if token_times:
         with (out / "token_times.jsonl").open("w") as fh:
             for r in outcome.result.requests:
-                fh.write(json.dumps({"request_id": r.request_id, "arrival_s": r.arrival_s,
-                                     "token_times_s": r.token_times_s}) + "\n")
+                fh.write(
+                    json.dumps(
+                        {
+                            "request_id": r.request_id,
+                            "arrival_s": r.arrival_s,
+                            "token_times_s": r.token_times_s,
+                        }
+                    )
+                    + "\n"
+                )
     if plots:
         from medha.sim.metrics.plots import run_plots  # matplotlib: only when it draws
 

@@ -46,8 +46,9 @@ class SimResult:
         return (max(ends) - min(r.arrival_s for r in self.requests)) if ends else 0.0
 
 
-def kv_blocks_per_replica(cluster: ClusterConfig, predictor: Predictor,
-                          block_size: int = 16) -> BlockManager:
+def kv_blocks_per_replica(
+    cluster: ClusterConfig, predictor: Predictor, block_size: int = 16
+) -> BlockManager:
     hw, model, par = predictor.hardware, predictor.model, predictor.parallel
     if cluster.kv_memory_gb is not None:
         kv_bytes = cluster.kv_memory_gb * 2**30
@@ -55,24 +56,33 @@ def kv_blocks_per_replica(cluster: ClusterConfig, predictor: Predictor,
         weights = model.num_params * hw.dtype_bytes / (par.tp * par.spp)
         kv_bytes = hw.mem_bytes * cluster.gpu_memory_utilization - weights
         if kv_bytes <= 0:
-            raise ValueError(f"{model.name} does not fit on {par.tp * par.spp} {hw.name} "
-                             "devices per KVP group: raise --tp or --spp")
+            raise ValueError(
+                f"{model.name} does not fit on {par.tp * par.spp} {hw.name} "
+                "devices per KVP group: raise --tp or --spp"
+            )
     return BlockManager.from_memory(kv_bytes, model, par, hw.dtype_bytes, block_size)
 
 
 class Simulator:
-    def __init__(self, cluster: ClusterConfig, parallel: ParallelConfig,
-                 scheduler: SchedulerConfig, predictor: Predictor | None = None) -> None:
+    def __init__(
+        self,
+        cluster: ClusterConfig,
+        parallel: ParallelConfig,
+        scheduler: SchedulerConfig,
+        predictor: Predictor | None = None,
+    ) -> None:
         """`predictor` overrides the one the cluster config names (tests use toy ones)."""
         t0 = time.perf_counter()
         self.cluster, self.parallel, self.scheduler_config = cluster, parallel, scheduler
-        self.predictor = predictor or make_predictor(cluster.predictor, cluster.model,
-                                                     cluster.hardware, parallel)
+        self.predictor = predictor or make_predictor(
+            cluster.predictor, cluster.model, cluster.hardware, parallel
+        )
         # Building one scheduler validates the whole configuration. Its prefill-time cache,
         # which every replica of every run then shares, starts from the walk an earlier run
         # with the same inputs left on disk.
-        template = ReplicaScheduler(scheduler, self.predictor,
-                                    kv_blocks_per_replica(cluster, self.predictor))
+        template = ReplicaScheduler(
+            scheduler, self.predictor, kv_blocks_per_replica(cluster, self.predictor)
+        )
         # The scheduler's resolved config: every replica, and the metrics, read this one.
         self.scheduler_config = template.config
         self.max_model_len = template.max_model_len
@@ -81,10 +91,18 @@ class Simulator:
         self.setup_s = time.perf_counter() - t0
 
     def _replicas(self) -> list[SimReplica]:
-        return [SimReplica(i, ReplicaScheduler(
-            self.scheduler_config, self.predictor,
-            kv_blocks_per_replica(self.cluster, self.predictor),
-            prefill_times=self._prefill_times)) for i in range(self.cluster.replicas)]
+        return [
+            SimReplica(
+                i,
+                ReplicaScheduler(
+                    self.scheduler_config,
+                    self.predictor,
+                    kv_blocks_per_replica(self.cluster, self.predictor),
+                    prefill_times=self._prefill_times,
+                ),
+            )
+            for i in range(self.cluster.replicas)
+        ]
 
     def run(self, requests: list[Request], progress: bool = False) -> SimResult:
         t0 = time.perf_counter()
@@ -95,8 +113,14 @@ class Simulator:
         heap: list[tuple[float, int, int, SimReplica, object]] = []
         seq = 0
         i, n = 0, len(arrivals)
-        bar = tqdm(total=n, unit="req", desc="simulating", disable=not progress,
-                   mininterval=0.5, leave=False)
+        bar = tqdm(
+            total=n,
+            unit="req",
+            desc="simulating",
+            disable=not progress,
+            mininterval=0.5,
+            leave=False,
+        )
         inf = math.inf
         while i < n or heap:
             now = min(arrivals[i].arrival_s if i < n else inf, heap[0][0] if heap else inf)
@@ -143,8 +167,14 @@ class Simulator:
         if stuck:
             raise RuntimeError(f"simulation stalled with {stuck} unfinished requests")
         self.stored_walk.save()
-        return SimResult(requests, log, self.cluster.replicas * self.parallel.world_size,
-                         self.predictor, wall_s, self.setup_s, dispatcher,
-                         [r.scheduler.stats for r in replicas],
-                         [(r.replica_id, *row) for r in replicas for row in r.stage_times])
-
+        return SimResult(
+            requests,
+            log,
+            self.cluster.replicas * self.parallel.world_size,
+            self.predictor,
+            wall_s,
+            self.setup_s,
+            dispatcher,
+            [r.scheduler.stats for r in replicas],
+            [(r.replica_id, *row) for r in replicas for row in r.stage_times],
+        )

@@ -15,8 +15,9 @@ def _base_type(tp):
     return tp
 
 
-def add_dataclass_args(parser: argparse.ArgumentParser, cls, skip: tuple[str, ...] = (),
-                       title: str | None = None) -> None:
+def add_dataclass_args(
+    parser: argparse.ArgumentParser, cls, skip: tuple[str, ...] = (), title: str | None = None
+) -> None:
     """One flag per field. A field whose metadata names a "group" goes to the argument group of
     that title, the others to `title` (default: the class name); groups appear in the order of
     their first field."""
@@ -33,13 +34,24 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls, skip: tuple[str, ..
         help_text = f.metadata.get("help", "")
         tp = _base_type(hints[f.name])
         if tp is bool:
-            group.add_argument(*flags, dest=f.name, default=f.default, help=help_text,
-                               action=argparse.BooleanOptionalAction)
+            group.add_argument(
+                *flags,
+                dest=f.name,
+                default=f.default,
+                help=help_text,
+                action=argparse.BooleanOptionalAction,
+            )
         else:
             default = f.default
             shown = "" if default is None else f" (default: {default})"
-            group.add_argument(*flags, dest=f.name, type=tp, default=default,
-                               metavar=tp.__name__.upper(), help=help_text + shown)
+            group.add_argument(
+                *flags,
+                dest=f.name,
+                type=tp,
+                default=default,
+                metavar=tp.__name__.upper(),
+                help=help_text + shown,
+            )
 
 
 def dataclass_from_args(cls, args: argparse.Namespace, **overrides):

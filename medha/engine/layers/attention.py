@@ -48,10 +48,17 @@ class Workspace:
         for s in shape:
             numel *= s
         buf = self._buffers.get(name)
-        if buf is None or buf.numel() < numel or buf.dtype != like.dtype \
-                or buf.device != like.device:
-            buf = torch.empty(max(numel, 2 * (buf.numel() if buf is not None else 0)),
-                              dtype=like.dtype, device=like.device)
+        if (
+            buf is None
+            or buf.numel() < numel
+            or buf.dtype != like.dtype
+            or buf.device != like.device
+        ):
+            buf = torch.empty(
+                max(numel, 2 * (buf.numel() if buf is not None else 0)),
+                dtype=like.dtype,
+                device=like.device,
+            )
             self._buffers[name] = buf
         return buf[:numel].view(shape)
 
@@ -84,9 +91,15 @@ def _lower_right_causal(n: int, context: int, device) -> torch.Tensor:
     return k <= q
 
 
-def _decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                      group: DecodeGroup, block_size: int, workspace: Workspace,
-                      scale: float) -> torch.Tensor:
+def _decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    group: DecodeGroup,
+    block_size: int,
+    workspace: Workspace,
+    scale: float,
+) -> torch.Tensor:
     """q: [D, heads, d] -> [D, heads, d], every decode over its own padded context."""
     d_count, heads, dim = q.shape
     kvh = k_cache.shape[0]
@@ -107,8 +120,9 @@ def _decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     return out.transpose(0, 1).reshape(d_count, heads, dim)
 
 
-def _lone_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                           slots: torch.Tensor, scale: float) -> torch.Tensor:
+def _lone_decode_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, scale: float
+) -> torch.Tensor:
     """q: [1, heads, d] -> [1, heads, d] over the context at `slots`, nothing to mask."""
     _, heads, dim = q.shape
     kvh = k_cache.shape[0]
@@ -123,8 +137,9 @@ def _lone_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 _flash_with_lse = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
-def merge_partials(o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor,
-                   lse2: torch.Tensor) -> torch.Tensor:
+def merge_partials(
+    o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor, lse2: torch.Tensor
+) -> torch.Tensor:
     """Exact softmax attention over the union of two disjoint key sets, from each set's output
     [..., n, d] and log-sum-exp [..., n]."""
     m = torch.maximum(lse1, lse2)
@@ -132,9 +147,15 @@ def merge_partials(o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor,
     return (o1 * w1[..., None] + o2 * w2[..., None]) / (w1 + w2)[..., None]
 
 
-def _prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                      k_cache: torch.Tensor, v_cache: torch.Tensor, span: PrefillSpan,
-                      scale: float) -> torch.Tensor:
+def _prefix_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    span: PrefillSpan,
+    scale: float,
+) -> torch.Tensor:
     """A chunk after a cached prefix, without a mask: the prefix is visible to every query
     (one flash call, GQA groups folded into the query axis so K/V are not repeated) and the
     chunk sees itself causally (a second flash call); the two are merged exactly.
@@ -142,7 +163,7 @@ def _prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     n, heads, dim = q.shape
     kvh = k_cache.shape[0]
     per_kv = heads // kvh
-    prefix = span.context_slots[:span.kv_start]
+    prefix = span.context_slots[: span.kv_start]
     kp = k_cache.index_select(1, prefix).unsqueeze(0)  # [1, kvh, prefix, d]
     vp = v_cache.index_select(1, prefix).unsqueeze(0)
     qg = q.view(n, kvh, per_kv, dim).permute(1, 2, 0, 3).reshape(1, kvh, per_kv * n, dim)
@@ -156,9 +177,15 @@ def _prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return merge_partials(o1, lse1, o2[0], lse2[0]).transpose(0, 1)
 
 
-def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                    k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
-                    scale: float) -> torch.Tensor:
+def paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
     """q: [T, heads, d]; k, v: [T, kv_heads, d]. Returns [T, heads, d]."""
     if meta.kvp is not None:
         return kvp_attention(q, k, v, k_cache, v_cache, meta.kvp, scale)
@@ -167,17 +194,17 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     out = torch.empty_like(q)
     for g in meta.decode_groups:
         if g.slots is not None:
-            out[g.row_start:g.row_end] = _lone_decode_attention(q[g.row_start:g.row_end],
-                                                                k_cache, v_cache, g.slots, scale)
+            out[g.row_start : g.row_end] = _lone_decode_attention(
+                q[g.row_start : g.row_end], k_cache, v_cache, g.slots, scale
+            )
             continue
-        out[g.row_start:g.row_end] = _decode_attention(q[g.row_start:g.row_end], k_cache,
-                                                       v_cache, g, meta.block_size,
-                                                       meta.workspace, scale)
+        out[g.row_start : g.row_end] = _decode_attention(
+            q[g.row_start : g.row_end], k_cache, v_cache, g, meta.block_size, meta.workspace, scale
+        )
     for span in meta.prefills:
         rows = slice(span.token_start, span.token_end)
         if span.kv_start > 0 and _flash_with_lse is not None and q.device.type == "cpu":
-            out[rows] = _prefix_attention(q[rows], k[rows], v[rows], k_cache, v_cache, span,
-                                          scale)
+            out[rows] = _prefix_attention(q[rows], k[rows], v[rows], k_cache, v_cache, span, scale)
             continue
         # contiguous: SDPA's CPU kernels take a pathologically slow path on transposed views
         # when a mask is given
@@ -191,7 +218,8 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             vp = v_cache.index_select(1, span.context_slots).unsqueeze(0)
             mask = _lower_right_causal(rows.stop - rows.start, kp.shape[2], q.device)
             causal = False
-        o = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, is_causal=causal,
-                                           scale=scale, enable_gqa=True)
+        o = F.scaled_dot_product_attention(
+            qp, kp, vp, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True
+        )
         out[rows] = o.squeeze(0).transpose(0, 1)
     return out

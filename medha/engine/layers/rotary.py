@@ -15,8 +15,9 @@ def rope_parameters(config: dict) -> tuple[object, dict | None]:
     `rope_theta` + `rope_scaling`; as the config holds them (LlamaArgs checks them)."""
     params = config.get("rope_parameters") or {}
     theta = params.get("rope_theta", config.get("rope_theta", 10000.0))
-    scaling = config.get("rope_scaling") or (params if params.get("rope_type", "default")
-                                             not in ("default", None) else None)
+    scaling = config.get("rope_scaling") or (
+        params if params.get("rope_type", "default") not in ("default", None) else None
+    )
     return theta, scaling
 
 
@@ -28,8 +29,7 @@ def rope_type(scaling: dict) -> str:
 
 
 def inverse_frequencies(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float()
-                                / head_dim))
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
     if not scaling:
         return inv_freq
     kind = rope_type(scaling)
@@ -48,15 +48,17 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: dict | None) -> to
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
         return torch.where(medium, smoothed, scaled)
-    raise EngineError(f"unsupported rope scaling type {kind!r} (supported: "
-                      f"{', '.join(ROPE_TYPES)})")
+    raise EngineError(
+        f"unsupported rope scaling type {kind!r} (supported: {', '.join(ROPE_TYPES)})"
+    )
 
 
 class RotaryEmbedding(torch.nn.Module):
     def __init__(self, head_dim: int, theta: float, scaling: dict | None) -> None:
         super().__init__()
-        self.register_buffer("inv_freq", inverse_frequencies(head_dim, theta, scaling),
-                             persistent=False)
+        self.register_buffer(
+            "inv_freq", inverse_frequencies(head_dim, theta, scaling), persistent=False
+        )
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype):
         freqs = positions[:, None].float() * self.inv_freq[None, :]

@@ -33,9 +33,12 @@ def _filter(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     return logits
 
 
-def sample(logits: torch.Tensor, params: list[SamplingParams],
-           generators: list[torch.Generator | None], request_ids: list[str]
-           ) -> list[Sample | RequestFailedError]:
+def sample(
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    generators: list[torch.Generator | None],
+    request_ids: list[str],
+) -> list[Sample | RequestFailedError]:
     """logits: [rows, vocab] fp32. Greedy rows are decided together; the others one by one
     with their own generator, so a seeded request samples the same tokens in any batch.
 
@@ -56,8 +59,9 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
             with blame(request_ids[i]):
                 if out[i] is None:
                     probs = _filter(logits[i], p).softmax(-1)
-                    out[i] = Sample(int(torch.multinomial(probs, 1,
-                                                          generator=generators[i]).item()))
+                    out[i] = Sample(
+                        int(torch.multinomial(probs, 1, generator=generators[i]).item())
+                    )
                 if p.logprobs is not None and isinstance(out[i], Sample):
                     _add_logprobs(out[i], logits[i], p.logprobs)
         except RequestFailedError as e:

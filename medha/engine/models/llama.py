@@ -50,19 +50,20 @@ class LlamaAttention(nn.Module):
         per_kv = a.num_heads // a.num_kv_heads
         self.h, self.kvh, self.d = (kv1 - kv0) * per_kv, kv1 - kv0, a.head_dim
         # q, k and v as one GEMM: bitwise the same outputs as three, one kernel launch
-        self.qkv_proj = nn.Linear(a.hidden_size, (self.h + 2 * self.kvh) * self.d,
-                                  bias=a.attention_bias)
+        self.qkv_proj = nn.Linear(
+            a.hidden_size, (self.h + 2 * self.kvh) * self.d, bias=a.attention_bias
+        )
         self.o_proj = _row_linear(self.h * self.d, a.hidden_size, a.attention_bias, tp)
-        self.scale = self.d ** -0.5
+        self.scale = self.d**-0.5
 
     def forward(self, x, cos, sin, k_cache, v_cache, meta: AttentionMetadata):
         t = cos.shape[0]  # x may carry padding rows after the t real tokens
-        q, k, v = self.qkv_proj(x)[:t].split([self.h * self.d, self.kvh * self.d,
-                                              self.kvh * self.d], dim=-1)
+        q, k, v = self.qkv_proj(x)[:t].split(
+            [self.h * self.d, self.kvh * self.d, self.kvh * self.d], dim=-1
+        )
         q = apply_rotary(q.view(t, self.h, self.d), cos, sin)
         k = apply_rotary(k.view(t, self.kvh, self.d), cos, sin)
-        o = paged_attention(q, k, v.view(t, self.kvh, self.d), k_cache, v_cache, meta,
-                            self.scale)
+        o = paged_attention(q, k, v.view(t, self.kvh, self.d), k_cache, v_cache, meta, self.scale)
         return self.o_proj(_pad_rows(o.reshape(t, self.h * self.d), x.shape[0] - t))
 
 
@@ -99,8 +100,10 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, a: LlamaArgs, tp: TensorParallel = SINGLE, stage: Stage = WHOLE) -> None:
         super().__init__()
         if tp.size > a.num_kv_heads:
-            raise EngineError(f"tp={tp.size} exceeds the model's {a.num_kv_heads} KV heads: "
-                              "every rank needs at least one")
+            raise EngineError(
+                f"tp={tp.size} exceeds the model's {a.num_kv_heads} KV heads: "
+                "every rank needs at least one"
+            )
         try:
             self.layer_range = stage.layers(a.num_layers)
         except ValueError as e:
@@ -111,12 +114,20 @@ class LlamaForCausalLM(nn.Module):
         self.layers = nn.ModuleList(LlamaLayer(a, tp) for _ in self.layer_range)
         self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps) if stage.last else None
         self.rotary = RotaryEmbedding(a.head_dim, a.rope_theta, a.rope_scaling)
-        self.lm_head = None if a.tie_word_embeddings or not stage.first else nn.Linear(
-            a.hidden_size, a.vocab_size, bias=False)
+        self.lm_head = (
+            None
+            if a.tie_word_embeddings or not stage.first
+            else nn.Linear(a.hidden_size, a.vocab_size, bias=False)
+        )
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-                meta: AttentionMetadata, hidden: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        meta: AttentionMetadata,
+        hidden: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """The normed final hidden states on the last stage; elsewhere this stage's output,
         the next stage's `hidden` input (the first stage embeds `input_ids` instead)."""
         x = self.embed_tokens(input_ids) if self.stage.first else hidden
@@ -147,17 +158,19 @@ class LlamaForCausalLM(nn.Module):
                 with safe_open(str(file), framework="pt", device="cpu") as f:
                     for name in f.keys():
                         if self._local_name(name.removeprefix("model.")) is not None:
-                            self._place(name, self._read_shard(f, name), params, pending,
-                                        loaded, file)
+                            self._place(
+                                name, self._read_shard(f, name), params, pending, loaded, file
+                            )
             except EngineError:
                 raise
             except Exception as e:  # safetensors raises its own error types
                 raise EngineError(f"{file}: unreadable safetensors ({e})") from None
         missing = sorted(set(params) - loaded)
         if missing:
-            raise EngineError(f"{path}: checkpoint lacks {missing[0]}"
-                              + (f" and {len(missing) - 1} more tensors" if len(missing) > 1
-                                 else ""))
+            raise EngineError(
+                f"{path}: checkpoint lacks {missing[0]}"
+                + (f" and {len(missing) - 1} more tensors" if len(missing) > 1 else "")
+            )
         self.to(device=device)
         for p in self.parameters():  # buffers (the RoPE frequencies) stay fp32
             p.data = p.data.to(dtype)
@@ -175,8 +188,9 @@ class LlamaForCausalLM(nn.Module):
             if i not in self.layer_range:
                 return None
             return ".".join(["layers", str(i - self.layer_range.start), *parts[2:]])
-        if (parts[0] == "embed_tokens" and self.embed_tokens is None) or \
-                (parts[0] == "norm" and self.norm is None):
+        if (parts[0] == "embed_tokens" and self.embed_tokens is None) or (
+            parts[0] == "norm" and self.norm is None
+        ):
             return None
         return name
 
@@ -227,7 +241,9 @@ class LlamaForCausalLM(nn.Module):
         if param is None:
             raise EngineError(f"{file}: unexpected tensor {name!r} for a Llama model")
         if param.shape != tensor.shape:
-            raise EngineError(f"{file}: {name} has shape {tuple(tensor.shape)}, the config "
-                              f"implies {tuple(param.shape)}")
+            raise EngineError(
+                f"{file}: {name} has shape {tuple(tensor.shape)}, the config "
+                f"implies {tuple(param.shape)}"
+            )
         param.copy_(tensor)
         loaded.add(name)

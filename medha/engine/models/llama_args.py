@@ -36,6 +36,7 @@ class LlamaArgs:
     def from_config(cls, config: dict, source: object = "config.json") -> LlamaArgs:
         """`source` (the config's path) starts every error message. An optional field that is
         null counts as absent, as in transformers."""
+
         def size(field: str, default: int | None = None) -> int:
             value = config.get(field)
             if value is None and default is not None:
@@ -54,31 +55,42 @@ class LlamaArgs:
             if not isinstance(config.get(field), dict | None):
                 raise EngineError(f"{source}: {field} must be an object, got {config[field]!r}")
         if config.get("hidden_act", "silu") != "silu":
-            raise EngineError(f"{source}: unsupported activation {config['hidden_act']!r} "
-                              "(medha runs silu)")
+            raise EngineError(
+                f"{source}: unsupported activation {config['hidden_act']!r} (medha runs silu)"
+            )
         hidden, heads = size("hidden_size"), size("num_attention_heads")
         kv_heads = size("num_key_value_heads", heads)
         if config.get("head_dim") is None and hidden % heads:
-            raise EngineError(f"{source}: hidden_size {hidden} is not a multiple of "
-                              f"num_attention_heads {heads} (and head_dim is absent)")
+            raise EngineError(
+                f"{source}: hidden_size {hidden} is not a multiple of "
+                f"num_attention_heads {heads} (and head_dim is absent)"
+            )
         head_dim = size("head_dim", hidden // heads)
         if heads % kv_heads:
-            raise EngineError(f"{source}: num_attention_heads {heads} is not a multiple of "
-                              f"num_key_value_heads {kv_heads}")
+            raise EngineError(
+                f"{source}: num_attention_heads {heads} is not a multiple of "
+                f"num_key_value_heads {kv_heads}"
+            )
         if head_dim % 2:
-            raise EngineError(f"{source}: head_dim must be even (rotary embeddings turn pairs), "
-                              f"got {head_dim}")
+            raise EngineError(
+                f"{source}: head_dim must be even (rotary embeddings turn pairs), got {head_dim}"
+            )
         eps = config.get("rms_norm_eps")
         theta, scaling = rope_parameters(config)
         return cls(
-            hidden_size=hidden, intermediate_size=size("intermediate_size"),
-            num_layers=size("num_hidden_layers"), num_heads=heads, num_kv_heads=kv_heads,
-            head_dim=head_dim, vocab_size=size("vocab_size"),
+            hidden_size=hidden,
+            intermediate_size=size("intermediate_size"),
+            num_layers=size("num_hidden_layers"),
+            num_heads=heads,
+            num_kv_heads=kv_heads,
+            head_dim=head_dim,
+            vocab_size=size("vocab_size"),
             rms_norm_eps=1e-6 if eps is None else _positive(source, "rms_norm_eps", eps),
             rope_theta=_positive(source, "rope_theta", theta),
             rope_scaling=_checked_scaling(source, scaling),
             tie_word_embeddings=flag("tie_word_embeddings"),
-            attention_bias=flag("attention_bias"), mlp_bias=flag("mlp_bias"),
+            attention_bias=flag("attention_bias"),
+            mlp_bias=flag("mlp_bias"),
             max_position_embeddings=size("max_position_embeddings", 4096),
         )
 
@@ -117,15 +129,19 @@ class LlamaArgs:
 
 def _size(source: object, field: str, value) -> int:
     if type(value) is not int or not 1 <= value <= _MAX_SIZE:  # type(): a bool is an int too
-        raise EngineError(f"{source}: {field} must be a positive integer below 2**31, "
-                          f"got {value!r}")
+        raise EngineError(
+            f"{source}: {field} must be a positive integer below 2**31, got {value!r}"
+        )
     return value
 
 
 def _positive(source: object, field: str, value) -> float:
     # the comparisons also refuse NaN, the infinities and ints beyond a float's range
-    if isinstance(value, bool) or not isinstance(value, int | float) or \
-            not 0 < value <= sys.float_info.max:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not 0 < value <= sys.float_info.max
+    ):
         raise EngineError(f"{source}: {field} must be a positive finite number, got {value!r}")
     return float(value)
 
@@ -136,17 +152,22 @@ def _checked_scaling(source: object, scaling: dict | None) -> dict | None:
         return None
     kind = rope_type(scaling)
     if kind not in ROPE_TYPES:
-        raise EngineError(f"{source}: unsupported rope scaling type {kind!r} (supported: "
-                          f"{', '.join(ROPE_TYPES)})")
+        raise EngineError(
+            f"{source}: unsupported rope scaling type {kind!r} (supported: {', '.join(ROPE_TYPES)})"
+        )
     if kind in ("linear", "llama3"):
         _positive(source, "rope_scaling.factor", scaling.get("factor"))
     if kind == "llama3":
         low = _positive(source, "rope_scaling.low_freq_factor", scaling.get("low_freq_factor"))
-        high = _positive(source, "rope_scaling.high_freq_factor",
-                         scaling.get("high_freq_factor"))
+        high = _positive(source, "rope_scaling.high_freq_factor", scaling.get("high_freq_factor"))
         if not low < high:  # the smoothing divides by high - low
-            raise EngineError(f"{source}: rope_scaling.low_freq_factor {low} must be below "
-                              f"high_freq_factor {high}")
-        _size(source, "rope_scaling.original_max_position_embeddings",
-              scaling.get("original_max_position_embeddings"))
+            raise EngineError(
+                f"{source}: rope_scaling.low_freq_factor {low} must be below "
+                f"high_freq_factor {high}"
+            )
+        _size(
+            source,
+            "rope_scaling.original_max_position_embeddings",
+            scaling.get("original_max_position_embeddings"),
+        )
     return scaling

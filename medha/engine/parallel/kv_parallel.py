@@ -64,14 +64,22 @@ def build_view(step, kvp: KvParallel, block_size: int) -> KvpView:
     for g in step.decode_groups:
         add(slice(g.row_start, g.row_end), torch.tensor([g.slots.numel() - 1]), g.slots)
     for p in step.prefills:
-        add(slice(p.token_start, p.token_end),
+        add(
+            slice(p.token_start, p.token_end),
             torch.arange(p.kv_start, p.kv_start + p.token_end - p.token_start),
-            p.context_slots)
+            p.context_slots,
+        )
     return KvpView(rows, step.slot_mapping[rows] - offset, sequences, kvp)
 
 
-def _partial(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, query_pos: torch.Tensor,
-             key_pos: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _partial(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    query_pos: torch.Tensor,
+    key_pos: torch.Tensor,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of q [n, heads, d] over keys k, v [kv_heads, m, d] at `key_pos`, causal by
     position: (output [n, heads, d], log-sum-exp [n, heads]); -inf where a query sees no key."""
     n, heads, dim = q.shape
@@ -95,8 +103,15 @@ def merge(outs: torch.Tensor, lses: torch.Tensor) -> torch.Tensor:
     return (outs * w[..., None]).sum(0) / w.sum(0)[..., None]
 
 
-def kvp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                  v_cache: torch.Tensor, view: KvpView, scale: float) -> torch.Tensor:
+def kvp_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    view: KvpView,
+    scale: float,
+) -> torch.Tensor:
     """q: [T, heads, d]; k, v: [T, kv_heads, d] of the batch's new tokens. Returns [T, heads, d]."""
     k_cache.index_copy_(1, view.write_slots, k[view.write_rows].transpose(0, 1))
     v_cache.index_copy_(1, view.write_slots, v[view.write_rows].transpose(0, 1))
@@ -106,10 +121,15 @@ def kvp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: to
     for seq in view.sequences:
         if seq.slots.numel():
             out[seq.rows], lse[seq.rows] = _partial(
-                q[seq.rows], k_cache.index_select(1, seq.slots),
-                v_cache.index_select(1, seq.slots), seq.query_pos, seq.key_pos, scale)
+                q[seq.rows],
+                k_cache.index_select(1, seq.slots),
+                v_cache.index_select(1, seq.slots),
+                seq.query_pos,
+                seq.key_pos,
+                scale,
+            )
     mine = torch.cat([out.view(t, -1), lse], dim=1)
     parts = [torch.empty_like(mine) for _ in range(view.kvp.size)]
     dist.all_gather(parts, mine, group=view.kvp.group)
     every = torch.stack(parts)
-    return merge(every[..., :heads * dim].view(-1, t, heads, dim), every[..., heads * dim:])
+    return merge(every[..., : heads * dim].view(-1, t, heads, dim), every[..., heads * dim :])

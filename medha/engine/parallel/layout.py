@@ -39,10 +39,24 @@ class Layout:
     def groups(self, rank: int) -> tuple[object, object]:
         """This rank's (tp group, kvp group), None where the dimension is 1. Every rank must call
         this, in the same order: torch.distributed creates each group collectively."""
-        tp = [[self.rank(k, s, t) for t in range(self.tp)]
-              for k in range(self.kvp) for s in range(self.spp)] if self.tp > 1 else []
-        kvp = [[self.rank(k, s, t) for k in range(self.kvp)]
-               for s in range(self.spp) for t in range(self.tp)] if self.kvp > 1 else []
+        tp = (
+            [
+                [self.rank(k, s, t) for t in range(self.tp)]
+                for k in range(self.kvp)
+                for s in range(self.spp)
+            ]
+            if self.tp > 1
+            else []
+        )
+        kvp = (
+            [
+                [self.rank(k, s, t) for k in range(self.kvp)]
+                for s in range(self.spp)
+                for t in range(self.tp)
+            ]
+            if self.kvp > 1
+            else []
+        )
         return _member_group(tp, rank), _member_group(kvp, rank)
 
 

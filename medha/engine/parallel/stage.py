@@ -29,8 +29,10 @@ class Stage:
 
     def layers(self, num_layers: int) -> range:
         if self.count > num_layers:
-            raise ValueError(f"{self.count} pipeline stages for {num_layers} layers: every "
-                             "stage needs at least one")
+            raise ValueError(
+                f"{self.count} pipeline stages for {num_layers} layers: every "
+                "stage needs at least one"
+            )
         base, extra = divmod(num_layers, self.count)
         start = self.index * base + min(self.index, extra)
         return range(start, start + base + (1 if self.index < extra else 0))

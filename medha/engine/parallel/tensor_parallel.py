@@ -43,8 +43,7 @@ class RowParallelLinear(nn.Module):
     """y = x W^T + b with W split by input column: each rank multiplies its slice, the partial
     outputs are summed, and the bias is added once, after the sum."""
 
-    def __init__(self, in_local: int, out_features: int, bias: bool,
-                 tp: TensorParallel) -> None:
+    def __init__(self, in_local: int, out_features: int, bias: bool, tp: TensorParallel) -> None:
         super().__init__()
         self.tp = tp
         self.weight = nn.Parameter(torch.empty(out_features, in_local))

@@ -52,12 +52,20 @@ def threads_per_rank(world: int) -> int:
 
 def _init(rank: int, layout: Layout, port: int, num_blocks: int) -> dict:
     """Join the process group; returns this rank's roles as ModelRunner arguments."""
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=layout.world, timeout=COLLECTIVE_TIMEOUT)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=layout.world,
+        timeout=COLLECTIVE_TIMEOUT,
+    )
     k, s, t = layout.coords(rank)
     tp_group, kvp_group = layout.groups(rank)
-    return {"tp": TensorParallel(t, layout.tp, tp_group), "stage": Stage(s, layout.spp),
-            "kvp": KvParallel(k, layout.kvp, kvp_group, num_blocks)}
+    return {
+        "tp": TensorParallel(t, layout.tp, tp_group),
+        "stage": Stage(s, layout.spp),
+        "kvp": KvParallel(k, layout.kvp, kvp_group, num_blocks),
+    }
 
 
 def _worker_main(rank: int, layout: Layout, port: int, args: RunnerArgs) -> None:
@@ -65,8 +73,15 @@ def _worker_main(rank: int, layout: Layout, port: int, args: RunnerArgs) -> None
 
     torch.set_num_threads(threads_per_rank(layout.world))
     roles = _init(rank, layout, port, args.num_blocks)
-    runner = ModelRunner(args.path, args.config, torch.device("cpu"), args.dtype,
-                         args.num_blocks, args.block_size, **roles)
+    runner = ModelRunner(
+        args.path,
+        args.config,
+        torch.device("cpu"),
+        args.dtype,
+        args.num_blocks,
+        args.block_size,
+        **roles,
+    )
     if layout.spp > 1:
         stage_loop(runner, rank, layout, args.config["hidden_size"])
         dist.destroy_process_group()
@@ -88,15 +103,24 @@ class WorkerGroup:
         self.world = layout.world
         port = free_port()
         ctx = mp.get_context("spawn")
-        self.procs = [ctx.Process(target=_worker_main, args=(rank, layout, port, args),
-                                  name=f"medha-rank{rank}", daemon=True)
-                      for rank in range(1, layout.world)]
+        self.procs = [
+            ctx.Process(
+                target=_worker_main,
+                args=(rank, layout, port, args),
+                name=f"medha-rank{rank}",
+                daemon=True,
+            )
+            for rank in range(1, layout.world)
+        ]
         for p in self.procs:
             p.start()
         torch.set_num_threads(threads_per_rank(layout.world))
         self.roles = _init(0, layout, port, args.num_blocks)
-        self.pipeline = StagePipeline(layout, args.config["hidden_size"], args.dtype) \
-            if layout.spp > 1 else None
+        self.pipeline = (
+            StagePipeline(layout, args.config["hidden_size"], args.dtype)
+            if layout.spp > 1
+            else None
+        )
 
     def broadcast(self, step) -> None:
         dist.broadcast_object_list([step], src=0)

@@ -47,8 +47,10 @@ LEAF_BLOCKS = 4
 
 @POLICIES.register("aligned")
 class AlignedPolicy(FcfsPolicy):
-    summary = ("AlignedServe: fcfs prefills; decodes batched by similar prefix length "
-               "(quad-tree, density first, starvation promotion)")
+    summary = (
+        "AlignedServe: fcfs prefills; decodes batched by similar prefix length "
+        "(quad-tree, density first, starvation promotion)"
+    )
 
     def __init__(self, config: SchedulerConfig | None = None) -> None:
         super().__init__(config)
@@ -68,8 +70,9 @@ class AlignedPolicy(FcfsPolicy):
 
     def bind(self, predictor: Predictor, blocks: BlockManager, max_model_len: int) -> None:
         self.predictor = predictor
-        self.tree = LengthQuadTree(max_model_len, LEAF_BLOCKS * blocks.block_size,
-                                   blocks.block_size)
+        self.tree = LengthQuadTree(
+            max_model_len, LEAF_BLOCKS * blocks.block_size, blocks.block_size
+        )
         self.max_blocks = max(1, int(self._memory_fraction * blocks.num_blocks))
 
     # ---- batch-level scheduling --------------------------------------------------------------

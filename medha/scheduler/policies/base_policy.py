@@ -34,8 +34,9 @@ class Policy(ABC):
     def __init__(self, config: SchedulerConfig | None = None) -> None:
         self.config = config or SchedulerConfig()
 
-    def admit(self, queue: list[Request], is_live: Callable[[str], bool],
-              now: float) -> list[Request]:
+    def admit(
+        self, queue: list[Request], is_live: Callable[[str], bool], now: float
+    ) -> list[Request]:
         """The prefill-phase requests that may be scheduled now (default: all of them).
         `is_live(request_id)` says whether a request is still in the scheduler."""
         return queue
@@ -73,11 +74,16 @@ class Policy(ABC):
         key = self.sort_key(now)
         decoding = RequestState.DECODING
         if self.uses_classes:
-            return lambda r: ((r.priority_rank, 0, r.arrival_s, r.admission_seq)
-                              if r.state is decoding
-                              else (r.priority_rank, 1, key(r), r.admission_seq))
-        return lambda r: ((0, r.arrival_s, r.admission_seq) if r.state is decoding
-                          else (1, key(r), r.admission_seq))
+            return lambda r: (
+                (r.priority_rank, 0, r.arrival_s, r.admission_seq)
+                if r.state is decoding
+                else (r.priority_rank, 1, key(r), r.admission_seq)
+            )
+        return lambda r: (
+            (0, r.arrival_s, r.admission_seq)
+            if r.state is decoding
+            else (1, key(r), r.admission_seq)
+        )
 
 
 POLICIES: Registry[Policy] = Registry("policy", __package__, suffix="_policy")

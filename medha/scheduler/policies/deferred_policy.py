@@ -25,8 +25,10 @@ from medha.scheduler.policies.fcfs_policy import FcfsPolicy
 
 @POLICIES.register("deferred")
 class DeferredPolicy(FcfsPolicy):
-    summary = ("deferred prefill: fcfs, new prefills admitted only after K departures, at "
-               "most C requests in the batch")
+    summary = (
+        "deferred prefill: fcfs, new prefills admitted only after K departures, at "
+        "most C requests in the batch"
+    )
 
     def __init__(self, config: SchedulerConfig | None = None) -> None:
         super().__init__(config)
@@ -37,8 +39,9 @@ class DeferredPolicy(FcfsPolicy):
         self.departures = 0  # since the last admission
         self.admissions = 0  # groups let in so far
 
-    def admit(self, queue: list[Request], is_live: Callable[[str], bool],
-              now: float) -> list[Request]:
+    def admit(
+        self, queue: list[Request], is_live: Callable[[str], bool], now: float
+    ) -> list[Request]:
         gone = [rid for rid in self.admitted if not is_live(rid)]
         for rid in gone:
             del self.admitted[rid]
@@ -53,8 +56,7 @@ class DeferredPolicy(FcfsPolicy):
         room = self.cap - len(self.admitted)
         # The queue lists requests in the order they reached the scheduler (first come), so
         # the oldest waiting ones are found without scanning the whole backlog.
-        fresh = list(islice((r for r in queue if r.request_id not in self.admitted),
-                            max(room, 0)))
+        fresh = list(islice((r for r in queue if r.request_id not in self.admitted), max(room, 0)))
         if not fresh:
             return  # the departures stay counted: the next arrival goes straight in
         self.admitted.update((r.request_id, r) for r in fresh)

@@ -16,5 +16,4 @@ class LarsPolicy(Policy):
     def sort_key(self, now: float) -> SortKey:
         # Request.relative_slack, inlined: this key is evaluated for every waiting request on
         # every iteration.
-        return lambda r: (r.deadline_s - now - r.remaining_work_s) / max(r.remaining_work_s,
-                                                                          1e-12)
+        return lambda r: (r.deadline_s - now - r.remaining_work_s) / max(r.remaining_work_s, 1e-12)

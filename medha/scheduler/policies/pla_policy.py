@@ -86,13 +86,13 @@ def boundary_tokens(predictor: Predictor, min_gain: float, max_len: int) -> int:
 class CostGrid:
     """Predicted batch times of b short prefills of l tokens, on a grid of (l, b) buckets."""
 
-    def __init__(self, predictor: Predictor, boundary: int, min_gain: float,
-                 max_seqs: int) -> None:
+    def __init__(self, predictor: Predictor, boundary: int, min_gain: float, max_seqs: int) -> None:
         top = max(1, boundary - 1)  # the longest short prompt
         self.lengths = sorted({max(1, top >> i) for i in range(GRID_LENGTHS)})
         self.sizes = [b for b in GRID_SIZES if b <= max_seqs] or [1]
-        self.cost = {(n, b): prefill_time(predictor, n, b)
-                     for n in self.lengths for b in self.sizes}
+        self.cost = {
+            (n, b): prefill_time(predictor, n, b) for n in self.lengths for b in self.sizes
+        }
         self.max_depth = {n: self._max_depth(n, min_gain) for n in self.lengths}
 
     def _max_depth(self, length: int, min_gain: float) -> int:
@@ -127,8 +127,15 @@ class Dispatch:
 class AdaptiveWaitDepth:
     """When the short queue is ready to go, and the window W and depth D it waits for."""
 
-    def __init__(self, grid: CostGrid, wait_s: float, depth: int, max_wait_s: float,
-                 iteration_budget_s: float, adaptive: bool) -> None:
+    def __init__(
+        self,
+        grid: CostGrid,
+        wait_s: float,
+        depth: int,
+        max_wait_s: float,
+        iteration_budget_s: float,
+        adaptive: bool,
+    ) -> None:
         self.grid = grid
         self.wait_s, self.depth = wait_s, depth
         self.max_wait_s, self.iteration_budget_s = max_wait_s, iteration_budget_s
@@ -197,8 +204,10 @@ class AdaptiveWaitDepth:
 
 @POLICIES.register("pla")
 class PlaPolicy(FcfsPolicy):
-    summary = ("PLA-Serve: short and long prefills (boundary L_m) in separate queues, one class "
-               "per batch; short prefills batched by an adaptive wait and depth")
+    summary = (
+        "PLA-Serve: short and long prefills (boundary L_m) in separate queues, one class "
+        "per batch; short prefills batched by an adaptive wait and depth"
+    )
 
     def __init__(self, config: SchedulerConfig | None = None) -> None:
         super().__init__(config)
@@ -213,15 +222,22 @@ class PlaPolicy(FcfsPolicy):
         if self.boundary is None:
             self.boundary = boundary_tokens(predictor, config.pla_batching_gain, max_model_len)
         if not config.is_resolved:
-            raise ValueError("the pla policy needs a resolved config (SchedulerConfig.resolve), "
-                             "as ReplicaScheduler gives it")
+            raise ValueError(
+                "the pla policy needs a resolved config (SchedulerConfig.resolve), "
+                "as ReplicaScheduler gives it"
+            )
         # one iteration budget: the margin a deadline keeps for a batch of the other class
         self.iteration_budget_s = config.iteration_budget_s
-        grid = CostGrid(predictor, self.boundary, config.pla_batching_gain,
-                        config.max_num_seqs)
+        grid = CostGrid(predictor, self.boundary, config.pla_batching_gain, config.max_num_seqs)
         max_wait = config.pla_max_wait_s or self.iteration_budget_s
-        self.awd = AdaptiveWaitDepth(grid, config.pla_wait_s, config.pla_depth, max_wait,
-                                     self.iteration_budget_s, config.pla_adaptive)
+        self.awd = AdaptiveWaitDepth(
+            grid,
+            config.pla_wait_s,
+            config.pla_depth,
+            max_wait,
+            self.iteration_budget_s,
+            config.pla_adaptive,
+        )
 
     def is_short(self, r: Request) -> bool:
         return r.num_tokens < self.boundary
@@ -229,8 +245,9 @@ class PlaPolicy(FcfsPolicy):
     def wake_at(self) -> float | None:
         return self._wake
 
-    def admit(self, queue: list[Request], is_live: Callable[[str], bool],
-              now: float) -> list[Request]:
+    def admit(
+        self, queue: list[Request], is_live: Callable[[str], bool], now: float
+    ) -> list[Request]:
         self._wake = None
         if self.awd is None:
             return queue  # not bound to a scheduler: plain fcfs

@@ -23,8 +23,10 @@ if TYPE_CHECKING:
 
 @POLICIES.register("priority")
 class PriorityPolicy(Policy):
-    summary = ("priority classes REALTIME > HIGH > NORMAL > LOW, then --priority-base "
-               "(fcfs) within a class; lower classes are preempted first")
+    summary = (
+        "priority classes REALTIME > HIGH > NORMAL > LOW, then --priority-base "
+        "(fcfs) within a class; lower classes are preempted first"
+    )
     uses_classes = True
 
     def __init__(self, config: SchedulerConfig | None = None) -> None:
@@ -36,8 +38,9 @@ class PriorityPolicy(Policy):
         return lambda r: (r.priority_rank, key(r))
 
     # admission and decode selection are the base policy's
-    def admit(self, queue: list[Request], is_live: Callable[[str], bool],
-              now: float) -> list[Request]:
+    def admit(
+        self, queue: list[Request], is_live: Callable[[str], bool], now: float
+    ) -> list[Request]:
         return self.base.admit(queue, is_live, now)
 
     def wake_at(self) -> float | None:

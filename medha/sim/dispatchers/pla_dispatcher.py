@@ -71,14 +71,14 @@ class PressureController:
     def ready(self, now: float) -> bool:
         return now - self.last_move_s >= self.cooldown_s
 
-    def decide(self, pressure: dict[str, float], sizes: dict[str, int],
-               now: float) -> tuple[str, str] | None:
+    def decide(
+        self, pressure: dict[str, float], sizes: dict[str, int], now: float
+    ) -> tuple[str, str] | None:
         """(source, target) pool of the one instance to move now, or None."""
         if not self.ready(now):
             return None
         for source, target in ((LONG, SHORT), (SHORT, LONG)):
-            if (pressure[target] >= self.high and pressure[source] <= self.low
-                    and sizes[source] > 1):
+            if pressure[target] >= self.high and pressure[source] <= self.low and sizes[source] > 1:
                 self.last_move_s = now
                 return source, target
         return None
@@ -92,16 +92,20 @@ class PlaDispatcher(Dispatcher):
         super().__init__(replicas)
         sched = replicas[0].scheduler
         config = sched.config
-        self.boundary = (getattr(sched.policy, "boundary", None) or config.pla_boundary_tokens
-                         or boundary_tokens(sched.predictor, config.pla_batching_gain,
-                                            sched.max_model_len))
+        self.boundary = (
+            getattr(sched.policy, "boundary", None)
+            or config.pla_boundary_tokens
+            or boundary_tokens(sched.predictor, config.pla_batching_gain, sched.max_model_len)
+        )
         n = len(replicas)
         n_long = min(n - 1, config.pla_long_instances or max(1, n // 4))
         # The last replicas start long, the first short.
-        self.role = {r.replica_id: (LONG if i >= n - n_long else SHORT)
-                     for i, r in enumerate(replicas)}
-        self.controller = PressureController(config.pla_pressure_high, config.pla_pressure_low,
-                                             config.pla_cooldown_s)
+        self.role = {
+            r.replica_id: (LONG if i >= n - n_long else SHORT) for i, r in enumerate(replicas)
+        }
+        self.controller = PressureController(
+            config.pla_pressure_high, config.pla_pressure_low, config.pla_cooldown_s
+        )
         self.window_s = config.pla_window_s
         # The TTFT deadline of a short request: the unit of the queue term.
         self.deadline_s = config.ttft_deadline_s or config.min_ttft_deadline_s
@@ -121,8 +125,9 @@ class PlaDispatcher(Dispatcher):
         if self.controller.ready(now) and now >= self._next_check_s:
             self._next_check_s = now + self.window_s / 4
             self._control(now)
-        replica = min(self.pool(self.classify(request)),
-                      key=lambda r: (r.outstanding_work_s(), r.replica_id))
+        replica = min(
+            self.pool(self.classify(request)), key=lambda r: (r.outstanding_work_s(), r.replica_id)
+        )
         self._recent[replica.replica_id].append(request)
         return replica
 
@@ -130,8 +135,9 @@ class PlaDispatcher(Dispatcher):
     def _control(self, now: float) -> None:
         pressures = {r.replica_id: self.instance_pressure(r, now) for r in self.replicas}
         pools = {role: self.pool(role) for role in (SHORT, LONG)}
-        pressure = {role: p90([pressures[r.replica_id] for r in members])
-                    for role, members in pools.items()}
+        pressure = {
+            role: p90([pressures[r.replica_id] for r in members]) for role, members in pools.items()
+        }
         move = self.controller.decide(pressure, {k: len(v) for k, v in pools.items()}, now)
         if move is None:
             return
@@ -145,20 +151,24 @@ class PlaDispatcher(Dispatcher):
         queued = sum(r.remaining_work_s for r in sched.live_requests() if r.in_prefill)
         queue = queued / self.deadline_s
         blocks = sched.blocks
-        utilisation = max(blocks.num_used / blocks.num_blocks,
-                          sched.num_decoding / sched.config.max_num_seqs)
-        return (min(queue, TERM_CAP) + min(self._slo_deviation(replica.replica_id, now),
-                                           TERM_CAP) + utilisation) / 3
+        utilisation = max(
+            blocks.num_used / blocks.num_blocks, sched.num_decoding / sched.config.max_num_seqs
+        )
+        return (
+            min(queue, TERM_CAP)
+            + min(self._slo_deviation(replica.replica_id, now), TERM_CAP)
+            + utilisation
+        ) / 3
 
     def _slo_deviation(self, replica_id: int, now: float) -> float:
         """Mean TTFT / deadline of the instance's recent requests; those still waiting count
         their wait so far. Requests that got their first token before the window leave."""
         horizon = now - self.window_s
-        kept = deque(r for r in self._recent[replica_id]
-                     if r.arrival_s >= horizon or _waiting(r))
+        kept = deque(r for r in self._recent[replica_id] if r.arrival_s >= horizon or _waiting(r))
         self._recent[replica_id] = kept
-        ratios = [_ttft_ratio(r, now) for r in kept
-                  if r.first_token_s is not None or _waiting(r)]  # not aborted unserved
+        ratios = [
+            _ttft_ratio(r, now) for r in kept if r.first_token_s is not None or _waiting(r)
+        ]  # not aborted unserved
         return sum(ratios) / len(ratios) if ratios else 0.0
 
 

@@ -55,17 +55,24 @@ def latency_cdfs(out: Path, rows: list[RequestMetrics]) -> list[Path]:
 def run_plots(out: Path, rows: list[RequestMetrics], log: IterationLog) -> list[Path]:
     paths = latency_cdfs(out, rows)
     longest = max(rows, key=lambda m: m.prompt_len)
-    times = [log.start_s[i] - longest.arrival_s
-             for i, rid in zip(log.chunk_iteration, log.chunk_request)
-             if rid == longest.request_id]
-    sizes = [n for n, rid in zip(log.chunk_tokens, log.chunk_request)
-             if rid == longest.request_id]
+    times = [
+        log.start_s[i] - longest.arrival_s
+        for i, rid in zip(log.chunk_iteration, log.chunk_request)
+        if rid == longest.request_id
+    ]
+    sizes = [n for n, rid in zip(log.chunk_tokens, log.chunk_request) if rid == longest.request_id]
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(times, sizes, ".", markersize=3)
     ax.set_ylabel("chunk (tokens)")
     paths.append(out / "longest_request_chunks.png")
-    _finish(ax, fig, paths[-1], "time since arrival (s)",
-            f"Prefill chunks of the longest request ({longest.prompt_len} tokens)", log_x=False)
+    _finish(
+        ax,
+        fig,
+        paths[-1],
+        "time since arrival (s)",
+        f"Prefill chunks of the longest request ({longest.prompt_len} tokens)",
+        log_x=False,
+    )
     return paths
 
 

@@ -60,16 +60,24 @@ def request_metrics(r: Request, long_threshold: int, tpot_target_s: float) -> Re
     return RequestMetrics(
         request_id=r.request_id,
         request_class="long" if r.prompt_len >= long_threshold else "short",
-        arrival_s=r.arrival_s, prompt_len=r.prompt_len, output_len=r.num_output_tokens,
-        ttft_s=ttft, tpot_s=tpot, e2e_s=e2e,
+        arrival_s=r.arrival_s,
+        prompt_len=r.prompt_len,
+        output_len=r.num_output_tokens,
+        ttft_s=ttft,
+        tpot_s=tpot,
+        e2e_s=e2e,
         normalized_e2e_s=e2e / len(times) if e2e is not None else None,
-        scheduling_delay_s=(r.first_scheduled_s - r.arrival_s
-                            if r.first_scheduled_s is not None else None),
+        scheduling_delay_s=(
+            r.first_scheduled_s - r.arrival_s if r.first_scheduled_s is not None else None
+        ),
         ttft_deadline_s=deadline,
         ttft_met=ttft is not None and ttft <= deadline,
         tpot_met=tpot is None or tpot <= target,
-        preemptions=r.num_preemptions, tbt_s=tbt,
-        priority=r.priority_class or DEFAULT_PRIORITY_CLASS, swaps=r.num_swaps)
+        preemptions=r.num_preemptions,
+        tbt_s=tbt,
+        priority=r.priority_class or DEFAULT_PRIORITY_CLASS,
+        swaps=r.num_swaps,
+    )
 
 
 def _class_summary(rows: list[RequestMetrics]) -> dict:
@@ -82,9 +90,17 @@ def _class_summary(rows: list[RequestMetrics]) -> dict:
     }
 
 
-def utilization(log: IterationLog, model: ModelSpec, dtype_bytes: int, span_s: float,
-                num_devices: int, num_replicas: int, spp: int, peak_flops: float,
-                mem_bw: float) -> dict[str, float]:
+def utilization(
+    log: IterationLog,
+    model: ModelSpec,
+    dtype_bytes: int,
+    span_s: float,
+    num_devices: int,
+    num_replicas: int,
+    spp: int,
+    peak_flops: float,
+    mem_bw: float,
+) -> dict[str, float]:
     """Model FLOPs and bytes utilization over the whole simulated span, all devices.
 
     FLOPs: matmuls of every token plus the attention each chunk and decode executes. Bytes: the
@@ -101,13 +117,16 @@ def utilization(log: IterationLog, model: ModelSpec, dtype_bytes: int, span_s: f
     flops = per_token * tokens.sum()
     flops += (4.0 * n * (k + (n + 1) / 2)).sum() * model.q_size * model.num_layers
     flops += 4.0 * (decode_kv.sum() + sum(log.num_decodes)) * model.q_size * model.num_layers
-    nbytes = (model.num_params * dtype_bytes * len(log)
-              + kv_token * (decode_kv.sum() + (k + n).sum()))
+    nbytes = model.num_params * dtype_bytes * len(log) + kv_token * (
+        decode_kv.sum() + (k + n).sum()
+    )
     # share of time a replica's first stage is busy (a batch holds each stage latency/spp)
     busy = np.asarray(log.latency_s).sum() / spp / (span_s * num_replicas)
-    return {"mfu": float(flops / (span_s * num_devices * peak_flops)),
-            "mbu": float(nbytes / (span_s * num_devices * mem_bw)),
-            "busy_fraction": float(min(1.0, busy))}
+    return {
+        "mfu": float(flops / (span_s * num_devices * peak_flops)),
+        "mbu": float(nbytes / (span_s * num_devices * mem_bw)),
+        "busy_fraction": float(min(1.0, busy)),
+    }
 
 
 def latency_summary(rows: list[RequestMetrics]) -> dict:
@@ -125,11 +144,15 @@ def latency_summary(rows: list[RequestMetrics]) -> dict:
         "normalized_e2e_s": pct(m.normalized_e2e_s for m in rows),
         "scheduling_delay_s": pct(m.scheduling_delay_s for m in rows),
         "preemptions": sum(m.preemptions for m in rows),
-        "by_class": {c: _class_summary([m for m in rows if m.request_class == c])
-                     for c in ("short", "long")},
+        "by_class": {
+            c: _class_summary([m for m in rows if m.request_class == c]) for c in ("short", "long")
+        },
         # priority classes present in the workload (requests without one are NORMAL)
-        "by_priority": {c: _class_summary([m for m in rows if m.priority == c])
-                        for c in PRIORITY_CLASSES if any(m.priority == c for m in rows)},
+        "by_priority": {
+            c: _class_summary([m for m in rows if m.priority == c])
+            for c in PRIORITY_CLASSES
+            if any(m.priority == c for m in rows)
+        },
         "throughput": {
             "requests_per_s": len(done) / span if span > 0 else 0.0,
             "output_tokens_per_s": sum(m.output_len for m in done) / span if span else 0.0,
@@ -141,38 +164,67 @@ def latency_summary(rows: list[RequestMetrics]) -> dict:
     }
 
 
-def summarize(requests: list[Request], log: IterationLog, *, config: dict,
-              long_threshold: int, tpot_target_s: float, model: ModelSpec, dtype_bytes: int,
-              num_devices: int, num_replicas: int, spp: int, peak_flops: float,
-              mem_bw: float, wall_s: float, setup_s: float
-              ) -> tuple[dict, list[RequestMetrics]]:
+def summarize(
+    requests: list[Request],
+    log: IterationLog,
+    *,
+    config: dict,
+    long_threshold: int,
+    tpot_target_s: float,
+    model: ModelSpec,
+    dtype_bytes: int,
+    num_devices: int,
+    num_replicas: int,
+    spp: int,
+    peak_flops: float,
+    mem_bw: float,
+    wall_s: float,
+    setup_s: float,
+) -> tuple[dict, list[RequestMetrics]]:
     rows = [request_metrics(r, long_threshold, tpot_target_s) for r in requests]
     done = [r for r in requests if r.finish_s is not None]
     start = min(r.arrival_s for r in requests)
     span = max((r.finish_s for r in done), default=start) - start
     summary = {"config": config, **latency_summary(rows)}
-    summary.update({
-        "utilization": utilization(log, model, dtype_bytes, span, num_devices, num_replicas,
-                                   spp, peak_flops, mem_bw),
-        "batches": {
-            "count": len(log),
-            "mean_decodes": float(np.mean(log.num_decodes)) if len(log) else 0.0,
-            "mean_prefill_tokens": float(np.mean(log.prefill_tokens)) if len(log) else 0.0,
-            "latency_s": pct(log.latency_s),
-        },
-        "sim": {"simulated_s": span, "wall_s": wall_s, "setup_s": setup_s,
+    summary.update(
+        {
+            "utilization": utilization(
+                log, model, dtype_bytes, span, num_devices, num_replicas, spp, peak_flops, mem_bw
+            ),
+            "batches": {
+                "count": len(log),
+                "mean_decodes": float(np.mean(log.num_decodes)) if len(log) else 0.0,
+                "mean_prefill_tokens": float(np.mean(log.prefill_tokens)) if len(log) else 0.0,
+                "latency_s": pct(log.latency_s),
+            },
+            "sim": {
+                "simulated_s": span,
+                "wall_s": wall_s,
+                "setup_s": setup_s,
                 "requests_per_wall_s": len(requests) / wall_s if wall_s else None,
-                "simulated_s_per_wall_s": span / wall_s if wall_s else None},
-    })
+                "simulated_s_per_wall_s": span / wall_s if wall_s else None,
+            },
+        }
+    )
     return summary, rows
 
 
 def preemption_summary(stats: list, block_bytes: float) -> dict:
     """Recompute and swap preemptions over every replica's SchedulerStats; bytes are per
     device (each device moves its own shard of a block, `block_bytes`)."""
-    total = {k: sum(getattr(s, k) for s in stats) for k in (
-        "preemptions", "recomputes", "recomputed_tokens", "swap_outs", "swap_ins",
-        "swapped_out_blocks", "swapped_in_blocks", "swap_time_s")}
+    total = {
+        k: sum(getattr(s, k) for s in stats)
+        for k in (
+            "preemptions",
+            "recomputes",
+            "recomputed_tokens",
+            "swap_outs",
+            "swap_ins",
+            "swapped_out_blocks",
+            "swapped_in_blocks",
+            "swap_time_s",
+        )
+    }
     total["swapped_out_bytes_per_device"] = total["swapped_out_blocks"] * block_bytes
     total["swapped_in_bytes_per_device"] = total["swapped_in_blocks"] * block_bytes
     return total

@@ -23,48 +23,102 @@ LONG_DECODE_LOGNORMAL = (6.249975242259483, 0.34691293501805504)
 
 @dataclass
 class WorkloadConfig:
-    trace: str = field(default="sharegpt", metadata={"help": (
-        "bundled trace (sharegpt, arxiv, splitwise_conv, splitwise_code, azure_conv, "
-        "azure_code), a CSV/JSONL file, or 'synthetic' (every request --prompt-len and "
-        "--output-len tokens)")})
-    num_requests: int | None = field(default=None, metadata={"help": (
-        "requests to simulate (default: every row of a timestamped trace, 1000 otherwise)")})
-    qps: float | None = field(default=None, metadata={"help": (
-        "arrival rate in requests/s; required for traces without timestamps, and replaces a "
-        "trace's own timestamps when given")})
-    arrival: str = field(default="poisson", metadata={"help": (
-        "generated arrivals: poisson, or gamma (burstier, see --gamma-cv)")})
-    gamma_cv: float = field(default=2.0, metadata={"help": (
-        "coefficient of variation of gamma inter-arrival times")})
-    time_scale: float = field(default=1.0, metadata={"help": (
-        "multiply a trace's timestamps (0.5 replays it twice as fast)")})
-    long_fraction: float = field(default=0.0, metadata={"help": (
-        "fraction of requests replaced by long-context ones drawn like Medha-SWE (prefill "
-        "P50 393K, P90 839K tokens, 128K-1M; decode P50 518, P90 808)")})
+    trace: str = field(
+        default="sharegpt",
+        metadata={
+            "help": (
+                "bundled trace (sharegpt, arxiv, splitwise_conv, splitwise_code, azure_conv, "
+                "azure_code), a CSV/JSONL file, or 'synthetic' (every request --prompt-len and "
+                "--output-len tokens)"
+            )
+        },
+    )
+    num_requests: int | None = field(
+        default=None,
+        metadata={
+            "help": (
+                "requests to simulate (default: every row of a timestamped trace, 1000 otherwise)"
+            )
+        },
+    )
+    qps: float | None = field(
+        default=None,
+        metadata={
+            "help": (
+                "arrival rate in requests/s; required for traces without timestamps, and replaces "
+                "a trace's own timestamps when given"
+            )
+        },
+    )
+    arrival: str = field(
+        default="poisson",
+        metadata={"help": ("generated arrivals: poisson, or gamma (burstier, see --gamma-cv)")},
+    )
+    gamma_cv: float = field(
+        default=2.0, metadata={"help": ("coefficient of variation of gamma inter-arrival times")}
+    )
+    time_scale: float = field(
+        default=1.0,
+        metadata={"help": ("multiply a trace's timestamps (0.5 replays it twice as fast)")},
+    )
+    long_fraction: float = field(
+        default=0.0,
+        metadata={
+            "help": (
+                "fraction of requests replaced by long-context ones drawn like Medha-SWE (prefill "
+                "P50 393K, P90 839K tokens, 128K-1M; decode P50 518, P90 808)"
+            )
+        },
+    )
     prompt_len: int = field(default=512, metadata={"help": "prompt tokens for --trace synthetic"})
-    output_len: int = field(default=128, metadata={"help": (
-        "output tokens for --trace synthetic (the mean with --output-distribution geometric)")})
-    output_distribution: str = field(default="fixed", metadata={"help": (
-        "output lengths for --trace synthetic: fixed (every request --output-len tokens) or "
-        "geometric (each token ends its request with probability 1/--output-len, the "
-        "deferred-prefill paper's model)")})
+    output_len: int = field(
+        default=128,
+        metadata={
+            "help": (
+                "output tokens for --trace synthetic (the mean with --output-distribution "
+                "geometric)"
+            )
+        },
+    )
+    output_distribution: str = field(
+        default="fixed",
+        metadata={
+            "help": (
+                "output lengths for --trace synthetic: fixed (every request --output-len tokens) "
+                "or geometric (each token ends its request with probability 1/--output-len, the "
+                "deferred-prefill paper's model)"
+            )
+        },
+    )
     seed: int = field(default=0, metadata={"help": "seed for sampling and arrivals"})
-    priority_mix: str | None = field(default=None, metadata={"help": (
-        "priority classes drawn per request, as CLASS:SHARE,... over REALTIME, HIGH, NORMAL, "
-        "LOW (e.g. REALTIME:0.1,NORMAL:0.6,LOW:0.3; shares are normalized); the lengths and "
-        "arrivals stay those of the same seed without it (default: every request NORMAL)")})
+    priority_mix: str | None = field(
+        default=None,
+        metadata={
+            "help": (
+                "priority classes drawn per request, as CLASS:SHARE,... over REALTIME, HIGH, "
+                "NORMAL, LOW (e.g. REALTIME:0.1,NORMAL:0.6,LOW:0.3; shares are normalized); the "
+                "lengths and arrivals stay those of the same seed without it (default: every "
+                "request NORMAL)"
+            )
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.arrival not in ("poisson", "gamma"):
             raise ValueError(f"arrival must be poisson or gamma, got {self.arrival!r}")
         if self.output_distribution not in ("fixed", "geometric"):
-            raise ValueError("output_distribution must be fixed or geometric, got "
-                             f"{self.output_distribution!r}")
-        checks = [("qps", self.qps, False), ("gamma_cv", self.gamma_cv, False),
-                  ("time_scale", self.time_scale, False)]
+            raise ValueError(
+                f"output_distribution must be fixed or geometric, got {self.output_distribution!r}"
+            )
+        checks = [
+            ("qps", self.qps, False),
+            ("gamma_cv", self.gamma_cv, False),
+            ("time_scale", self.time_scale, False),
+        ]
         for name, value, _ in checks:
-            if value is not None and not (isinstance(value, (int, float)) and
-                                          math.isfinite(value) and value > 0):
+            if value is not None and not (
+                isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+            ):
                 raise ValueError(f"{name} must be a positive number, got {value!r}")
         if not 0 <= self.long_fraction <= 1:
             raise ValueError(f"long_fraction must lie in [0, 1], got {self.long_fraction!r}")
@@ -83,8 +137,10 @@ def parse_priority_mix(text: str) -> dict[str, float]:
         name, sep, value = part.partition(":")
         name = name.strip().upper()
         if not sep or name not in PRIORITY_CLASSES:
-            raise ValueError(f"priority_mix: {part!r} is not CLASS:SHARE with CLASS one of "
-                             f"{', '.join(PRIORITY_CLASSES)}")
+            raise ValueError(
+                f"priority_mix: {part!r} is not CLASS:SHARE with CLASS one of "
+                f"{', '.join(PRIORITY_CLASSES)}"
+            )
         try:
             share = float(value)
         except ValueError:
@@ -153,9 +209,10 @@ def build_requests(cfg: WorkloadConfig, max_context: int) -> list[Request]:
         entries = [TraceEntry(None, cfg.prompt_len, cfg.output_len)] * n
         if cfg.output_distribution == "geometric":
             limit = max(1, max_context - cfg.prompt_len)
-            entries = [TraceEntry(None, cfg.prompt_len, sample_geometric(rng, cfg.output_len,
-                                                                         limit))
-                       for _ in range(n)]
+            entries = [
+                TraceEntry(None, cfg.prompt_len, sample_geometric(rng, cfg.output_len, limit))
+                for _ in range(n)
+            ]
     else:
         timed_limit = cfg.num_requests if cfg.qps is None else None
         entries = load_trace(cfg.trace, limit=timed_limit)
@@ -165,21 +222,32 @@ def build_requests(cfg: WorkloadConfig, max_context: int) -> list[Request]:
             # lengths only: draw rows in a seeded order, cycling if more requests are needed
             order = list(range(len(entries)))
             rng.shuffle(order)
-            entries = [TraceEntry(None, entries[order[i % len(order)]].prompt_len,
-                                  entries[order[i % len(order)]].output_len) for i in range(n)]
+            entries = [
+                TraceEntry(
+                    None,
+                    entries[order[i % len(order)]].prompt_len,
+                    entries[order[i % len(order)]].output_len,
+                )
+                for i in range(n)
+            ]
     timed = entries[0].arrival_s is not None
     if not timed and cfg.qps is None:
         raise TraceError(f"trace {cfg.trace} has no timestamps: give --qps")
-    arrivals = ([e.arrival_s * cfg.time_scale for e in entries] if timed
-                else _arrivals(cfg, len(entries), rng))
+    arrivals = (
+        [e.arrival_s * cfg.time_scale for e in entries]
+        if timed
+        else _arrivals(cfg, len(entries), rng)
+    )
     requests = []
     for i, (e, at) in enumerate(zip(entries, arrivals)):
         prompt, output = e.prompt_len, e.output_len
         if cfg.long_fraction and rng.random() < cfg.long_fraction:
             prompt, output = sample_long(rng, max_context)
         if prompt + output > max_context:
-            raise TraceError(f"request {i} of {cfg.trace}: {prompt} prompt + {output} output "
-                             f"tokens exceed the model context of {max_context}")
+            raise TraceError(
+                f"request {i} of {cfg.trace}: {prompt} prompt + {output} output "
+                f"tokens exceed the model context of {max_context}"
+            )
         requests.append(Request(f"r{i}", at, prompt, output))
     if cfg.priority_mix:
         _assign_classes(requests, cfg.priority_mix, cfg.seed)

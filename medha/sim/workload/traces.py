@@ -43,8 +43,9 @@ def resolve_trace(name: str | Path) -> Path:
         return TRACE_DIR / BUNDLED[str(name)]
     path = Path(name)
     if not path.is_file():
-        raise TraceError(f"trace {name}: no such file (bundled traces: "
-                         f"{', '.join(sorted(BUNDLED))})")
+        raise TraceError(
+            f"trace {name}: no such file (bundled traces: {', '.join(sorted(BUNDLED))})"
+        )
     return path
 
 
@@ -88,13 +89,17 @@ def _csv_format(path: Path, header: list[str]) -> tuple[str, str | None, str, st
             continue
         missing = [c for c in wanted if c not in cols]
         if missing:
-            raise TraceError(f"{path}:1: missing column {missing[0]!r} (a {name} trace has "
-                             f"columns {', '.join(wanted)})")
+            raise TraceError(
+                f"{path}:1: missing column {missing[0]!r} (a {name} trace has "
+                f"columns {', '.join(wanted)})"
+            )
         return fmt
-    raise TraceError(f"{path}:1: unrecognised columns {header}; expected "
-                     "arrived_at,num_prefill_tokens,num_decode_tokens (Vidur/Splitwise), "
-                     "TIMESTAMP,ContextTokens,GeneratedTokens (Azure) or "
-                     "num_prefill_tokens,num_decode_tokens (lengths only), or a .jsonl file")
+    raise TraceError(
+        f"{path}:1: unrecognised columns {header}; expected "
+        "arrived_at,num_prefill_tokens,num_decode_tokens (Vidur/Splitwise), "
+        "TIMESTAMP,ContextTokens,GeneratedTokens (Azure) or "
+        "num_prefill_tokens,num_decode_tokens (lengths only), or a .jsonl file"
+    )
 
 
 def _load_csv(path: Path, limit: int | None) -> list[TraceEntry]:
@@ -120,16 +125,22 @@ def _load_csv(path: Path, limit: int | None) -> list[TraceEntry]:
                 try:
                     stamp = datetime.fromisoformat(row[idx[time_col]].strip())
                 except ValueError:
-                    raise TraceError(f"{where}: TIMESTAMP={row[idx[time_col]]!r} is not a "
-                                     "date-time") from None
+                    raise TraceError(
+                        f"{where}: TIMESTAMP={row[idx[time_col]]!r} is not a date-time"
+                    ) from None
                 first_stamp = first_stamp or stamp
                 arrival = (stamp - first_stamp).total_seconds()
                 if arrival < 0:
                     raise TraceError(f"{where}: TIMESTAMP goes back in time")
             elif time_col:
                 arrival = _time(row[idx[time_col]], time_col, where)
-            entries.append(TraceEntry(arrival, _length(row[idx[prompt_col]], prompt_col, where),
-                                      _length(row[idx[output_col]], output_col, where)))
+            entries.append(
+                TraceEntry(
+                    arrival,
+                    _length(row[idx[prompt_col]], prompt_col, where),
+                    _length(row[idx[output_col]], output_col, where),
+                )
+            )
     return entries
 
 
@@ -150,11 +161,17 @@ def _load_jsonl(path: Path, limit: int | None) -> list[TraceEntry]:
                 raise TraceError(f"{where}: expected a JSON object")
             for key in ("timestamp", "input_length", "output_length"):
                 if key not in obj:
-                    raise TraceError(f"{where}: missing field {key!r} (a JSONL trace has "
-                                     "timestamp (ms), input_length, output_length)")
-            entries.append(TraceEntry(_time(obj["timestamp"], "timestamp", where) / 1e3,
-                                      _length(obj["input_length"], "input_length", where),
-                                      _length(obj["output_length"], "output_length", where)))
+                    raise TraceError(
+                        f"{where}: missing field {key!r} (a JSONL trace has "
+                        "timestamp (ms), input_length, output_length)"
+                    )
+            entries.append(
+                TraceEntry(
+                    _time(obj["timestamp"], "timestamp", where) / 1e3,
+                    _length(obj["input_length"], "input_length", where),
+                    _length(obj["output_length"], "output_length", where),
+                )
+            )
     return entries
 
 
