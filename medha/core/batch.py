@@ -24,7 +24,7 @@ class Chunk:
     start: int
     num_tokens: int
     samples: bool
-    block_table: list[int] = field(default_factory=list)
+    block_table: list[int] | None = None  # None: the executor runs no model (the simulator)
 
     @property
     def end(self) -> int:

@@ -48,8 +48,13 @@ class ReplicaScheduler:
         predictor: Predictor,
         blocks: BlockManager,
         prefill_times: PrefillTimeCache | None = None,
+        block_tables: bool = True,
     ) -> None:
-        """`prefill_times` lets replicas with the same predictor and packer share one cache."""
+        """`prefill_times` lets replicas with the same predictor and packer share one cache.
+        `block_tables`: each chunk of a batch carries its request's KV block ids, what an engine
+        runs it with; the simulator, which runs no model, turns them off (setting them cost
+        ~10% of its time)."""
+        self.block_tables = block_tables
         # The one resolution of the config: the packer, the policy, the KV arbiter and the
         # simulator's metrics all read this object's defaults (resolve returns it unchanged).
         self.config = config = config.resolve(predictor)
@@ -196,12 +201,14 @@ class ReplicaScheduler:
             builder = self._fill(batch, now)
         if builder.is_empty and not (batch.swap_in or batch.swap_out):
             return None  # (a batch that only moves KV still runs: its copies must happen)
-        tables = self.blocks.blocks_of
-        for chunk in batch.decodes:
-            chunk.block_table = tables(chunk.request.request_id)
+        tables = self.blocks.blocks_of if self.block_tables else None
+        if tables is not None:
+            for chunk in batch.decodes:
+                chunk.block_table = tables(chunk.request.request_id)
         for chunk in batch.prefills:
             r = chunk.request
-            chunk.block_table = tables(r.request_id)
+            if tables is not None:
+                chunk.block_table = tables(r.request_id)
             if r.state is not RequestState.PREFILLING:
                 r.transition(RequestState.PREFILLING)
             if r.first_scheduled_s is None:

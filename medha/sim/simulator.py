@@ -99,6 +99,7 @@ class Simulator:
                     self.predictor,
                     kv_blocks_per_replica(self.cluster, self.predictor),
                     prefill_times=self._prefill_times,
+                    block_tables=False,
                 ),
             )
             for i in range(self.cluster.replicas)
