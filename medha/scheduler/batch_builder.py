@@ -55,8 +55,10 @@ class BatchBuilder:
     def time_with_chunk(self, num_tokens: int, kv_offset: int) -> float:
         return self.timer.time_with_prefill(num_tokens, kv_offset)
 
-    def add_decodes(self, requests: list[Request]) -> None:
+    def add_decodes(self, requests: list[Request], own_targets: bool = True) -> None:
         """Add one decode token for each request (their KV blocks are already reserved).
+        `own_targets`: some of them may carry their own TPOT target (the tightest bounds the
+        batch's budget); False skips looking.
 
         A request is a member of the batch from here on: its `num_inflight_batches` is raised,
         which also keeps it from being chosen as a preemption victim."""
@@ -64,15 +66,16 @@ class BatchBuilder:
         self.timer.add_decodes(kv_lens)
         self.batch.decode_kv_sum += sum(kv_lens)
         chunks = self.batch.decodes
-        tightest = self.tpot_target_s
         for r in requests:
             chunks.append(Chunk(r, r.num_scheduled, 1, True))
             r.num_scheduled += 1
             r.num_inflight_batches += 1
-            target = r.tpot_target_s
-            if target is not None and (tightest is None or target < tightest):
-                tightest = target
-        self.tpot_target_s = tightest
+        if own_targets:
+            targets = [r.tpot_target_s for r in requests if r.tpot_target_s is not None]
+            if self.tpot_target_s is not None:
+                targets.append(self.tpot_target_s)
+            if targets:
+                self.tpot_target_s = min(targets)
 
     def add_prefill(self, r: Request, num_tokens: int, all_or_nothing: bool = False) -> int:
         """Add up to `num_tokens` of `r` (fewer if KV memory runs short); returns how many."""

@@ -69,6 +69,9 @@ class ReplicaScheduler:
         self._max_batch_tokens = self.packer.max_batch_tokens(self.max_model_len)
         self.long_threshold: int = config.long_prefill_threshold
         self._requests: dict[str, Request] = {}  # every live request
+        # how many of them carry their own TPOT target: batches look for the tightest only
+        # while some do (a read per decode per batch is ~2% of the simulator's time)
+        self._own_tpot_targets = 0
         # A live request is in exactly one of: _prefilling (waiting, prefilling or preempted),
         # _decoding, or the arbiter's `swapped` (its KV in the host pool).
         self._prefilling: dict[str, Request] = {}
@@ -117,6 +120,8 @@ class ReplicaScheduler:
         self._admissions += 1
         self._requests[request.request_id] = request
         self._prefilling[request.request_id] = request
+        if request.tpot_target_s is not None:
+            self._own_tpot_targets += 1
 
     def abort(self, request_id: str, now: float, reason: str = "abort") -> Request | None:
         """Stop a live request and release its KV (once no running batch still writes it).
@@ -125,6 +130,8 @@ class ReplicaScheduler:
         r = self._requests.pop(request_id, None)
         if r is None:
             return None
+        if r.tpot_target_s is not None:
+            self._own_tpot_targets -= 1
         self._prefilling.pop(request_id, None)
         self._decoding.pop(request_id, None)
         r.transition(RequestState.ABORTED)
@@ -347,7 +354,7 @@ class ReplicaScheduler:
         if self.blocks.can_grow_each(len(short)) and len(decodes) <= builder.room_seqs:
             for r in short:
                 self.kv.reserve(r, r.num_scheduled + 1, batch, now)
-            builder.add_decodes(decodes)
+            builder.add_decodes(decodes, self._own_tpot_targets > 0)
             return
         # Someone will wait or be preempted: the oldest decodes (of the most urgent class, under
         # a class policy) keep their place, and each one joins the batch before the next looks
@@ -359,7 +366,7 @@ class ReplicaScheduler:
             if r.state is not RequestState.DECODING:
                 continue  # the arbiter preempted it for an older decode of this list
             if self.kv.reserve(r, r.num_scheduled + 1, batch, now) > r.num_scheduled:
-                builder.add_decodes([r])
+                builder.add_decodes([r], self._own_tpot_targets > 0)
             else:
                 self.kv.preempt(r, batch)  # nobody below it to evict: it recomputes later
 
@@ -447,6 +454,8 @@ class ReplicaScheduler:
         r.finish_s, r.finish_reason = now, reason
         self.kv.free(r)
         del self._requests[r.request_id]
+        if r.tpot_target_s is not None:
+            self._own_tpot_targets -= 1
         self._prefilling.pop(r.request_id, None)
         self._decoding.pop(r.request_id, None)
         self.stats.finished += 1
@@ -465,6 +474,11 @@ class ReplicaScheduler:
                 raise SchedulerInvariantError(f"{r} is in the wrong queue")
             if not r.num_computed <= r.num_scheduled <= r.num_tokens:
                 raise SchedulerInvariantError(f"{r} has inconsistent progress")
+        own = sum(r.tpot_target_s is not None for r in self._requests.values())
+        if own != self._own_tpot_targets:
+            raise SchedulerInvariantError(
+                f"{own} live requests carry their own TPOT target, counted {self._own_tpot_targets}"
+            )
         self.kv.check_invariants(self._aborted_inflight)
 
     def predicted_isolated_prefill_s(self, num_tokens: int) -> float:
