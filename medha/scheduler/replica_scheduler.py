@@ -220,7 +220,8 @@ class ReplicaScheduler:
                 r.transition(RequestState.PREFILLING)
             if r.first_scheduled_s is None:
                 r.first_scheduled_s = now
-        self.kv.time_swaps(batch)
+        if batch.swap_in or batch.swap_out:
+            self.kv.time_swaps(batch)
         batch.predicted_time_s = builder.timer.time() + batch.swap_time_s
         self._inflight += 1
         self._next_batch_id += 1
@@ -244,6 +245,8 @@ class ReplicaScheduler:
         """Move the requests the arbiter swapped in, recomputed or swapped out for this batch
         to the queue of their state, in the order it moved them. Each step repeats it for the
         whole batch: a request already in its queue keeps its place there."""
+        if not (batch.preempted or batch.swap_in or batch.swap_out):
+            return  # the common case, once per step of a long simulation
         for s in batch.swap_in:  # back in the phase it left (unless preempted again since)
             r = s.request
             if r.state is RequestState.DECODING:
