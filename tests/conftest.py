@@ -7,6 +7,7 @@ Every test is in exactly one tier, a marker registered in pyproject.toml:
   engine  needs torch: the engine, checkpoints, worker processes (tp/spp/kvp), fault
           isolation; and tests/test_tiers.py's proof that core runs with torch unimportable.
   server  the HTTP server: `medha serve` started in a subprocess, or its app in process.
+  vllm    medha's scheduler on vLLM's engine (needs the vllm extra, which CI installs).
 
 `python -m pytest -m core` runs one tier; `python -m pytest` runs them all. A test module's
 tier is the first of its entry in MODULE_TIERS, core when it has none; a test may name another
@@ -67,7 +68,7 @@ def make_toy():
 
 # ---- tiers ---------------------------------------------------------------------------------
 
-TIERS = ("core", "engine", "server")
+TIERS = ("core", "engine", "server", "vllm")
 # Module -> the tiers its tests are in, its default first; every other module is ("core",).
 # A test marked with a tier that its module's entry lacks stops the collection.
 MODULE_TIERS = {
@@ -81,7 +82,8 @@ MODULE_TIERS = {
     "test_server_fuzz.py": ("server",),
     "test_startup.py": ("core", "engine"),  # one test loads the engine
     "test_swap_engine.py": ("engine",),
-    "test_tiers.py": ("engine",),  # it reruns core without torch, as long as core itself
+    "test_tiers.py": ("engine",),
+    "test_vllm_executor.py": ("vllm",),  # it reruns core without torch, as long as core itself
 }
 
 

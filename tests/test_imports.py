@@ -154,3 +154,19 @@ if __name__ == "__main__":
     lines = report(Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT)
     print("\n".join(lines) or "no import cycles")
     sys.exit(1 if lines else 0)
+
+
+def test_only_the_vllm_executor_imports_vllm():
+    """vLLM is an optional dependency of one subpackage: nothing else may import it."""
+    offenders = []
+    for module, path in module_files(ROOT).items():
+        if module == "medha.vllm_executor" or module.startswith("medha.vllm_executor."):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            offenders += [f"{module}: {n}" for n in names if n.split(".")[0] == "vllm"]
+    assert offenders == []

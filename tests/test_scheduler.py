@@ -41,6 +41,31 @@ def test_life_cycle_of_one_request():
     assert sched.schedule(now) is None
 
 
+def test_an_executor_revises_a_chunk_to_what_it_ran():
+    """vLLM's engine may start a prompt after its prefix-cache hit, or not run a chunk at all:
+    the batch is revised before it runs and the request goes on from what actually ran."""
+    sched = toy_scheduler()
+    r = Request("a", 0.0, 200, 2)
+    sched.add_request(r, 0.0)
+    batch = sched.schedule(0.0)
+    chunk = batch.prefills[0]
+    assert (chunk.start, chunk.num_tokens) == (0, 64)
+    sched.revise(batch, chunk, 0, 0)  # not run: the batch is empty, nothing advanced
+    assert batch.prefills == [] and r.num_scheduled == 0 and r.num_inflight_batches == 0
+    sched.update(batch, BatchResult(0.0), 0.0)
+    sched.check_invariants()
+    batch = sched.schedule(0.0)
+    chunk = batch.prefills[0]
+    sched.revise(batch, chunk, 160, 40)  # 160 tokens cached: it ran [160:200] and sampled
+    assert chunk.samples and r.num_computed == 160 and r.num_scheduled == 200
+    sched.check_invariants()
+    sched.update(batch, BatchResult(0.1), 0.1)
+    sched.check_invariants()
+    assert r.state is S.DECODING and r.num_output_tokens == 1 and r.num_computed == 200
+    with pytest.raises(ValueError, match="cannot revise"):
+        sched.revise(batch, chunk, 190, 40)  # past the end of its context
+
+
 def test_engine_tokens_and_early_stop():
     sched = toy_scheduler()
     r = Request("a", 0.0, 10, 50)

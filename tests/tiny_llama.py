@@ -7,9 +7,10 @@ import shutil
 from pathlib import Path
 
 
-def build_tiny_llama(out: Path) -> str:
+def build_tiny_llama(out: Path, **overrides) -> str:
     """A 2-layer random Llama (hidden 64, 4 heads, 2 KV heads, tied embeddings, seed 0) with
-    SmolLM2's tokenizer and vocabulary, written as safetensors into `out`; returns its path."""
+    SmolLM2's tokenizer and vocabulary, written as safetensors into `out`; returns its path.
+    `overrides`: LlamaConfig fields to change."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -32,5 +33,7 @@ def build_tiny_llama(out: Path) -> str:
         max_position_embeddings=2048,
         tie_word_embeddings=True,
     )
+    for name, value in overrides.items():
+        setattr(cfg, name, value)
     LlamaForCausalLM(cfg).save_pretrained(out, safe_serialization=True)
     return str(out)

@@ -134,6 +134,14 @@ class KVArbiter:
         r.kv_capacity = bm.tokens_held(r.request_id)
         return held
 
+    def hold(self, r: Request, num_tokens: int) -> bool:
+        """Give `r` blocks for `num_tokens` tokens without evicting anyone: KV an executor
+        already placed (vLLM's prefix-cache hits, blocks it shares). False when the free
+        blocks fell short: then this mirror counts fewer blocks than the executor uses."""
+        held = self.blocks.grow(r.request_id, num_tokens)
+        r.kv_capacity = self.blocks.tokens_held(r.request_id)
+        return held >= num_tokens
+
     def make_room(self, r: Request, extra_blocks: int, batch: Batch, now: float) -> None:
         """Evict requests ranked below `r`, decodes included, until its whole context fits
         with `extra_blocks` and the watermark left free; nothing is reserved for it yet."""
@@ -181,13 +189,18 @@ class KVArbiter:
             self.preempt(v, batch)
 
     # ---- preemption --------------------------------------------------------------------------
-    def preempt(self, r: Request, batch: Batch) -> None:
+    def preempt(self, r: Request, batch: Batch, swap: bool = True) -> None:
         """Free `r`'s device blocks: by swapping its KV to the host pool (swap or auto mode,
-        when the pool has room and, for auto, swapping is predicted cheaper) or by dropping it."""
+        when the pool has room and, for auto, swapping is predicted cheaper) or by dropping it
+        (always with `swap` False: an executor that dropped it already)."""
         r.num_preemptions += 1
         self.stats.preemptions += 1
         pool = self.host_pool
-        if pool is not None and pool.should_swap(r, self._prefill_times.time(r.num_computed)):
+        if (
+            swap
+            and pool is not None
+            and pool.should_swap(r, self._prefill_times.time(r.num_computed))
+        ):
             self._swap_out(r, batch)
         else:
             self._recompute(r, batch)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from medha.core.batch import Batch, BatchResult
+from medha.core.batch import Batch, BatchResult, Chunk
 from medha.core.config import SchedulerConfig
 from medha.core.request import Request, RequestState
 from medha.perf.predictor import Predictor
@@ -372,6 +372,38 @@ class ReplicaScheduler:
                 builder.add_decodes([r], self._own_tpot_targets > 0)
             else:
                 self.kv.preempt(r, batch)  # nobody below it to evict: it recomputes later
+
+    def revise(self, batch: Batch, chunk: Chunk, start: int, num_tokens: int) -> bool:
+        """The executor runs `num_tokens` of `chunk`'s request from `start` instead of what the
+        chunk planned: vLLM's engine starts a prompt after its prefix-cache hit, or cannot run
+        a chunk at all (0 tokens: the chunk leaves the batch and its request waits as before;
+        the KV reserved for it stays reserved). Called before the batch runs. False when the
+        KV the executor placed (cached blocks) did not fit in this scheduler's free blocks."""
+        r = chunk.request
+        if not (0 <= start and 0 <= num_tokens and start + num_tokens <= r.num_tokens):
+            raise ValueError(f"cannot revise {r.request_id} to [{start}:{start + num_tokens}]")
+        if num_tokens == 0:
+            (batch.decodes if chunk in batch.decodes else batch.prefills).remove(chunk)
+            r.num_scheduled = chunk.start
+            r.num_inflight_batches -= 1
+            return True
+        if start > r.num_computed and r.num_inflight_batches == 1:
+            r.num_computed = start  # cached: their KV is there already
+        chunk.start, chunk.num_tokens = start, num_tokens
+        chunk.samples = chunk.end == r.num_tokens
+        r.num_scheduled = chunk.end
+        return chunk.end <= r.kv_capacity or self.kv.hold(r, chunk.end)
+
+    def drop_kv(self, batch: Batch, request_id: str) -> None:
+        """The executor dropped a request's KV on its own (vLLM preempts when it cannot place
+        a chunk): it recomputes, as if this scheduler had preempted it for `batch`."""
+        r = self._requests.get(request_id)
+        if r is None or r.state not in (RequestState.PREFILLING, RequestState.DECODING):
+            return
+        if r.num_inflight_batches:
+            raise ValueError(f"{request_id} runs in a batch: its KV cannot be dropped now")
+        self.kv.preempt(r, batch, swap=False)
+        self._settle(batch)
 
     # ---- results -----------------------------------------------------------------------------
     def update(self, batch: Batch, result: BatchResult, now: float) -> list[Request]:

@@ -1,0 +1,211 @@
+"""`MedhaScheduler`: vLLM's scheduler class, with medha deciding what each step runs.
+
+Each vLLM request has a mirror `medha.core.request.Request` in a `ReplicaScheduler` whose KV
+blocks mirror vLLM's (same count, same block size). A step:
+
+1. medha's scheduler forms its batch at `now`: which decodes run, which prefill chunks of how
+   many tokens (the policy, the packer's time budget, multi-prefill, one long prefill per
+   batch), and whom to preempt when KV runs short;
+2. the preempted requests are preempted in vLLM too, the batch's requests are put first in
+   vLLM's running and waiting queues, and vLLM's own `Scheduler.schedule()` runs with each
+   request capped at the tokens medha planned for it (0 for the others), through the one hook
+   every request passes (`_reserve_prefill_lookahead`). vLLM allocates the KV blocks, looks up
+   its prefix cache and builds the `SchedulerOutput` as always;
+3. where vLLM ran something else (a prefix-cache hit starts a prompt later; a request it
+   could not place), medha's batch is revised to what actually runs (`ReplicaScheduler.revise`);
+   the count of such revisions is kept (`plan_revisions`);
+4. `update_from_output` lets vLLM apply the sampled tokens and stops, then reports the batch
+   to medha's scheduler with the requests vLLM stopped.
+
+Not supported (refused at start, with the reason): speculative decoding, KV connectors,
+pipeline parallelism and async scheduling (more than one batch in flight), swap preemption.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from collections.abc import Iterable
+
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.request import RequestStatus
+
+from medha.core.batch import Batch, BatchResult
+from medha.core.request import Request
+from medha.scheduler.replica_scheduler import ReplicaScheduler
+from medha.vllm_executor.contract import contract_problems
+from medha.vllm_executor.settings import build_replica_scheduler
+
+logger = logging.getLogger(__name__)
+
+
+class MedhaScheduler(Scheduler):
+    def __init__(self, vllm_config, kv_cache_config, structured_output_manager, *args, **kwargs):
+        _refuse_unsupported(vllm_config)
+        super().__init__(vllm_config, kv_cache_config, structured_output_manager, *args, **kwargs)
+        problems = contract_problems(Scheduler, self)
+        if problems:
+            raise RuntimeError("vLLM's scheduler contract changed: " + "; ".join(problems))
+        # vLLM must not cut medha's chunks: medha sizes them (and vLLM's own long-prefill cap
+        # would otherwise shorten a long prompt's chunk below what the packer timed)
+        self.scheduler_config.long_prefill_token_threshold = 0
+        self.medha: ReplicaScheduler = build_replica_scheduler(
+            vllm_config, kv_cache_config, self.max_num_scheduled_tokens
+        )
+        self.clock = time.monotonic
+        self.plan_revisions = 0  # chunks vLLM ran differently from medha's plan
+        self._plan: dict[str, int] | None = None  # request id -> tokens, during schedule()
+        self._inflight: collections.deque = collections.deque()  # (SchedulerOutput, Batch)
+
+    # ---- requests ----------------------------------------------------------------------------
+    def add_request(self, request) -> None:
+        super().add_request(request)
+        now = self.clock()
+        self.medha.add_request(_mirror(request, now), now)
+
+    def finish_requests(self, request_ids: str | Iterable[str] | None, finished_status):
+        finished = super().finish_requests(request_ids, finished_status)
+        now = self.clock()
+        reason = "error" if finished_status == RequestStatus.FINISHED_ERROR else "abort"
+        for r in finished:
+            self.medha.abort(r.request_id, now, reason)
+        return finished
+
+    # ---- one step ----------------------------------------------------------------------------
+    def schedule(self, throttle_prefills: bool = False):
+        now = self.clock()
+        batch = self.medha.schedule(now)
+        plan: dict[str, int] = {}
+        if batch is not None:
+            for r in batch.preempted:  # medha dropped their KV: so does vLLM
+                vreq = self.requests.get(r.request_id)
+                if vreq is not None and vreq.status == RequestStatus.RUNNING:
+                    self.running.remove(vreq)
+                    self._preempt_request(vreq, time.monotonic())
+            for chunk in batch.chunks:
+                plan[chunk.request.request_id] = chunk.num_tokens
+            self._put_first(plan)
+        self._plan = plan
+        try:
+            output = super().schedule(throttle_prefills)
+        finally:
+            self._plan = None
+        if batch is not None:
+            self._reconcile(batch, output)
+            self._inflight.append((output, batch))
+        return output
+
+    def _reserve_prefill_lookahead(self, request, num_computed_tokens, num_new_tokens) -> int:
+        """vLLM's last word on each request's tokens in both of its loops: capped at medha's."""
+        n = super()._reserve_prefill_lookahead(request, num_computed_tokens, num_new_tokens)
+        if self._plan is None:
+            return n
+        return min(n, self._plan.get(request.request_id, 0))
+
+    def _put_first(self, plan: dict[str, int]) -> None:
+        """The batch's requests first in vLLM's queues, in medha's order: vLLM spends its token
+        budget in queue order and stops admitting at the first waiting request it skips."""
+        rank = {rid: i for i, rid in enumerate(plan)}
+        last = len(rank)
+        self.running.sort(key=lambda r: rank.get(r.request_id, last))
+        waiting = [
+            self.requests[rid]
+            for rid in plan
+            if rid in self.requests and self.requests[rid] in self.waiting
+        ]
+        for vreq in waiting:
+            self.waiting.remove_request(vreq)
+        for vreq in reversed(waiting):
+            self.waiting.prepend_request(vreq)
+
+    def _reconcile(self, batch: Batch, output) -> None:
+        """Make medha's batch what vLLM runs (see the module's docstring, step 3)."""
+        ran = output.num_scheduled_tokens
+        for chunk in list(batch.chunks):
+            rid = chunk.request.request_id
+            n = ran.get(rid, 0)
+            vreq = self.requests.get(rid)
+            end = vreq.num_computed_tokens if vreq is not None and n else chunk.start + n
+            if n == chunk.num_tokens and end == chunk.end:
+                continue
+            self.plan_revisions += 1
+            logger.debug("vLLM ran %s[%d:%d], planned [%d:%d]", rid, end - n, end, *_span(chunk))
+            if not self.medha.revise(batch, chunk, end - n, n):
+                logger.warning(
+                    "medha's KV mirror is short of the blocks vLLM placed for %s: it counts "
+                    "shared prefix blocks once per request; medha will preempt more than needed",
+                    rid,
+                )
+        # vLLM preempts on its own when it cannot place a chunk (the mirror counted blocks it
+        # did not have): those recompute in medha too
+        ours = {r.request_id for r in batch.preempted}
+        for rid in output.preempted_req_ids or ():
+            if rid not in ours:
+                self.plan_revisions += 1
+                self.medha.drop_kv(batch, rid)
+        unplanned = set(ran) - {c.request.request_id for c in batch.chunks}
+        if unplanned:  # the hook caps every request; this would be a changed vLLM
+            raise RuntimeError(f"vLLM scheduled requests medha did not plan: {sorted(unplanned)}")
+
+    def update_from_output(self, scheduler_output, model_runner_output):
+        outputs = super().update_from_output(scheduler_output, model_runner_output)
+        if not self._inflight or self._inflight[0][0] is not scheduler_output:
+            return outputs  # a step medha planned nothing for
+        _, batch = self._inflight.popleft()
+        stopped = frozenset(
+            o.request_id
+            for client in outputs.values()
+            for o in client.outputs
+            if o.finish_reason is not None
+        )
+        now = self.clock()
+        self.medha.update(batch, BatchResult(now - batch.scheduled_at_s, None, stopped), now)
+        return outputs
+
+
+# a client's key in vLLM's extra_args (medha serve's API names, prefixed) -> the Request field
+_TARGETS = {
+    "medha_priority": "priority_class",
+    "medha_ttft_slo_s": "ttft_deadline_s",
+    "medha_tpot_slo_s": "tpot_target_s",
+}
+
+
+def _mirror(request, now: float) -> Request:
+    """medha's copy of a vLLM request: its lengths, and the targets a client may send in the
+    request's `extra_args` (`vllm_xargs` in vLLM's API): medha_priority, medha_ttft_slo_s,
+    medha_tpot_slo_s. An invalid one is left out (the server-wide defaults apply), with a
+    warning: a client's bad value must not fail the engine core."""
+    extra = getattr(request.sampling_params, "extra_args", None)
+    targets = {}
+    for key, name in _TARGETS.items():
+        if not isinstance(extra, dict) or extra.get(key) is None:
+            continue
+        try:
+            Request("check", now, 1, 1, **{name: extra[key]})
+        except (ValueError, TypeError) as e:
+            logger.warning("request %s: %s ignored: %s", request.request_id, key, e)
+            continue
+        targets[name] = extra[key]
+    return Request(
+        request.request_id, now, request.num_prompt_tokens, request.max_tokens, **targets
+    )
+
+
+def _span(chunk) -> tuple[int, int]:
+    return chunk.start, chunk.end
+
+
+def _refuse_unsupported(vllm_config) -> None:
+    reasons = []
+    if vllm_config.speculative_config is not None:
+        reasons.append("speculative decoding")
+    if vllm_config.kv_transfer_config is not None:
+        reasons.append("KV connectors (--kv-transfer-config)")
+    if vllm_config.parallel_config.pipeline_parallel_size > 1:
+        reasons.append("pipeline parallelism (use medha's own engine for SPP)")
+    if vllm_config.scheduler_config.async_scheduling:
+        reasons.append("async scheduling (pass --no-async-scheduling)")
+    if reasons:
+        raise ValueError("medha's scheduler on vLLM does not support " + ", ".join(reasons))

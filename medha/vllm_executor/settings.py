@@ -1,0 +1,82 @@
+"""medha's scheduler settings on vLLM, and the mirror `ReplicaScheduler` built from them.
+
+The settings are medha's `SchedulerConfig` fields (the `medha serve` scheduler flags without
+the dashes), passed in vLLM's `--additional-config '{"medha": {...}}'`, plus `predictor`: the
+step-time model the packer plans with (`auto`, the default, is this machine's vLLM profile from
+`medha profile --engine vllm` when there is one, else the roofline of this hardware).
+
+vLLM's own limits win where both have one: max_model_len, max_num_seqs and the tokens per step
+(`--max-num-batched-tokens`), since vLLM's model runner is sized by them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+from medha.core.config import SchedulerConfig
+from medha.perf import ParallelConfig, get_hardware, make_predictor
+from medha.perf.hardware_specs import cache_dir
+from medha.perf.model_specs import model_from_hf_config
+from medha.scheduler.block_manager import BlockManager
+from medha.scheduler.replica_scheduler import ReplicaScheduler
+
+_VLLM_OWNS = ("max_model_len", "max_num_seqs", "max_batch_tokens")
+_OTHER_KEYS = ("predictor",)
+
+
+def vllm_profile_path(model: str, device: str) -> Path:
+    """Where `medha profile --engine vllm` keeps vLLM's step times for a model and device."""
+    name = os.path.basename(os.path.normpath(str(model)))
+    return cache_dir() / "profiles" / f"{name}-vllm-{device}.json"
+
+
+def scheduler_settings(additional_config) -> tuple[dict, str]:
+    """The `medha` object of vLLM's additional config: (SchedulerConfig fields, predictor)."""
+    settings = dict((additional_config or {}).get("medha") or {})
+    known = {f.name for f in dataclasses.fields(SchedulerConfig)}
+    unknown = sorted(set(settings) - known - set(_OTHER_KEYS))
+    if unknown:
+        raise ValueError(
+            f"unknown medha setting(s) {', '.join(unknown)} in --additional-config; "
+            f"expected SchedulerConfig fields ({', '.join(sorted(known))}) or predictor"
+        )
+    owned = sorted(set(settings) & set(_VLLM_OWNS))
+    if owned:
+        raise ValueError(
+            f"{', '.join(owned)}: set by vLLM's own flags (--max-model-len, --max-num-seqs, "
+            "--max-num-batched-tokens), not in the medha settings"
+        )
+    predictor = settings.pop("predictor", "auto")
+    return settings, predictor
+
+
+def build_replica_scheduler(vllm_config, kv_cache_config, max_step_tokens: int) -> ReplicaScheduler:
+    fields, predictor_spec = scheduler_settings(vllm_config.additional_config)
+    model_config = vllm_config.model_config
+    device = "cuda" if vllm_config.device_config.device_type == "cuda" else "cpu"
+    if predictor_spec == "auto":
+        path = vllm_profile_path(model_config.model, device)
+        predictor_spec = f"profiled:{path}" if path.exists() else "roofline"
+    hf = model_config.hf_config.to_dict()
+    spec = model_from_hf_config(os.path.basename(str(model_config.model)), hf)
+    hardware = get_hardware("cpu" if device == "cpu" else "a100")
+    predictor = make_predictor(
+        predictor_spec,
+        spec,
+        hardware,
+        ParallelConfig(tp=vllm_config.parallel_config.tensor_parallel_size),
+    )
+    config = SchedulerConfig(
+        **fields,
+        max_model_len=model_config.max_model_len,
+        max_num_seqs=vllm_config.scheduler_config.max_num_seqs,
+        max_batch_tokens=max_step_tokens,
+    )
+    if config.preemption_mode not in ("recompute",):
+        raise ValueError("on vLLM medha preempts by recompute only (preemption_mode recompute)")
+    # vLLM keeps one of its blocks aside (the null block): the rest hold requests' KV
+    block_size = vllm_config.cache_config.block_size
+    blocks = BlockManager(kv_cache_config.num_blocks - 1, block_size)
+    return ReplicaScheduler(config, predictor, blocks, block_tables=False)
