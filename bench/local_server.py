@@ -19,12 +19,14 @@ def local_server(
     quiet: bool = False,
     startup_s: float = 300.0,
     with_process: bool = False,
+    log=None,
 ) -> Iterator:
     """Run `command(port)`, wait until its /health answers 200, yield its base URL (with
-    `with_process`, the pair (URL, Popen)); SIGTERM (then kill) on the way out."""
+    `with_process`, the pair (URL, Popen)); SIGTERM (then kill) on the way out. `log`: an
+    open file that gets the server's stdout and stderr."""
     port = free_port()
-    out = subprocess.DEVNULL if quiet else None
-    proc = subprocess.Popen(command(port), stdout=out, stderr=out)
+    out = log if log is not None else subprocess.DEVNULL if quiet else None
+    proc = subprocess.Popen(command(port), stdout=out, stderr=subprocess.STDOUT if log else out)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + startup_s

@@ -186,3 +186,46 @@ def test_settings_are_checked():
         {"policy": "edf"},
         "roofline",
     )
+
+
+def test_vllms_own_openai_server_with_medhas_scheduler(model, tmp_path):
+    """The plain-vLLM way in: vLLM's OpenAI server started with --scheduler-cls answers the
+    official openai client, streamed and not, with the same greedy text; a client's invalid
+    medha target is left out with a warning, and its request still succeeds."""
+    import sys
+    from pathlib import Path
+
+    import openai
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from local_server import local_server
+
+    def command(port):
+        return [
+            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", model, "--served-model-name", "tiny", "--port", str(port),
+            "--dtype", "float32", "--max-model-len", "2048", "--enforce-eager",
+            "--scheduler-cls", SCHEDULER_CLS,
+            "--additional-config", '{"medha": {"policy": "lars", "chunking": "adaptive"}}',
+        ]  # fmt: skip
+
+    log = tmp_path / "server.log"
+    with open(log, "w") as out, local_server(command, log=out) as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none")
+        prompt = "The convoy effect in LLM serving is"
+        whole = client.completions.create(model="tiny", prompt=prompt, max_tokens=16, temperature=0)
+        stream = client.completions.create(
+            model="tiny", prompt=prompt, max_tokens=16, temperature=0, stream=True
+        )
+        assert "".join(c.choices[0].text for c in stream) == whole.choices[0].text
+        assert whole.usage.completion_tokens == 16
+        chat = client.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=8,
+            temperature=0,
+            extra_body={"vllm_xargs": {"medha_tpot_slo_s": -1.0}},
+        )
+        assert chat.choices[0].finish_reason == "length"
+    text = log.read_text()
+    assert "MedhaScheduler" in text and "medha_tpot_slo_s ignored" in text
