@@ -104,6 +104,12 @@ def test_greedy_outputs_match_plain_vllm(model, reference, name):
         # the packer cut the long prompts into chunks: medha decided, vLLM ran them as planned
         assert sched.medha.stats.batches > len(reference)
     assert sched.plan_revisions == 0
+    # each step's shape and measured time is kept (what a vLLM profile is fitted from)
+    assert len(sched.steps) == sched.medha.stats.batches
+    assert all(step.seconds > 0 for step in sched.steps)
+    assert sum(n for step in sched.steps for n, _ in step.prefills) == sum(
+        len(p) for p in _prompts(12)
+    )
 
 
 def test_preemption_under_a_small_kv_cache_matches_plain_vllm(model):

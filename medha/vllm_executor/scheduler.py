@@ -33,11 +33,13 @@ from vllm.v1.request import RequestStatus
 
 from medha.core.batch import Batch, BatchResult
 from medha.core.request import Request
+from medha.perf.profile_data import IterationRow
 from medha.scheduler.replica_scheduler import ReplicaScheduler
 from medha.vllm_executor.contract import contract_problems
 from medha.vllm_executor.settings import build_replica_scheduler
 
 logger = logging.getLogger(__name__)
+STEPS_KEPT = 100_000
 
 
 class MedhaScheduler(Scheduler):
@@ -56,7 +58,10 @@ class MedhaScheduler(Scheduler):
         self.clock = time.monotonic
         self.plan_revisions = 0  # chunks vLLM ran differently from medha's plan
         self._plan: dict[str, int] | None = None  # request id -> tokens, during schedule()
-        self._inflight: collections.deque = collections.deque()  # (SchedulerOutput, Batch)
+        self._inflight: collections.deque = collections.deque()  # (output, Batch, sent at)
+        # the shape and measured time of each recent step (from the end of `schedule` to the
+        # start of `update_from_output`: the forward pass and sampling), for profiles
+        self.steps: collections.deque[IterationRow] = collections.deque(maxlen=STEPS_KEPT)
 
     # ---- requests ----------------------------------------------------------------------------
     def add_request(self, request) -> None:
@@ -93,7 +98,7 @@ class MedhaScheduler(Scheduler):
             self._plan = None
         if batch is not None:
             self._reconcile(batch, output)
-            self._inflight.append((output, batch))
+            self._inflight.append((output, batch, self.clock()))
         return output
 
     def _reserve_prefill_lookahead(self, request, num_computed_tokens, num_new_tokens) -> int:
@@ -149,18 +154,23 @@ class MedhaScheduler(Scheduler):
             raise RuntimeError(f"vLLM scheduled requests medha did not plan: {sorted(unplanned)}")
 
     def update_from_output(self, scheduler_output, model_runner_output):
+        ran_s = self.clock() - self._inflight[0][2] if self._inflight else 0.0
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         if not self._inflight or self._inflight[0][0] is not scheduler_output:
             return outputs  # a step medha planned nothing for
-        _, batch = self._inflight.popleft()
+        _, batch, _ = self._inflight.popleft()
+        if batch.chunks:
+            prefills = tuple((c.num_tokens, c.start) for c in batch.prefills)
+            self.steps.append(
+                IterationRow(1, prefills, tuple(c.start for c in batch.decodes), ran_s)
+            )
         stopped = frozenset(
             o.request_id
             for client in outputs.values()
             for o in client.outputs
             if o.finish_reason is not None
         )
-        now = self.clock()
-        self.medha.update(batch, BatchResult(now - batch.scheduled_at_s, None, stopped), now)
+        self.medha.update(batch, BatchResult(ran_s, None, stopped), self.clock())
         return outputs
 
 
