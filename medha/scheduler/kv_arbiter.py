@@ -258,11 +258,10 @@ class KVArbiter:
 
     def time_swaps(self, batch: Batch) -> None:
         """Set the batch's `swap_time_s`, the predicted time of all its copies, in and out,
-        and count it."""
-        if batch.swap_in or batch.swap_out:
-            moved = sum(len(s.host_blocks) for s in (*batch.swap_in, *batch.swap_out))
-            batch.swap_time_s = self.swap_cost.time(moved)
-            self.stats.swap_time_s += batch.swap_time_s
+        and count it (the scheduler calls it for batches that move KV only)."""
+        moved = sum(len(s.host_blocks) for s in (*batch.swap_in, *batch.swap_out))
+        batch.swap_time_s = self.swap_cost.time(moved)
+        self.stats.swap_time_s += batch.swap_time_s
 
     def free(self, r: Request) -> None:
         """Release every block `r` holds: on the device, or on the host if it is swapped out

@@ -87,7 +87,7 @@ class MedhaScheduler(Scheduler):
                 vreq = self.requests.get(r.request_id)
                 if vreq is not None and vreq.status == RequestStatus.RUNNING:
                     self.running.remove(vreq)
-                    self._preempt_request(vreq, time.monotonic())
+                    self._preempt_request(vreq, now)
             for chunk in batch.chunks:
                 plan[chunk.request.request_id] = chunk.num_tokens
             self._put_first(plan)
@@ -135,7 +135,9 @@ class MedhaScheduler(Scheduler):
             if n == chunk.num_tokens and end == chunk.end:
                 continue
             self.plan_revisions += 1
-            logger.debug("vLLM ran %s[%d:%d], planned [%d:%d]", rid, end - n, end, *_span(chunk))
+            logger.debug(
+                "vLLM ran %s[%d:%d], planned [%d:%d]", rid, end - n, end, chunk.start, chunk.end
+            )
             if not self.medha.revise(batch, chunk, end - n, n):
                 logger.warning(
                     "medha's KV mirror is short of the blocks vLLM placed for %s: it counts "
@@ -201,10 +203,6 @@ def _mirror(request, now: float) -> Request:
     return Request(
         request.request_id, now, request.num_prompt_tokens, request.max_tokens, **targets
     )
-
-
-def _span(chunk) -> tuple[int, int]:
-    return chunk.start, chunk.end
 
 
 def _refuse_unsupported(vllm_config) -> None:
