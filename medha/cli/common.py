@@ -36,6 +36,28 @@ def add_platform_args(p: argparse.ArgumentParser, model: str, hardware: str, tp:
     p.set_defaults(tp=tp)
 
 
+def add_engine_choice(p: argparse.ArgumentParser) -> None:
+    """`--engine` and `--vllm-arg`: which engine runs medha's scheduler."""
+    g = p.add_argument_group("executor")
+    g.add_argument(
+        "--engine",
+        choices=("medha", "vllm"),
+        default="medha",
+        help="medha: medha's own engine (the reference; TP/SPP/KVP workers). vllm: vLLM's "
+        "engine (the vllm extra) with medha's scheduler deciding every step; the engine flags "
+        "below map to vLLM's (--kv-memory-gb: its KV cache, --tp: its tensor parallelism; "
+        "--spp/--kvp are medha's engine's alone) (default: medha)",
+    )
+    g.add_argument(
+        "--vllm-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="with --engine vllm: any other argument of vLLM's engine (EngineArgs), VALUE in "
+        "JSON where it parses, e.g. --vllm-arg enforce_eager=true; repeatable",
+    )
+
+
 def predictor_from_args(args: argparse.Namespace) -> Predictor:
     try:
         parallel = dataclass_from_args(ParallelConfig, args)

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from medha.cli.common import llm_from_args
+from medha.cli.common import add_engine_choice, llm_from_args
 from medha.engine.config import EngineConfig
 from medha.utils.dataclass_cli import add_dataclass_args
 
@@ -30,6 +30,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the mixed batches")
     p.add_argument("--quick", action="store_true", help="a coarser grid (for tests)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_engine_choice(p)
     add_dataclass_args(p, EngineConfig, title="engine")
     p.set_defaults(func=run)
 

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from medha import __version__
-from medha.cli.common import CliError, llm_from_args
+from medha.cli.common import CliError, add_engine_choice, llm_from_args
 from medha.core.config import SchedulerConfig
 from medha.engine.config import EngineConfig
 from medha.server.config import ServerConfig
@@ -27,6 +27,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "below set the server-wide defaults. SIGTERM drains in-flight requests.",
     )
     add_dataclass_args(p, ServerConfig, title="server")
+    add_engine_choice(p)
     add_dataclass_args(p, EngineConfig, title="engine")
     add_dataclass_args(p, SchedulerConfig, title="scheduler")
     p.set_defaults(func=run)

@@ -1,0 +1,118 @@
+"""medha's engine and scheduler flags as vLLM engine arguments (`--engine vllm`).
+
+`medha serve --engine vllm` and `medha profile --engine vllm` take medha's own flags; this
+module says what each means on vLLM's engine, refuses what vLLM cannot do (SPP, KVP) by name,
+and adds the `--vllm-arg KEY=VALUE` pass-through for everything else of vLLM's `EngineArgs`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+from medha.core.config import SchedulerConfig
+from medha.engine.config import EngineConfig
+
+SCHEDULER_CLS = "medha.vllm_executor.MedhaScheduler"
+
+# medha's flag -> the vLLM engine argument that owns it (vLLM's model runner is sized by them)
+_OWNED_BY_VLLM = {
+    "max_model_len": "max_model_len",
+    "max_num_seqs": "max_num_seqs",
+    "max_batch_tokens": "max_num_batched_tokens",
+}
+# set by medha from its own flags: a --vllm-arg for them would contradict a medha flag
+_SET_BY_MEDHA = (
+    "model",
+    "dtype",
+    "kv_cache_memory_bytes",
+    "block_size",
+    "tensor_parallel_size",
+    "scheduler_cls",
+    "additional_config",
+    *_OWNED_BY_VLLM.values(),
+)
+
+
+def parse_vllm_args(pairs: list[str] | None) -> dict:
+    """`--vllm-arg KEY=VALUE` pairs as keyword arguments: VALUE is JSON when it parses (true,
+    8192, {"level": 0}), a string otherwise. Keys are vLLM's `EngineArgs` fields (dashes or
+    underscores); an unknown one, or one a medha flag sets, is a ValueError naming it."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    known = {f.name for f in dataclasses.fields(EngineArgs)}
+    out: dict = {}
+    for pair in pairs or ():
+        key, sep, value = pair.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key:
+            raise ValueError(f"--vllm-arg {pair!r}: expected KEY=VALUE")
+        if key not in known:
+            raise ValueError(f"--vllm-arg {key}: not one of vLLM's engine arguments (EngineArgs)")
+        if key in _SET_BY_MEDHA:
+            raise ValueError(
+                f"--vllm-arg {key}: set by medha's own flags (--model, --dtype, --kv-memory-gb, "
+                "--block-size, --tp, --max-model-len, --max-num-seqs, --max-batch-tokens and "
+                "the scheduler flags)"
+            )
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def vllm_engine_args(
+    engine: EngineConfig, scheduler: SchedulerConfig, extra: dict | None = None
+) -> dict:
+    """Keyword arguments for vLLM's `EngineArgs` (or `vllm.LLM`) running medha's scheduler.
+
+    What each medha flag becomes: --model (the embedded `smollm2` is its converted checkpoint
+    directory), --dtype (auto: vLLM's choice, bfloat16 where the CPU has it), --kv-memory-gb
+    (vLLM's kv_cache_memory_bytes), --block-size, --tp (tensor_parallel_size), --predictor and
+    the scheduler flags (the `medha` object of additional_config, read by MedhaScheduler),
+    --max-model-len / --max-num-seqs / --max-batch-tokens (vLLM's own limits). --threads sets
+    the CPU cores vLLM binds its OpenMP threads to (VLLM_CPU_OMP_THREADS_BIND, in this
+    process's environment). --spp and --kvp are medha's engine's alone."""
+    from medha.engine.checkpoint import EMBEDDED, embedded_smollm2
+    from medha.engine.errors import EngineError
+
+    if engine.spp != 1 or engine.kvp != 1:
+        raise ValueError(
+            "--spp and --kvp run on medha's own engine only (vLLM has no stream-pipeline or "
+            "KV-cache parallelism): drop them, or use --engine medha"
+        )
+    if engine.kv_memory_gb <= 0:
+        raise ValueError(f"--kv-memory-gb must be positive, got {engine.kv_memory_gb}")
+    if engine.model.lower() in EMBEDDED:
+        model = str(embedded_smollm2())
+    else:
+        model = os.path.expanduser(engine.model)
+        if not os.path.isdir(model):
+            raise EngineError(f"model {engine.model!r}: no such directory")
+    medha = {
+        f.name: getattr(scheduler, f.name)
+        for f in dataclasses.fields(SchedulerConfig)
+        if f.name not in _OWNED_BY_VLLM and getattr(scheduler, f.name) != f.default
+    }
+    medha["predictor"] = engine.predictor
+    args = {
+        "model": model,
+        "dtype": engine.dtype,
+        "kv_cache_memory_bytes": int(engine.kv_memory_gb * (1 << 30)),
+        "block_size": engine.block_size,
+        "tensor_parallel_size": engine.tp,
+        "scheduler_cls": SCHEDULER_CLS,
+        "additional_config": {"medha": medha},
+    }
+    for ours, theirs in _OWNED_BY_VLLM.items():
+        value = getattr(scheduler, ours)
+        if value is not None:
+            args[theirs] = value
+    if engine.threads is not None:
+        if engine.threads < 1:
+            raise ValueError(f"--threads must be at least 1, got {engine.threads}")
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{engine.threads - 1}"
+    args.update(extra or {})
+    return args
