@@ -169,9 +169,14 @@ class RooflinePredictor(Predictor):
         return self.model.num_layers * per_layer
 
     def decode_attention_total(self, kv_lens: list[int]) -> float:
-        if self.parallel.kvp == 1 and self._dec_memory_bound:
+        if self.parallel.kvp == 1:
             n = len(kv_lens)
-            return n * self._dec_fixed + self._dec_read * (sum(kv_lens) + n)
+            fixed, read = self._dec_fixed, self._dec_read
+            if self._dec_memory_bound:
+                return n * fixed + read * (sum(kv_lens) + n)
+            # decode_attention_time per decode, without a call each (a batch of 256 decodes)
+            compute = self._dec_compute
+            return sum([max(compute * (k + 1), fixed + read * (k + 1)) for k in kv_lens])
         return super().decode_attention_total(kv_lens)
 
     def decode_attention_time(self, kv_len: int) -> float:

@@ -360,18 +360,24 @@ class ReplicaScheduler:
             builder.add_decodes(decodes, self._own_tpot_targets > 0)
             return
         # Someone will wait or be preempted: the oldest decodes (of the most urgent class, under
-        # a class policy) keep their place, and each one joins the batch before the next looks
-        # for victims, so it cannot become one. The victims rank below it: later in this list.
+        # a class policy) keep their place. The arbiter evicts only requests ranked below the
+        # one it makes room for (later in this list), so those chosen before it cannot become
+        # victims, and they join the batch together at the end.
         decodes.sort(key=self.policy.eviction_rank(now))
+        chosen: list[Request] = []
+        room = builder.room_seqs
         for r in decodes:
-            if builder.room_seqs == 0:
+            if len(chosen) == room:
                 break
             if r.state is not RequestState.DECODING:
                 continue  # the arbiter preempted it for an older decode of this list
-            if self.kv.reserve(r, r.num_scheduled + 1, batch, now) > r.num_scheduled:
-                builder.add_decodes([r], self._own_tpot_targets > 0)
+            if r.kv_capacity > r.num_scheduled:  # its next token's block is there
+                chosen.append(r)
+            elif self.kv.reserve(r, r.num_scheduled + 1, batch, now) > r.num_scheduled:
+                chosen.append(r)
             else:
                 self.kv.preempt(r, batch)  # nobody below it to evict: it recomputes later
+        builder.add_decodes(chosen, self._own_tpot_targets > 0)
 
     def revise(self, batch: Batch, chunk: Chunk, start: int, num_tokens: int) -> bool:
         """The executor runs `num_tokens` of `chunk`'s request from `start` instead of what the
@@ -427,14 +433,22 @@ class ReplicaScheduler:
                 r.remaining_work_s = 0.0
                 del self._prefilling[r.request_id]
                 self._decoding[r.request_id] = r
-        for chunk in batch.decodes:  # the hot loop of a long simulation: kept lean
+        aborted = RequestState.ABORTED
+        for chunk in batch.decodes:  # the hot loop of a long simulation (and of a big batch)
             r = chunk.request
             r.num_inflight_batches -= 1
-            if r.state is RequestState.ABORTED:
+            if r.state is aborted:
                 self._release_aborted(r)
                 continue
             r.num_computed = chunk.start + 1
-            if self._sampled(r, batch, tokens, stopped, now):
+            if tokens is None:  # _sampled inlined: no token ids to keep (simulator, vLLM)
+                r.num_output_tokens += 1
+                r.token_times_s.append(now)
+                if (r.num_output_tokens >= r.max_tokens or r.request_id in stopped) and self._stops(
+                    r, stopped, now
+                ):
+                    finished.append(r)
+            elif self._sampled(r, batch, tokens, stopped, now):
                 finished.append(r)
         return finished
 
@@ -472,6 +486,10 @@ class ReplicaScheduler:
             r.output_token_ids.append(token)
         r.num_output_tokens += 1
         r.token_times_s.append(now)
+        return self._stops(r, stopped, now)
+
+    def _stops(self, r: Request, stopped: frozenset[str], now: float) -> bool:
+        """Finish `r` if its latest token ended it (a stop the executor saw, or max_tokens)."""
         if r.request_id in stopped:
             self._finish(r, now, "stop")
             return True

@@ -90,14 +90,14 @@ class MedhaScheduler(Scheduler):
                     self._preempt_request(vreq, now)
             for chunk in batch.chunks:
                 plan[chunk.request.request_id] = chunk.num_tokens
-            self._put_first(plan)
+            self._put_first(batch, plan)
         self._plan = plan
         try:
             output = super().schedule(throttle_prefills)
         finally:
             self._plan = None
         if batch is not None:
-            self._reconcile(batch, output)
+            self._reconcile(batch, plan, output)
             self._inflight.append((output, batch, self.clock()))
         return output
 
@@ -108,26 +108,34 @@ class MedhaScheduler(Scheduler):
             return n
         return min(n, self._plan.get(request.request_id, 0))
 
-    def _put_first(self, plan: dict[str, int]) -> None:
+    def _put_first(self, batch: Batch, plan: dict[str, int]) -> None:
         """The batch's requests first in vLLM's queues, in medha's order: vLLM spends its token
-        budget in queue order and stops admitting at the first waiting request it skips."""
+        budget in queue order and stops admitting at the first waiting request it skips.
+        (Called every step with up to max_num_seqs planned requests: linear in the queues.)"""
         rank = {rid: i for i, rid in enumerate(plan)}
         last = len(rank)
         self.running.sort(key=lambda r: rank.get(r.request_id, last))
-        waiting = [
-            self.requests[rid]
-            for rid in plan
-            if rid in self.requests and self.requests[rid] in self.waiting
-        ]
-        for vreq in waiting:
-            self.waiting.remove_request(vreq)
-        for vreq in reversed(waiting):
-            self.waiting.prepend_request(vreq)
+        # only a prefill can be waiting in vLLM (a decode's prompt ran, in vLLM too): with none
+        # waiting (the steady state of decodes) the waiting queue is left alone
+        requests, running = self.requests, RequestStatus.RUNNING
+        if not any(
+            (vreq := requests.get(c.request.request_id)) is not None and vreq.status != running
+            for c in batch.prefills
+        ):
+            return
+        first = [vreq for vreq in self.waiting if vreq.request_id in rank]
+        if first:
+            first.sort(key=lambda r: rank[r.request_id])
+            self.waiting.remove_requests(first)
+            self.waiting.prepend_requests(reversed(first))
 
-    def _reconcile(self, batch: Batch, output) -> None:
+    def _reconcile(self, batch: Batch, plan: dict[str, int], output) -> None:
         """Make medha's batch what vLLM runs (see the module's docstring, step 3)."""
         ran = output.num_scheduled_tokens
-        for chunk in list(batch.chunks):
+        # vLLM ran every chunk's token count (the common step): only a prefill can still have
+        # started elsewhere (a prefix-cache hit); else look at every chunk
+        chunks = batch.prefills if ran == plan else batch.chunks
+        for chunk in list(chunks):
             rid = chunk.request.request_id
             n = ran.get(rid, 0)
             vreq = self.requests.get(rid)
@@ -151,8 +159,8 @@ class MedhaScheduler(Scheduler):
             if rid not in ours:
                 self.plan_revisions += 1
                 self.medha.drop_kv(batch, rid)
-        unplanned = set(ran) - {c.request.request_id for c in batch.chunks}
-        if unplanned:  # the hook caps every request; this would be a changed vLLM
+        if ran != plan and (unplanned := set(ran) - set(plan)):
+            # the hook caps every request; this would be a changed vLLM
             raise RuntimeError(f"vLLM scheduled requests medha did not plan: {sorted(unplanned)}")
 
     def update_from_output(self, scheduler_output, model_runner_output):
