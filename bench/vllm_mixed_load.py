@@ -1,0 +1,173 @@
+"""Mixed load on vLLM's engine: vLLM's scheduler against medha's, plus the digital twin.
+
+    python bench/vllm_mixed_load.py [--qps 1.0,2.0] [--num-requests 150] [--rounds 1]
+
+SmolLM2-135M on this machine, every server with the same flags (bench/vllm_servers.py). The
+workload of bench/server_mixed_load.py: 95% prompts of 32-256 tokens, 5% of 3,000-6,000, 16-48
+output tokens, Poisson arrivals, the same request list for every server (seeded), driven by
+`medha bench`. Contenders, one server at a time, alternated within each round:
+
+- vLLM: its own scheduler (chunked prefill, running requests first);
+- medha lars: lars with adaptive chunking, the packer planning with the vLLM profile of this
+  machine (`medha profile --engine vllm`) when there is one;
+- medha fcfs: fcfs with static 2,048-token chunks (vLLM's policy, run by medha's scheduler).
+
+Reported per rate: short-request TTFT p50/p90/p99, long requests completed, output tokens/s;
+vLLM / medha lars for the short TTFT p99 (goal >= 5x) and output throughput (goal within 10%).
+Then each medha run's requests are replayed in `medha simulate` with the vLLM profile, and its
+short TTFT p50 compared with the measured one (goal: within 30%).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from local_server import local_server  # noqa: E402
+from vllm_servers import add_server_args, server_command, server_flags  # noqa: E402
+
+from medha.benchmark.load_generator import BenchConfig, run_bench  # noqa: E402
+
+WORKLOAD = "prompt=32-256,output=16-48,long_fraction=0.05,long_prompt=3000-6000"
+LONG_THRESHOLD = 1024
+CONTENDERS = {
+    "vLLM": None,
+    "medha lars": {"policy": "lars", "chunking": "adaptive"},
+    "medha fcfs": {"policy": "fcfs", "chunking": "static:2048"},
+}
+
+
+def bench_one(name: str, medha, args, flags, qps: float, out: Path) -> dict:
+    with local_server(server_command(flags, medha, args.front), quiet=not args.verbose) as url:
+        # one request first: the first forward passes of a fresh server are slow
+        warmup = BenchConfig(
+            url=url, workload="prompt=32-256,output=16", qps=4, num_requests=2, seed=99
+        )
+        warmup.out = str(out / "warmup")
+        run_bench(warmup, progress=False)
+        return run_bench(
+            BenchConfig(
+                url=url,
+                workload=args.workload,
+                qps=qps,
+                num_requests=args.num_requests,
+                seed=args.seed,
+                long_threshold=LONG_THRESHOLD,
+                out=str(out / name.replace(" ", "-")),
+            ),
+            progress=not args.quiet,
+        )
+
+
+def long_completed(run_dir: Path) -> tuple[int, int]:
+    lines = (run_dir / "requests.csv").read_text().splitlines()[1:]
+    longs = [line for line in lines if ",long," in line]
+    return sum(",long,ok," in line for line in longs), len(longs)
+
+
+def simulate(run_dir: Path, medha: dict, profile: str, flags) -> dict:
+    """Replay a run's requests (their measured arrival times and lengths) in the simulator."""
+    out = run_dir.parent / (run_dir.name + "-sim")
+    cmd = [sys.executable, "-m", "medha", "simulate", "--model", "smollm2-135m"]
+    cmd += ["--hardware", "cpu", "--predictor", f"profiled:{profile}"]
+    cmd += ["--trace", str(run_dir / "requests.csv"), "--kv-memory-gb", str(flags.kv_gib)]
+    cmd += ["--long-threshold", str(LONG_THRESHOLD), "--out", str(out), "--no-plots"]
+    cmd += ["--overwrite", "--max-batch-tokens", str(flags.max_num_batched_tokens)]
+    cmd += ["--max-num-seqs", str(flags.max_num_seqs)]
+    for key, value in medha.items():
+        cmd += ["--" + key.replace("_", "-"), str(value)]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    return json.loads((out / "summary.json").read_text())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--qps", default="1.0,2.0", help="arrival rates, comma-separated")
+    ap.add_argument("--num-requests", type=int, default=150)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--contenders", default=",".join(CONTENDERS), help="comma-separated")
+    ap.add_argument("--workload", default=WORKLOAD)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--profile", default=None, help="vLLM profile (default: this machine's)")
+    ap.add_argument("--out", default="runs/vllm_mixed_load")
+    ap.add_argument("--quiet", action="store_true", help="no progress bars")
+    ap.add_argument("--verbose", action="store_true", help="the servers' logs")
+    add_server_args(ap)
+    args = ap.parse_args()
+    flags = server_flags(args)
+    rates = [float(q) for q in args.qps.split(",")]
+    names = args.contenders.split(",")
+    results: dict = {}  # (rate, round, name) -> (summary, run dir)
+    for rate in rates:
+        for rnd in range(args.rounds):
+            for name in names if rnd % 2 == 0 else names[::-1]:
+                out = Path(args.out) / f"qps{rate:g}" / f"round{rnd}"
+                summary = bench_one(name, CONTENDERS[name], args, flags, rate, out)
+                results[rate, rnd, name] = (summary, out / name.replace(" ", "-"))
+                short = summary["by_class"]["short"]["ttft_s"]
+                print(
+                    f"{rate:g} req/s round {rnd} {name}: short TTFT p50 {short['p50']:.3f} s "
+                    f"p99 {short['p99']:.3f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    print(f"\n{args.num_requests} requests, {args.workload}; {flags}; front {args.front}\n")
+    print(
+        "| req/s | round | scheduler | short TTFT p50 | p90 | p99 | long done | long TTFT p50 "
+        "| output tok/s |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for (rate, rnd, name), (s, run_dir) in results.items():
+        t, lo = s["by_class"]["short"]["ttft_s"], s["by_class"]["long"]["ttft_s"]
+        done, total = long_completed(run_dir)
+        print(
+            f"| {rate:g} | {rnd} | {name} | {t['p50']:.3f} s | {t['p90']:.3f} s | {t['p99']:.3f} s "
+            f"| {done}/{total} | {lo['p50'] or float('nan'):.2f} s "
+            f"| {s['throughput']['output_tokens_per_s']:.1f} |"
+        )
+    if "vLLM" in names and "medha lars" in names:
+        print()
+        for rate in rates:
+            for rnd in range(args.rounds):
+                plain, ours = (results[rate, rnd, n][0] for n in ("vLLM", "medha lars"))
+                p99 = plain["by_class"]["short"]["ttft_s"]["p99"]
+                p99 /= ours["by_class"]["short"]["ttft_s"]["p99"]
+                tput = ours["throughput"]["output_tokens_per_s"]
+                tput /= plain["throughput"]["output_tokens_per_s"]
+                print(
+                    f"{rate:g} req/s round {rnd}: short TTFT p99 vLLM / medha lars {p99:.1f}x "
+                    f"(goal >= 5x); output throughput medha lars / vLLM {tput:.2f} (goal >= 0.9)"
+                )
+    profile = args.profile or default_profile(flags)
+    if profile is None or not Path(profile).exists():
+        print(f"\nno vLLM profile ({profile}): run `medha profile --engine vllm` for the twin")
+        return
+    print(f"\nDigital twin: `medha simulate` with {profile}\n")
+    print("| req/s | round | scheduler | short TTFT p50 measured | simulated | error |")
+    print("|---|---|---|---|---|---|")
+    for (rate, rnd, name), (s, run_dir) in results.items():
+        medha = CONTENDERS[name] or CONTENDERS["medha fcfs"]  # vLLM's own: as medha's fcfs
+        sim = simulate(run_dir, medha, profile, flags)["by_class"]["short"]["ttft_s"]["p50"]
+        real = s["by_class"]["short"]["ttft_s"]["p50"]
+        label = name if CONTENDERS[name] else f"{name} (simulated as medha fcfs)"
+        error = sim / real - 1
+        print(f"| {rate:g} | {rnd} | {label} | {real:.3f} s | {sim:.3f} s | {error:+.0%} |")
+
+
+def default_profile(flags) -> str | None:
+    try:
+        from medha.vllm_executor.settings import vllm_profile_path
+    except ImportError:
+        return None
+    return str(vllm_profile_path(flags.model, "cpu"))
+
+
+if __name__ == "__main__":
+    main()

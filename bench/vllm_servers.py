@@ -1,0 +1,93 @@
+"""The servers the vLLM benchmarks compare, built from one set of flags so that they differ only
+in the scheduler (and, with --front medha, the front end):
+
+- `vLLM`: vLLM's OpenAI server with its own scheduler;
+- `vLLM + medha`: the same server with `--scheduler-cls medha.vllm_executor.MedhaScheduler`
+  and medha's settings in `--additional-config`;
+- with front "medha", the medha contenders run `medha serve --engine vllm` instead (medha's
+  HTTP server over vLLM's engine, the same scheduler).
+
+Every server gets the same dtype, context, KV cache size and batch limits, set explicitly
+(vLLM's OpenAI-server defaults on a CPU: 2,048 tokens and 128 sequences per step).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+
+
+@dataclass
+class ServerFlags:
+    model: str
+    dtype: str = "auto"  # vLLM's choice: bfloat16 where the CPU has it
+    max_model_len: int = 8192
+    kv_gib: float = 2.0
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 128
+    enforce_eager: bool = False
+
+
+def server_command(flags: ServerFlags, medha: dict | None, front: str = "vllm"):
+    """`command(port)` for local_server: plain vLLM when `medha` is None, else vLLM with medha's
+    scheduler behind vLLM's server (front "vllm") or medha's (front "medha")."""
+
+    def command(port: int) -> list[str]:
+        if medha is not None and front == "medha":
+            cmd = [sys.executable, "-m", "medha", "serve", "--engine", "vllm"]
+            cmd += ["--model", flags.model, "--served-model-name", "m", "--port", str(port)]
+            cmd += ["--dtype", flags.dtype, "--kv-memory-gb", str(flags.kv_gib)]
+            cmd += ["--max-model-len", str(flags.max_model_len)]
+            cmd += ["--max-batch-tokens", str(flags.max_num_batched_tokens)]
+            cmd += ["--max-num-seqs", str(flags.max_num_seqs), "--log-level", "warning"]
+            for key, value in medha.items():
+                cmd += ["--" + key.replace("_", "-"), str(value)]
+            if flags.enforce_eager:
+                cmd += ["--vllm-arg", "enforce_eager=true"]
+            return cmd
+        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", flags.model]
+        cmd += ["--served-model-name", "m", "--port", str(port), "--dtype", flags.dtype]
+        cmd += ["--max-model-len", str(flags.max_model_len)]
+        cmd += ["--kv-cache-memory-bytes", str(int(flags.kv_gib * (1 << 30)))]
+        cmd += ["--max-num-batched-tokens", str(flags.max_num_batched_tokens)]
+        cmd += ["--max-num-seqs", str(flags.max_num_seqs), "--disable-log-stats"]
+        cmd += ["--uvicorn-log-level", "warning"]
+        if flags.enforce_eager:
+            cmd += ["--enforce-eager"]
+        if medha is not None:
+            cmd += ["--scheduler-cls", "medha.vllm_executor.MedhaScheduler"]
+            cmd += ["--additional-config", json.dumps({"medha": medha})]
+        return cmd
+
+    return command
+
+
+def add_server_args(ap) -> None:
+    ap.add_argument("--model", default=None, help="model directory (default: SmolLM2)")
+    ap.add_argument("--dtype", default="auto", help="vLLM's --dtype (default auto: bf16 here)")
+    ap.add_argument("--kv-gib", type=float, default=2.0, help="KV cache of each server (GiB)")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    ap.add_argument("--max-num-seqs", type=int, default=128)
+    ap.add_argument("--enforce-eager", action="store_true", help="no torch.compile (faster start)")
+    ap.add_argument(
+        "--front",
+        choices=("vllm", "medha"),
+        default="vllm",
+        help="front end of the medha contenders: vLLM's OpenAI server with --scheduler-cls "
+        "(the same front end as plain vLLM: only the scheduler differs), or `medha serve "
+        "--engine vllm` (default: vllm)",
+    )
+
+
+def server_flags(args) -> ServerFlags:
+    from medha.engine.checkpoint import resolve_model
+
+    return ServerFlags(
+        model=args.model or str(resolve_model("smollm2")),
+        dtype=args.dtype,
+        kv_gib=args.kv_gib,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_seqs=args.max_num_seqs,
+        enforce_eager=args.enforce_eager,
+    )
