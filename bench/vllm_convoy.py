@@ -1,14 +1,17 @@
 """The convoy effect on vLLM's engine: plain vLLM's scheduler against medha's, through vLLM's
 OpenAI server, side by side in one run.
 
-    python bench/vllm_convoy.py [--rounds 2] [--medha '{"policy": "lars", ...}'] [--dtype float32]
+    python bench/vllm_convoy.py [--rounds 2] [--medha '{"policy": "lars", ...}'] [--front vllm]
 
-SmolLM2-135M on this machine. A 6,000-token prompt, then 8 short prompts (64 tokens, 16 output
-tokens each) 0.5 s later; and the same 8 short prompts alone. For each server, the short
-requests' TTFT p50 alone and behind the long prompt, their ratio, and the long prompt's TTFT.
+SmolLM2-135M on this machine, every server with the same flags (bench/vllm_servers.py: vLLM's
+dtype, 2,048 tokens and 128 sequences per step). A 6,000-token prompt, then 8 short prompts
+(64 tokens, 16 output tokens each) 0.5 s later; and the same 8 short prompts alone. For each
+server, the short requests' TTFT p50 alone and behind the long prompt, their ratio, and the
+long prompt's TTFT.
 Contenders: `python -m vllm.entrypoints.openai.api_server` with its default scheduler, and the
 same with `--scheduler-cls medha.vllm_executor.MedhaScheduler --additional-config
-'{"medha": ...}'`; one server at a time, alternated for --rounds rounds.
+'{"medha": ...}'` (or, with --front medha, `medha serve --engine vllm`); one server at a time,
+alternated for --rounds rounds.
 """
 
 from __future__ import annotations
@@ -16,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import statistics
 import sys
@@ -26,22 +28,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from local_server import local_server  # noqa: E402
+from vllm_servers import add_server_args, server_command, server_flags  # noqa: E402
 
 DEFAULT_MEDHA = {"policy": "lars", "chunking": "adaptive"}
-
-
-def server_command(model: str, dtype: str, medha: dict | None):
-    def command(port: int) -> list[str]:
-        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
-        cmd += ["--served-model-name", "m", "--port", str(port), "--dtype", dtype]
-        cmd += ["--max-model-len", "8192", "--max-num-batched-tokens", "8192"]
-        cmd += ["--enforce-eager", "--disable-log-stats"]
-        if medha is not None:
-            cmd += ["--scheduler-cls", "medha.vllm_executor.MedhaScheduler"]
-            cmd += ["--additional-config", json.dumps({"medha": medha})]
-        return cmd
-
-    return command
 
 
 async def ttft(client, prompt: list[int], delay: float, t0: float) -> float:
@@ -84,19 +73,17 @@ def main() -> None:
     )
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--medha", default=json.dumps(DEFAULT_MEDHA), help="medha's settings (JSON)")
-    ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--model", default=None, help="model directory (default: SmolLM2)")
+    ap.add_argument("--verbose", action="store_true", help="the servers' logs")
+    add_server_args(ap)
     args = ap.parse_args()
-    from medha.engine.checkpoint import resolve_model
-
-    model = args.model or str(resolve_model("smollm2"))
-    # vLLM's CPU backend otherwise reserves a fraction of all memory for the KV cache
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB
+    flags = server_flags(args)
     contenders = {"vLLM": None, "vLLM + medha": json.loads(args.medha)}
     rows = []
     for rnd in range(args.rounds):
-        for name, medha in contenders.items():
-            with local_server(server_command(model, args.dtype, medha), quiet=True) as url:
+        names = list(contenders) if rnd % 2 == 0 else list(contenders)[::-1]
+        for name in names:
+            command = server_command(flags, contenders[name], args.front)
+            with local_server(command, quiet=not args.verbose) as url:
                 asyncio.run(scenario(url, False, 99))  # warm-up
                 alone = asyncio.run(scenario(url, False, rnd))
                 behind = asyncio.run(scenario(url, True, rnd))
@@ -109,7 +96,7 @@ def main() -> None:
                 file=sys.stderr,
                 flush=True,
             )
-    print(f"\nmedha settings: {args.medha}; dtype {args.dtype}\n")
+    print(f"\nmedha settings: {args.medha}; {flags}; front {args.front}\n")
     print("| round | scheduler | short TTFT p50 alone | behind the long one | ratio | max behind "
           "| long TTFT |")  # fmt: skip
     print("|---|---|---|---|---|---|---|")
@@ -119,7 +106,7 @@ def main() -> None:
             f"{worst:.3f} s | {long:.2f} s |"
         )
     for rnd in range(args.rounds):
-        plain, ours = (r for r in rows if r[1] == rnd)
+        plain, ours = sorted((r for r in rows if r[1] == rnd), key=lambda r: r[0] != "vLLM")
         print(
             f"\nround {rnd}: long TTFT medha / plain {ours[5] / plain[5]:.2f}x; "
             f"shorts behind the long one, plain / medha {plain[3] / ours[3]:.1f}x"
