@@ -64,7 +64,6 @@ def _serve_medha(args: argparse.Namespace, config: ServerConfig) -> None:
 
     engine = llm_from_args(args).engine
     app = build_app(engine, config, engine_thread=False)
-    _log_at(config.log_level)
     _announce(
         config,
         args.model,
@@ -131,7 +130,6 @@ def _serve_vllm(args: argparse.Namespace, config: ServerConfig) -> None:
             raise CliError(str(e)) from None
         try:
             app = build_app(engine, config, async_engine_cls=VllmAsyncEngine)
-            _log_at(config.log_level)
             _announce(
                 config,
                 args.model,
@@ -151,13 +149,11 @@ def _serve_vllm(args: argparse.Namespace, config: ServerConfig) -> None:
         raise CliError(f"could not serve on {config.host}:{config.port} (see the log above)")
 
 
-def _log_at(level: str) -> None:
+def _announce(config: ServerConfig, model: str, what: str) -> None:
+    """Log at the server's level from now on, and say what is served where."""
     import logging
 
-    logging.basicConfig(level=level.upper(), format="%(levelname)s %(message)s")
-
-
-def _announce(config: ServerConfig, model: str, what: str) -> None:
+    logging.basicConfig(level=config.log_level.upper(), format="%(levelname)s %(message)s")
     print(
         f"medha {__version__} serving {config.served_model_name or model} ({what}) "
         f"on http://{config.host}:{config.port}/v1",
