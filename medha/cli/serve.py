@@ -6,7 +6,12 @@ import argparse
 import sys
 
 from medha import __version__
-from medha.cli.common import CliError, add_engine_choice, llm_from_args
+from medha.cli.common import (
+    CliError,
+    add_engine_choice,
+    llm_from_args,
+    scheduler_config_from_args,
+)
 from medha.core.config import SchedulerConfig
 from medha.engine.config import EngineConfig
 from medha.server.config import ServerConfig
@@ -34,8 +39,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    import logging
     import os
+
+    config = dataclass_from_args(ServerConfig, args)
+    if config.api_key is None:
+        config.api_key = os.environ.get("MEDHA_API_KEY") or None
+    if config.max_waiting < 1:
+        raise CliError(f"--max-waiting must be at least 1, got {config.max_waiting}")
+    if args.engine == "vllm":
+        _serve_vllm(args, config)
+        return
+    if args.vllm_arg:
+        raise CliError("--vllm-arg needs --engine vllm")
+    _serve_medha(args, config)
+
+
+def _serve_medha(args: argparse.Namespace, config: ServerConfig) -> None:
     import signal
     import threading
 
@@ -43,33 +62,18 @@ def run(args: argparse.Namespace) -> None:
 
     from medha.server.app import build_app
 
-    config = dataclass_from_args(ServerConfig, args)
-    if config.api_key is None:
-        config.api_key = os.environ.get("MEDHA_API_KEY") or None
-    if config.max_waiting < 1:
-        raise CliError(f"--max-waiting must be at least 1, got {config.max_waiting}")
     engine = llm_from_args(args).engine
     app = build_app(engine, config, engine_thread=False)
-    logging.basicConfig(level=config.log_level.upper(), format="%(levelname)s %(message)s")
-    print(
-        f"medha {__version__} serving {config.served_model_name or args.model} "
-        f"({engine.spec.name}, {engine.device.type}, policy "
-        f"{engine.policy}, chunking {engine.chunking}) on http://{config.host}:{config.port}/v1",
-        file=sys.stderr,
-        flush=True,
+    _announce(
+        config,
+        args.model,
+        f"{engine.spec.name}, {engine.device.type}, policy {engine.policy}, "
+        f"chunking {engine.chunking}",
     )
     # The engine loop runs here, on the thread that loaded the model (see AsyncEngine), and
     # uvicorn on its own thread. SIGTERM/SIGINT ask uvicorn to drain (a second one forces it);
     # its lifespan shutdown then stops the engine loop.
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            host=config.host,
-            port=config.port,
-            log_level=config.log_level,
-            timeout_graceful_shutdown=config.drain_timeout_s,
-        )
-    )
+    server = uvicorn.Server(_uvicorn_config(app, config))
     http = threading.Thread(target=server.run, name="medha-http")
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, server.handle_exit)
@@ -78,3 +82,93 @@ def run(args: argparse.Namespace) -> None:
     http.join()
     if not server.started:
         raise CliError(f"could not serve on {config.host}:{config.port} (see the log above)")
+
+
+def _serve_vllm(args: argparse.Namespace, config: ServerConfig) -> None:
+    """vLLM's AsyncLLM and uvicorn share this thread's event loop, as in vLLM's own server:
+    the engine core runs in a process of its own, the output handler is a task of the loop."""
+    import asyncio
+    import contextlib
+    import signal
+
+    import uvicorn
+
+    try:
+        from medha.vllm_executor.engine_args import parse_vllm_args
+        from medha.vllm_executor.serving import VllmAsyncEngine, VllmEngine
+    except ImportError as e:
+        raise CliError(str(e)) from None
+    from medha.engine.errors import EngineError
+    from medha.server.app import build_app
+
+    engine_config = dataclass_from_args(EngineConfig, args)
+    scheduler = scheduler_config_from_args(args)
+    try:
+        vllm_args = parse_vllm_args(args.vllm_arg)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+
+    class Server(uvicorn.Server):
+        """On the main thread uvicorn handles SIGTERM and SIGINT itself (drain; a second one
+        forces), then raises the signal again once stopped, which would end the process by
+        that signal: here the process exits 0 after the drain, as with medha's engine."""
+
+        @contextlib.contextmanager
+        def capture_signals(self):
+            signals = (signal.SIGTERM, signal.SIGINT)
+            before = {sig: signal.signal(sig, self.handle_exit) for sig in signals}
+            try:
+                yield
+            finally:
+                for sig, handler in before.items():
+                    signal.signal(sig, handler)
+
+    async def serve() -> bool:
+        try:  # (blocks the loop while vLLM starts: nothing else runs on it yet)
+            engine = VllmEngine(engine_config, scheduler, vllm_args)
+        except (EngineError, ValueError) as e:
+            raise CliError(str(e)) from None
+        try:
+            app = build_app(engine, config, async_engine_cls=VllmAsyncEngine)
+            _announce(
+                config,
+                args.model,
+                f"engine vllm, {engine.device}, {engine.dtype}, policy {engine.policy}, "
+                f"chunking {engine.chunking}",
+            )
+            server = Server(_uvicorn_config(app, config))
+            try:  # SIGTERM/SIGINT drain; its lifespan shuts the engine down
+                await server.serve()
+            except SystemExit:  # uvicorn's answer to a port it cannot bind (logged)
+                pass
+            return server.started
+        finally:
+            engine.shutdown()
+
+    if not asyncio.run(serve()):
+        raise CliError(f"could not serve on {config.host}:{config.port} (see the log above)")
+
+
+def _announce(config: ServerConfig, model: str, what: str) -> None:
+    """Log at the server's level from now on, and say what is served where."""
+    import logging
+
+    logging.basicConfig(level=config.log_level.upper(), format="%(levelname)s %(message)s")
+    print(
+        f"medha {__version__} serving {config.served_model_name or model} ({what}) "
+        f"on http://{config.host}:{config.port}/v1",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _uvicorn_config(app, config: ServerConfig):
+    import uvicorn
+
+    return uvicorn.Config(
+        app,
+        host=config.host,
+        port=config.port,
+        log_level=config.log_level,
+        timeout_graceful_shutdown=config.drain_timeout_s,
+    )

@@ -277,7 +277,7 @@ class LLMEngine:
                 prompt_token_ids = self.encode_prompt(prompt)
             elif prompt is not None:
                 prompt_token_ids = list(prompt)
-        self._check_prompt(prompt_token_ids)
+        check_prompt(prompt_token_ids, self.max_model_len, self.runner.args.vocab_size)
         request = Request.from_tokens(
             request_id,
             time.monotonic() if arrival_s is None else arrival_s,
@@ -299,33 +299,7 @@ class LLMEngine:
     def encode_chat(self, messages: list[dict]) -> list[int]:
         """Token ids of a chat through the model's template; refused (InvalidRequestError)
         without templating when its contents alone cannot fit the context."""
-        limit = self.max_model_len
-        at_least = sum(self.tokenizer.min_tokens(m.get("content") or "") for m in messages)
-        if at_least > limit:
-            raise InvalidRequestError(
-                f"messages are at least {at_least} tokens long; the "
-                f"model's context is {limit} tokens",
-                "messages",
-            )
-        return self.tokenizer.apply_chat_template(messages)
-
-    def _check_prompt(self, ids: list[int] | None) -> None:
-        if not ids:
-            raise InvalidRequestError("prompt must not be empty", "prompt")
-        limit = self.max_model_len
-        if len(ids) > limit:  # before looking at each id
-            raise InvalidRequestError(
-                f"prompt is {len(ids)} tokens long; the model's context is {limit} tokens", "prompt"
-            )
-        vocab = self.runner.args.vocab_size
-        if (
-            not all(isinstance(t, int) and not isinstance(t, bool) for t in ids)
-            or min(ids) < 0
-            or max(ids) >= vocab
-        ):
-            raise InvalidRequestError(
-                f"prompt token ids must be integers in [0, {vocab})", "prompt"
-            )
+        return self.tokenizer.apply_chat_template(messages, limit=self.max_model_len)
 
     def _new_state(self, params: SamplingParams) -> _State:
         generator = None
@@ -599,6 +573,26 @@ class LLMEngine:
             return s.detok.flush(), True
         delta = s.detok.add(smp.token)
         return delta, s.detok.stopped
+
+
+def check_prompt(ids: list[int] | None, max_model_len: int, vocab_size: int) -> None:
+    """Refuse (InvalidRequestError naming `prompt`) an empty prompt, one longer than the
+    context, and ids outside the vocabulary."""
+    if not ids:
+        raise InvalidRequestError("prompt must not be empty", "prompt")
+    if len(ids) > max_model_len:  # before looking at each id
+        raise InvalidRequestError(
+            f"prompt is {len(ids)} tokens long; the model's context is {max_model_len} tokens",
+            "prompt",
+        )
+    if (
+        not all(isinstance(t, int) and not isinstance(t, bool) for t in ids)
+        or min(ids) < 0
+        or max(ids) >= vocab_size
+    ):
+        raise InvalidRequestError(
+            f"prompt token ids must be integers in [0, {vocab_size})", "prompt"
+        )
 
 
 def _without(batch, request_id: str):

@@ -60,8 +60,18 @@ class Tokenizer:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(
-        self, messages: list[dict], add_generation_prompt: bool = True
+        self, messages: list[dict], add_generation_prompt: bool = True, limit: int | None = None
     ) -> list[int]:
+        """Token ids of a chat; with `limit`, refused (InvalidRequestError) without templating
+        when its contents alone cannot fit in `limit` tokens."""
+        if limit is not None:
+            at_least = sum(self.min_tokens(m.get("content") or "") for m in messages)
+            if at_least > limit:
+                raise InvalidRequestError(
+                    f"messages are at least {at_least} tokens long; the "
+                    f"model's context is {limit} tokens",
+                    "messages",
+                )
         if not self._tok.chat_template:
             raise InvalidRequestError(
                 "this model has no chat template; send a plain prompt", "messages"

@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from medha import __version__
-from medha.engine.llm_engine import LLMEngine
 from medha.server import chat, completions, routes
 from medha.server.async_engine import AsyncEngine
 from medha.server.body_guard import BodyGuard
@@ -21,19 +22,25 @@ from medha.server.config import ServerConfig, max_request_bytes
 from medha.server.errors import RequestError, from_validation
 from medha.server.metrics import ServerMetrics
 from medha.server.openapi import document
-from medha.server.state import ServerState
+from medha.server.state import AsyncEngineLike, EngineLike, ServerState
 
 log = logging.getLogger("medha.server")
 
 
 def build_app(
-    engine: LLMEngine, config: ServerConfig | None = None, engine_thread: bool = True
+    engine: EngineLike,
+    config: ServerConfig | None = None,
+    engine_thread: bool = True,
+    async_engine_cls: Callable[[Any, ServerMetrics, int], AsyncEngineLike] = AsyncEngine,
 ) -> FastAPI:
-    """The API over `engine`. With `engine_thread` the app starts the engine loop on a thread
-    of its own; without, the caller runs `app.state.engine.run()` on the thread it chooses."""
+    """The API over `engine`, which requests reach through `async_engine_cls(engine, metrics,
+    max_waiting)`: medha's `AsyncEngine` over its `LLMEngine` (the default), or another
+    engine's pair of faces (`medha.vllm_executor.serving`). With `engine_thread` the app calls
+    the async engine's `start()` (medha's: its loop on a thread of its own); without, the
+    caller runs `app.state.engine.run()` on the thread it chooses."""
     config = config or ServerConfig()
     metrics = ServerMetrics(engine.num_kv_blocks, engine.stats)
-    async_engine = AsyncEngine(engine, metrics, config.max_waiting)
+    async_engine = async_engine_cls(engine, metrics, config.max_waiting)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

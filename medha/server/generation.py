@@ -18,10 +18,10 @@ from medha.engine.errors import (
 )
 from medha.engine.llm_engine import RequestOutput
 from medha.engine.sampling_params import SamplingParams
-from medha.server.async_engine import AsyncEngine, QueueFullError, is_final
+from medha.server.async_engine import QueueFullError, is_final
 from medha.server.errors import RequestError
 from medha.server.protocol import ChatCompletionRequest, CompletionRequest
-from medha.server.state import ServerState
+from medha.server.state import AsyncEngineLike, OutputQueue, ServerState
 
 log = logging.getLogger("medha.server")
 
@@ -37,7 +37,7 @@ class Choice:
     ) -> None:
         self.index, self.request_id = index, request_id
         self.prompt_ids, self.prompt_text = prompt_ids, prompt_text
-        self.queue: asyncio.Queue | None = None
+        self.queue: OutputQueue | None = None
         self.final: RequestOutput | None = None  # the latest output
         self.logprobs: list = []
 
@@ -141,7 +141,7 @@ def failure(e: EngineDeadError | RequestFailedError) -> RequestError:
     return RequestError(str(e), None, 500, "server_error")
 
 
-def abort_unfinished(async_engine: AsyncEngine, choices: list[Choice]) -> None:
+def abort_unfinished(async_engine: AsyncEngineLike, choices: list[Choice]) -> None:
     """Free the KV of the choices nobody will read to the end."""
     for c in choices:
         if c.final is None or not c.final.finished:

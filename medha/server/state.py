@@ -5,22 +5,65 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any, Protocol
 
 from fastapi import Depends, Request
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from medha.engine.llm_engine import LLMEngine
+from medha.engine.llm_engine import EngineStats
+from medha.engine.sampling_params import SamplingParams
 from medha.engine.tokenizer import Tokenizer
-from medha.server.async_engine import AsyncEngine
 from medha.server.config import ServerConfig
 from medha.server.metrics import ServerMetrics
 
 
+class EngineLike(Protocol):
+    """What the routes read from an engine: facts and tokenizing, never its loop. medha's
+    `LLMEngine` is one; `medha.vllm_executor.serving.VllmEngine` is vLLM's."""
+
+    config: Any  # its `model` names the served model
+    tokenizer: Tokenizer
+
+    @property
+    def max_model_len(self) -> int: ...
+    @property
+    def kv_capacity_tokens(self) -> int: ...
+    @property
+    def num_kv_blocks(self) -> int: ...
+    def encode_prompt(self, text: str, param: str = "prompt") -> list[int]: ...
+    def encode_chat(self, messages: list[dict]) -> list[int]: ...
+    def stats(self) -> EngineStats: ...
+
+
+class OutputQueue(Protocol):
+    """One request's RequestOutputs, then None, or the exception that ended it."""
+
+    async def get(self) -> Any: ...
+
+
+class AsyncEngineLike(Protocol):
+    """How the routes run requests on an engine (`medha.server.async_engine.AsyncEngine` over
+    medha's; `medha.vllm_executor.serving.VllmAsyncEngine` over vLLM's)."""
+
+    @property
+    def dead(self) -> str | None:
+        """Why the engine stopped, once it has (503s and /health)."""
+
+    async def add(
+        self, request_id: str, prompt_ids: list[int], params: SamplingParams, **slo
+    ) -> OutputQueue:
+        """Admit a request, all or nothing; raises QueueFullError, EngineDeadError, or a
+        ValueError for a request the engine refuses (InvalidRequestError names the field)."""
+
+    def abort(self, request_id: str) -> None: ...
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+
+
 @dataclass
 class ServerState:
-    engine: LLMEngine  # facts and tokenizing only: its loop belongs to async_engine's thread
-    async_engine: AsyncEngine
+    engine: EngineLike
+    async_engine: AsyncEngineLike
     config: ServerConfig
     metrics: ServerMetrics
     model_name: str  # the id clients send and /v1/models lists

@@ -11,12 +11,12 @@ from fastapi.responses import StreamingResponse
 
 from medha.engine.errors import EngineDeadError, RequestFailedError
 from medha.engine.llm_engine import RequestOutput
-from medha.server.async_engine import AsyncEngine
 from medha.server.generation import Body, Choice, abort_unfinished, failure
+from medha.server.state import AsyncEngineLike
 
 
 def sse(
-    events: AsyncIterator[dict], choices: list[Choice], async_engine: AsyncEngine
+    events: AsyncIterator[dict], choices: list[Choice], async_engine: AsyncEngineLike
 ) -> StreamingResponse:
     """Server-sent events ending in [DONE]. A client that disconnects cancels the generator,
     and the `finally` frees the requests' KV."""

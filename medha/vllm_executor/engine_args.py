@@ -70,8 +70,10 @@ def vllm_engine_args(
 
     What each medha flag becomes: --model (the embedded `smollm2` is its converted checkpoint
     directory), --dtype (auto: vLLM's choice, bfloat16 where the CPU has it), --kv-memory-gb
-    (vLLM's kv_cache_memory_bytes), --block-size, --tp (tensor_parallel_size), --predictor and
-    the scheduler flags (the `medha` object of additional_config, read by MedhaScheduler),
+    (vLLM's kv_cache_memory_bytes), --block-size (vLLM's own choice while it is medha's default:
+    vLLM's CPU attention refuses 16, it takes multiples of 32), --tp (tensor_parallel_size),
+    --predictor and the scheduler flags (the `medha` object of additional_config, read by
+    MedhaScheduler),
     --max-model-len / --max-num-seqs / --max-batch-tokens (vLLM's own limits). --threads sets
     the CPU cores vLLM binds its OpenMP threads to (VLLM_CPU_OMP_THREADS_BIND, in this
     process's environment). --spp and --kvp are medha's engine's alone."""
@@ -101,11 +103,12 @@ def vllm_engine_args(
         "model": model,
         "dtype": engine.dtype,
         "kv_cache_memory_bytes": int(engine.kv_memory_gb * (1 << 30)),
-        "block_size": engine.block_size,
         "tensor_parallel_size": engine.tp,
         "scheduler_cls": SCHEDULER_CLS,
         "additional_config": {"medha": medha},
     }
+    if engine.block_size != EngineConfig.block_size:  # the field's default
+        args["block_size"] = engine.block_size
     for ours, theirs in _OWNED_BY_VLLM.items():
         value = getattr(scheduler, ours)
         if value is not None:
