@@ -75,7 +75,8 @@ def simulate(run_dir: Path, medha: dict, profile: str, flags) -> dict:
     out = run_dir.parent / (run_dir.name + "-sim")
     cmd = [sys.executable, "-m", "medha", "simulate", "--model", "smollm2-135m"]
     cmd += ["--hardware", "cpu", "--predictor", f"profiled:{profile}"]
-    cmd += ["--trace", str(run_dir / "requests.csv"), "--kv-memory-gb", str(flags.kv_gib)]
+    cmd += ["--trace", str(run_dir / "requests.csv")]
+    cmd += ["--kv-memory-gb", str(kv_gib_at_fp32(flags, profile))]
     cmd += ["--long-threshold", str(LONG_THRESHOLD), "--out", str(out), "--no-plots"]
     cmd += ["--overwrite", "--max-batch-tokens", str(flags.max_num_batched_tokens)]
     cmd += ["--max-num-seqs", str(flags.max_num_seqs)]
@@ -162,11 +163,21 @@ def main() -> None:
 
 
 def default_profile(flags) -> str | None:
+    """This machine's vLLM profile for the servers' dtype (auto: the one vLLM resolved, of
+    the dtypes profiled here, bfloat16 first)."""
     try:
         from medha.vllm_executor.settings import vllm_profile_path
     except ImportError:
         return None
-    return str(vllm_profile_path(flags.model, "cpu"))
+    dtypes = ("bfloat16", "float16", "float32") if flags.dtype == "auto" else (flags.dtype,)
+    paths = [vllm_profile_path(flags.model, "cpu", d) for d in dtypes]
+    return str(next((p for p in paths if p.exists()), paths[0]))
+
+
+def kv_gib_at_fp32(flags, profile: str) -> float:
+    """The simulator's CPU hardware counts KV in fp32: the GiB that hold as many tokens as the
+    servers' KV cache in their dtype (read from the profile's name)."""
+    return flags.kv_gib * (2 if "16" in Path(profile).stem.rsplit("-", 1)[-1] else 1)
 
 
 if __name__ == "__main__":

@@ -61,6 +61,21 @@ def tiny_model(tmp_path_factory):
     return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
 
 
+@pytest.fixture(scope="session")
+def tiny_vllm_model(tmp_path_factory):
+    """The tiny random Llama of the vllm tier, with a head size vLLM's CPU attention supports
+    (64)."""
+    from tiny_llama import build_tiny_llama
+
+    return build_tiny_llama(
+        tmp_path_factory.mktemp("tiny-llama-vllm"),
+        hidden_size=128,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=64,
+    )
+
+
 @pytest.fixture
 def make_toy():
     return toy_scheduler
@@ -85,6 +100,7 @@ MODULE_TIERS = {
     "test_tiers.py": ("engine",),
     "test_vllm_executor.py": ("vllm",),  # it reruns core without torch, as long as core itself
     "test_vllm_serve.py": ("vllm",),
+    "test_vllm_profile.py": ("vllm",),
 }
 
 

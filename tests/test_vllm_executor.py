@@ -63,17 +63,8 @@ def _generate(llm, prompts, max_tokens=12):
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    """The tests' tiny random Llama, with a head size vLLM's CPU attention supports (64)."""
-    from tiny_llama import build_tiny_llama
-
-    return build_tiny_llama(
-        tmp_path_factory.mktemp("tiny-llama-vllm"),
-        hidden_size=128,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=64,
-    )
+def model(tiny_vllm_model):
+    return tiny_vllm_model
 
 
 @pytest.fixture(scope="module")
@@ -164,6 +155,38 @@ def test_aborts_leave_no_kv(model):
     assert sched.kv_cache_manager.usage == pytest.approx(0.0, abs=1e-9)
 
 
+def test_what_vllm_accepts_and_medha_cannot_take_ends_that_request_only(model, monkeypatch):
+    """vLLM takes a max_tokens past the context (and stops at max_model_len): medha's mirror
+    takes what vLLM can produce. A request medha still refuses finishes with an error, alone:
+    the engine core and the other requests go on."""
+    llm = _llm(model, CONFIGS["lars-adaptive"])
+    sched = _scheduler(llm)
+    engine = llm.llm_engine
+    long = vllm.SamplingParams(temperature=0.0, max_tokens=5000, ignore_eos=True)
+    params = vllm.SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    engine.add_request("past-the-context", {"prompt_token_ids": _prompts(2)[1]}, long)
+    refuse = sched.medha.add_request
+
+    def add_request(request, now=None):
+        if request.request_id.startswith("refused"):  # (vLLM adds a suffix to the id)
+            raise ValueError("a reason")
+        refuse(request, now)
+
+    monkeypatch.setattr(sched.medha, "add_request", add_request)
+    engine.add_request("refused", {"prompt_token_ids": [5] * 20}, params)
+    engine.add_request("fine", {"prompt_token_ids": [6] * 20}, params)
+    done = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out.outputs[0]
+    assert len(done["past-the-context"].token_ids) == 2048 - len(_prompts(2)[1])
+    assert done["refused"].finish_reason == "error" and not done["refused"].token_ids
+    assert len(done["fine"].token_ids) == 8
+    assert not sched.requests and len(sched.medha) == 0
+    assert sched.kv_cache_manager.usage == pytest.approx(0.0, abs=1e-9)
+
+
 def test_a_requests_targets_reach_medha_and_bad_ones_are_left_out():
     from types import SimpleNamespace
 
@@ -175,12 +198,12 @@ def test_a_requests_targets_reach_medha_and_bad_ones_are_left_out():
             request_id="r", sampling_params=params, num_prompt_tokens=10, max_tokens=4
         )
 
-    r = _mirror(vreq({"medha_priority": "high", "medha_tpot_slo_s": 0.1}), 1.0)
+    r = _mirror(vreq({"medha_priority": "high", "medha_tpot_slo_s": 0.1}), 1.0, 2048, 1 << 20)
     assert (r.priority_class, r.tpot_target_s, r.ttft_deadline_s) == ("HIGH", 0.1, None)
     hostile = {"medha_tpot_slo_s": -1, "medha_ttft_slo_s": "nan", "medha_priority": ["x"]}
-    r = _mirror(vreq(hostile), 1.0)
+    r = _mirror(vreq(hostile), 1.0, 2048, 1 << 20)
     assert (r.priority_class, r.tpot_target_s, r.ttft_deadline_s) == (None, None, None)
-    assert _mirror(vreq(None), 1.0).prompt_len == 10
+    assert _mirror(vreq(None), 1.0, 2048, 1 << 20).prompt_len == 10
 
 
 def test_unsupported_vllm_versions_are_refused(monkeypatch):

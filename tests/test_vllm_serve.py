@@ -93,17 +93,8 @@ class Server:
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    """The tests' tiny random Llama, with a head size vLLM's CPU attention supports (64)."""
-    from tiny_llama import build_tiny_llama
-
-    return build_tiny_llama(
-        tmp_path_factory.mktemp("tiny-llama-vllm"),
-        hidden_size=128,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=64,
-    )
+def model(tiny_vllm_model):
+    return tiny_vllm_model
 
 
 @pytest.fixture(scope="module")
@@ -249,7 +240,7 @@ def test_a_requests_targets_reach_medhas_scheduler(client):
     vreq = SimpleNamespace(
         request_id="r", sampling_params=params, num_prompt_tokens=5, max_tokens=4
     )
-    mirror = _mirror(vreq, 0.0)
+    mirror = _mirror(vreq, 0.0, 2048, 1 << 20)
     assert (mirror.priority_class, mirror.ttft_deadline_s, mirror.tpot_target_s) == (
         "HIGH",
         2.0,

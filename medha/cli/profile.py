@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
-from medha.cli.common import add_engine_choice, llm_from_args
+from medha.cli.common import CliError, add_engine_choice, llm_from_args, scheduler_config_from_args
+from medha.core.config import SchedulerConfig
 from medha.engine.config import EngineConfig
-from medha.utils.dataclass_cli import add_dataclass_args
+from medha.utils.dataclass_cli import add_dataclass_args, dataclass_from_args
+
+# the scheduler's limits that shape what is profiled (the rest of its flags do not matter here)
+_LIMITS = ("max_model_len", "max_num_seqs", "max_batch_tokens")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -24,7 +29,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--out",
         default=None,
         help="profile path (default: the engine's cache, "
-        "~/.cache/medha/profiles/<model>-<device>.json)",
+        "~/.cache/medha/profiles/<model>-<device>.json; with --engine vllm "
+        "<model>-vllm-<device>-<dtype>.json, which medha's scheduler on vLLM then plans with)",
     )
     p.add_argument("--mixed", type=int, default=40, help="random mixed batches (default 40)")
     p.add_argument("--seed", type=int, default=0, help="seed of the mixed batches")
@@ -32,10 +38,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_engine_choice(p)
     add_dataclass_args(p, EngineConfig, title="engine")
+    add_dataclass_args(
+        p,
+        SchedulerConfig,
+        skip=tuple(f.name for f in dataclasses.fields(SchedulerConfig) if f.name not in _LIMITS),
+        title="limits (with --engine vllm: serve with the same ones; --max-batch-tokens "
+        "defaults to 2048 there)",
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> None:
+    if args.engine == "vllm":
+        _profile_vllm(args)
+        return
+    if args.vllm_arg:
+        raise CliError("--vllm-arg needs --engine vllm")
     from medha.engine.llm_engine import _default_profile_path
     from medha.engine.profiler import Profiler, grid
 
@@ -55,4 +73,44 @@ def run(args: argparse.Namespace) -> None:
     print(
         f"wrote {out}; the engine uses it by default from now on "
         f"(or pass --predictor profiled:{out})"
+    )
+
+
+def _profile_vllm(args: argparse.Namespace) -> None:
+    try:
+        from medha.vllm_executor.engine_args import parse_vllm_args
+        from medha.vllm_executor.profiler import profile_vllm
+        from medha.vllm_executor.settings import vllm_profile_path
+    except ImportError as e:
+        raise CliError(str(e)) from None
+    from medha.engine.errors import EngineError
+
+    if args.mixed != 40:
+        raise CliError("--mixed applies to --engine medha (vLLM's profile runs two mixed loads)")
+    try:
+        engine = dataclass_from_args(EngineConfig, args)
+        profile, report, profiler = profile_vllm(
+            engine,
+            scheduler_config_from_args(args),
+            parse_vllm_args(args.vllm_arg),
+            seed=args.seed,
+            quick=args.quick,
+            progress=not args.quiet,
+        )
+    except (EngineError, ValueError) as e:
+        raise CliError(str(e)) from None
+    out = args.out or vllm_profile_path(
+        profiler.model, profiler.device, profiler.dtype, profiler.tp
+    )
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    profile.save(out)
+    print(
+        f"{report['steps']} steps in {report['wall_s']:.0f} s ({report['dropped']} dropped as "
+        f"slowed by the machine); fit error median {report['fit_median']:.1%}, p90 "
+        f"{report['fit_p90']:.1%}; on held-out steps median {report['holdout_median']:.1%}, "
+        f"p90 {report['holdout_p90']:.1%}"
+    )
+    print(
+        f"wrote {out}; medha's scheduler on vLLM ({profiler.dtype}) plans with it by default "
+        f"from now on (or pass --predictor profiled:{out})"
     )

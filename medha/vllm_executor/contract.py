@@ -52,7 +52,17 @@ _METHODS = {
     "_reserve_prefill_lookahead": ["self", "request", "num_computed_tokens", "num_new_tokens"],
     "_preempt_request": ["self", "request", "timestamp", "drop_stale_output"],
 }
-_ATTRIBUTES = ("running", "waiting", "requests", "kv_cache_manager", "max_num_scheduled_tokens")
+_ATTRIBUTES = (
+    "running",
+    "waiting",
+    "requests",
+    "kv_cache_manager",
+    "max_num_scheduled_tokens",
+    "max_model_len",
+    # requests finished with an error output at the next update_from_output (the adapter's
+    # way to end a request medha cannot take without failing the engine core)
+    "grammar_compile_error_reqs",
+)
 _QUEUE_METHODS = ("pop_request", "add_request", "prepend_request", "remove_request")
 
 

@@ -58,16 +58,26 @@ class MedhaScheduler(Scheduler):
         self.clock = time.monotonic
         self.plan_revisions = 0  # chunks vLLM ran differently from medha's plan
         self._plan: dict[str, int] | None = None  # request id -> tokens, during schedule()
-        self._inflight: collections.deque = collections.deque()  # (output, Batch, sent at)
-        # the shape and measured time of each recent step (from the end of `schedule` to the
-        # start of `update_from_output`: the forward pass and sampling), for profiles
+        self._inflight: collections.deque = collections.deque()  # (output, Batch, started at)
+        # the shape and measured time of each recent step, for profiles: the whole engine-core
+        # step, from the start of `schedule` to the end of `update_from_output` (scheduling,
+        # the forward pass, sampling and the outputs' bookkeeping), the cycle a request waits
+        # through between two tokens
         self.steps: collections.deque[IterationRow] = collections.deque(maxlen=STEPS_KEPT)
 
     # ---- requests ----------------------------------------------------------------------------
     def add_request(self, request) -> None:
         super().add_request(request)
         now = self.clock()
-        self.medha.add_request(_mirror(request, now), now)
+        try:
+            mirror = _mirror(request, now, self.max_model_len, self.medha.blocks.capacity_tokens)
+            self.medha.add_request(mirror, now)
+        except ValueError as e:
+            # one request medha cannot take must not fail the engine core (and every other
+            # request with it): vLLM finishes it with an error at the next step, and medha
+            # never plans it, so vLLM never runs it
+            logger.error("request %s refused by medha's scheduler: %s", request.request_id, e)
+            self.grammar_compile_error_reqs.add(request.request_id)
 
     def finish_requests(self, request_ids: str | Iterable[str] | None, finished_status):
         finished = super().finish_requests(request_ids, finished_status)
@@ -98,7 +108,7 @@ class MedhaScheduler(Scheduler):
             self._plan = None
         if batch is not None:
             self._reconcile(batch, plan, output)
-            self._inflight.append((output, batch, self.clock()))
+            self._inflight.append((output, batch, now))
         return output
 
     def _reserve_prefill_lookahead(self, request, num_computed_tokens, num_new_tokens) -> int:
@@ -164,11 +174,11 @@ class MedhaScheduler(Scheduler):
             raise RuntimeError(f"vLLM scheduled requests medha did not plan: {sorted(unplanned)}")
 
     def update_from_output(self, scheduler_output, model_runner_output):
-        ran_s = self.clock() - self._inflight[0][2] if self._inflight else 0.0
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         if not self._inflight or self._inflight[0][0] is not scheduler_output:
             return outputs  # a step medha planned nothing for
-        _, batch, _ = self._inflight.popleft()
+        _, batch, started = self._inflight.popleft()
+        ran_s = self.clock() - started
         if batch.chunks:
             prefills = tuple((c.num_tokens, c.start) for c in batch.prefills)
             self.steps.append(
@@ -185,21 +195,25 @@ class MedhaScheduler(Scheduler):
 
 
 # a client's key in vLLM's extra_args (medha serve's API names, prefixed) -> the Request field
-_TARGETS = {
+TARGETS = {
     "medha_priority": "priority_class",
     "medha_ttft_slo_s": "ttft_deadline_s",
     "medha_tpot_slo_s": "tpot_target_s",
 }
 
 
-def _mirror(request, now: float) -> Request:
+def _mirror(request, now: float, max_model_len: int, capacity_tokens: int) -> Request:
     """medha's copy of a vLLM request: its lengths, and the targets a client may send in the
     request's `extra_args` (`vllm_xargs` in vLLM's API): medha_priority, medha_ttft_slo_s,
     medha_tpot_slo_s. An invalid one is left out (the server-wide defaults apply), with a
-    warning: a client's bad value must not fail the engine core."""
+    warning: a client's bad value must not fail the engine core.
+
+    vLLM accepts a max_tokens past the context and stops the request at max_model_len (or its
+    KV room): the mirror's max_tokens is what vLLM can produce, which medha's scheduler (and its
+    KV accounting) takes."""
     extra = getattr(request.sampling_params, "extra_args", None)
     targets = {}
-    for key, name in _TARGETS.items():
+    for key, name in TARGETS.items():
         if not isinstance(extra, dict) or extra.get(key) is None:
             continue
         try:
@@ -208,8 +222,10 @@ def _mirror(request, now: float) -> Request:
             logger.warning("request %s: %s ignored: %s", request.request_id, key, e)
             continue
         targets[name] = extra[key]
+    prompt = request.num_prompt_tokens
+    room = min(max_model_len, capacity_tokens) - prompt
     return Request(
-        request.request_id, now, request.num_prompt_tokens, request.max_tokens, **targets
+        request.request_id, now, prompt, max(1, min(request.max_tokens, room)), **targets
     )
 
 

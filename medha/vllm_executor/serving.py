@@ -44,7 +44,7 @@ from medha.scheduler.packers import PACKERS
 from medha.server.async_engine import QueueFullError
 from medha.server.metrics import ServerMetrics
 from medha.vllm_executor.engine_args import vllm_engine_args
-from medha.vllm_executor.scheduler import _TARGETS  # extra_args key -> medha Request field
+from medha.vllm_executor.scheduler import TARGETS  # extra_args key -> medha Request field
 
 log = logging.getLogger("medha.server")
 
@@ -163,7 +163,7 @@ class _StepStats(StatLoggerBase):
 def vllm_sampling_params(params: SamplingParams, slo: dict) -> VllmSamplingParams:
     """medha's sampling parameters (validated already) as vLLM's, with outputs as deltas and
     the request's medha targets (`slo`: the Request fields) in `extra_args`."""
-    targets = {key: slo[name] for key, name in _TARGETS.items() if slo.get(name) is not None}
+    targets = {key: slo[name] for key, name in TARGETS.items() if slo.get(name) is not None}
     return VllmSamplingParams(
         max_tokens=params.max_tokens,
         temperature=params.temperature,

@@ -26,10 +26,18 @@ _VLLM_OWNS = ("max_model_len", "max_num_seqs", "max_batch_tokens")
 _OTHER_KEYS = ("predictor",)
 
 
-def vllm_profile_path(model: str, device: str) -> Path:
-    """Where `medha profile --engine vllm` keeps vLLM's step times for a model and device."""
+def vllm_profile_path(model: str, device: str, dtype: str, tp: int = 1) -> Path:
+    """Where `medha profile --engine vllm` keeps vLLM's step times: one profile per model,
+    device, dtype (as vLLM resolved it: `auto` is bfloat16 on a CPU with bf16 instructions)
+    and tensor-parallel degree, since each changes every step's time."""
     name = os.path.basename(os.path.normpath(str(model)))
-    return cache_dir() / "profiles" / f"{name}-vllm-{device}.json"
+    layout = f"-tp{tp}" if tp > 1 else ""
+    return cache_dir() / "profiles" / f"{name}-vllm-{device}-{dtype}{layout}.json"
+
+
+def vllm_dtype(model_config) -> str:
+    """The dtype vLLM runs the model in, by name (`bfloat16`)."""
+    return str(model_config.dtype).removeprefix("torch.")
 
 
 def scheduler_settings(additional_config) -> tuple[dict, str]:
@@ -57,7 +65,12 @@ def build_replica_scheduler(vllm_config, kv_cache_config, max_step_tokens: int) 
     model_config = vllm_config.model_config
     device = "cuda" if vllm_config.device_config.device_type == "cuda" else "cpu"
     if predictor_spec == "auto":
-        path = vllm_profile_path(model_config.model, device)
+        path = vllm_profile_path(
+            model_config.model,
+            device,
+            vllm_dtype(model_config),
+            vllm_config.parallel_config.tensor_parallel_size,
+        )
         predictor_spec = f"profiled:{path}" if path.exists() else "roofline"
     hf = model_config.hf_config.to_dict()
     spec = model_from_hf_config(os.path.basename(str(model_config.model)), hf)
