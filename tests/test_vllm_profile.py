@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -25,26 +27,32 @@ def profiled(tiny_vllm_model, tmp_path_factory):
     """One quick profile of the tiny model, written where medha's scheduler looks for it."""
     cache = tmp_path_factory.mktemp("medha-cache")
     os.environ["MEDHA_CACHE_DIR"] = str(cache)
+    printed = io.StringIO()
     try:
-        code = main(
-            [
-                "profile",
-                "--engine",
-                "vllm",
-                "--quick",
-                "--quiet",
-                "--model",
-                tiny_vllm_model,
-                "--dtype",
-                "float32",
-                "--kv-memory-gb",
-                "0.25",
-                *LIMITS,
-                "--vllm-arg",
-                "enforce_eager=true",
-            ]
-        )
+        with contextlib.redirect_stdout(printed):
+            code = main(
+                [
+                    "profile",
+                    "--engine",
+                    "vllm",
+                    "--quick",
+                    "--quiet",
+                    "--model",
+                    tiny_vllm_model,
+                    "--dtype",
+                    "float32",
+                    "--kv-memory-gb",
+                    "0.25",
+                    *LIMITS,
+                    "--vllm-arg",
+                    "enforce_eager=true",
+                ]
+            )
         assert code in (0, None)
+        # the model ran as vLLM's server runs it: in a worker process of the multiprocessing
+        # executor, whose OpenMP threads vLLM binds (in this process it would run unbound, on
+        # every core, and the profile would be faster than any server)
+        assert "in vLLM's mp executor" in printed.getvalue()
         yield cache
     finally:
         os.environ.pop("MEDHA_CACHE_DIR", None)

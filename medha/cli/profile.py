@@ -105,7 +105,8 @@ def _profile_vllm(args: argparse.Namespace) -> None:
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     profile.save(out)
     print(
-        f"{report['steps']} steps in {report['wall_s']:.0f} s ({report['dropped']} dropped as "
+        f"{report['steps']} steps (the model in vLLM's {report['executor']} executor) in "
+        f"{report['wall_s']:.0f} s ({report['dropped']} dropped as "
         f"slowed by the machine); fit error median {report['fit_median']:.1%}, p90 "
         f"{report['fit_p90']:.1%}; on held-out steps median {report['holdout_median']:.1%}, "
         f"p90 {report['holdout_p90']:.1%}"

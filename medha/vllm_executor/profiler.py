@@ -13,11 +13,16 @@ shape and the whole engine-core step, from the start of `schedule` to the end of
   prefix, so setting a batch up costs one prefill of it);
 - two mixed loads of short and long prompts, whose steps carry chunks beside decodes.
 
-The engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) so that the profiler
-can read the scheduler; the model runs in vLLM's worker process bound to the cores vLLM's own
-server gives it, as when serving. A step slowed by something else on the machine is longer,
-never shorter: steps more than `OUTLIER` times the first fit's prediction are dropped before
-the final fit, and the fit's errors on steps it did not see are reported.
+The engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) so that the profiler can
+read the scheduler; the model runs in a worker process of vLLM's multiprocessing executor, whose
+OpenMP threads vLLM binds exactly as its server does (on a CPU, by default, the model on all
+cores but one, which is kept for the engine core and the front end). Without asking for that
+executor, vLLM would run the model in this process unbound, on every core: on a 2-core machine
+twice as fast as any server runs it, and the packer would plan with the wrong times.
+
+A step slowed by something else on the machine is longer, never shorter: steps more than
+`OUTLIER` times the first fit's prediction are dropped before the final fit, and the fit's
+errors on steps it did not see are reported.
 """
 
 from __future__ import annotations
@@ -171,6 +176,7 @@ class VllmProfiler:
         )
         args = vllm_engine_args(engine, plain, extra)
         args.setdefault("enable_prefix_caching", True)
+        args.setdefault("distributed_executor_backend", "mp")  # bound as when serving
         if not args["enable_prefix_caching"]:
             raise ValueError("profiling vLLM needs its prefix cache (enable_prefix_caching)")
         self.llm = vllm.LLM(**args)
@@ -180,6 +186,7 @@ class VllmProfiler:
         self.device = "cuda" if config.device_config.device_type == "cuda" else "cpu"
         self.dtype = vllm_dtype(config.model_config)
         self.tp = config.parallel_config.tensor_parallel_size
+        self.executor = config.parallel_config.distributed_executor_backend
         self.max_len = config.model_config.max_model_len
         self.batch_tokens = self.scheduler.max_num_scheduled_tokens
         self.max_seqs = config.scheduler_config.max_num_seqs
@@ -257,6 +264,7 @@ def profile_vllm(
     seen = fit_errors(kept, IterationModel.fit(kept))
     unseen = holdout(kept, seed)
     report = {
+        "executor": profiler.executor,
         "steps": len(rows),
         "dropped": dropped,
         "wall_s": wall,
