@@ -1,7 +1,7 @@
 """The convoy effect on vLLM's engine: plain vLLM's scheduler against medha's, through vLLM's
 OpenAI server, side by side in one run.
 
-    python bench/vllm_convoy.py [--rounds 2] [--medha '{"policy": "lars", ...}'] [--front vllm]
+    python bench/vllm_convoy.py [--rounds 2] [--medha '{"policy": "lars", ...}' ...] [--front vllm]
 
 SmolLM2-135M on this machine, every server with the same flags (bench/vllm_servers.py: vLLM's
 dtype, 2,048 tokens and 128 sequences per step). A 6,000-token prompt, then 8 short prompts
@@ -72,12 +72,19 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--medha", default=json.dumps(DEFAULT_MEDHA), help="medha's settings (JSON)")
+    ap.add_argument(
+        "--medha",
+        action="append",
+        default=None,
+        help="medha's settings (JSON); repeat for several medha contenders, each run beside "
+        f"plain vLLM in every round (default: {json.dumps(DEFAULT_MEDHA)})",
+    )
     ap.add_argument("--verbose", action="store_true", help="the servers' logs")
     add_server_args(ap)
     args = ap.parse_args()
     flags = server_flags(args)
-    contenders = {"vLLM": None, "vLLM + medha": json.loads(args.medha)}
+    settings = [json.loads(m) for m in args.medha or [json.dumps(DEFAULT_MEDHA)]]
+    contenders = {"vLLM": None} | {label(m): m for m in settings}
     rows = []
     for rnd in range(args.rounds):
         names = list(contenders) if rnd % 2 == 0 else list(contenders)[::-1]
@@ -96,7 +103,7 @@ def main() -> None:
                 file=sys.stderr,
                 flush=True,
             )
-    print(f"\nmedha settings: {args.medha}; {flags}; front {args.front}\n")
+    print(f"\n{flags}; front {args.front}\n")
     print("| round | scheduler | short TTFT p50 alone | behind the long one | ratio | max behind "
           "| long TTFT |")  # fmt: skip
     print("|---|---|---|---|---|---|---|")
@@ -105,12 +112,21 @@ def main() -> None:
             f"| {rnd} | {name} | {alone:.3f} s | {behind:.3f} s | {behind / alone:.2f}x | "
             f"{worst:.3f} s | {long:.2f} s |"
         )
+    print()
     for rnd in range(args.rounds):
-        plain, ours = sorted((r for r in rows if r[1] == rnd), key=lambda r: r[0] != "vLLM")
-        print(
-            f"\nround {rnd}: long TTFT medha / plain {ours[5] / plain[5]:.2f}x; "
-            f"shorts behind the long one, plain / medha {plain[3] / ours[3]:.1f}x"
-        )
+        plain = next(r for r in rows if r[1] == rnd and r[0] == "vLLM")
+        for ours in (r for r in rows if r[1] == rnd and r[0] != "vLLM"):
+            print(
+                f"round {rnd} {ours[0]}: shorts behind / alone {ours[3] / ours[2]:.2f}x (goal "
+                f"<= 1.5x), long TTFT / plain vLLM's {ours[5] / plain[5]:.2f}x (goal <= 1.3x)"
+            )
+
+
+def label(medha: dict) -> str:
+    """`vLLM + medha (lars, adaptive)`, with any other settings after them."""
+    rest = [f"{k}={v}" for k, v in medha.items() if k not in ("policy", "chunking")]
+    parts = [medha.get("policy", "lars"), medha.get("chunking", "adaptive"), *rest]
+    return f"vLLM + medha ({', '.join(parts)})"
 
 
 if __name__ == "__main__":
