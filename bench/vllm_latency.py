@@ -32,9 +32,9 @@ MEDHA = {"policy": "lars", "chunking": "adaptive"}
 AS_VLLM = {"policy": "fcfs", "chunking": "static:2048"}
 CONTENDERS = {  # name -> (medha settings, front end)
     "vLLM": (None, "vllm"),
-    "vLLM + medha (fcfs, static:2048)": (AS_VLLM, "vllm"),
-    "vLLM + medha (lars, adaptive)": (MEDHA, "vllm"),
-    "medha serve --engine vllm (lars, adaptive)": (MEDHA, "medha"),
+    "vLLM + medha (fcfs static:2048)": (AS_VLLM, "vllm"),
+    "vLLM + medha (lars adaptive)": (MEDHA, "vllm"),
+    "medha serve --engine vllm (lars adaptive)": (MEDHA, "medha"),
 }
 
 

@@ -154,7 +154,9 @@ def main() -> None:
     print("| req/s | round | scheduler | short TTFT p50 measured | simulated | error |")
     print("|---|---|---|---|---|---|")
     for (rate, rnd, name), (s, run_dir) in results.items():
-        medha = CONTENDERS[name] or CONTENDERS["medha fcfs"]  # vLLM's own: as medha's fcfs
+        # vLLM's own scheduler is simulated as medha's fcfs with vLLM's 2,048-token chunks
+        ours = CONTENDERS[name]
+        medha = ours | flags.medha_extra if ours else CONTENDERS["medha fcfs"]
         sim = simulate(run_dir, medha, profile, flags)["by_class"]["short"]["ttft_s"]["p50"]
         real = s["by_class"]["short"]["ttft_s"]["p50"]
         label = name if CONTENDERS[name] else f"{name} (simulated as medha fcfs)"

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -27,11 +27,15 @@ class ServerFlags:
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 128
     enforce_eager: bool = False
+    medha_extra: dict = field(default_factory=dict)  # merged into every medha contender's settings
 
 
 def server_command(flags: ServerFlags, medha: dict | None, front: str = "vllm"):
     """`command(port)` for local_server: plain vLLM when `medha` is None, else vLLM with medha's
     scheduler behind vLLM's server (front "vllm") or medha's (front "medha")."""
+
+    if medha is not None:
+        medha = medha | flags.medha_extra
 
     def command(port: int) -> list[str]:
         if medha is not None and front == "medha":
@@ -71,6 +75,13 @@ def add_server_args(ap) -> None:
     ap.add_argument("--max-num-seqs", type=int, default=128)
     ap.add_argument("--enforce-eager", action="store_true", help="no torch.compile (faster start)")
     ap.add_argument(
+        "--medha-extra",
+        type=json.loads,
+        default={},
+        metavar="JSON",
+        help="settings added to every medha contender's, e.g. '{\"tpot_target_s\": 0.15}'",
+    )
+    ap.add_argument(
         "--front",
         choices=("vllm", "medha"),
         default="vllm",
@@ -90,4 +101,5 @@ def server_flags(args) -> ServerFlags:
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_num_seqs=args.max_num_seqs,
         enforce_eager=args.enforce_eager,
+        medha_extra=args.medha_extra,
     )
