@@ -8,8 +8,9 @@ is the reference; then medha's scheduler drives the same engine (`--scheduler-cl
 medha.vllm_executor.MedhaScheduler`) under fcfs/none, lars/adaptive and edf/adaptive, and once
 with a KV cache of 24 blocks (3,072 tokens), so small that medha preempts. For each: identical
 prompts, medha's batches, chunks vLLM ran differently from medha's plan, and vLLM's KV usage
-after the run (0: nothing left behind). Each engine runs in this process
-(VLLM_ENABLE_V1_MULTIPROCESSING=0).
+after the run (0: nothing left behind). A control run first: plain vLLM cutting the same
+prompts into 256-token steps, against plain vLLM, for how many prompts batching alone changes
+in --dtype. Each engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0).
 """
 
 from __future__ import annotations
@@ -57,11 +58,11 @@ def main() -> None:
     params = vllm.SamplingParams(temperature=0.0, max_tokens=args.new_tokens, ignore_eos=True)
     inputs = [{"prompt_token_ids": p} for p in prompts]
 
-    def run(medha: dict | None, num_blocks: int | None):
+    def run(medha: dict | None, num_blocks: int | None, step_tokens: int | None = None):
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB
         max_len = 2048 if num_blocks else 4096  # vLLM wants one whole max-length request to fit
         kwargs = dict(model=path, dtype=args.dtype, max_model_len=max_len, seed=0)
-        kwargs.update(max_num_batched_tokens=max_len, enforce_eager=True)
+        kwargs.update(max_num_batched_tokens=step_tokens or max_len, enforce_eager=True)
         kwargs.update(num_gpu_blocks_override=num_blocks)
         if medha is not None:
             kwargs.update(
@@ -76,7 +77,13 @@ def main() -> None:
         return [list(o.outputs[0].token_ids) for o in outs], sched, wall
 
     reference, _, wall = run(None, None)
-    print(f"plain vLLM {vllm.__version__} ({args.dtype}): {wall:.1f} s\n")
+    print(f"plain vLLM {vllm.__version__} ({args.dtype}): {wall:.1f} s")
+    # the control: vLLM against itself, its own scheduler cutting the same prompts into
+    # 256-token steps. Where the dtype's arithmetic depends on how a batch is shaped (bf16 on
+    # a CPU), this is how many prompts batching alone changes, with no medha involved
+    control, _, _ = run(None, None, 256)
+    same = sum(o == r for o, r in zip(control, reference))
+    print(f"plain vLLM, 256 tokens per step: {same} / {len(prompts)} identical to it\n")
     print(
         "| policy | chunking | KV cache | identical prompts | medha batches | preemptions | "
         "plan revisions | KV usage after | wall s |"
