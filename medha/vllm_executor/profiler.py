@@ -86,7 +86,9 @@ def workloads(
         for n in chunks:
             if n > batch_tokens or k + n + 1 > max_len or k + n + block > capacity:
                 continue
-            for _ in range(1 if quick else PREFILL_REPEATS):
+            # twice even when quick: a shape's first step may pay its kernels' first call,
+            # and a lone slow step would be dropped as an outlier, its shape with it
+            for _ in range(PREFILL_REPEATS):
                 warm = [prefix] if k else []
                 out.append(Workload(f"prefill {n} after {k}", [prefix + tokens(n)], [1], warm))
     batches = DECODE_BATCHES[::2] if quick else DECODE_BATCHES
