@@ -15,7 +15,7 @@ output tokens, Poisson arrivals, the same request list for every server (seeded)
 Reported per rate: short-request TTFT p50/p90/p99, long requests completed, output tokens/s;
 vLLM / medha lars for the short TTFT p99 (goal >= 5x) and output throughput (goal within 10%).
 Then each medha run's requests are replayed in `medha simulate` with the vLLM profile, and its
-short TTFT p50 compared with the measured one (goal: within 30%).
+short TTFT p50 compared with the measured one (goal: within 30%), and its mean.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from medha.benchmark.load_generator import BenchConfig, run_bench  # noqa: E402
 
 WORKLOAD = "prompt=32-256,output=16-48,long_fraction=0.05,long_prompt=3000-6000"
 LONG_THRESHOLD = 1024
+STATS = ("p50", "mean")  # of the short TTFT, measured against the twin
 CONTENDERS = {
     "vLLM": None,
     "medha lars": {"policy": "lars", "chunking": "adaptive"},
@@ -151,17 +152,23 @@ def main() -> None:
         print(f"\nno vLLM profile ({profile}): run `medha profile --engine vllm` for the twin")
         return
     print(f"\nDigital twin: `medha simulate` with {profile}\n")
-    print("| req/s | round | scheduler | short TTFT p50 measured | simulated | error |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| req/s | round | scheduler | short TTFT p50 measured | simulated | error "
+        "| short TTFT mean measured | simulated | error |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
     for (rate, rnd, name), (s, run_dir) in results.items():
         # vLLM's own scheduler is simulated as medha's fcfs with vLLM's 2,048-token chunks
         ours = CONTENDERS[name]
         medha = ours | flags.medha_extra if ours else CONTENDERS["medha fcfs"]
-        sim = simulate(run_dir, medha, profile, flags)["by_class"]["short"]["ttft_s"]["p50"]
-        real = s["by_class"]["short"]["ttft_s"]["p50"]
+        sim = simulate(run_dir, medha, profile, flags)["by_class"]["short"]["ttft_s"]
+        real = s["by_class"]["short"]["ttft_s"]
         label = name if CONTENDERS[name] else f"{name} (simulated as medha fcfs)"
-        error = sim / real - 1
-        print(f"| {rate:g} | {rnd} | {label} | {real:.3f} s | {sim:.3f} s | {error:+.0%} |")
+        # the p50 is the goal's figure; the mean beside it, because where about half the
+        # short requests arrive during a long prefill the p50 falls between the two modes
+        # (served at once, or sharing steps with the prefill) and a small shift moves it far
+        cells = [f"{real[k]:.3f} s | {sim[k]:.3f} s | {sim[k] / real[k] - 1:+.0%}" for k in STATS]
+        print(f"| {rate:g} | {rnd} | {label} | " + " | ".join(cells) + " |")
 
 
 def default_profile(flags) -> str | None:
