@@ -1,11 +1,15 @@
 """Token-for-token check of the engine against transformers' `generate` on the same weights.
 
-    python bench/engine_correctness.py [--new-tokens 64]
+    python bench/engine_correctness.py [--new-tokens 64] [--dtype bfloat16]
 
 20 prompts of 5 to 2,000 tokens (slices of text in this repository), 64 greedy new tokens
 each, all submitted together, under several policies and chunkings, and once with a KV cache
 too small for them, which forces recompute preemptions in the middle of decoding. Also the
-largest logit difference between chunked and whole prefills of a 2,000-token prompt.
+largest logit difference between chunked and whole prefills of a 2,000-token prompt, and
+between a whole prefill and transformers'. `--dtype` runs both in that dtype (float32, the
+default, is the exact reference; in bfloat16 the order of the sums changes the rounding, so a
+near-tie can break the other way: a control run first, transformers recomputing every token
+against its own cached `generate`).
 """
 
 from __future__ import annotations
@@ -68,17 +72,19 @@ def main() -> None:
         action="store_true",
         help="only the run with a KV cache too small for the prompts",
     )
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     args = ap.parse_args()
     runs = RUNS[-1:] if args.only_preemption else RUNS
+    dtype = getattr(torch, args.dtype)
     from test_engine import prefill_logits
     from transformers import AutoModelForCausalLM
 
     path = resolve_model("smollm2")
-    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
     text = "".join(
         p.read_text() for p in sorted(Path(__file__).resolve().parent.parent.glob("**/*.md"))
     )
-    llm = LLM("smollm2")
+    llm = LLM("smollm2", dtype=args.dtype)
     ids = llm.tokenizer.encode(text)
     prompts = [ids[i * 37 : i * 37 + n] for i, n in enumerate(LENGTHS)]
     assert all(len(p) == n for p, n in zip(prompts, LENGTHS)), "not enough text"
@@ -88,7 +94,19 @@ def main() -> None:
         for p in prompts:
             out = hf.generate(torch.tensor([p]), max_new_tokens=args.new_tokens, do_sample=False)
             reference.append(out[0][len(p) :].tolist())
-    print(f"transformers reference: {time.perf_counter() - t0:.0f} s\n")
+    print(f"transformers reference ({args.dtype}): {time.perf_counter() - t0:.0f} s")
+    if args.dtype != "float32":
+        # the control: transformers against itself, recomputing the whole sequence for every
+        # token instead of decoding from its cache; what the dtype's rounding alone changes
+        same = 0
+        with torch.inference_mode():
+            for p, ref in zip(prompts, reference):
+                seq = list(p)
+                for _ in range(args.new_tokens):
+                    seq.append(int(hf(torch.tensor([seq])).logits[0, -1].float().argmax()))
+                same += seq[len(p) :] == ref
+        print(f"transformers recomputing every token: {same} / {len(prompts)} identical to it")
+    print()
     print("| policy | chunking | KV memory | identical prompts | preemptions | wall s |")
     print("|---|---|---|---|---|---|")
     params = SamplingParams(max_tokens=args.new_tokens, temperature=0)
@@ -97,6 +115,7 @@ def main() -> None:
             "smollm2",
             scheduler=SchedulerConfig(policy=policy, chunking=chunking, tpot_target_s=0.2),
             kv_memory_gb=kv_gb,
+            dtype=args.dtype,
         )
         t0 = time.perf_counter()
         outs = llm.generate(prompts, params)
@@ -106,16 +125,16 @@ def main() -> None:
             f"{llm.engine.scheduler.stats.preemptions} | {time.perf_counter() - t0:.0f} |"
         )
         assert llm.engine.scheduler.blocks.num_used == 0
-    whole = prefill_logits("none", prompts[-1])
+    whole = prefill_logits("none", prompts[-1], args.dtype)
     print()
     for chunking in ("static:16", "static:64", "adaptive"):
-        d = (prefill_logits(chunking, prompts[-1]) - whole).abs()
+        d = (prefill_logits(chunking, prompts[-1], args.dtype) - whole).abs()
         print(
             f"2000-token prefill, {chunking} vs whole: max |logit difference| "
             f"{d.max().item():.2e}, max relative {(d / whole.abs().clamp(min=1)).max():.2e}"
         )
     with torch.inference_mode():
-        ref = hf(torch.tensor([prompts[-1]])).logits[0]
+        ref = hf(torch.tensor([prompts[-1]])).logits[0].float()
     print(
         f"whole prefill vs transformers: max |logit difference| "
         f"{(whole - ref).abs().max().item():.2e}"

@@ -25,7 +25,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from local_server import local_server  # noqa: E402
 
 from medha.benchmark.load_generator import BenchConfig, run_bench  # noqa: E402
-from medha.perf.hardware_specs import cache_dir  # noqa: E402
 
 WORKLOAD = "prompt=32-256,output=16-48,long_fraction=0.05,long_prompt=3000-6000"
 POLICIES = {"lars": ["--policy", "lars"], "fcfs-none": ["--policy", "fcfs", "--chunking", "none"]}
@@ -121,9 +120,17 @@ def main() -> None:
     )
     ap.add_argument("--out", default="runs/mixed_load")
     ap.add_argument(
-        "--profile", default=str(cache_dir() / "profiles" / "smollm2-135m-instruct-cpu.json")
+        "--profile",
+        default=None,
+        help="medha's engine profile for the twin (default: the one the servers plan with, "
+        "this machine's for its default dtype)",
     )
     args = ap.parse_args()
+    if args.profile is None:
+        from medha.engine.config import EngineConfig
+        from medha.engine.llm_engine import profile_path_for
+
+        args.profile = profile_path_for(EngineConfig())
     out = Path(args.out)
     if args.tpot_target_s:
         POLICIES["lars"] += ["--tpot-target-s", str(args.tpot_target_s)]

@@ -19,8 +19,9 @@ import argparse
 from medha.analysis.schedule_match import engine_run, first_difference, overlaps, sim_run
 from medha.core.config import SchedulerConfig
 from medha.engine.checkpoint import resolve_model
+from medha.engine.config import EngineConfig
+from medha.engine.llm_engine import profile_path_for
 from medha.engine.tokenizer import Tokenizer
-from medha.perf.hardware_specs import cache_dir
 
 TEXT = " ".join(f"line {i} of the harbour log." for i in range(1000))
 
@@ -65,7 +66,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    default = cache_dir() / "profiles" / "smollm2-135m-instruct-cpu.json"
+    default = profile_path_for(EngineConfig())  # the engine's own, at its default dtype
     ap.add_argument(
         "--predictor",
         default=f"profiled:{default}",

@@ -53,6 +53,22 @@ def toy_scheduler(
     )
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _float32_by_default():
+    """`--dtype auto` is bfloat16 on a CPU with bf16 instructions, float32 on others: the
+    tests' engines compute in float32 on every machine (token identity with transformers in
+    float32 is exact there), unless a test asks for bfloat16. Servers the tests start get
+    `--dtype float32` (test_server.Server)."""
+    from medha.perf import hardware_specs
+
+    real = hardware_specs.cpu_has_bf16
+    patch = pytest.MonkeyPatch()
+    # this machine's answer is no; a given cpuinfo text is still parsed
+    patch.setattr(hardware_specs, "cpu_has_bf16", lambda cpuinfo=None: cpuinfo and real(cpuinfo))
+    yield
+    patch.undo()
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory):
     """A 2-layer random Llama with SmolLM2's tokenizer: the fast model of the engine tests."""

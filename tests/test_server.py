@@ -41,6 +41,8 @@ class Server:
                 "warning",
                 "--kv-memory-gb",
                 "0.25",
+                "--dtype",
+                "float32",  # as the in-process engines the tests compare with (conftest)
                 *flags,
             ],
             stdout=subprocess.PIPE,

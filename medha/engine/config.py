@@ -21,7 +21,11 @@ class EngineConfig:
     dtype: str = field(
         default="auto",
         metadata={
-            "help": ("float32, bfloat16 or float16 (auto: float32 on CPU, bfloat16 on CUDA)")
+            "help": (
+                "float32, bfloat16 or float16 (auto: bfloat16 on CUDA and on a CPU with bf16 "
+                "instructions, AVX512-BF16 or AMX; float32 on other CPUs. float32 is the exact "
+                "reference)"
+            )
         },
     )
     kv_memory_gb: float = field(

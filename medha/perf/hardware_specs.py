@@ -135,6 +135,24 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+# the CPU flags (in /proc/cpuinfo) of native bf16 arithmetic: oneDNN's bf16 kernels, which
+# torch's CPU linear layers run, use them; without them bf16 is emulated and loses to fp32
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def cpu_has_bf16(cpuinfo: str | None = None) -> bool:
+    """Whether this CPU (or the one `cpuinfo` describes, /proc/cpuinfo's text) computes in bf16
+    natively: AVX512-BF16 or AMX. False where it cannot be told (no /proc/cpuinfo)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text() if cpuinfo is None else cpuinfo
+    except OSError:
+        return False
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return any(f in line.split(":", 1)[1].split() for f in BF16_CPU_FLAGS)
+    return False
+
+
 def _measure_gemm_flops(n: int = 1024, seconds: float = 1.0) -> tuple[float, str]:
     """Best sustained fp32 GEMM rate with all cores: torch when installed (the engine's
     kernels), else numpy."""
