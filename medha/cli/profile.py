@@ -54,14 +54,11 @@ def run(args: argparse.Namespace) -> None:
         return
     if args.vllm_arg:
         raise CliError("--vllm-arg needs --engine vllm")
-    from medha.engine.llm_engine import default_profile_path
     from medha.engine.profiler import Profiler, grid
 
     llm = llm_from_args(args)
     engine = llm.engine
-    out = args.out or default_profile_path(
-        engine.model_path, engine.device.type, engine.dtype, engine.config
-    )
+    out = args.out or engine.profile_path
     shapes = grid(
         engine.max_model_len, engine.kv_capacity_tokens, args.mixed, args.seed, quick=args.quick
     )

@@ -252,6 +252,11 @@ class LLMEngine:
         if self.workers is not None:
             self.workers.close()
 
+    @property
+    def profile_path(self) -> str:
+        """Where `medha profile` writes this engine's profile and `predictor: auto` reads it."""
+        return default_profile_path(self.model_path, self.device.type, self.dtype, self.config)
+
     def _predictor(self, spec: str) -> Predictor:
         hardware = (
             get_hardware("cpu")
@@ -261,7 +266,7 @@ class LLMEngine:
         # the roofline reads weights and KV in the engine's dtype
         hardware = dataclasses.replace(hardware, dtype_bytes=self.dtype.itemsize)
         if spec == "auto":
-            path = default_profile_path(self.model_path, self.device.type, self.dtype, self.config)
+            path = self.profile_path
             spec = f"profiled:{path}" if os.path.exists(path) else "roofline"
         # tp stays 1: a profile of a tp layout times whole iterations, all-reduces included
         parallel = ParallelConfig(

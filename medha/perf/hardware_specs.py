@@ -135,8 +135,8 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-# the CPU flags (in /proc/cpuinfo) of native bf16 arithmetic: oneDNN's bf16 kernels, which
-# torch's CPU linear layers run, use them; without them bf16 is emulated and loses to fp32
+# the CPU flags (in /proc/cpuinfo) of native bf16 arithmetic, which oneDNN's bf16 kernels
+# (torch's CPU linear layers) use; without them bf16 is emulated (not measured here)
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
