@@ -52,13 +52,15 @@ def reference(hf, prompts):
     return out
 
 
-def prefill_logits(chunking: str, ids: list[int], dtype: str = "auto") -> torch.Tensor:
-    """Logits at every prompt position (float32), prefilled in the chunks `chunking` picks."""
+def prefill_logits(chunking: str, ids: list[int], dtype: str = "auto", **engine) -> torch.Tensor:
+    """Logits at every prompt position (float32), prefilled in the chunks `chunking` picks;
+    `engine`: more engine options."""
     engine = LLM(
         "smollm2",
         scheduler=SchedulerConfig(policy="fcfs", chunking=chunking, tpot_target_s=0.02),
         kv_memory_gb=0.1,
         dtype=dtype,
+        **engine,
     ).engine
     engine.add_request("x", None, SamplingParams(max_tokens=1, temperature=0), prompt_token_ids=ids)
     rows = []
@@ -111,9 +113,10 @@ def test_bf16_engine_against_transformers_in_bf16(model_dir, prompts):
     with torch.inference_mode():
         ref = hf16(torch.tensor([ids])).logits[0].float()
         first = [int(hf16(torch.tensor([p])).logits[0, -1].float().argmax()) for p in prompts]
-    ours = prefill_logits("none", ids, "bfloat16")
+    # torch's kernels here; vLLM's are checked the same way in tests/test_vllm_kernels.py
+    ours = prefill_logits("none", ids, "bfloat16", kernels="torch")
     assert (ours - ref).abs().max().item() <= BF16_LOGIT_TOLERANCE
-    llm = LLM("smollm2", kv_memory_gb=0.5, dtype="bfloat16")
+    llm = LLM("smollm2", kv_memory_gb=0.5, dtype="bfloat16", kernels="torch")
     fp32 = LLM("smollm2", kv_memory_gb=0.5, dtype="float32")
     assert llm.engine.dtype == torch.bfloat16
     # the same GiB holds twice the tokens in bf16

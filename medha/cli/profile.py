@@ -29,7 +29,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--out",
         default=None,
         help="profile path (default: the engine's cache, "
-        "~/.cache/medha/profiles/<model>-<device>.json; with --engine vllm "
+        "~/.cache/medha/profiles/<model>-<device>-<dtype>[-vllmkernels][-tpN-sppN-kvpN].json; "
+        "with --engine vllm "
         "<model>-vllm-<device>-<dtype>.json, which medha's scheduler on vLLM then plans with)",
     )
     p.add_argument("--mixed", type=int, default=40, help="random mixed batches (default 40)")

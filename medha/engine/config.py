@@ -28,6 +28,18 @@ class EngineConfig:
             )
         },
     )
+    kernels: str = field(
+        default="auto",
+        metadata={
+            "help": (
+                "the model's CPU kernels: torch (torch's ops: the exact fp32 reference, every "
+                "layout), vllm (vLLM's C++ kernels from the vllm extra: the step's whole "
+                "attention in one paged call, oneDNN GEMMs on prepacked weights, fused RMSNorm; "
+                "not with kvp > 1), or auto (vllm for bfloat16/float16 on a CPU where the vllm "
+                "extra is installed and kvp is 1, else torch)"
+            )
+        },
+    )
     kv_memory_gb: float = field(
         default=2.0, metadata={"help": ("KV cache memory in GiB (of each KVP group)")}
     )

@@ -34,6 +34,7 @@ from medha.core.config import SchedulerConfig
 from medha.core.request import Request
 from medha.engine.checkpoint import check_checkpoint, resolve_model
 from medha.engine.config import EngineConfig
+from medha.engine.cpu_threads import ThreadGovernor, machine_busy_s, usable_cores
 from medha.engine.errors import (
     EngineError,
     InvalidRequestError,
@@ -43,6 +44,7 @@ from medha.engine.errors import (
 )
 from medha.engine.kv_swap import HostKVCache, swap_config
 from medha.engine.layers.sampler import Sample, sample
+from medha.engine.layers.vllm_kernels import resolve_kernels
 from medha.engine.model_runner import ModelRunner
 from medha.engine.models.llama import LlamaArgs
 from medha.engine.parallel.layout import Layout
@@ -106,9 +108,12 @@ class _State:
     logprobs: list[Sample] = field(default_factory=list)
 
 
-def default_profile_path(model_path, device: str, dtype: torch.dtype, config: EngineConfig) -> str:
-    """One profile per model, device, dtype and parallel layout (each changes every batch's
-    time: a bf16 step on a CPU takes about half an fp32 one, a tp 2 batch adds all-reduces)."""
+def default_profile_path(
+    model_path, device: str, dtype: torch.dtype, config: EngineConfig, kernels: str
+) -> str:
+    """One profile per model, device, dtype, kernels and parallel layout (each changes every
+    batch's time: a bf16 step on a CPU takes about half an fp32 one, vLLM's kernels run a long
+    prefill's attention twice as fast, a tp 2 batch adds all-reduces)."""
     name = os.path.basename(os.path.normpath(str(model_path)))
     layout = "".join(
         f"-{k}{v}"
@@ -116,7 +121,8 @@ def default_profile_path(model_path, device: str, dtype: torch.dtype, config: En
         if v > 1
     )
     dtype_name = str(dtype).removeprefix("torch.")
-    return str(cache_dir() / "profiles" / f"{name}-{device}-{dtype_name}{layout}.json")
+    kernels = "-vllmkernels" if kernels == "vllm" else ""
+    return str(cache_dir() / "profiles" / f"{name}-{device}-{dtype_name}{kernels}{layout}.json")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -148,7 +154,8 @@ def profile_path_for(config: EngineConfig) -> str:
     """The profile an engine of `config` plans with by default (`predictor: auto`)."""
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
-    return default_profile_path(resolve_model(config.model), device.type, dtype, config)
+    kernels = resolve_kernels(config.kernels, device, dtype, config.kvp)
+    return default_profile_path(resolve_model(config.model), device.type, dtype, config, kernels)
 
 
 def _keep_freed_memory() -> None:
@@ -174,6 +181,7 @@ class LLMEngine:
             torch.set_num_threads(config.threads)
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
+        self.kernels = resolve_kernels(config.kernels, self.device, self.dtype, config.kvp)
         self.model_path = resolve_model(config.model)
         hf_config = check_checkpoint(self.model_path)
         self.tokenizer = Tokenizer(self.model_path)
@@ -202,6 +210,7 @@ class LLMEngine:
             self.dtype,
             num_blocks,
             config.block_size,
+            kernels=self.kernels,
             **parallel,
         )
         self._inflight: collections.deque = collections.deque()  # pipelined batches
@@ -216,6 +225,7 @@ class LLMEngine:
         self._failed: list[RequestOutput] = []  # requests that failed since the last step
         self._forward_failures = 0  # single-request forward failures in a row
         self.metrics = EngineMetrics()
+        self.governor = self._governor(config)
 
     # ---- set-up ------------------------------------------------------------------------------
     def _workers(self, config: EngineConfig, hf_config: dict, num_blocks: int):
@@ -242,10 +252,26 @@ class LLMEngine:
 
         group = WorkerGroup(
             layout,
-            RunnerArgs(self.model_path, hf_config, self.dtype, num_blocks, config.block_size),
+            RunnerArgs(
+                self.model_path,
+                hf_config,
+                self.dtype,
+                num_blocks,
+                config.block_size,
+                self.kernels,
+            ),
         )
         atexit.register(group.close)
         return group
+
+    def _governor(self, config: EngineConfig) -> ThreadGovernor | None:
+        """Fits the thread count to the free cores, unless --threads fixed it (or the model
+        runs on a GPU, or in worker processes that each hold a share of the cores)."""
+        if config.threads or self.device.type != "cpu" or self.workers is not None:
+            return None
+        if machine_busy_s() is None:
+            return None
+        return ThreadGovernor(torch.get_num_threads(), usable_cores())
 
     def close(self) -> None:
         """Stop the worker processes, if any (also done at interpreter exit)."""
@@ -255,7 +281,9 @@ class LLMEngine:
     @property
     def profile_path(self) -> str:
         """Where `medha profile` writes this engine's profile and `predictor: auto` reads it."""
-        return default_profile_path(self.model_path, self.device.type, self.dtype, self.config)
+        return default_profile_path(
+            self.model_path, self.device.type, self.dtype, self.config, self.kernels
+        )
 
     def _predictor(self, spec: str) -> Predictor:
         hardware = (
@@ -403,6 +431,8 @@ class LLMEngine:
     # ---- one iteration -----------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Run one batch; the outputs of its requests, and of any that failed on their own."""
+        if self.governor is not None:
+            self.governor.tick()
         outputs = self._pipelined_step() if self.pipeline is not None else self._step()
         if self._failed:
             outputs, self._failed = self._failed + outputs, []

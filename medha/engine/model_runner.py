@@ -12,6 +12,7 @@ import torch
 
 from medha.core.batch import Batch
 from medha.engine.errors import blame
+from medha.engine.layers import vllm_kernels
 from medha.engine.layers.attention import AttentionMetadata, DecodeGroup, PrefillSpan, Workspace
 from medha.engine.models.llama import LlamaArgs, LlamaForCausalLM
 from medha.engine.parallel.kv_parallel import SINGLE_GROUP, KvParallel, build_view
@@ -29,6 +30,7 @@ class StepInput:
     decode_groups: list[DecodeGroup]
     prefills: list[PrefillSpan]
     sample_rows: list[int] | None  # None: logits of every row
+    paged: vllm_kernels.PagedBatch | None = None  # with vLLM's kernels, instead of the groups
 
     def to(self, device: torch.device) -> StepInput:
         if device.type == "cpu":
@@ -62,11 +64,12 @@ class ModelRunner:
         workers=None,
         stage: Stage = WHOLE,
         kvp: KvParallel = SINGLE_GROUP,
+        kernels: str = "torch",
     ) -> None:
         """`tp`: this process's tensor-parallel rank; `stage`: the pipeline stage whose layers
         it holds; `kvp`: its KV-cache parallel group (`num_blocks` are that group's);
         `workers` (rank 0 only): the WorkerGroup running the other ranks, which gets every
-        step before rank 0 runs it."""
+        step before rank 0 runs it; `kernels`: torch or vllm (resolved, see vllm_kernels)."""
         self.args = LlamaArgs.from_config(config)
         self.device, self.dtype = device, dtype
         self.block_size = block_size
@@ -79,6 +82,10 @@ class ModelRunner:
             self.args.head_dim, self.args.rope_theta, self.args.rope_scaling
         ).to(device)
         model.load_checkpoint(path, dtype, device)
+        self.kernels = kernels
+        if kernels == "vllm":
+            model.use_vllm_kernels()
+            self.isa = vllm_kernels.attention_isa(dtype, block_size)
         self.model = model.eval()
         self.workspace = Workspace()
         a = self.args
@@ -151,18 +158,26 @@ class ModelRunner:
         # decodes first, sorted by context so that each attention group pads little
         decodes = sorted(batch.decodes, key=lambda c: c.start)
         groups: list[DecodeGroup] = []
-        start = 0
-        while start < len(decodes):
-            end = start + 1
-            # with KVP every decode reads its own slots: groups split its context anyway
-            while (
-                end < len(decodes)
-                and self.kvp.size == 1
-                and decodes[end].start < 1.25 * decodes[start].start + bs
-            ):
-                end += 1
-            groups.append(self._decode_group(decodes, start, end, slot_parts))
-            start = end
+        if self.kernels == "vllm":  # one kernel call attends them all: no groups
+            slot_parts.append(
+                torch.tensor(
+                    [c.block_table[c.start // bs] * bs + c.start % bs for c in decodes],
+                    dtype=torch.long,
+                )
+            )
+        else:
+            start = 0
+            while start < len(decodes):
+                end = start + 1
+                # with KVP every decode reads its own slots: groups split its context anyway
+                while (
+                    end < len(decodes)
+                    and self.kvp.size == 1
+                    and decodes[end].start < 1.25 * decodes[start].start + bs
+                ):
+                    end += 1
+                groups.append(self._decode_group(decodes, start, end, slot_parts))
+                start = end
         for i, c in enumerate(decodes):
             ids.extend(inputs[c.request.request_id])
             positions.append(c.start)
@@ -174,9 +189,12 @@ class ModelRunner:
         for c in batch.prefills:
             ids.extend(inputs[c.request.request_id])
             positions.extend(range(c.start, c.end))
-            ctx_slots = self._slots(c.block_table, 0, c.end)
-            slot_parts.append(ctx_slots[c.start :])
-            spans.append(PrefillSpan(row, row + c.num_tokens, c.start, ctx_slots))
+            if self.kernels == "vllm":  # the kernel reads the context from the block table
+                slot_parts.append(self._slots(c.block_table, c.start, c.end))
+            else:
+                ctx_slots = self._slots(c.block_table, 0, c.end)
+                slot_parts.append(ctx_slots[c.start :])
+                spans.append(PrefillSpan(row, row + c.num_tokens, c.start, ctx_slots))
             row += c.num_tokens
             if c.samples:
                 sample_rows.append(row - 1)
@@ -188,8 +206,23 @@ class ModelRunner:
             groups,
             spans,
             None if all_logits else sample_rows,
+            self._paged(decodes, batch.prefills) if self.kernels == "vllm" else None,
         )
         return step, sample_chunks
+
+    @staticmethod
+    def _paged(decodes, prefills) -> vllm_kernels.PagedBatch:
+        chunks = [*decodes, *prefills]  # the order of their rows in the batch
+        tables = [c.block_table for c in chunks]
+        width = max(len(t) for t in tables)
+        starts = [0]
+        for c in chunks:
+            starts.append(starts[-1] + c.num_tokens)
+        return vllm_kernels.PagedBatch(
+            torch.tensor(starts, dtype=torch.int32),
+            torch.tensor([c.end for c in chunks], dtype=torch.int32),
+            torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32),
+        )
 
     @torch.inference_mode()
     def forward(self, step: StepInput, hidden: torch.Tensor | None = None) -> torch.Tensor:
@@ -204,6 +237,11 @@ class ModelRunner:
             workspace=self.workspace,
             kvp=build_view(step, self.kvp, self.block_size) if self.kvp.size > 1 else None,
         )
+        if step.paged is not None:
+            attn = self.model.layers[0].self_attn
+            meta.paged = vllm_kernels.plan(
+                step.paged, attn.h, attn.kvh, attn.d, self.dtype, self.isa
+            )
         if hidden is not None:
             hidden = hidden.to(self.device)
         return self.model(step.ids, step.positions, self.kv_caches, meta, hidden)

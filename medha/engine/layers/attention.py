@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from medha.engine.layers import vllm_kernels
 from medha.engine.parallel.kv_parallel import KvpView, kvp_attention
 
 
@@ -82,6 +83,7 @@ class AttentionMetadata:
     prefills: list[PrefillSpan]
     workspace: Workspace
     kvp: KvpView | None = None  # with KV-cache parallelism: this group's share of the step
+    paged: vllm_kernels.PagedAttention | None = None  # with vLLM's kernels: the step's plan
 
 
 def _lower_right_causal(n: int, context: int, device) -> torch.Tensor:
@@ -189,6 +191,10 @@ def paged_attention(
     """q: [T, heads, d]; k, v: [T, kv_heads, d]. Returns [T, heads, d]."""
     if meta.kvp is not None:
         return kvp_attention(q, k, v, k_cache, v_cache, meta.kvp, scale)
+    if meta.paged is not None:
+        return vllm_kernels.paged_attention(
+            q, k, v, k_cache, v_cache, meta.slot_mapping, meta.block_size, meta.paged, scale
+        )
     k_cache.index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
     v_cache.index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
     out = torch.empty_like(q)

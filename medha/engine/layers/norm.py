@@ -6,8 +6,13 @@ class RMSNorm(torch.nn.Module):
         super().__init__()
         self.weight = torch.nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
+        self.vllm = False  # vLLM's fused kernel (LlamaForCausalLM.use_vllm_kernels)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.vllm:
+            from medha.engine.layers.vllm_kernels import rms_norm
+
+            return rms_norm(x, self.weight, self.eps)
         # the variance in fp32 whatever the activation dtype, as transformers does
         dtype = x.dtype
         h = x.to(torch.float32)

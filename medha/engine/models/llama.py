@@ -119,6 +119,7 @@ class LlamaForCausalLM(nn.Module):
             if a.tie_word_embeddings or not stage.first
             else nn.Linear(a.hidden_size, a.vocab_size, bias=False)
         )
+        self.packed_head = None  # the LM head packed for oneDNN (use_vllm_kernels)
 
     def forward(
         self,
@@ -139,10 +140,28 @@ class LlamaForCausalLM(nn.Module):
         return self.norm(x[:t]) if self.stage.last else x[:t]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.packed_head is not None:
+            return self.packed_head(hidden).float()
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         m = hidden.shape[0]
         pad = gemm_row_padding(m, hidden.device, exact=m > 1)
         return F.linear(_pad_rows(hidden, pad), weight)[:m].float()
+
+    def use_vllm_kernels(self) -> None:
+        """After loading: every local linear layer (and the LM head) becomes a oneDNN GEMM on
+        prepacked weights, RMSNorm vLLM's fused kernel; attention follows the step's metadata.
+        TP's row-parallel layers stay torch's (their sum runs across ranks)."""
+        from medha.engine.layers.vllm_kernels import PackedLinear
+
+        for module in list(self.modules()):
+            for name, child in list(module.named_children()):
+                if type(child) is nn.Linear and child is not self.lm_head:
+                    setattr(module, name, PackedLinear(child.weight, child.bias))
+                elif isinstance(child, RMSNorm):
+                    child.vllm = True
+        if self.stage.first:
+            head = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+            self.packed_head = PackedLinear(head, None)
 
     # ---- weights -----------------------------------------------------------------------------
     @torch.no_grad()

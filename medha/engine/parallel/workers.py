@@ -42,6 +42,7 @@ class RunnerArgs:
     dtype: torch.dtype
     num_blocks: int  # of one KVP group
     block_size: int
+    kernels: str = "torch"  # resolved: torch or vllm
 
 
 def threads_per_rank(world: int) -> int:
@@ -80,6 +81,7 @@ def _worker_main(rank: int, layout: Layout, port: int, args: RunnerArgs) -> None
         args.dtype,
         args.num_blocks,
         args.block_size,
+        kernels=args.kernels,
         **roles,
     )
     if layout.spp > 1:
