@@ -1,6 +1,6 @@
 """Token-for-token check of the engine against transformers' `generate` on the same weights.
 
-    python bench/engine_correctness.py [--new-tokens 64] [--dtype bfloat16]
+    python bench/engine_correctness.py [--new-tokens 64] [--dtype bfloat16] [--kernels torch]
 
 20 prompts of 5 to 2,000 tokens (slices of text in this repository), 64 greedy new tokens
 each, all submitted together, under several policies and chunkings, and once with a KV cache
@@ -73,6 +73,12 @@ def main() -> None:
         help="only the run with a KV cache too small for the prompts",
     )
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument(
+        "--kernels",
+        default="auto",
+        choices=["auto", "torch", "vllm"],
+        help="medha's kernels (auto: vLLM's in bf16 where the vllm extra is installed)",
+    )
     args = ap.parse_args()
     runs = RUNS[-1:] if args.only_preemption else RUNS
     dtype = getattr(torch, args.dtype)
@@ -84,7 +90,8 @@ def main() -> None:
     text = "".join(
         p.read_text() for p in sorted(Path(__file__).resolve().parent.parent.glob("**/*.md"))
     )
-    llm = LLM("smollm2", dtype=args.dtype)
+    llm = LLM("smollm2", dtype=args.dtype, kernels=args.kernels)
+    print(f"medha's kernels: {llm.engine.kernels}")
     ids = llm.tokenizer.encode(text)
     prompts = [ids[i * 37 : i * 37 + n] for i, n in enumerate(LENGTHS)]
     assert all(len(p) == n for p, n in zip(prompts, LENGTHS)), "not enough text"
@@ -114,12 +121,14 @@ def main() -> None:
     print("| policy | chunking | KV memory | identical prompts | preemptions | wall s |")
     print("|---|---|---|---|---|---|")
     params = SamplingParams(max_tokens=args.new_tokens, temperature=0)
-    for policy, chunking, kv_gb in runs:
+    for policy, chunking, fp32_gb in runs:
+        kv_gb = fp32_gb * dtype.itemsize / 4  # the same tokens in any dtype (the last run preempts)
         llm = LLM(
             "smollm2",
             scheduler=SchedulerConfig(policy=policy, chunking=chunking, tpot_target_s=0.2),
             kv_memory_gb=kv_gb,
             dtype=args.dtype,
+            kernels=args.kernels,
         )
         t0 = time.perf_counter()
         outs = llm.generate(prompts, params)
@@ -129,10 +138,10 @@ def main() -> None:
             f"{llm.engine.scheduler.stats.preemptions} | {time.perf_counter() - t0:.0f} |"
         )
         assert llm.engine.scheduler.blocks.num_used == 0
-    whole = prefill_logits("none", prompts[-1], args.dtype)
+    whole = prefill_logits("none", prompts[-1], args.dtype, kernels=args.kernels)
     print()
     for chunking in ("static:16", "static:64", "adaptive"):
-        d = (prefill_logits(chunking, prompts[-1], args.dtype) - whole).abs()
+        d = (prefill_logits(chunking, prompts[-1], args.dtype, kernels=args.kernels) - whole).abs()
         print(
             f"2000-token prefill, {chunking} vs whole: max |logit difference| "
             f"{d.max().item():.2e}, max relative {(d / whole.abs().clamp(min=1)).max():.2e}"

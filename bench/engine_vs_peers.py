@@ -15,17 +15,20 @@ warm-up of every shape, answers:
   cheapest noisy neighbour) running beside the server: median of --repeats / 2, and its ratio to
   the idle chat (goal <= 2x).
 
-Contenders: `medha` (`medha serve` on medha's own engine, its defaults: lars, adaptive chunking,
-dtype auto), `vLLM` (vLLM-CPU's OpenAI server, its defaults: dtype auto, its CPU thread binding)
-when vLLM is installed, `llama.cpp` (`llama-server` on the same weights converted to GGUF f32 /
-bf16, --llama-gguf) when given. Every server gets the same context length (8,192) and KV memory
-(2 GiB). Prints a table per round and medha / peer ratios (goal <= 1.5x each, >= 1 for mix).
+Contenders: `medha` (`medha serve` on medha's own engine, its defaults: lars, adaptive
+chunking, dtype auto, kernels auto), `vLLM` (vLLM-CPU's OpenAI server, its defaults: dtype
+auto, its CPU thread binding, which on a 2-core machine gives the model one core) when vLLM is
+installed, `vLLM all cores` (the same with its OpenMP threads bound to every core; only when
+named), `llama.cpp` (`llama-server` on the same weights converted to GGUF, --llama-gguf) when
+given. Every server gets the same context length (8,192) and KV memory (2 GiB).
+Prints a table per round and medha / peer ratios (goal <= 1.5x each, >= 1 for mix).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
 import shutil
 import statistics
@@ -56,10 +59,14 @@ def medha_command(model: str, extra: list[str]):
     return command
 
 
-def vllm_command(model: str, extra: list[str]):
+def vllm_command(model: str, extra: list[str], bind: str | None = None):
+    """`bind`: the cores vLLM's OpenMP threads take (VLLM_CPU_OMP_THREADS_BIND); None: vLLM's
+    default, which on a 2-core machine leaves one core to the engine core and the front end."""
+
     def command(port: int) -> list[str]:
+        env = ["env", f"VLLM_CPU_OMP_THREADS_BIND={bind}"] if bind else []
         return [
-            sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+            *env, sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
             "--served-model-name", "m", "--port", str(port), "--max-model-len", str(MAX_LEN),
             "--kv-cache-memory-bytes", str(int(KV_GIB * (1 << 30))), "--disable-log-stats",
             "--uvicorn-log-level", "warning", *extra,
@@ -165,7 +172,8 @@ def main() -> None:
     ap.add_argument(
         "--contenders",
         default=None,
-        help="comma-separated among medha, vLLM, llama.cpp (default: each one installed)",
+        help="comma-separated among medha, vLLM, 'vLLM all cores', llama.cpp (default: medha, "
+        "vLLM and llama.cpp where installed)",
     )
     ap.add_argument("--model", default=None, help="checkpoint directory (default: SmolLM2)")
     ap.add_argument("--medha-arg", action="append", default=[], help="extra `medha serve` flag")
@@ -183,11 +191,14 @@ def main() -> None:
         import vllm  # noqa: F401
 
         commands["vLLM"] = vllm_command(model, args.vllm_arg)
+        cores = len(os.sched_getaffinity(0))
+        commands["vLLM all cores"] = vllm_command(model, args.vllm_arg, f"0-{cores - 1}")
     except ImportError:
         pass
     if args.llama_server and args.llama_gguf:
         commands["llama.cpp"] = llama_cpp_command(args.llama_server, args.llama_gguf, [])
-    names = args.contenders.split(",") if args.contenders else list(commands)
+    default = [n for n in commands if n != "vLLM all cores"]
+    names = args.contenders.split(",") if args.contenders else default
     unknown = [n for n in names if n not in commands]
     if unknown:
         sys.exit(f"not available here: {', '.join(unknown)} (have {', '.join(commands)})")

@@ -20,6 +20,7 @@ KV-cache parallelism merges partial attentions read from the slots and stays on 
 from __future__ import annotations
 
 import functools
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -42,10 +43,19 @@ def ops():
     return vllm_ops
 
 
-def installed() -> bool:
+def loadable() -> bool:
+    """Whether vLLM's kernels load here; a vllm that is installed but broken (say, against
+    another torch) is logged and left alone, so that `auto` falls back to torch's ops."""
     import importlib.util
 
-    return importlib.util.find_spec("vllm") is not None
+    if importlib.util.find_spec("vllm") is None:
+        return False
+    try:
+        ops()
+    except Exception as e:  # whatever a broken install raises, auto must still serve
+        logging.getLogger(__name__).warning("vLLM's kernels do not load (%s): torch's ops run", e)
+        return False
+    return True
 
 
 def resolve_kernels(name: str, device: torch.device, dtype: torch.dtype, kvp: int) -> str:
@@ -55,7 +65,7 @@ def resolve_kernels(name: str, device: torch.device, dtype: torch.dtype, kvp: in
         raise EngineError(f"kernels must be one of {', '.join(KERNELS)}, got {name!r}")
     usable = device.type == "cpu" and kvp == 1
     if name == "auto":
-        return "vllm" if usable and dtype != torch.float32 and installed() else "torch"
+        return "vllm" if usable and dtype != torch.float32 and loadable() else "torch"
     if name == "vllm" and not usable:
         raise EngineError(
             "--kernels vllm runs on a CPU without KV-cache parallelism (kvp 1): the kernels "
