@@ -113,3 +113,10 @@ def test_pipeline_stages_run_the_same_kernels(tiny_vllm_model):
     reference, _ = _tokens(tiny_vllm_model, 1 << 15, kernels="vllm")
     staged, _ = _tokens(tiny_vllm_model, 1 << 15, kernels="vllm", spp=2)
     assert staged == reference
+
+
+def test_auto_keeps_torch_for_head_sizes_the_kernels_lack(tiny_model):
+    # the tiny engine model's heads are 16 wide; vLLM's CPU attention has no kernel for that
+    assert LLM(tiny_model, dtype="bfloat16", kv_memory_gb=0.01).engine.kernels == "torch"
+    with pytest.raises(EngineError, match="head sizes"):
+        LLM(tiny_model, dtype="bfloat16", kernels="vllm", kv_memory_gb=0.01)

@@ -154,8 +154,10 @@ def profile_path_for(config: EngineConfig) -> str:
     """The profile an engine of `config` plans with by default (`predictor: auto`)."""
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
-    kernels = resolve_kernels(config.kernels, device, dtype, config.kvp)
-    return default_profile_path(resolve_model(config.model), device.type, dtype, config, kernels)
+    path = resolve_model(config.model)
+    head_dim = LlamaArgs.from_config(check_checkpoint(path)).head_dim
+    kernels = resolve_kernels(config.kernels, device, dtype, config.kvp, head_dim)
+    return default_profile_path(path, device.type, dtype, config, kernels)
 
 
 def _keep_freed_memory() -> None:
@@ -181,9 +183,15 @@ class LLMEngine:
             torch.set_num_threads(config.threads)
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
-        self.kernels = resolve_kernels(config.kernels, self.device, self.dtype, config.kvp)
         self.model_path = resolve_model(config.model)
         hf_config = check_checkpoint(self.model_path)
+        self.kernels = resolve_kernels(
+            config.kernels,
+            self.device,
+            self.dtype,
+            config.kvp,
+            LlamaArgs.from_config(hf_config).head_dim,
+        )
         self.tokenizer = Tokenizer(self.model_path)
         kv_per_token = ModelRunner.kv_bytes_per_token(hf_config, self.dtype)
         if not config.kv_memory_gb > 0:

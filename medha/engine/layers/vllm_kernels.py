@@ -58,18 +58,26 @@ def loadable() -> bool:
     return True
 
 
-def resolve_kernels(name: str, device: torch.device, dtype: torch.dtype, kvp: int) -> str:
-    """`auto`: vLLM's kernels for bf16/fp16 on a CPU where the vllm extra is installed and every
-    request's KV sits in one group; torch's elsewhere (fp32 stays the exact reference)."""
+# head sizes vLLM's CPU attention is built for (its CPUAttentionBackend.get_supported_head_sizes)
+HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256)
+
+
+def resolve_kernels(
+    name: str, device: torch.device, dtype: torch.dtype, kvp: int, head_dim: int = 64
+) -> str:
+    """`auto`: vLLM's kernels for bf16/fp16 on a CPU where the vllm extra is installed, every
+    request's KV sits in one group and the head size is one the kernels are built for; torch's
+    elsewhere (fp32 stays the exact reference)."""
     if name not in KERNELS:
         raise EngineError(f"kernels must be one of {', '.join(KERNELS)}, got {name!r}")
-    usable = device.type == "cpu" and kvp == 1
+    usable = device.type == "cpu" and kvp == 1 and head_dim in HEAD_SIZES
     if name == "auto":
         return "vllm" if usable and dtype != torch.float32 and loadable() else "torch"
     if name == "vllm" and not usable:
         raise EngineError(
-            "--kernels vllm runs on a CPU without KV-cache parallelism (kvp 1): the kernels "
-            "pack K inside each block, which kvp's partial attentions cannot read"
+            "--kernels vllm runs on a CPU without KV-cache parallelism (kvp 1), for head sizes "
+            f"{', '.join(map(str, HEAD_SIZES))} (this model: {head_dim}): the kernels pack K "
+            "inside each block, which kvp's partial attentions cannot read"
         )
     if name == "vllm":
         ops()  # a missing extra fails here, at start-up
