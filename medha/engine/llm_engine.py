@@ -150,13 +150,21 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return table[name]
 
 
-def profile_path_for(config: EngineConfig) -> str:
-    """The profile an engine of `config` plans with by default (`predictor: auto`)."""
+def resolve_engine(config: EngineConfig):
+    """(device, dtype, model path, its config.json, kernels) of an engine of `config`, each
+    checked and resolved from auto the way the engine itself does."""
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
     path = resolve_model(config.model)
-    head_dim = LlamaArgs.from_config(check_checkpoint(path)).head_dim
+    hf_config = check_checkpoint(path)
+    head_dim = LlamaArgs.from_config(hf_config).head_dim
     kernels = resolve_kernels(config.kernels, device, dtype, config.kvp, head_dim)
+    return device, dtype, path, hf_config, kernels
+
+
+def profile_path_for(config: EngineConfig) -> str:
+    """The profile an engine of `config` plans with by default (`predictor: auto`)."""
+    device, dtype, path, _, kernels = resolve_engine(config)
     return default_profile_path(path, device.type, dtype, config, kernels)
 
 
@@ -181,17 +189,7 @@ class LLMEngine:
         _keep_freed_memory()
         if config.threads:
             torch.set_num_threads(config.threads)
-        self.device = resolve_device(config.device)
-        self.dtype = resolve_dtype(config.dtype, self.device)
-        self.model_path = resolve_model(config.model)
-        hf_config = check_checkpoint(self.model_path)
-        self.kernels = resolve_kernels(
-            config.kernels,
-            self.device,
-            self.dtype,
-            config.kvp,
-            LlamaArgs.from_config(hf_config).head_dim,
-        )
+        self.device, self.dtype, self.model_path, hf_config, self.kernels = resolve_engine(config)
         self.tokenizer = Tokenizer(self.model_path)
         kv_per_token = ModelRunner.kv_bytes_per_token(hf_config, self.dtype)
         if not config.kv_memory_gb > 0:

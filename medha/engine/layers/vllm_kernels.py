@@ -70,15 +70,22 @@ def resolve_kernels(
     elsewhere (fp32 stays the exact reference)."""
     if name not in KERNELS:
         raise EngineError(f"kernels must be one of {', '.join(KERNELS)}, got {name!r}")
-    usable = device.type == "cpu" and kvp == 1 and head_dim in HEAD_SIZES
-    if name == "auto":
-        return "vllm" if usable and dtype != torch.float32 and loadable() else "torch"
-    if name == "vllm" and not usable:
-        raise EngineError(
-            "--kernels vllm runs on a CPU without KV-cache parallelism (kvp 1), for head sizes "
-            f"{', '.join(map(str, HEAD_SIZES))} (this model: {head_dim}): the kernels pack K "
-            "inside each block, which kvp's partial attentions cannot read"
+    unusable = []  # why vLLM's kernels cannot run this engine
+    if device.type != "cpu":
+        unusable.append(f"they are CPU kernels (this engine: {device.type})")
+    if kvp != 1:
+        unusable.append(
+            f"kvp must be 1, not {kvp}: the kernels pack K inside each block, which kvp's "
+            "partial attentions cannot read"
         )
+    if head_dim not in HEAD_SIZES:
+        unusable.append(
+            f"they have head sizes {', '.join(map(str, HEAD_SIZES))} (this model: {head_dim})"
+        )
+    if name == "auto":
+        return "vllm" if not unusable and dtype != torch.float32 and loadable() else "torch"
+    if name == "vllm" and unusable:
+        raise EngineError("--kernels vllm cannot run here: " + "; ".join(unusable))
     if name == "vllm":
         ops()  # a missing extra fails here, at start-up
     return name
