@@ -49,18 +49,29 @@ class LlamaAttention(nn.Module):
         kv0, kv1 = tp.part(a.num_kv_heads)
         per_kv = a.num_heads // a.num_kv_heads
         self.h, self.kvh, self.d = (kv1 - kv0) * per_kv, kv1 - kv0, a.head_dim
-        # q, k and v as one GEMM: bitwise the same outputs as three, one kernel launch
+        # q, k and v in one weight: vLLM's kernels run it as one packed GEMM
         self.qkv_proj = nn.Linear(
             a.hidden_size, (self.h + 2 * self.kvh) * self.d, bias=a.attention_bias
         )
         self.o_proj = _row_linear(self.h * self.d, a.hidden_size, a.attention_bias, tp)
         self.scale = self.d**-0.5
 
+    def qkv(self, x: torch.Tensor) -> list[torch.Tensor]:
+        sizes = [self.h * self.d, self.kvh * self.d, self.kvh * self.d]
+        if type(self.qkv_proj) is not nn.Linear:  # packed for vLLM's kernels
+            return self.qkv_proj(x).split(sizes, dim=-1)
+        # on torch's ops, three GEMMs over views of the fused weight, as transformers runs
+        # them: one fused GEMM is bitwise the same on some CPUs but not on others (oneDNN's
+        # AMX kernels in bf16 sum a wider product in another order: a 400-token prefill's
+        # logits 1.19 off transformers' in bf16, 0.0 as three)
+        weights = self.qkv_proj.weight.split(sizes)
+        bias = self.qkv_proj.bias
+        biases = (None,) * 3 if bias is None else bias.split(sizes)
+        return [F.linear(x, w, b) for w, b in zip(weights, biases)]
+
     def forward(self, x, cos, sin, k_cache, v_cache, meta: AttentionMetadata):
         t = cos.shape[0]  # x may carry padding rows after the t real tokens
-        q, k, v = self.qkv_proj(x)[:t].split(
-            [self.h * self.d, self.kvh * self.d, self.kvh * self.d], dim=-1
-        )
+        q, k, v = (y[:t] for y in self.qkv(x))
         q = apply_rotary(q.view(t, self.h, self.d), cos, sin)
         k = apply_rotary(k.view(t, self.kvh, self.d), cos, sin)
         o = paged_attention(q, k, v.view(t, self.kvh, self.d), k_cache, v_cache, meta, self.scale)
