@@ -91,14 +91,15 @@ def test_fp32_on_vllm_kernels_is_close_to_the_reference(prompts):
     torch.testing.assert_close(ours, ref, atol=2e-3, rtol=1e-4)
 
 
-def _tokens(model, kv_tokens, **engine):
+def _tokens(model, kv_tokens, new_tokens=GREEDY.max_tokens, **engine):
     sched = SchedulerConfig(policy="fcfs", chunking="static:64", **engine.pop("sched", {}))
+    greedy = SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True)
     cfg = __import__("json").load(open(f"{model}/config.json"))
     kv_gb = kv_tokens * ModelRunner.kv_bytes_per_token(cfg, torch.bfloat16) / 2**30
     llm = LLM(model, scheduler=sched, kv_memory_gb=kv_gb, dtype="bfloat16", **engine)
     ids = llm.tokenizer.encode(open(__file__).read())
     prompts = [ids[i * 37 : i * 37 + n] for i, n in enumerate((5, 11, 40, 96, 170, 260, 400))]
-    outs = [o.token_ids for o in llm.generate(prompts, GREEDY)]
+    outs = [o.token_ids for o in llm.generate(prompts, greedy)]
     s = llm.engine.scheduler
     assert s.blocks.num_used == 0 and not s.has_unfinished()
     s.check_invariants()
@@ -106,12 +107,21 @@ def _tokens(model, kv_tokens, **engine):
     return outs, s
 
 
-def test_swapped_blocks_keep_the_kernels_packing(tiny_vllm_model):
+@pytest.mark.parametrize(
+    "block_size, kv_tokens, new_tokens",
+    [(16, 43 * 16, 16), (32, 22 * 32, 48)],  # the vec16 kernel; the AMX or vec one (the default)
+)
+def test_swapped_blocks_keep_the_kernels_packing(
+    tiny_vllm_model, block_size, kv_tokens, new_tokens
+):
     """The kernels pack K inside each block: swap moves whole blocks, so KV that went to the
     host and came back reads the same."""
-    reference, s = _tokens(tiny_vllm_model, 1 << 15, kernels="vllm")
+    engine = {"kernels": "vllm", "block_size": block_size}
+    reference, s = _tokens(tiny_vllm_model, 1 << 15, new_tokens, **engine)
     assert s.stats.preemptions == 0
-    outs, s = _tokens(tiny_vllm_model, 43 * 16, kernels="vllm", sched={"preemption_mode": "swap"})
+    outs, s = _tokens(
+        tiny_vllm_model, kv_tokens, new_tokens, **engine, sched={"preemption_mode": "swap"}
+    )
     assert s.stats.swap_outs > 0 and s.stats.recomputes == 0
     assert outs == reference
 

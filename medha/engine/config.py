@@ -43,7 +43,15 @@ class EngineConfig:
     kv_memory_gb: float = field(
         default=2.0, metadata={"help": ("KV cache memory in GiB (of each KVP group)")}
     )
-    block_size: int = field(default=16, metadata={"help": "tokens per KV block"})
+    block_size: int | None = field(
+        default=None,
+        metadata={
+            "help": (
+                "tokens per KV block (default: 32 on vLLM's kernels, whose fast attention "
+                "needs a multiple of 32; 16 on torch's)"
+            )
+        },
+    )
     predictor: str = field(
         default="auto",
         metadata={
