@@ -205,8 +205,8 @@ class LLMEngine:
         _keep_freed_memory()
         if config.threads:
             torch.set_num_threads(config.threads)
-        self.device, self.dtype, self.model_path, hf_config, self.kernels, config = (
-            resolve_engine(config)
+        self.device, self.dtype, self.model_path, hf_config, self.kernels, config = resolve_engine(
+            config
         )
         self.config = config  # resolved: block_size filled in
         self.tokenizer = Tokenizer(self.model_path)

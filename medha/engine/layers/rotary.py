@@ -4,6 +4,7 @@ the same order), so that our logits match the reference bit for bit where kernel
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -75,3 +76,44 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     """x: [tokens, heads, head_dim]; cos, sin: [tokens, head_dim]."""
     cos, sin = cos[:, None, :], sin[:, None, :]
     return x * cos + _rotate_half(x) * sin
+
+
+@dataclass
+class TorchRope:
+    """One step's rotation on torch's ops: cos and sin of each token's position."""
+
+    tokens: int
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, head_dim: int):
+        """q: [tokens, heads * head_dim], k: [tokens, kv_heads * head_dim] -> both rotated, as
+        [tokens, heads, head_dim]."""
+        t = self.tokens
+        return (
+            apply_rotary(q.view(t, -1, head_dim), self.cos, self.sin),
+            apply_rotary(k.view(t, -1, head_dim), self.cos, self.sin),
+        )
+
+
+@dataclass
+class PackedRope:
+    """One step's rotation by vLLM's kernel, in place, from the model's table of every
+    position's cos and sin (LlamaForCausalLM.use_vllm_kernels)."""
+
+    tokens: int
+    positions: torch.Tensor
+    cos_sin_cache: torch.Tensor  # [positions, head_dim]: cos of each frequency, then sin
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, head_dim: int):
+        """As TorchRope's, in place. q and k stay 2-D for the kernel: it reads rows by their
+        stride but heads as contiguous (a 3-D view of the fused q/k/v output rotates wrong)."""
+        from medha.engine.layers.vllm_kernels import ops
+
+        # neox style: the two halves of a head rotate together, as _rotate_half pairs them
+        ops().rotary_embedding(self.positions, q, k, head_dim, self.cos_sin_cache, True)
+        t = self.tokens
+        return q.view(t, -1, head_dim), k.view(t, -1, head_dim)
+
+
+Rope = TorchRope | PackedRope
