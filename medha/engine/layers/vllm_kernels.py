@@ -188,7 +188,9 @@ class PackedLinear(nn.Module):
         # kept: the handle may read the tensor it was made from
         self.weight = weight.detach().contiguous()
         self.bias = None if bias is None else bias.detach()
-        self.handle = ops().create_onednn_mm(self.weight.t(), 32)
+        # primitives cached by row count: the model pads rows to ~90 sizes up to 8,192
+        # (packed_row_padding); vLLM's own default cache holds 128
+        self.handle = ops().create_onednn_mm(self.weight.t(), 128)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return ops().onednn_mm(self.handle, x.contiguous(), self.bias)

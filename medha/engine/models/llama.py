@@ -32,6 +32,19 @@ def gemm_row_padding(rows: int, device: torch.device, exact: bool) -> int:
     return -rows % 4
 
 
+def packed_row_padding(rows: int) -> int:
+    """Zero rows to add so that oneDNN's GEMMs (vLLM's kernels) see few distinct row counts.
+
+    A packed GEMM builds a primitive for each row count it meets (about 0.2 ms each, cached
+    per layer): adaptive chunking gives nearly every step a new count, which cost 121 new
+    primitives a step, ~24 ms, on SmolLM2. Rounded up to 8 sizes per octave (exact below 16),
+    the rows repeat, for at most 12.5% more rows (6% on average)."""
+    if rows < 16:
+        return 0
+    step = 1 << (rows.bit_length() - 4)
+    return -rows % step
+
+
 def _pad_rows(x: torch.Tensor, pad: int) -> torch.Tensor:
     return F.pad(x, (0, 0, 0, pad)) if pad else x
 
@@ -156,14 +169,18 @@ class LlamaForCausalLM(nn.Module):
             rope = PackedRope(t, positions, self.cos_sin_cache)
         else:
             rope = TorchRope(t, *self.rotary.cos_sin(positions, x.dtype))
-        x = _pad_rows(x, gemm_row_padding(t, x.device, bool(meta.prefills)))
+        if self.cos_sin_cache is not None:  # on vLLM's kernels
+            x = _pad_rows(x, packed_row_padding(t))
+        else:
+            x = _pad_rows(x, gemm_row_padding(t, x.device, bool(meta.prefills)))
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             x = layer(x, rope, k_cache, v_cache, meta)
         return self.norm(x[:t]) if self.stage.last else x[:t]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.packed_head is not None:
-            return self.packed_head(hidden).float()
+            m = hidden.shape[0]
+            return self.packed_head(_pad_rows(hidden, packed_row_padding(m)))[:m].float()
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         m = hidden.shape[0]
         pad = gemm_row_padding(m, hidden.device, exact=m > 1)
