@@ -107,7 +107,7 @@ def vllm_engine_args(
         "scheduler_cls": SCHEDULER_CLS,
         "additional_config": {"medha": medha},
     }
-    if engine.block_size != EngineConfig.block_size:  # the field's default
+    if engine.block_size is not None:  # not given: vLLM's own choice
         args["block_size"] = engine.block_size
     for ours, theirs in _OWNED_BY_VLLM.items():
         value = getattr(scheduler, ours)
