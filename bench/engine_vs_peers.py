@@ -41,7 +41,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from hf_baselines import make_workload  # noqa: E402
-from local_server import local_server  # noqa: E402
+from local_server import alternated, local_server  # noqa: E402
 
 MAX_LEN = 8192
 KV_GIB = 2.0
@@ -204,17 +204,16 @@ def main() -> None:
         sys.exit(f"not available here: {', '.join(unknown)} (have {', '.join(commands)})")
 
     rows = []
-    for rnd in range(args.rounds):
-        for name in names if rnd % 2 == 0 else names[::-1]:
-            with local_server(commands[name], quiet=not args.verbose, startup_s=600) as url:
-                m = measure(url, args.repeats, args.mix_requests)
-            rows.append((rnd, name, m))
-            print(
-                f"round {rnd} {name}: chat {m['chat']:.3f} s, mix {m['mix']:.0f} tok/s, "
-                f"{LONG_TOKENS}-token TTFT {m['long']:.2f} s, busy chat {m['busy']:.3f} s",
-                file=sys.stderr,
-                flush=True,
-            )
+    for rnd, name in alternated(names, args.rounds):
+        with local_server(commands[name], quiet=not args.verbose, startup_s=600) as url:
+            m = measure(url, args.repeats, args.mix_requests)
+        rows.append((rnd, name, m))
+        print(
+            f"round {rnd} {name}: chat {m['chat']:.3f} s, mix {m['mix']:.0f} tok/s, "
+            f"{LONG_TOKENS}-token TTFT {m['long']:.2f} s, busy chat {m['busy']:.3f} s",
+            file=sys.stderr,
+            flush=True,
+        )
 
     print(
         f"\nSmolLM2-135M-Instruct; {args.mix_requests}-request mix; medha flags {args.medha_arg}\n"

@@ -13,6 +13,14 @@ import httpx
 from medha.utils.net import free_port
 
 
+def alternated(names: list[str], rounds: int) -> Iterator[tuple[int, str]]:
+    """(round, contender) in the order a side-by-side benchmark runs them: the order flips
+    every round, since a 2-core machine's speed drifts over minutes."""
+    for rnd in range(rounds):
+        for name in names if rnd % 2 == 0 else names[::-1]:
+            yield rnd, name
+
+
 @contextmanager
 def local_server(
     command: Callable[[int], list[str]],

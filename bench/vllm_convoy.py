@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from local_server import local_server  # noqa: E402
+from local_server import alternated, local_server  # noqa: E402
 from vllm_servers import add_server_args, server_command, server_flags  # noqa: E402
 
 DEFAULT_MEDHA = {"policy": "lars", "chunking": "adaptive"}
@@ -86,23 +86,21 @@ def main() -> None:
     settings = [json.loads(m) for m in args.medha or [json.dumps(DEFAULT_MEDHA)]]
     contenders = {"vLLM": None} | {label(m): m for m in settings}
     rows = []
-    for rnd in range(args.rounds):
-        names = list(contenders) if rnd % 2 == 0 else list(contenders)[::-1]
-        for name in names:
-            command = server_command(flags, contenders[name], args.front)
-            with local_server(command, quiet=not args.verbose) as url:
-                asyncio.run(scenario(url, False, 99))  # warm-up
-                alone = asyncio.run(scenario(url, False, rnd))
-                behind = asyncio.run(scenario(url, True, rnd))
-            row = (name, rnd, alone["short_p50"], behind["short_p50"], behind["short_max"])
-            rows.append((*row, behind["long"]))
-            print(
-                f"round {rnd} {name}: shorts alone {alone['short_p50']:.3f} s, behind "
-                f"{behind['short_p50']:.3f} s ({behind['short_p50'] / alone['short_p50']:.1f}x), "
-                f"long TTFT {behind['long']:.2f} s",
-                file=sys.stderr,
-                flush=True,
-            )
+    for rnd, name in alternated(list(contenders), args.rounds):
+        command = server_command(flags, contenders[name], args.front)
+        with local_server(command, quiet=not args.verbose) as url:
+            asyncio.run(scenario(url, False, 99))  # warm-up
+            alone = asyncio.run(scenario(url, False, rnd))
+            behind = asyncio.run(scenario(url, True, rnd))
+        row = (name, rnd, alone["short_p50"], behind["short_p50"], behind["short_max"])
+        rows.append((*row, behind["long"]))
+        print(
+            f"round {rnd} {name}: shorts alone {alone['short_p50']:.3f} s, behind "
+            f"{behind['short_p50']:.3f} s ({behind['short_p50'] / alone['short_p50']:.1f}x), "
+            f"long TTFT {behind['long']:.2f} s",
+            file=sys.stderr,
+            flush=True,
+        )
     print(f"\n{flags}; front {args.front}\n")
     print("| round | scheduler | short TTFT p50 alone | behind the long one | ratio | max behind "
           "| long TTFT |")  # fmt: skip

@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from local_server import local_server  # noqa: E402
+from local_server import alternated, local_server  # noqa: E402
 from vllm_servers import add_server_args, server_command, server_flags  # noqa: E402
 
 MEDHA = {"policy": "lars", "chunking": "adaptive"}
@@ -82,18 +82,17 @@ def main() -> None:
     flags = server_flags(args)
     names = args.contenders.split(",")
     rows = []
-    for rnd in range(args.rounds):
-        for name in names if rnd % 2 == 0 else names[::-1]:
-            medha, front = CONTENDERS[name]
-            command = server_command(flags, medha, front)
-            with local_server(command, quiet=not args.verbose) as url:
-                m = measure(url, args.repeats)
-            rows.append((rnd, name, m))
-            print(
-                f"round {rnd} {name}: chat {m['chat']:.3f} s, 2,000-token TTFT {m['long']:.3f} s",
-                file=sys.stderr,
-                flush=True,
-            )
+    for rnd, name in alternated(names, args.rounds):
+        medha, front = CONTENDERS[name]
+        command = server_command(flags, medha, front)
+        with local_server(command, quiet=not args.verbose) as url:
+            m = measure(url, args.repeats)
+        rows.append((rnd, name, m))
+        print(
+            f"round {rnd} {name}: chat {m['chat']:.3f} s, 2,000-token TTFT {m['long']:.3f} s",
+            file=sys.stderr,
+            flush=True,
+        )
     print(f"\n{flags}\n")
     print("| round | server | short chat, 8 tokens (median) | 2,000-token prompt, TTFT |")
     print("|---|---|---|---|")

@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from local_server import local_server  # noqa: E402
+from local_server import alternated, local_server  # noqa: E402
 from vllm_servers import add_server_args, server_command, server_flags  # noqa: E402
 
 from medha.benchmark.load_generator import BenchConfig, run_bench  # noqa: E402
@@ -108,18 +108,17 @@ def main() -> None:
     names = args.contenders.split(",")
     results: dict = {}  # (rate, round, name) -> (summary, run dir)
     for rate in rates:
-        for rnd in range(args.rounds):
-            for name in names if rnd % 2 == 0 else names[::-1]:
-                out = Path(args.out) / f"qps{rate:g}" / f"round{rnd}"
-                summary = bench_one(name, CONTENDERS[name], args, flags, rate, out)
-                results[rate, rnd, name] = (summary, out / name.replace(" ", "-"))
-                short = summary["by_class"]["short"]["ttft_s"]
-                print(
-                    f"{rate:g} req/s round {rnd} {name}: short TTFT p50 {short['p50']:.3f} s "
-                    f"p99 {short['p99']:.3f} s",
-                    file=sys.stderr,
-                    flush=True,
-                )
+        for rnd, name in alternated(names, args.rounds):
+            out = Path(args.out) / f"qps{rate:g}" / f"round{rnd}"
+            summary = bench_one(name, CONTENDERS[name], args, flags, rate, out)
+            results[rate, rnd, name] = (summary, out / name.replace(" ", "-"))
+            short = summary["by_class"]["short"]["ttft_s"]
+            print(
+                f"{rate:g} req/s round {rnd} {name}: short TTFT p50 {short['p50']:.3f} s "
+                f"p99 {short['p99']:.3f} s",
+                file=sys.stderr,
+                flush=True,
+            )
     print(f"\n{args.num_requests} requests, {args.workload}; {flags}; front {args.front}\n")
     print(
         "| req/s | round | scheduler | short TTFT p50 | p90 | p99 | long done | long TTFT p50 "
