@@ -137,3 +137,22 @@ def test_auto_keeps_torch_for_head_sizes_the_kernels_lack(tiny_model):
     assert LLM(tiny_model, dtype="bfloat16", kv_memory_gb=0.01).engine.kernels == "torch"
     with pytest.raises(EngineError, match="head sizes"):
         LLM(tiny_model, dtype="bfloat16", kernels="vllm", kv_memory_gb=0.01)
+
+
+def test_rope_kernel_rotates_as_torch_does_past_the_first_table():
+    """vLLM's rotary kernel, from the model's table (grown on demand past its first 8,192
+    positions), rotates q and k as torch's path does, on the 2-D views of the fused q/k/v
+    output the model hands it."""
+    from medha.engine.layers.rotary import PackedRope, TorchRope
+
+    model = LLM("smollm2", dtype="float32", kernels="vllm", kv_memory_gb=0.01).engine.runner.model
+    heads, kv_heads, d = 9, 3, 64
+    positions = torch.tensor([0, 5, 4095, 8191, 9000])
+    model._grow_rope_table(int(positions.max()) + 1)
+    qkv = torch.randn(5, (heads + 2 * kv_heads) * d)
+    q, k = qkv[:, : heads * d], qkv[:, heads * d : (heads + kv_heads) * d]
+    want_q, want_k = TorchRope(5, *model.rotary.cos_sin(positions, torch.float32))(q, k, d)
+    want_q, want_k = want_q.clone(), want_k.clone()
+    got_q, got_k = PackedRope(5, positions, model.cos_sin_cache)(q, k, d)
+    torch.testing.assert_close(got_q, want_q, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got_k, want_k, atol=1e-5, rtol=1e-5)

@@ -176,11 +176,10 @@ class LlamaForCausalLM(nn.Module):
         return self.norm(x[:t]) if self.stage.last else x[:t]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        m = hidden.shape[0]
         if self.packed_head is not None:
-            m = hidden.shape[0]
             return self.packed_head(_pad_rows(hidden, packed_row_padding(m)))[:m].float()
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        m = hidden.shape[0]
         pad = gemm_row_padding(m, hidden.device, exact=m > 1)
         return F.linear(_pad_rows(hidden, pad), weight)[:m].float()
 
@@ -199,7 +198,6 @@ class LlamaForCausalLM(nn.Module):
                 bias = torch.cat([mlp.gate_proj.bias, mlp.up_proj.bias])
             mlp.gate_up = PackedLinear(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]), bias)
             mlp.gate_proj = mlp.up_proj = None
-        self.rotary_dtype = next(self.parameters()).dtype
         self._grow_rope_table(min(8192, self.args.max_position_embeddings))
         for module in list(self.modules()):
             for name, child in list(module.named_children()):
@@ -220,8 +218,9 @@ class LlamaForCausalLM(nn.Module):
             return
         size = min(max(positions, 2 * have), self.args.max_position_embeddings)
         size = max(size, positions)  # a position past the model's limit still rotates
+        dtype = next(self.parameters()).dtype  # the model's (RMSNorm weights stay parameters)
         cos, sin = self.rotary.cos_sin(
-            torch.arange(size, device=self.rotary.inv_freq.device), self.rotary_dtype
+            torch.arange(size, device=self.rotary.inv_freq.device), dtype
         )
         half = self.args.head_dim // 2  # the table's halves: cos and sin repeat theirs
         self.cos_sin_cache = torch.cat([cos[:, :half], sin[:, :half]], dim=-1).contiguous()
