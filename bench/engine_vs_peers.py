@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import random
 import shutil
 import statistics
@@ -184,6 +183,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from medha.engine.checkpoint import resolve_model
+    from medha.engine.cpu_threads import usable_cores
 
     model = args.model or str(resolve_model("smollm2"))
     commands = {"medha": medha_command(model, args.medha_arg)}
@@ -191,7 +191,7 @@ def main() -> None:
         import vllm  # noqa: F401
 
         commands["vLLM"] = vllm_command(model, args.vllm_arg)
-        cores = len(os.sched_getaffinity(0))
+        cores = usable_cores()
         commands["vLLM all cores"] = vllm_command(model, args.vllm_arg, f"0-{cores - 1}")
     except ImportError:
         pass
