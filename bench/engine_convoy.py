@@ -102,7 +102,7 @@ def main() -> None:
     for name, (alone, behind) in results.items():
         print(
             f"\n{name}: behind / alone = {behind['short_p50'] / alone['short_p50']:.2f}x "
-            f"(goal <= 2x); fcfs / lars behind the long one = "
+            f"(goal <= 2x); fcfs / {name.split()[0]} behind the long one = "
             f"{fcfs[1]['short_p50'] / behind['short_p50']:.1f}x (goal >= 10x)"
         )
 
