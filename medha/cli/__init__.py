@@ -18,6 +18,7 @@ from medha.cli import (
     demo,
     generate,
     hardware,
+    plan,
     predict,
     profile,
     serve,
@@ -25,7 +26,9 @@ from medha.cli import (
 )
 from medha.cli.common import CliError
 
-COMMANDS = (demo, chunks, predict, generate, profile, serve, bench, simulate, analyze, hardware)
+COMMANDS = (
+    demo, chunks, predict, generate, profile, serve, bench, simulate, plan, analyze, hardware,
+)  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -77,6 +77,17 @@ class Simulator:
         self.predictor = predictor or make_predictor(
             cluster.predictor, cluster.model, cluster.hardware, parallel
         )
+        model = self.predictor.model
+        # a layout no engine could run: tensor parallelism splits the attention heads, the
+        # stream pipeline splits the layers
+        if model.num_heads % parallel.tp:
+            raise ValueError(
+                f"tp {parallel.tp} does not divide {model.name}'s {model.num_heads} attention heads"
+            )
+        if parallel.spp > model.num_layers:
+            raise ValueError(
+                f"spp {parallel.spp} is more stages than {model.name}'s {model.num_layers} layers"
+            )
         # Building one scheduler validates the whole configuration. Its prefill-time cache,
         # which every replica of every run then shares, starts from the walk an earlier run
         # with the same inputs left on disk.

@@ -1,0 +1,167 @@
+"""From the plan's results to its answer: which points meet the SLOs, the Pareto front of cost
+against each SLO metric, the cheapest deployment, and what to say when nothing meets them."""
+
+from __future__ import annotations
+
+import math
+
+from medha.plan.cost import cost_per_hour, devices
+from medha.plan.search import Result, meets
+from medha.plan.slo import Slo
+
+
+def label(point: dict) -> str:
+    parts = [
+        f"{point['replicas']}x {point['hardware']}",
+        f"tp{point['tp']}"
+        + (f" spp{point['spp']}" if point["spp"] > 1 else "")
+        + (f" kvp{point['kvp']}" if point["kvp"] > 1 else ""),
+        point["scheduler"],
+    ]
+    if point["iteration_budget_s"] is not None:
+        parts.append(f"budget {point['iteration_budget_s']:g}s")
+    if point["replicas"] > 1:
+        parts.append(point["dispatcher"])
+    if point["kv_memory_gb"] is not None:
+        parts.append(f"kv {point['kv_memory_gb']:g}GiB")
+    return ", ".join(parts)
+
+
+def rows(evaluated: list[tuple[dict, Result]], slos: list[Slo], prices: dict) -> list[dict]:
+    """One row per simulated deployment at the trace's own rate, cheapest first."""
+    out = []
+    for point, result in evaluated:
+        row = {
+            "point": point,
+            "label": label(point),
+            "devices": devices(point),
+            "cost_per_hour": cost_per_hour(point, prices),
+            "meets": meets(result, slos),
+        }
+        if "error" in result:
+            row["error"] = result["error"]
+        else:
+            row["metrics"] = {s.name: s.value(result) for s in slos}
+            row["completed"] = result["requests"]["completed"]
+            row["requests"] = result["requests"]["total"]
+            row["slo_attainment"] = result.get("slo_attainment")
+        out.append(row)
+    out.sort(key=lambda r: (r["cost_per_hour"], _badness(r, slos), r["label"]))
+    return out
+
+
+def _badness(row: dict, slos: list[Slo]) -> float:
+    """How far a row is from meeting every SLO: its worst value / target (<= 1 meets)."""
+    if "metrics" not in row or row["completed"] < row["requests"]:
+        return math.inf
+    return max(row["metrics"][s.name] / s.target_s for s in slos)
+
+
+def pareto(rows_: list[dict], slo: Slo) -> list[dict]:
+    """The rows no other row beats on both cost and this SLO's metric (cheapest first)."""
+    front, best = [], math.inf
+    for r in rows_:  # sorted by cost
+        if "metrics" not in r or r["completed"] < r["requests"]:
+            continue
+        v = r["metrics"][slo.name]
+        if v < best:
+            front.append(r)
+            best = v
+    return front
+
+
+def infeasible(rows_: list[dict], slos: list[Slo]) -> dict:
+    """Nothing meets every SLO: for each, the closest any deployment came, and the deployment
+    closest to meeting them all."""
+    ran = [r for r in rows_ if "metrics" in r and r["completed"] == r["requests"]]
+    per_slo = {}
+    for s in slos:
+        if not ran:
+            break
+        r = min(ran, key=lambda r: (r["metrics"][s.name], r["cost_per_hour"]))
+        v = r["metrics"][s.name]
+        per_slo[s.name] = {
+            "target_s": s.target_s,
+            "best_s": v,
+            "miss_factor": v / s.target_s,
+            "met_by_some": v <= s.target_s,
+            "closest": r["label"],
+        }
+    closest = min(ran, key=lambda r: (_badness(r, slos), r["cost_per_hour"])) if ran else None
+    return {
+        "per_slo": per_slo,
+        "closest": None
+        if closest is None
+        else {"label": closest["label"], "worst_value_over_target": _badness(closest, slos)},
+        "unfinished": len(rows_) - len(ran),
+    }
+
+
+def markdown(rows_: list[dict], slos: list[Slo], capacity: dict[str, float]) -> str:
+    head = "| deployment | devices | $/h | " + " | ".join(s.name for s in slos)
+    head += " | meets | capacity |\n|---|---|---|" + "---|" * len(slos) + "---|---|\n"
+    lines = []
+    for r in rows_:
+        if "metrics" in r:
+            vals = " | ".join(f"{r['metrics'][s.name]:.3g} s" for s in slos)
+            if r["completed"] < r["requests"]:
+                vals += f" ({r['requests'] - r['completed']} unfinished)"
+        else:
+            vals = " | ".join(["-"] * len(slos))
+        cap = capacity.get(r["label"])
+        lines.append(
+            f"| {r['label']} | {r['devices']} | {r['cost_per_hour']:.2f} | {vals} | "
+            f"{'yes' if r['meets'] else 'no'} | {f'{cap:.3g}x' if cap else ''} |"
+        )
+    return head + "\n".join(lines) + "\n"
+
+
+def plot(out_dir, rows_: list[dict], slos: list[Slo], fronts: dict, curves: dict) -> list[str]:
+    """pareto.png (cost against each SLO metric) and capacity.png (each SLO metric over its
+    target, and SLO attainment, against the rate, for the deployments searched for capacity)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    fig, axes = plt.subplots(1, len(slos), figsize=(5 * len(slos), 4), squeeze=False)
+    for ax, s in zip(axes[0], slos):
+        pts = [(r["cost_per_hour"], r["metrics"][s.name]) for r in rows_ if "metrics" in r]
+        pts = [(c, v) for c, v in pts if math.isfinite(v)]
+        if pts:
+            ax.scatter(*zip(*pts), s=12, c="0.7", label="simulated")
+        front = [(r["cost_per_hour"], r["metrics"][s.name]) for r in fronts[s.name]]
+        if front:
+            ax.step(*zip(*front), where="post", c="C0", marker="o", label="Pareto front")
+        ax.axhline(s.target_s, c="C3", ls="--", label="SLO")
+        ax.set_xlabel("US$ per hour")
+        ax.set_ylabel(f"{s.name} (s)")
+        ax.set_yscale("log")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_dir / "pareto.png", dpi=110)
+    plt.close(fig)
+    written.append("pareto.png")
+    if curves:
+        fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+        for i, (name, pts) in enumerate(curves.items()):
+            pts = sorted(pts)
+            rates = [p[0] for p in pts]
+            worst = [p[1] for p in pts]
+            att = [p[2] for p in pts]
+            axes[0].plot(rates, worst, marker="o", c=f"C{i}", label=name)
+            axes[1].plot(rates, att, marker="o", c=f"C{i}", label=name)
+        axes[0].axhline(1.0, c="C3", ls="--")
+        axes[0].set_ylabel("worst SLO metric / target")
+        axes[0].set_yscale("log")
+        axes[1].set_ylabel("SLO attainment (requests meeting TTFT and TPOT)")
+        for ax in axes:
+            ax.set_xlabel("request rate (x the trace's)")
+            ax.set_xscale("log", base=2)
+        axes[1].legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out_dir / "capacity.png", dpi=110)
+        plt.close(fig)
+        written.append("capacity.png")
+    return written
