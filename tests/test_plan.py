@@ -212,6 +212,19 @@ def test_runner_resumes_from_its_results_file(tmp_path):
     assert len(other.calls) == 2
 
 
+def test_pareto_front_keeps_the_best_at_each_cost():
+    from medha.plan.report import pareto
+
+    def row(label, cost, ttft):
+        return {"label": label, "cost_per_hour": cost, "metrics": {"ttft-p99": ttft},
+                "completed": 1, "requests": 1}  # fmt: skip
+
+    rows = [row("a", 1, 5.0), row("b", 1, 3.0), row("c", 2, 4.0), row("d", 2, 1.0),
+            row("e", 3, 2.0), row("f", 4, 0.5)]  # fmt: skip
+    front = pareto(rows, parse_slos("ttft-p99=1")[0])
+    assert [r["label"] for r in front] == ["b", "d", "f"]
+
+
 # ---- the command, on the real simulator ----------------------------------------------------------
 def test_plan_is_the_same_on_every_backend_and_twice(tmp_path):
     answers = []

@@ -59,14 +59,15 @@ def _badness(row: dict, slos: list[Slo]) -> float:
 
 def pareto(rows_: list[dict], slo: Slo) -> list[dict]:
     """The rows no other row beats on both cost and this SLO's metric (cheapest first)."""
+    ran = [r for r in rows_ if "metrics" in r and r["completed"] == r["requests"]]
+    ran.sort(key=lambda r: (r["cost_per_hour"], r["metrics"][slo.name], r["label"]))
     front, best = [], math.inf
-    for r in rows_:  # sorted by cost
-        if "metrics" not in r or r["completed"] < r["requests"]:
-            continue
-        v = r["metrics"][slo.name]
-        if v < best:
+    for r in ran:  # at one cost, only the best can be on the front
+        if r["metrics"][slo.name] < best and (
+            not front or r["cost_per_hour"] > front[-1]["cost_per_hour"]
+        ):
             front.append(r)
-            best = v
+            best = r["metrics"][slo.name]
     return front
 
 
