@@ -171,6 +171,14 @@ def test_capacity_chain_brackets_the_highest_rate_that_meets(tmp_path):
     assert rates[:2] == [2.0, 4.0]  # doubling stops at the first miss
     assert all(r <= 4.0 for r in rates) and len(rates) == 2 + 6
     assert 2.8 < log.capacity <= 3.0  # within (4/2)^(1/2^6) of the truth, never above it
+    assert not log.capacity_capped
+    # one that meets every SLO up to --max-rate has capacity "at least" that
+    strong, log = Model(), ChainLog([])
+    Runner(Fixed("m", "t"), strong, tmp_path / "p2.jsonl").run(
+        [capacity_chain(chain_of([100])[0], lambda r: meets(r, slos), log, max_rate=8, steps=6)]
+    )
+    assert [p["rate"] for p in strong.calls] == [2.0, 4.0, 8.0]
+    assert log.capacity == 8.0 and log.capacity_capped
 
 
 def test_one_replica_is_one_simulation_whatever_the_dispatcher(tmp_path):

@@ -255,6 +255,10 @@ def run(args: argparse.Namespace) -> None:
         backend.close()
 
     capacity = {name: log.capacity for name, log in cap_logs.items()}
+    capacity_text = {  # what the table and the summary print
+        name: ("at least " if log.capacity_capped else "") + f"{log.capacity:.3g}x"
+        for name, log in cap_logs.items()
+    }
     fronts = {s.name: report.pareto(rows, s) for s in slos}
     counts = {
         "grid": space.grid_size,
@@ -281,6 +285,7 @@ def run(args: argparse.Namespace) -> None:
         "capacity": {
             name: {
                 "capacity": log.capacity,
+                "at_least": log.capacity_capped,
                 "curve": [
                     {"rate": p["rate"], "meets": ok(res), **_curve_point(res, slos)}
                     for p, res in log.simulated
@@ -291,8 +296,8 @@ def run(args: argparse.Namespace) -> None:
         "deployments": rows,
     }
     (out / "plan.json").write_text(json.dumps(plan, indent=1, default=_json_default))
-    table = report.markdown(rows, slos, capacity)
-    text = _summary(plan, slos, counts, best, capacity) + "\n" + table
+    table = report.markdown(rows, slos, capacity_text)
+    text = _summary(plan, slos, counts, best, capacity_text) + "\n" + table
     (out / "plan.md").write_text(text)
     if not args.no_plots:
         curves = {
@@ -378,7 +383,7 @@ def _summary(plan: dict, slos, counts: dict, best, capacity: dict) -> str:
             f"Cheapest that meets every SLO: **{best['label']}** ({_devices(best['devices'])}, "
             f"US$ {best['cost_per_hour']:.2f}/h): "
             + ", ".join(f"{k} {v:.3g} s" for k, v in best["metrics"].items())
-            + (f"; capacity {cap:.3g}x the trace's rate" if cap else "")
+            + (f"; capacity {cap} the trace's rate" if cap else "")
             + "."
         )
     else:

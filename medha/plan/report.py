@@ -98,7 +98,7 @@ def infeasible(rows_: list[dict], slos: list[Slo]) -> dict:
     }
 
 
-def markdown(rows_: list[dict], slos: list[Slo], capacity: dict[str, float]) -> str:
+def markdown(rows_: list[dict], slos: list[Slo], capacity: dict[str, str]) -> str:
     head = "| deployment | devices | $/h | " + " | ".join(s.name for s in slos)
     head += " | meets | capacity |\n|---|---|---|" + "---|" * len(slos) + "---|---|\n"
     lines = []
@@ -112,7 +112,7 @@ def markdown(rows_: list[dict], slos: list[Slo], capacity: dict[str, float]) -> 
         cap = capacity.get(r["label"])
         lines.append(
             f"| {r['label']} | {r['devices']} | {r['cost_per_hour']:.2f} | {vals} | "
-            f"{'yes' if r['meets'] else 'no'} | {f'{cap:.3g}x' if cap else ''} |"
+            f"{'yes' if r['meets'] else 'no'} | {cap or ''} |"
         )
     return head + "\n".join(lines) + "\n"
 

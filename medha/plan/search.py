@@ -127,6 +127,7 @@ class ChainLog:
     pruned_budget: int = 0
     pruned_invalid: int = 0
     capacity: float | None = None
+    capacity_capped: bool = False  # it still met every SLO at --max-rate: "at least"
 
 
 def replicas_chain(
@@ -162,7 +163,9 @@ def capacity_chain(
             hi = rate
             break
         lo, rate = rate, rate * 2
-    if hi is not None:
+    if hi is None:
+        log.capacity_capped = True
+    else:
         for _ in range(steps):
             mid = _round(math.sqrt(lo * hi))
             result = yield {**point, "rate": mid}
@@ -258,6 +261,7 @@ class Runner:
     def __init__(self, fixed: Fixed, backend: Backend, results: Path, progress=None) -> None:
         self.fixed, self.backend, self.results, self.progress = fixed, backend, results, progress
         self.cache: dict[str, Result] = {}
+        self.points: dict[str, dict] = {}  # key -> the point, for the results file
         self.simulated = self.reused = 0
         fkey = fixed.key()
         if results.is_file():
@@ -294,7 +298,6 @@ class Runner:
                         self.points[key] = point
                     return
 
-            self.points: dict[str, dict] = {}
             for chain in chains:
                 advance(chain, None)
             while inflight:
