@@ -295,7 +295,7 @@ def run(args: argparse.Namespace) -> None:
         },
         "deployments": rows,
     }
-    (out / "plan.json").write_text(json.dumps(plan, indent=1, default=_json_default))
+    (out / "plan.json").write_text(json.dumps(_finite(plan), indent=1, allow_nan=False))
     table = report.markdown(rows, slos, capacity_text)
     text = _summary(plan, slos, counts, best, capacity_text) + "\n" + table
     (out / "plan.md").write_text(text)
@@ -354,10 +354,15 @@ def _worst_and_attainment_result(result: dict, slos) -> tuple[float, float]:
     return max(s.value(result) / s.target_s for s in slos), result.get("slo_attainment")
 
 
-def _json_default(o):
-    if isinstance(o, float) and not math.isfinite(o):
-        return None
-    raise TypeError(type(o).__name__)
+def _finite(o):
+    """JSON has no inf: a metric no request reported (inf, never met) is written as null."""
+    if isinstance(o, float):
+        return o if math.isfinite(o) else None
+    if isinstance(o, dict):
+        return {k: _finite(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_finite(v) for v in o]
+    return o
 
 
 def _summary(plan: dict, slos, counts: dict, best, capacity: dict) -> str:
