@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from local_server import local_server  # noqa: E402
 
 from medha.benchmark.load_generator import BenchConfig, build_requests, run_bench  # noqa: E402
+from medha.plan.report import worst_over_target  # noqa: E402
 from medha.plan.slo import parse_slos  # noqa: E402
 
 WORKLOAD = "prompt=32-256,output=16-48,long_fraction=0.05,long_prompt=3000-6000"
@@ -50,7 +51,7 @@ def write_trace(path: Path, args) -> None:
 def pick(metrics: dict[str, dict[str, float]], slos) -> tuple[str, bool]:
     """The plan's rule among deployments of equal cost: the most headroom if any meets every
     SLO, else the closest to meeting them. Returns (name, meets)."""
-    worst = {n: max(m[s.name] / s.target_s for s in slos) for n, m in metrics.items()}
+    worst = {n: worst_over_target(m, slos) for n, m in metrics.items()}
     best = min(worst, key=lambda n: (worst[n], n))
     return best, worst[best] <= 1
 

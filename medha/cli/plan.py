@@ -161,7 +161,7 @@ def build_space(args):
 
 def run(args: argparse.Namespace) -> None:
     from medha.plan import report
-    from medha.plan.cost import cost_per_hour, devices, parse_prices
+    from medha.plan.cost import cost_per_hour, parse_prices
     from medha.plan.search import (
         ChainLog,
         Fixed,
@@ -214,8 +214,6 @@ def run(args: argparse.Namespace) -> None:
     ok = lambda result: meets(result, slos)  # noqa: E731
     cost = lambda point: cost_per_hour(point, prices)  # noqa: E731
     chains = space.chains()
-    if space.max_devices is not None:
-        chains = [[p for p in c if devices(p) <= space.max_devices] for c in chains]
     too_big = space.grid_size - sum(len(c) for c in chains)
     logs = [ChainLog([]) for _ in chains]
     try:
@@ -300,15 +298,9 @@ def run(args: argparse.Namespace) -> None:
     text = _summary(plan, slos, counts, best, capacity_text) + "\n" + table
     (out / "plan.md").write_text(text)
     if not args.no_plots:
+        at_1x = {report.label(p): ({**p, "rate": 1.0}, r) for p, r in unique.values()}
         curves = {
-            name: [
-                (1.0, *_worst_and_attainment(next(r for r in rows if r["label"] == name), slos)),
-                *[
-                    (p["rate"], *_worst_and_attainment_result(res, slos))
-                    for p, res in log.simulated
-                    if "error" not in res
-                ],
-            ]
+            name: _capacity_curve([at_1x[name], *log.simulated], slos)
             for name, log in cap_logs.items()
         }
         report.plot(out, rows, slos, fronts, curves)
@@ -318,18 +310,11 @@ def run(args: argparse.Namespace) -> None:
 
 def _check_workload(fixed) -> int:
     """The trace reads and has what the plan needs, before any worker starts."""
-    from medha.sim.workload.generator import WorkloadConfig, build_requests
+    from medha.sim.workload.generator import build_requests
     from medha.sim.workload.traces import TraceError
 
     try:
-        cfg = WorkloadConfig(
-            trace=fixed.trace,
-            num_requests=fixed.num_requests,
-            qps=fixed.qps,
-            long_fraction=fixed.long_fraction,
-            seed=fixed.seed,
-        )
-        return len(build_requests(cfg, max_context=1 << 30))
+        return len(build_requests(fixed.workload(), max_context=1 << 30))
     except (TraceError, ValueError, OSError) as e:
         raise CliError(f"--trace {fixed.trace}: {e}") from None
 
@@ -346,12 +331,15 @@ def _curve_point(result: dict, slos) -> dict:
     }
 
 
-def _worst_and_attainment(row: dict, slos) -> tuple[float, float]:
-    return max(row["metrics"][s.name] / s.target_s for s in slos), row["slo_attainment"]
+def _capacity_curve(points: list[tuple[dict, dict]], slos) -> list[tuple[float, float, float]]:
+    """(rate, worst SLO metric / target, SLO attainment) of each simulation that ran."""
+    from medha.plan.report import worst_over_target
 
-
-def _worst_and_attainment_result(result: dict, slos) -> tuple[float, float]:
-    return max(s.value(result) / s.target_s for s in slos), result.get("slo_attainment")
+    return [
+        (p["rate"], worst_over_target(_curve_point(r, slos), slos), r.get("slo_attainment"))
+        for p, r in points
+        if "error" not in r
+    ]
 
 
 def _finite(o):

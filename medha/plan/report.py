@@ -50,11 +50,15 @@ def rows(evaluated: list[tuple[dict, Result]], slos: list[Slo], prices: dict) ->
     return out
 
 
+def worst_over_target(metrics: dict[str, float], slos: list[Slo]) -> float:
+    """How far from meeting every SLO: the worst metric / its target (<= 1 meets them all)."""
+    return max(metrics[s.name] / s.target_s for s in slos)
+
+
 def _badness(row: dict, slos: list[Slo]) -> float:
-    """How far a row is from meeting every SLO: its worst value / target (<= 1 meets)."""
     if "metrics" not in row or row["completed"] < row["requests"]:
         return math.inf
-    return max(row["metrics"][s.name] / s.target_s for s in slos)
+    return worst_over_target(row["metrics"], slos)
 
 
 def pareto(rows_: list[dict], slo: Slo) -> list[dict]:

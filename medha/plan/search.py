@@ -45,6 +45,19 @@ class Fixed:
     def key(self) -> str:
         return _digest(asdict(self))
 
+    def workload(self, rate: float = 1.0):
+        """The trace at `rate` times its own request rate (its qps, or its timestamps)."""
+        from medha.sim.workload.generator import WorkloadConfig
+
+        return WorkloadConfig(
+            trace=self.trace,
+            num_requests=self.num_requests,
+            qps=self.qps * rate if self.qps else None,
+            time_scale=1.0 if self.qps else 1.0 / rate,
+            long_fraction=self.long_fraction,
+            seed=self.seed,
+        )
+
 
 def _digest(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
@@ -66,10 +79,8 @@ def evaluate(fixed: dict, point: dict) -> Result:
     from medha.plan.space import scheduler_fields
     from medha.sim.config import ClusterConfig
     from medha.sim.runner import RunSpec, simulate
-    from medha.sim.workload.generator import WorkloadConfig
 
     f = Fixed(**fixed)
-    rate = point["rate"]
     try:
         spec = RunSpec(
             cluster=ClusterConfig(
@@ -87,15 +98,7 @@ def evaluate(fixed: dict, point: dict) -> Result:
             ),
             long_threshold=f.long_threshold,
         )
-        workload = WorkloadConfig(
-            trace=f.trace,
-            num_requests=f.num_requests,
-            qps=f.qps * rate if f.qps else None,
-            time_scale=1.0 if f.qps else 1.0 / rate,
-            long_fraction=f.long_fraction,
-            seed=f.seed,
-        )
-        summary = simulate(spec, workload).summary
+        summary = simulate(spec, f.workload(point["rate"])).summary
     except (ValueError, RuntimeError) as e:  # RuntimeError: a simulation that stalls
         return {"error": f"{type(e).__name__}: {e}"}
     keep = ("requests", "slo_attainment", "throughput", *METRICS.values())

@@ -11,6 +11,8 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
+from medha.plan.cost import devices
+
 # axis -> (type, default values); None in a list means "the simulator's default"
 AXES: dict[str, tuple[type, list]] = {
     "hardware": (str, ["h100"]),
@@ -90,7 +92,8 @@ class SearchSpace:
 
     def chains(self) -> list[list[dict]]:
         """The grid as chains: each the same deployment at every replica count, ascending, so
-        that the search can stop a chain at the first count that meets the SLOs."""
+        that the search can stop a chain at the first count that meets the SLOs; points over
+        max_devices are left out."""
         a = self.axes
         chains = []
         for hw, tp, spp, kvp, sched, budget, disp, kv in itertools.product(
@@ -111,6 +114,8 @@ class SearchSpace:
                 }  # fmt: skip
                 for n in sorted(set(a["replicas"]))
             ]
+            if self.max_devices is not None:
+                chain = [p for p in chain if devices(p) <= self.max_devices]
             chains.append(chain)
         return chains
 
