@@ -55,15 +55,20 @@ def worst_over_target(metrics: dict[str, float], slos: list[Slo]) -> float:
     return max(metrics[s.name] / s.target_s for s in slos)
 
 
+def _finished(row: dict) -> bool:
+    """The simulation ran and every request finished: its metrics stand for the deployment."""
+    return "metrics" in row and row["completed"] == row["requests"]
+
+
 def _badness(row: dict, slos: list[Slo]) -> float:
-    if "metrics" not in row or row["completed"] < row["requests"]:
+    if not _finished(row):
         return math.inf
     return worst_over_target(row["metrics"], slos)
 
 
 def pareto(rows_: list[dict], slo: Slo) -> list[dict]:
     """The rows no other row beats on both cost and this SLO's metric (cheapest first)."""
-    ran = [r for r in rows_ if "metrics" in r and r["completed"] == r["requests"]]
+    ran = [r for r in rows_ if _finished(r)]
     ran.sort(key=lambda r: (r["cost_per_hour"], r["metrics"][slo.name], r["label"]))
     front, best = [], math.inf
     for r in ran:  # at one cost, only the best can be on the front
@@ -78,7 +83,7 @@ def pareto(rows_: list[dict], slo: Slo) -> list[dict]:
 def infeasible(rows_: list[dict], slos: list[Slo]) -> dict:
     """Nothing meets every SLO: for each, the closest any deployment came, and the deployment
     closest to meeting them all."""
-    ran = [r for r in rows_ if "metrics" in r and r["completed"] == r["requests"]]
+    ran = [r for r in rows_ if _finished(r)]
     per_slo = {}
     for s in slos:
         if not ran:
