@@ -63,7 +63,14 @@ class Batch:
     # may write device blocks that swap-outs emptied. A batch may hold swaps and no chunks.
     swap_in: list[KVSwap] = field(default_factory=list)
     swap_out: list[KVSwap] = field(default_factory=list)
-    swap_time_s: float = 0.0  # predicted time of the swaps, included in predicted_time_s
+    # The prefix cache's host tier: (device block, host block) copies of cached blocks evicted
+    # from the device, and (host block, device block) copies of host hits. All copies run in
+    # this order: cache_out, swap_in, swap_out, cache_in, so that every read of a device block
+    # comes before any write to it (blocks evicted, or freed by a swap-out, may be taken again
+    # in the same batch; a swap-in only takes blocks that were free before the batch formed).
+    cache_out: list[tuple[int, int]] = field(default_factory=list)
+    cache_in: list[tuple[int, int]] = field(default_factory=list)
+    swap_time_s: float = 0.0  # predicted time of all the copies, included in predicted_time_s
 
     @property
     def chunks(self) -> list[Chunk]:
@@ -85,6 +92,8 @@ class Batch:
         parts += [f"{c.request.request_id}[{c.start}:{c.end}]" for c in self.prefills]
         parts += [f"swap in {s.request.request_id}" for s in self.swap_in]
         parts += [f"swap out {s.request.request_id}" for s in self.swap_out]
+        if self.cache_out or self.cache_in:
+            parts.append(f"host cache {len(self.cache_out)} out, {len(self.cache_in)} in")
         return f"batch {self.batch_id} ({self.predicted_time_s * 1e3:.1f} ms): " + ", ".join(parts)
 
 

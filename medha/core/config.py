@@ -9,6 +9,9 @@ from dataclasses import dataclass, field
 from medha.utils.registry import unknown_name
 
 PREEMPTION_MODES = ("recompute", "swap", "auto")
+# Prefix caching (medha/scheduler/prefix_cache.py): none, device KV only, or device KV with a
+# host-memory tier that blocks evicted from the device go to.
+PREFIX_CACHE_MODES = ("off", "device", "device+host")
 # The scheduler's policies and chunking modes, by name. Each is implemented by one module of
 # medha/scheduler/policies (or packers) that registers under that name; the names are listed
 # here, below the scheduler, so that a config is checked without importing what it configures
@@ -281,6 +284,34 @@ class SchedulerConfig:
             "own KV dtype)",
         ),
     )
+    prefix_cache: str = field(
+        default="off",
+        metadata=_help(
+            KV_MEMORY,
+            "reuse the KV of prompt prefixes earlier requests computed: off, device (full blocks "
+            "of a prompt, identified by a hash of every token up to their end, stay in device "
+            "memory until evicted, least recently used first) or device+host (blocks evicted "
+            "from the device go to a host-memory tier and are copied back on a hit when that is "
+            "predicted cheaper than recomputing them)",
+            choices=PREFIX_CACHE_MODES,
+        ),
+    )
+    host_cache_gb: float = field(
+        default=16.0,
+        metadata=_help(
+            KV_MEMORY,
+            "host memory in GiB per device for the prefix cache's host tier, with "
+            "--prefix-cache device+host",
+        ),
+    )
+    host_cache_blocks: int | None = field(
+        default=None,
+        metadata=_help(
+            KV_MEMORY,
+            "prefix cache host tier size in KV blocks; overrides --host-cache-gb (the engine "
+            "sets it from its own KV dtype)",
+        ),
+    )
     swap_bandwidth_gbps: float | None = field(
         default=None,
         metadata=_help(
@@ -449,6 +480,23 @@ class SchedulerConfig:
             isinstance(self.host_kv_blocks, int) and self.host_kv_blocks >= 0
         ):
             raise ValueError(f"host_kv_blocks must be an integer >= 0, got {self.host_kv_blocks!r}")
+        if self.prefix_cache not in PREFIX_CACHE_MODES:
+            raise ValueError(
+                f"prefix_cache must be one of {', '.join(PREFIX_CACHE_MODES)}, "
+                f"got {self.prefix_cache!r}"
+            )
+        if not (
+            isinstance(self.host_cache_gb, (int, float))
+            and math.isfinite(self.host_cache_gb)
+            and self.host_cache_gb >= 0
+        ):
+            raise ValueError(f"host_cache_gb must be a number >= 0, got {self.host_cache_gb!r}")
+        if self.host_cache_blocks is not None and not (
+            isinstance(self.host_cache_blocks, int) and self.host_cache_blocks >= 0
+        ):
+            raise ValueError(
+                f"host_cache_blocks must be an integer >= 0, got {self.host_cache_blocks!r}"
+            )
         bw = self.swap_bandwidth_gbps
         if bw is not None and not (isinstance(bw, (int, float)) and math.isfinite(bw) and bw > 0):
             raise ValueError(f"swap_bandwidth_gbps must be a positive number, got {bw!r}")

@@ -17,6 +17,7 @@ import enum
 import math
 from dataclasses import dataclass, field
 
+PREFIX_HASH_BLOCK = 512  # tokens per prefix hash id in a trace (the Mooncake format's block)
 PRIORITY_CLASSES = ("REALTIME", "HIGH", "NORMAL", "LOW")  # most urgent first
 DEFAULT_PRIORITY_CLASS = "NORMAL"
 _PRIORITY_RANK = {name: i for i, name in enumerate(PRIORITY_CLASSES)}
@@ -88,6 +89,10 @@ class Request:
     ttft_deadline_s: float | None = None
     tpot_target_s: float | None = None
     priority_class: str | None = None
+    # The trace's prefix block hashes (Mooncake format): one id per `PREFIX_HASH_BLOCK` prompt
+    # tokens, the last block partial, an id standing for its block and every token before it.
+    # What the prefix cache identifies blocks by when the request carries no token ids.
+    prefix_hash_ids: list[int] | None = None
 
     state: RequestState = field(default=RequestState.WAITING, init=False)
     num_computed: int = field(default=0, init=False)
@@ -103,6 +108,12 @@ class Request:
     first_scheduled_s: float | None = field(default=None, init=False)
     admission_seq: int = field(default=-1, init=False)  # order of admission, breaks ties
     kv_capacity: int = field(default=0, init=False)  # tokens its KV blocks can hold
+    # Prompt tokens whose KV the prefix cache supplied at the latest start (device and host
+    # tier; with num_host_cached_tokens of them copied back from the host tier). The request's
+    # chunks begin after them: it has started once it schedules more (`started`).
+    num_cached_tokens: int = field(default=0, init=False)
+    num_host_cached_tokens: int = field(default=0, init=False)
+    block_keys: list | None = field(default=None, init=False)  # prefix_cache.prompt_block_keys
     # Maintained by the scheduler from its prefill-time cache; policies read them.
     deadline_s: float = field(default=math.inf, init=False)  # absolute TTFT deadline
     total_work_s: float = field(default=0.0, init=False)
@@ -153,6 +164,16 @@ class Request:
                 f"priority_class must be one of {', '.join(PRIORITY_CLASSES)} "
                 f"(or None), got {self.priority_class!r}"
             )
+        ids = self.prefix_hash_ids
+        if ids is not None and (
+            not isinstance(ids, list)
+            or len(ids) != -(-self.prompt_len // PREFIX_HASH_BLOCK)
+            or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids)
+        ):
+            raise ValueError(
+                f"prefix_hash_ids must be a list of ceil(prompt_len / {PREFIX_HASH_BLOCK}) = "
+                f"{-(-self.prompt_len // PREFIX_HASH_BLOCK)} integers"
+            )
         if max_model_len is not None:
             if self.prompt_len > max_model_len:
                 raise ValueError(
@@ -185,6 +206,12 @@ class Request:
     @property
     def num_unscheduled(self) -> int:
         return self.num_tokens - self.num_scheduled
+
+    @property
+    def started(self) -> bool:
+        """Whether a chunk of its (re)started prefill has been scheduled: tokens the prefix
+        cache supplied do not count."""
+        return self.num_scheduled > self.num_cached_tokens
 
     @property
     def in_prefill(self) -> bool:

@@ -33,6 +33,16 @@ class BatchBuilder:
         # the tightest TPOT target among the requests whose decodes the batch carries (None:
         # none has its own); the packer bounds the batch's time budget by it
         self.tpot_target_s: float | None = None
+        self.prepared: list[Request] = []  # requests prepare() gave a cached prefix
+
+    def prepare(self, r: Request) -> None:
+        """Before the packer plans `r`'s first chunk: the prefix cache's hit, if any, becomes
+        computed KV, so the chunk starts after it (the scheduler gives it back if `r` gets no
+        chunk after all)."""
+        if not r.num_scheduled and self._kv.prefix_caching:
+            self._kv.attach_cached(r)
+            if r.num_cached_tokens:
+                self.prepared.append(r)
 
     @property
     def is_empty(self) -> bool:

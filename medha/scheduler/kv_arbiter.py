@@ -27,6 +27,7 @@ from medha.perf.swap_cost import SwapCost
 from medha.scheduler.block_manager import BlockAccountingError, BlockManager
 from medha.scheduler.host_kv_pool import HostKVPool
 from medha.scheduler.policies import Policy
+from medha.scheduler.prefix_cache import HostCacheTier, PrefixBlockManager, prompt_block_keys
 
 
 @dataclass
@@ -38,7 +39,14 @@ class KVStats:
     swap_ins: int = 0
     swapped_out_blocks: int = 0
     swapped_in_blocks: int = 0
-    swap_time_s: float = 0.0  # predicted time the swaps added to batches
+    swap_time_s: float = 0.0  # predicted time the swaps (and host cache copies) added
+    # prefix cache, counted at each (re)start of a prefill: prompt tokens looked up, and those
+    # the cache supplied (from the device or, copied back, from the host tier)
+    prefix_starts: int = 0
+    prefix_query_tokens: int = 0
+    prefix_hit_tokens: int = 0
+    prefix_host_hit_tokens: int = 0
+    host_cache_out_blocks: int = 0  # evicted device blocks copied to the host tier
 
 
 class KVArbiter:
@@ -53,7 +61,11 @@ class KVArbiter:
         stats: KVStats,
     ) -> None:
         """`live` is the scheduler's map of live requests (read only): the victims are chosen
-        among them. `stats` receives the preemption and swap counters."""
+        among them. `stats` receives the preemption and swap counters. With prefix caching
+        the arbiter's blocks are a PrefixBlockManager of the size of `blocks`."""
+        self.prefix_caching = config.prefix_cache != "off"
+        if self.prefix_caching:
+            blocks = PrefixBlockManager.like(blocks)
         self.blocks = blocks
         self._policy = policy
         self._prefill_times = prefill_times
@@ -62,6 +74,14 @@ class KVArbiter:
         self.watermark_blocks = int(config.watermark * blocks.num_blocks)
         self.swap_cost = SwapCost(predictor, blocks.block_size, config.swap_bandwidth_gbps)
         self.host_pool = self._host_pool(config, predictor)
+        self.host_cache: HostCacheTier | None = None
+        if config.prefix_cache == "device+host":
+            n = config.host_cache_blocks
+            if n is None:
+                n = self.swap_cost.blocks_in(config.host_cache_gb * 2**30)
+            if n > 0:
+                self.host_cache = HostCacheTier(n)
+                blocks.on_evict = self.host_cache.offer
         self._swapped: dict[str, Request] = {}  # KV in the host pool, in swap-out order
         self._resume: dict[str, RequestState] = {}  # the phase each swapped request left
 
@@ -93,7 +113,7 @@ class KVArbiter:
         """May `r` take blocks for its first chunk? Swapped requests come back before new
         prefills start, unless `r` is of a more urgent class than every one of them (under a
         class policy; else they would starve behind new arrivals)."""
-        if r.num_scheduled or not self._swapped:
+        if r.started or not self._swapped:
             return True
         return self._policy.uses_classes and r.priority_rank < min(
             s.priority_rank for s in self._swapped.values()
@@ -119,7 +139,7 @@ class KVArbiter:
         reserve = 0 if decode or not (batch.decodes or batch.prefills) else self.watermark_blocks
         # A prefill starts (or restarts after preemption) only when its whole context fits,
         # so that it is not evicted half-way by the decodes it would crowd out.
-        starting = r.num_scheduled == 0
+        starting = not r.started
         if not self.may_start(r):
             return r.num_scheduled
         must_fit = r.num_tokens if starting else num_tokens
@@ -170,7 +190,7 @@ class KVArbiter:
             for v in self._live.values()
             if v is not r
             and v.num_inflight_batches == 0
-            and v.num_scheduled > 0
+            and v.started
             and (evict_decodes or v.in_prefill)
             and v.request_id not in self._swapped
             and v.request_id not in back
@@ -211,6 +231,7 @@ class KVArbiter:
         self.stats.recomputed_tokens += r.num_computed
         self.blocks.free(r.request_id)
         r.num_computed = r.num_scheduled = r.kv_capacity = 0
+        r.num_cached_tokens = r.num_host_cached_tokens = 0
         r.transition(RequestState.PREEMPTED)
         r.total_work_s = max(self._prefill_times.time(r.num_tokens), 1e-12)
         r.remaining_work_s = r.total_work_s
@@ -260,6 +281,7 @@ class KVArbiter:
         """Set the batch's `swap_time_s`, the predicted time of all its copies, in and out,
         and count it (the scheduler calls it for batches that move KV only)."""
         moved = sum(len(s.host_blocks) for s in (*batch.swap_in, *batch.swap_out))
+        moved += len(batch.cache_out) + len(batch.cache_in)
         batch.swap_time_s = self.swap_cost.time(moved)
         self.stats.swap_time_s += batch.swap_time_s
 
@@ -270,6 +292,97 @@ class KVArbiter:
             del self._resume[r.request_id]
             self.host_pool.free(r.request_id)
         self.blocks.free(r.request_id)
+
+    # ---- prefix cache ------------------------------------------------------------------------
+    def _cacheable_keys(self, r: Request) -> list:
+        """Keys of the prompt blocks a hit may cover: all full ones but a block holding the
+        last prompt token, which is always computed (its logits sample the first token)."""
+        bs = self.blocks.block_size
+        keys = prompt_block_keys(r, bs)
+        limit = (r.prompt_len - 1) // bs
+        return keys if len(keys) <= limit else keys[:limit]
+
+    def peek_cached(self, r: Request) -> int:
+        """Prompt tokens the caches hold for `r` now (device, then host tier); nothing is
+        taken. What its deadline and predicted work leave out when it is admitted."""
+        if not self.prefix_caching:
+            return 0
+        keys = self._cacheable_keys(r)
+        n = len(self.blocks.match(keys))
+        tier = self.host_cache
+        if tier is not None:
+            while n < len(keys) and keys[n] in tier:
+                n += 1
+        return n * self.blocks.block_size
+
+    def attach_cached(self, r: Request) -> None:
+        """At the (re)start of `r`'s prefill, before its first chunk is planned: take the
+        longest cached prefix of its prompt. Device blocks are shared; blocks found only in the
+        host tier are copied back into fresh device blocks when that is predicted cheaper than
+        recomputing them and they fit above the watermark. The tokens count as computed."""
+        if r.num_scheduled or not self.prefix_caching:
+            return
+        keys = self._cacheable_keys(r)
+        if not keys:
+            return
+        bm, tier, rid = self.blocks, self.host_cache, r.request_id
+        dev = bm.match(keys)
+        bm.acquire(rid, dev)  # (first: the free blocks left count without them)
+        load: list = []
+        if tier is not None and len(dev) < len(keys):
+            room = bm.num_free - self.watermark_blocks
+            for key in keys[len(dev) :]:
+                # (a key also on the device, after a gap in its chain, ends the run)
+                if len(load) >= room or key not in tier or bm.is_cached(key):
+                    break
+                load.append(key)
+            if load:
+                bs = bm.block_size
+                start = len(dev) * bs
+                recompute_s = self._prefill_times.remaining(start + len(load) * bs, start)
+                if self.swap_cost.time(len(load)) >= recompute_s:
+                    load = []
+        if not dev and not load:
+            return
+        for key in load:  # pinned first: a device eviction below must not push them out
+            tier.pin(key)
+        for key in load:
+            tier.load(key, bm.append_cached(rid, key))
+        hit = bm.tokens_held(rid)
+        r.num_computed = r.num_scheduled = r.kv_capacity = r.num_cached_tokens = hit
+        r.num_host_cached_tokens = len(load) * bm.block_size
+        r.remaining_work_s = self._prefill_times.remaining(r.num_tokens, hit)
+
+    def detach_cached(self, r: Request) -> None:
+        """Give back the cached prefix of a request that attached one and was not scheduled
+        after all: it looks again when it is next considered (the cache may hold more by
+        then), and its blocks are evictable meanwhile."""
+        if r.num_cached_tokens and not r.started and not r.num_inflight_batches:
+            self.blocks.free(r.request_id)
+            r.num_computed = r.num_scheduled = r.kv_capacity = 0
+            r.num_cached_tokens = r.num_host_cached_tokens = 0
+
+    def count_start(self, r: Request) -> None:
+        """Count the prefix lookup of a prefill whose first chunk was just scheduled."""
+        st = self.stats
+        st.prefix_starts += 1
+        st.prefix_query_tokens += r.prompt_len
+        st.prefix_hit_tokens += r.num_cached_tokens
+        st.prefix_host_hit_tokens += r.num_host_cached_tokens
+
+    def cache_computed(self, r: Request) -> None:
+        """Cache the full prompt blocks `r` has computed (after a batch that ran its chunk)."""
+        bs = self.blocks.block_size
+        keys = prompt_block_keys(r, bs)
+        n = min(r.num_computed // bs, len(keys))
+        if n:
+            self.blocks.register(r.request_id, keys, n)
+
+    def take_cache_copies(self, batch: Batch) -> None:
+        """Put the host tier's copies planned while `batch` formed on it."""
+        if self.host_cache is not None:
+            batch.cache_out, batch.cache_in = self.host_cache.drain()
+            self.stats.host_cache_out_blocks += len(batch.cache_out)
 
     # ---- checks ------------------------------------------------------------------------------
     def check_invariants(self, aborted_inflight: Mapping[str, Request]) -> None:
@@ -293,6 +406,8 @@ class KVArbiter:
         for rid in bm.owners():
             if rid not in self._live and rid not in aborted_inflight:
                 raise BlockAccountingError(f"blocks of {rid} outlived the request")
+        if self.host_cache is not None:
+            self.host_cache.check_invariants()
         if self.host_pool is not None:
             self.host_pool.check_invariants(self._swapped, bm)
         elif self._swapped:

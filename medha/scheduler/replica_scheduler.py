@@ -107,7 +107,8 @@ class ReplicaScheduler:
                 f"prompt_len + max_tokens = {total_tokens} exceeds the KV cache "
                 f"capacity of {self.blocks.capacity_tokens} tokens"
             )
-        work = self.prefill_times.time(request.prompt_len)
+        # the work still to do: what the prefix cache holds of the prompt now is not
+        work = self.prefill_times.remaining(request.prompt_len, self.kv.peek_cached(request))
         deadline = (
             request.ttft_deadline_s
             or self.config.ttft_deadline_s
@@ -206,7 +207,9 @@ class ReplicaScheduler:
             # the only decodes picked (aligned picks a subset) preempted themselves for lack of
             # blocks: form the batch again in the room they left, rather than stall the caller
             builder = self._fill(batch, now)
-        if builder.is_empty and not (batch.swap_in or batch.swap_out):
+        self.kv.take_cache_copies(batch)
+        moves = batch.swap_in or batch.swap_out or batch.cache_out or batch.cache_in
+        if builder.is_empty and not moves:
             return None  # (a batch that only moves KV still runs: its copies must happen)
         tables = self.blocks.blocks_of if self.block_tables else None
         if tables is not None:
@@ -220,7 +223,9 @@ class ReplicaScheduler:
                 r.transition(RequestState.PREFILLING)
             if r.first_scheduled_s is None:
                 r.first_scheduled_s = now
-        if batch.swap_in or batch.swap_out:
+            if chunk.start == r.num_cached_tokens and self.kv.prefix_caching:
+                self.kv.count_start(r)  # the first chunk of a (re)started prefill
+        if moves:
             self.kv.time_swaps(batch)
         batch.predicted_time_s = builder.timer.time() + batch.swap_time_s
         self._inflight += 1
@@ -303,6 +308,8 @@ class ReplicaScheduler:
             ]
         if queue:
             self.packer.pack(now, self._prefill_order(queue, now), builder)
+            for r in builder.prepared:  # a cached prefix taken by a request left out
+                self.kv.detach_cached(r)
 
     def _prefills_alone(self, batch: Batch, now: float) -> BatchBuilder:
         """An iteration of prefills only, if any can run; else one of decodes. The prefills
@@ -333,16 +340,16 @@ class ReplicaScheduler:
             queue.sort(
                 key=lambda r: (
                     r.priority_rank,
-                    not (r.num_scheduled and r.num_tokens < threshold),
+                    not (r.started and r.num_tokens < threshold),
                     key(r),
                 )
             )
             return queue
-        started = [r for r in queue if r.num_scheduled and r.num_tokens < threshold]
+        started = [r for r in queue if r.started and r.num_tokens < threshold]
         if not started:
             queue.sort(key=key)
             return queue
-        rest = [r for r in queue if not (r.num_scheduled and r.num_tokens < threshold)]
+        rest = [r for r in queue if not (r.started and r.num_tokens < threshold)]
         started.sort(key=key)
         rest.sort(key=key)
         return started + rest
@@ -424,6 +431,8 @@ class ReplicaScheduler:
                 self._release_aborted(r)
                 continue
             r.num_computed = max(r.num_computed, chunk.start + chunk.num_tokens)
+            if self.kv.prefix_caching:
+                self.kv.cache_computed(r)
             if not chunk.samples:
                 r.remaining_work_s = self.prefill_times.remaining(r.num_tokens, r.num_computed)
             elif self._sampled(r, batch, tokens, stopped, now):

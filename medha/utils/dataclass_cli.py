@@ -18,7 +18,8 @@ def _base_type(tp):
 def add_dataclass_args(
     parser: argparse.ArgumentParser, cls, skip: tuple[str, ...] = (), title: str | None = None
 ) -> None:
-    """One flag per field. A field whose metadata names a "group" goes to the argument group of
+    """One flag per field (its metadata's "choices", if any, are the values it accepts). A
+    field whose metadata names a "group" goes to the argument group of
     that title, the others to `title` (default: the class name); groups appear in the order of
     their first field."""
     groups: dict[str, argparse._ArgumentGroup] = {}
@@ -44,12 +45,14 @@ def add_dataclass_args(
         else:
             default = f.default
             shown = "" if default is None else f" (default: {default})"
+            choices = f.metadata.get("choices")
             group.add_argument(
                 *flags,
                 dest=f.name,
                 type=tp,
                 default=default,
-                metavar=tp.__name__.upper(),
+                choices=choices,
+                metavar="{" + ",".join(choices) + "}" if choices else tp.__name__.upper(),
                 help=help_text + shown,
             )
 

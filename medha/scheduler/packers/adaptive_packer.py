@@ -25,7 +25,9 @@ class AdaptivePacker(Packer):
         for r in queue:
             if builder.room_seqs == 0 or builder.room_tokens == 0:
                 break
-            is_long = r.num_tokens >= builder.long_threshold
+            builder.prepare(r)
+            # long by the work left to plan: a prompt mostly served by the prefix cache is not
+            is_long = r.num_tokens - r.num_cached_tokens >= builder.long_threshold
             if is_long and has_long:
                 continue  # two long prefills would split the budget and both fall behind
             limit = budget

@@ -17,8 +17,11 @@ class NonePacker(Packer):
 
     def pack(self, now: float, queue: list[Request], builder: BatchBuilder) -> None:
         for r in queue:
+            if builder.room_seqs == 0:
+                break
+            builder.prepare(r)
             n = r.num_unscheduled
-            if builder.room_seqs == 0 or (builder.num_prefills and n > builder.room_tokens):
+            if builder.num_prefills and n > builder.room_tokens:
                 break
             if builder.add_prefill(r, n, all_or_nothing=True) == 0:
                 break

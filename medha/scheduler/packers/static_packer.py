@@ -24,6 +24,7 @@ class StaticPacker(Packer):
             room = builder.room_tokens
             if room <= 0 or builder.room_seqs == 0:
                 break
+            builder.prepare(r)
             n = min(r.num_unscheduled, room)
             added = builder.add_prefill(r, n)
             if added < n:

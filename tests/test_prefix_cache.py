@@ -1,0 +1,280 @@
+"""Prefix caching in the scheduler: block keys, shared blocks and their reference counts, the
+LRU of cached blocks, the host tier, and (hypothesis) random request streams with shared
+prefixes, aborts, preemptions and swaps run against a model of the KV memory's contents."""
+
+import math
+import random
+
+import pytest
+from conftest import TOKEN_S, toy_scheduler
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from medha.core.batch import BatchResult
+from medha.core.request import Request
+from medha.perf import ParallelConfig
+from medha.scheduler.block_manager import BlockAccountingError, BlockManager
+from medha.scheduler.prefix_cache import PrefixBlockManager, prompt_block_keys
+from medha.sim.replay import replay
+
+BS = 16
+
+
+def tokens(seed: int, n: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(50_000) for _ in range(n)]
+
+
+# ---- keys ----------------------------------------------------------------------------------
+def test_a_block_key_stands_for_every_token_up_to_its_end():
+    a = Request.from_tokens("a", 0.0, tokens(1, 100), 1)
+    b = Request.from_tokens("b", 0.0, tokens(1, 40) + [7] + tokens(1, 100)[41:], 1)
+    ka, kb = prompt_block_keys(a, BS), prompt_block_keys(b, BS)
+    assert len(ka) == len(kb) == 6  # full blocks only: 100 // 16
+    assert ka[:2] == kb[:2]  # the blocks before the changed token (40 lies in block 2)
+    assert all(x != y for x, y in zip(ka[2:], kb[2:]))  # every block after it differs
+    # the same tokens at another offset are another block
+    c = Request.from_tokens("c", 0.0, tokens(1, 100)[16:], 1)
+    assert prompt_block_keys(c, BS)[0] not in ka
+
+
+def test_trace_keys_follow_the_prefix_hash_ids():
+    # 1,100 tokens: three 512-token trace blocks, the last partial
+    a = Request("a", 0.0, 1100, 1, prefix_hash_ids=[5, 6, 7])
+    b = Request("b", 0.0, 1100, 1, prefix_hash_ids=[5, 6, 9])
+    ka, kb = prompt_block_keys(a, BS), prompt_block_keys(b, BS)
+    assert len(ka) == 1100 // BS
+    assert ka[: 1024 // BS] == kb[: 1024 // BS] and ka[64] != kb[64]
+    with pytest.raises(ValueError, match="prefix_hash_ids"):
+        Request("c", 0.0, 1100, 1, prefix_hash_ids=[5, 6])
+
+
+# ---- device blocks -------------------------------------------------------------------------
+def test_shared_blocks_are_counted_and_cached_ones_evicted_tail_first():
+    bm = PrefixBlockManager(8, BS)
+    bm.grow("a", 64)  # blocks 0-3
+    keys = ["k0", "k1", "k2", "k3"]
+    bm.register("a", keys, 4)
+    assert bm.match(keys + ["k4"]) == [0, 1, 2, 3]
+    bm.acquire("b", bm.match(keys[:2]))
+    assert [bm.ref_count(b) for b in range(4)] == [2, 2, 1, 1]
+    bm.check_invariants()
+    bm.free("a")  # 2 and 3 stay cached, unreferenced; 0 and 1 are still b's
+    assert bm.num_free == 8 - 2 and bm.num_cached == 4
+    assert bm.shortfall("c", 8 * BS, freeable=("b",)) == 0  # b's blocks free with it
+    bm.grow("c", 5 * BS)  # 4 empty blocks, then the oldest released cached one: block 3
+    assert "k3" not in [k for k in keys if bm.is_cached(k)] and bm.is_cached("k2")
+    bm.check_invariants()
+    bm.free("b")
+    bm.free("c")
+    bm.check_invariants()
+    assert bm.num_used == 0 and bm.match(keys) == [0, 1, 2]
+
+
+def test_a_broken_count_is_caught():
+    bm = PrefixBlockManager(4, BS)
+    bm.grow("a", 32)
+    bm._ref[0] = 2
+    with pytest.raises(BlockAccountingError, match="referenced by 1 tables"):
+        bm.check_invariants()
+
+
+def test_prefix_caching_refuses_kvp_block_managers():
+    blocks = BlockManager.for_layout(8, BS, ParallelConfig(kvp=2, max_tokens_per_kvp_group=64))
+    with pytest.raises(ValueError, match="kvp > 1 is not built"):
+        toy_scheduler(blocks=blocks, prefix_cache="device")
+
+
+# ---- the scheduler -------------------------------------------------------------------------
+def test_a_hit_skips_the_cached_prefix_and_its_work():
+    sched = toy_scheduler(prefix_cache="device")
+    system = tokens(3, 200)
+    first = Request.from_tokens("first", 0.0, system + tokens(4, 30), 2)
+    replay(sched, [first])
+    second = Request.from_tokens("second", 1.0, system + tokens(5, 50), 2)
+    sched.add_request(second, 1.0)
+    # its deadline and work count the 250 - 192 tokens after the cached blocks
+    assert second.total_work_s == pytest.approx(58 * TOKEN_S)
+    batch = sched.schedule(1.0)
+    (chunk,) = batch.prefills
+    assert (chunk.start, chunk.num_tokens) == (192, 58) and second.num_cached_tokens == 192
+    # first's 12 blocks, which stayed cached when it finished
+    assert chunk.block_table[:12] == sched.blocks.match(prompt_block_keys(first, BS))[:12]
+    sched.update(batch, BatchResult(batch.predicted_time_s), 1.1)
+    sched.check_invariants()
+    st = sched.stats
+    assert (st.prefix_starts, st.prefix_query_tokens, st.prefix_hit_tokens) == (2, 480, 192)
+
+
+def test_a_whole_prompt_in_the_cache_still_computes_its_last_token():
+    sched = toy_scheduler(prefix_cache="device")
+    prompt = tokens(6, 64)  # four full blocks
+    replay(sched, [Request.from_tokens("a", 0.0, prompt, 1)])
+    again = Request.from_tokens("b", 1.0, prompt, 1)
+    sched.add_request(again, 1.0)
+    (chunk,) = sched.schedule(1.0).prefills
+    assert (chunk.start, chunk.num_tokens) == (48, 16)
+
+
+def test_waiting_requests_hold_no_cached_blocks():
+    # one sequence slot: the second request is looked up, not scheduled, and gives its hit back
+    sched = toy_scheduler(prefix_cache="device", max_num_seqs=1)
+    system = tokens(7, 64)
+    replay(sched, [Request.from_tokens("a", 0.0, system + [1], 1)])
+    b = Request.from_tokens("b", 1.0, system + tokens(8, 300), 1)
+    c = Request.from_tokens("c", 1.0, system + [2, 3], 1)
+    sched.add_request(b, 1.0)
+    sched.add_request(c, 1.0)
+    batch = sched.schedule(1.0)
+    assert [ch.request for ch in batch.prefills] == [b]
+    assert c.num_scheduled == 0 and not sched.blocks.blocks_of("c")
+    sched.check_invariants()
+
+
+def test_evicted_blocks_go_to_the_host_tier_and_come_back():
+    sched = toy_scheduler(
+        num_blocks=8, watermark=0.0, prefix_cache="device+host", host_cache_blocks=16
+    )
+    a_prompt, b_prompt = tokens(10, 97), tokens(11, 97)
+    replay(sched, [Request.from_tokens("a", 0.0, a_prompt, 1)])  # caches 6 blocks
+    outs = []
+    replay(
+        sched,
+        [Request.from_tokens("b", 1.0, b_prompt, 1)],  # needs 7: a's oldest go to the host
+        on_batch=lambda b, t: outs.extend(b.cache_out),
+    )
+    assert len(outs) == 5 and sched.stats.host_cache_out_blocks == 5
+    ins, chunks = [], []
+
+    def seen(b, t):
+        ins.extend(b.cache_in)
+        chunks.extend((c.start, c.num_tokens) for c in b.prefills)
+
+    again = Request.from_tokens("a2", 2.0, a_prompt, 1)
+    replay(sched, [again], on_batch=seen)
+    assert again.num_cached_tokens == 96 and again.num_host_cached_tokens == 5 * BS
+    assert len(ins) == 5 and chunks == [(96, 1)]
+    assert {h for h, _ in ins} == {h for _, h in outs}  # the very host blocks written
+    sched.check_invariants()
+
+
+def test_reloading_is_skipped_when_recomputing_is_predicted_cheaper():
+    sched = toy_scheduler(
+        num_blocks=8,
+        watermark=0.0,
+        prefix_cache="device+host",
+        host_cache_blocks=16,
+        swap_bandwidth_gbps=1e-6,  # a 4 KB block takes 4 s to move, its 16 tokens 16 ms to compute
+    )
+    a_prompt = tokens(12, 97)
+    replay(sched, [Request.from_tokens("a", 0.0, a_prompt, 1)])
+    replay(sched, [Request.from_tokens("b", 1.0, tokens(13, 97), 1)])
+    again = Request.from_tokens("a2", 2.0, a_prompt, 1)
+    replay(sched, [again])
+    # only the head block, which stayed on the device (a chain is evicted from its end)
+    assert again.num_host_cached_tokens == 0 and again.num_cached_tokens == BS
+
+
+# ---- random streams against a model of the KV memory ----------------------------------------
+class Memory:
+    """What each device, host-cache and swap block holds: (request context token, position)
+    per slot, written by the chunks and the copies a batch carries. A request reads the slots
+    of its block table before its chunk: each must hold its own context's token there."""
+
+    def __init__(self):
+        self.device, self.host, self.swap = {}, {}, {}
+
+    @staticmethod
+    def copy(src, s, dst, d):
+        dst[d] = list(src.get(s, [None] * BS))
+
+    def run(self, batch):
+        for d, h in batch.cache_out:
+            self.copy(self.device, d, self.host, h)
+        for sw in batch.swap_in:
+            for h, d in zip(sw.host_blocks, sw.device_blocks):
+                self.copy(self.swap, h, self.device, d)
+        for sw in batch.swap_out:
+            for d, h in zip(sw.device_blocks, sw.host_blocks):
+                self.copy(self.device, d, self.swap, h)
+        for h, d in batch.cache_in:
+            self.copy(self.host, h, self.device, d)
+        for c in batch.chunks:
+            r, table = c.request, c.block_table
+            context = r.context_token_ids(0, c.end)
+            for p in range(c.start):  # what attention reads
+                got = self.device.get(table[p // BS], [None] * BS)[p % BS]
+                assert got == (context[p], p), f"{r.request_id} reads a foreign slot at {p}"
+            for p in range(c.start, c.end):
+                self.device.setdefault(table[p // BS], [None] * BS)[p % BS] = (context[p], p)
+
+
+@st.composite
+def streams(draw):
+    systems = [tokens(draw(st.integers(0, 10**6)), draw(st.integers(1, 80))) for _ in range(3)]
+    reqs, t = [], 0.0
+    for i in range(draw(st.integers(2, 14))):
+        t += draw(st.sampled_from([0.0, 0.0, 0.01, 0.2]))
+        kind = draw(st.integers(0, 2))
+        if kind == 0 or not reqs:  # a shared system prompt and a question
+            prompt = draw(st.sampled_from(systems)) + tokens(i, draw(st.integers(1, 60)))
+        elif kind == 1:  # the next turn of an earlier conversation
+            prev = draw(st.sampled_from(reqs)).prompt_token_ids
+            prompt = prev + tokens(i, draw(st.integers(1, 40)))
+        else:  # something new
+            prompt = tokens(1000 + i, draw(st.integers(1, 120)))
+        reqs.append(Request.from_tokens(f"r{i}", t, prompt[:200], draw(st.integers(1, 40))))
+    return reqs
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    reqs=streams(),
+    mode=st.sampled_from(["device", "device+host"]),
+    preemption=st.sampled_from(["recompute", "swap"]),
+    policy=st.sampled_from(["fcfs", "lars", "edf"]),
+    num_blocks=st.integers(16, 28),  # 200-token prompts and 40 new tokens fit in 15
+    host_blocks=st.integers(1, 12),
+    aborts=st.lists(st.integers(0, 60), max_size=4),
+)
+def test_random_streams_keep_every_count_and_every_block_right(
+    reqs, mode, preemption, policy, num_blocks, host_blocks, aborts
+):
+    sched = toy_scheduler(
+        policy=policy,
+        num_blocks=num_blocks,
+        prefix_cache=mode,
+        host_cache_blocks=host_blocks,
+        preemption_mode=preemption,
+        host_kv_blocks=8,
+        iteration_budget_s=0.03,
+    )
+    mem = Memory()
+    pending = sorted(reqs, key=lambda r: r.arrival_s)
+    now, i, n = 0.0, 0, 0
+    while i < len(pending) or sched.has_unfinished():
+        while i < len(pending) and pending[i].arrival_s <= now:
+            sched.add_request(pending[i], now)
+            i += 1
+        if n in aborts and sched.has_unfinished():
+            live = sorted(r.request_id for r in sched.live_requests())
+            sched.abort(live[n % len(live)], now)
+        batch = sched.schedule(now)
+        if batch is None:
+            now = pending[i].arrival_s if i < len(pending) else now + 0.01
+            assert i < len(pending) or not sched.has_unfinished() or sched.wake_at()
+            continue
+        mem.run(batch)
+        now += batch.predicted_time_s
+        sampled = {c.request.request_id: 7 for c in batch.chunks if c.samples}
+        sched.update(batch, BatchResult(batch.predicted_time_s, sampled), now)
+        sched.check_invariants()  # every reference count, no block lost or shared wrongly
+        n += 1
+        assert n < 5000
+    bm = sched.blocks
+    assert bm.num_used == 0 and not bm.owners()  # nothing leaks
+    assert sched.kv.host_pool is None or sched.kv.host_pool.num_free == 8
+    hits = sum(r.num_cached_tokens for r in reqs)
+    assert sched.stats.prefix_hit_tokens >= hits
+    assert all(r.num_output_tokens <= r.max_tokens for r in reqs)
+    assert math.isfinite(now)
