@@ -106,6 +106,7 @@ MODULE_TIERS = {
     "test_checkpoint.py": ("engine",),
     "test_engine.py": ("engine",),
     "test_engine_stats.py": ("engine",),
+    "test_prefix_cache_engine.py": ("engine",),
     "test_isolation.py": ("engine",),
     "test_parallel.py": ("engine", "server"),  # two of its tests start `medha serve`
     "test_parallel_schedule.py": ("engine",),

@@ -24,20 +24,30 @@ from medha.engine.errors import EngineError
 def swap_config(
     scheduler: SchedulerConfig, parallel: dict[str, int], kv_bytes_per_token: int, block_size: int
 ) -> SchedulerConfig:
-    """The scheduler config with the host pool sized in blocks of this engine's KV dtype;
-    refuses swapping where it is not built. `parallel`: tp, spp and kvp of the engine."""
+    """The scheduler config with the host pool and the prefix cache's host tier sized in
+    blocks of this engine's KV dtype; refuses what is not built. `parallel`: tp, spp and kvp
+    of the engine."""
+    layout = ", ".join(f"{k}={v}" for k, v in parallel.items() if v > 1)
+    block_bytes = kv_bytes_per_token * block_size
+    if scheduler.prefix_cache != "off":
+        if layout:  # the block tables would carry shared blocks to every rank; not yet tested
+            raise EngineError(
+                f"prefix_cache {scheduler.prefix_cache} runs in one process so far, not with "
+                f"{layout}: use prefix_cache off"
+            )
+        if scheduler.prefix_cache == "device+host" and scheduler.host_cache_blocks is None:
+            blocks = int(scheduler.host_cache_gb * 2**30 // block_bytes)
+            scheduler = dataclasses.replace(scheduler, host_cache_blocks=blocks)
     if scheduler.preemption_mode == "recompute":
         return scheduler
-    layout = {k: v for k, v in parallel.items() if v > 1}
     if layout:
         raise EngineError(
             f"preemption_mode {scheduler.preemption_mode} runs in one process "
-            f"so far, not with {', '.join(f'{k}={v}' for k, v in layout.items())}"
-            ": use preemption_mode recompute"
+            f"so far, not with {layout}: use preemption_mode recompute"
         )
     if scheduler.host_kv_blocks is not None:
         return scheduler
-    blocks = int(scheduler.swap_space_gb * 2**30 // (kv_bytes_per_token * block_size))
+    blocks = int(scheduler.swap_space_gb * 2**30 // block_bytes)
     return dataclasses.replace(scheduler, host_kv_blocks=blocks)
 
 
@@ -60,6 +70,13 @@ class HostKVCache:
         if scheduler.preemption_mode == "recompute" or not scheduler.host_kv_blocks:
             return None
         return cls(runner.kv_caches, scheduler.host_kv_blocks, runner.block_size)
+
+    @classmethod
+    def cache_tier(cls, scheduler: SchedulerConfig, runner) -> HostKVCache | None:
+        """The host memory of the prefix cache's host tier (None: no host tier)."""
+        if scheduler.prefix_cache != "device+host" or not scheduler.host_cache_blocks:
+            return None
+        return cls(runner.kv_caches, scheduler.host_cache_blocks, runner.block_size)
 
     def apply(self, batch: Batch) -> None:
         """Move the batch's swaps: host -> device first, then device -> host (a swap-out may

@@ -94,6 +94,10 @@ class EngineStats:
     kv_blocks_used: int
     kv_blocks_free: int
     preemptions: int  # recomputes and swap-outs since start
+    # prefix cache, over every prefill started so far: prompt tokens looked up and served
+    prefix_query_tokens: int = 0
+    prefix_hit_tokens: int = 0
+    prefix_host_hit_tokens: int = 0  # of the hits, copied back from the host tier
 
 
 @dataclass
@@ -246,6 +250,7 @@ class LLMEngine:
         blocks = BlockManager.for_layout(num_blocks, config.block_size, self.predictor.parallel)
         self.scheduler = ReplicaScheduler(scheduler, self.predictor, blocks)
         self.kv_swap = HostKVCache.for_engine(scheduler, self.runner)  # None: recompute only
+        self.host_cache = HostKVCache.cache_tier(scheduler, self.runner)  # None: no host tier
         self._states: dict[str, _State] = {}
         self._failed: list[RequestOutput] = []  # requests that failed since the last step
         self._forward_failures = 0  # single-request forward failures in a row
@@ -451,6 +456,9 @@ class LLMEngine:
             kv_blocks_used=blocks.num_used,
             kv_blocks_free=blocks.num_free,
             preemptions=s.stats.preemptions,
+            prefix_query_tokens=s.stats.prefix_query_tokens,
+            prefix_hit_tokens=s.stats.prefix_hit_tokens,
+            prefix_host_hit_tokens=s.stats.prefix_host_hit_tokens,
         )
 
     # ---- one iteration -----------------------------------------------------------------------
@@ -469,8 +477,7 @@ class LLMEngine:
             return []
         t0 = time.perf_counter()
         with self._discarding_on_error(batch):
-            if self.kv_swap is not None:
-                self.kv_swap.apply(batch)  # swapped KV moves before the step runs
+            self._move_kv(batch)
             if not batch.num_seqs:  # the batch only moved KV
                 self.scheduler.update(
                     batch, BatchResult(time.perf_counter() - t0), time.monotonic()
@@ -478,6 +485,17 @@ class LLMEngine:
                 return []
             logits, chunks = self._run_isolated(batch)
         return self._finish(batch, chunks, logits, t0)
+
+    def _move_kv(self, batch) -> None:
+        """The batch's KV copies, before its step runs, in the order Batch gives."""
+        if batch.cache_out:
+            self.host_cache.swap_out(
+                [d for d, _ in batch.cache_out], [h for _, h in batch.cache_out]
+            )
+        if self.kv_swap is not None:
+            self.kv_swap.apply(batch)
+        if batch.cache_in:
+            self.host_cache.swap_in([h for h, _ in batch.cache_in], [d for _, d in batch.cache_in])
 
     def _pipelined_step(self) -> list[RequestOutput]:
         """Fill the pipeline (a new batch as soon as stage 1 is free, i.e. after this
@@ -695,6 +713,7 @@ def _request_metrics(r: Request) -> dict:
         "tpot_s": (t[-1] - t[0]) / (len(t) - 1) if len(t) > 1 else None,
         "preemptions": r.num_preemptions,
         "prompt_tokens": r.prompt_len,
+        "cached_prompt_tokens": r.num_cached_tokens,
         "completion_tokens": r.num_output_tokens,
     }
 

@@ -46,9 +46,7 @@ def prompt_block_keys(r: Request, block_size: int) -> list[Key]:
         ids = r.prefix_hash_ids
         # a block's key is the id of the trace block holding its last token (which stands for
         # every token before) and where it ends within that block
-        keys = [
-            (ids[((j + 1) * block_size - 1) // PREFIX_HASH_BLOCK], j) for j in range(n)
-        ]
+        keys = [(ids[((j + 1) * block_size - 1) // PREFIX_HASH_BLOCK], j) for j in range(n)]
     else:
         keys = []
     r.block_keys = keys
@@ -62,9 +60,7 @@ def _token_keys(tokens: list[int], block_size: int, n: int) -> list[bytes]:
         step = 8 * block_size
         blocks = (data[j * step : (j + 1) * step] for j in range(n))
     except OverflowError:  # ids beyond int64 (a library caller's): their decimal text
-        blocks = (
-            repr(tokens[j * block_size : (j + 1) * block_size]).encode() for j in range(n)
-        )
+        blocks = (repr(tokens[j * block_size : (j + 1) * block_size]).encode() for j in range(n))
     for b in blocks:
         parent = hashlib.blake2b(parent + b, digest_size=16).digest()
         keys.append(parent)

@@ -180,10 +180,16 @@ async def collect(state: ServerState, choices: list[Choice], request: Request) -
 
 
 def usage(choices: list[Choice]) -> dict:
+    """OpenAI's usage object; `prompt_tokens_details.cached_tokens` counts the prompt tokens
+    the prefix cache supplied (0 with it off)."""
     prompt = sum(len(c.prompt_ids) for c in choices)
     completion = sum(len(c.final.token_ids) if c.final else 0 for c in choices)
+    cached = sum(
+        c.final.metrics["cached_prompt_tokens"] for c in choices if c.final and c.final.metrics
+    )
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
     }

@@ -75,6 +75,26 @@ class ServerMetrics:
         Gauge(
             "medha_preemptions", "Preemptions (recompute and swap) since start", registry=r
         ).set_function(lambda: stats().preemptions)
+        Gauge(
+            "medha_prefix_cache_queries_tokens",
+            "Prompt tokens looked up in the prefix cache since start (each prefill started)",
+            registry=r,
+        ).set_function(lambda: stats().prefix_query_tokens)
+        Gauge(
+            "medha_prefix_cache_hits_tokens",
+            "Prompt tokens the prefix cache supplied since start: prefill tokens saved",
+            registry=r,
+        ).set_function(lambda: stats().prefix_hit_tokens)
+        Gauge(
+            "medha_prefix_cache_host_hits_tokens",
+            "Of the prefix cache's hits, tokens copied back from its host-memory tier",
+            registry=r,
+        ).set_function(lambda: stats().prefix_host_hit_tokens)
+        Gauge(
+            "medha_prefix_cache_hit_rate",
+            "Prefix cache hits over lookups, in tokens, since start (0 before any lookup)",
+            registry=r,
+        ).set_function(lambda: (s := stats()).prefix_hit_tokens / max(1, s.prefix_query_tokens))
         for status in ("ok", "aborted", "rejected", "invalid", "failed"):
             self.requests.labels(status)  # export zeros from the start
 
