@@ -33,19 +33,27 @@ def main() -> None:
     ap.add_argument("--late", type=int, default=4000, help="a late turn's history, in tokens")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--mode", default="device", help="the cached engine's --prefix-cache")
+    ap.add_argument(
+        "--chunking",
+        default="adaptive",
+        help="the cached engine's chunking; with --mode off, a control: the same engine with "
+        "other chunk boundaries (how much the dtype's rounding alone changes answers)",
+    )
     args = ap.parse_args()
 
-    def engine(mode: str) -> LLM:
-        return LLM(scheduler=SchedulerConfig(prefix_cache=mode), dtype=args.dtype)
+    def engine(mode: str, chunking: str = "adaptive") -> LLM:
+        return LLM(
+            scheduler=SchedulerConfig(prefix_cache=mode, chunking=chunking), dtype=args.dtype
+        )
 
-    engines = {"cache": engine(args.mode), "no cache": engine("off")}
+    engines = {"cache": engine(args.mode, args.chunking), "no cache": engine("off")}
     vocab = engines["cache"].engine.runner.args.vocab_size
     rng = random.Random(0)
     identical, late = 0, {"cache": [], "no cache": []}
     turns_total = 0
     for c in range(args.conversations):
         prompt = [rng.randrange(3, vocab) for _ in range(rng.randint(50, 500))]
-        same, turn = True, 0
+        same, turn, first_diff = True, 0, None
         while len(prompt) <= args.max_history:
             order = list(engines) if (c + turn) % 2 else list(engines)[::-1]
             outs = {}
@@ -55,14 +63,17 @@ def main() -> None:
                 for name, out in outs.items():
                     late[name].append(out.metrics["ttft_s"])
             answer = outs["no cache"].token_ids
-            same = same and outs["cache"].token_ids == answer
-            prompt = prompt + answer + [rng.randrange(3, vocab) for _ in range(rng.randint(50, 500))]
+            if same and outs["cache"].token_ids != answer:
+                same, first_diff = False, turn
+            prompt = (
+                prompt + answer + [rng.randrange(3, vocab) for _ in range(rng.randint(50, 500))]
+            )
             turn += 1
         turns_total += turn
         identical += same
         print(
             f"conversation {c:2d}: {turn} turns, last prompt {len(prompt) - 16:5d} tokens, "
-            f"{'identical' if same else 'DIFFERENT'}",
+            f"{'identical' if same else f'DIFFERENT from turn {first_diff}'}",
             flush=True,
         )
     stats = engines["cache"].engine.stats()

@@ -2,6 +2,7 @@
 LRU of cached blocks, the host tier, and (hypothesis) random request streams with shared
 prefixes, aborts, preemptions and swaps run against a model of the KV memory's contents."""
 
+import gzip
 import math
 import random
 
@@ -11,11 +12,27 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from medha.core.batch import BatchResult
+from medha.core.config import SchedulerConfig
 from medha.core.request import Request
 from medha.perf import ParallelConfig
+from medha.perf.toy_predictor import FixedCostPredictor
 from medha.scheduler.block_manager import BlockAccountingError, BlockManager
-from medha.scheduler.prefix_cache import PrefixBlockManager, prompt_block_keys
+from medha.scheduler.prefix_cache import (
+    PrefixBlockManager,
+    prompt_block_keys,
+    reusable_prefix_tokens,
+)
 from medha.sim.replay import replay
+from medha.sim.runner import RunSpec, simulate
+from medha.sim.simulator import ClusterConfig, Simulator
+from medha.sim.workload.generator import WorkloadConfig
+from medha.sim.workload.prefix_trace import (
+    ConversationTraceConfig,
+    generate_conversations,
+    reuse_by_lru,
+    write_trace,
+)
+from medha.sim.workload.traces import TraceError, load_trace
 
 BS = 16
 
@@ -278,3 +295,121 @@ def test_random_streams_keep_every_count_and_every_block_right(
     assert sched.stats.prefix_hit_tokens >= hits
     assert all(r.num_output_tokens <= r.max_tokens for r in reqs)
     assert math.isfinite(now)
+
+
+# ---- traces and the simulator --------------------------------------------------------------
+def small_conversations(**kw):
+    cfg = dict(
+        conversations=40,
+        system_prompt_tokens=600,
+        user_tokens=100,
+        output_tokens=20,
+        max_context=4096,
+        seed=1,
+    )
+    return ConversationTraceConfig(**(cfg | kw))
+
+
+def test_trace_files_carry_hash_ids_in_jsonl_csv_and_gzip(tmp_path):
+    entries = generate_conversations(small_conversations())
+    for fmt in ("jsonl", "csv"):
+        path = tmp_path / f"t.{fmt}"
+        write_trace(entries, str(path), fmt)
+        back = load_trace(path)
+        assert [e.hash_ids for e in back] == [e.hash_ids for e in entries]
+        assert [e.prompt_len for e in back] == [e.prompt_len for e in entries]
+    gz = tmp_path / "t.jsonl.gz"
+    gz.write_bytes(gzip.compress((tmp_path / "t.jsonl").read_bytes()))
+    assert [e.hash_ids for e in load_trace(gz)] == [e.hash_ids for e in entries]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"timestamp": 0, "input_length": 1100, "output_length": 1, "hash_ids": [1]}\n')
+    with pytest.raises(TraceError, match=r"bad.jsonl:1: hash_ids must hold .* = 3 ids"):
+        load_trace(bad)
+    bad.write_text('{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [-1]}\n')
+    with pytest.raises(TraceError, match="hash id -1"):
+        load_trace(bad)
+
+
+def test_the_bundled_mooncake_trace_reuses_a_third_and_lru_caches_little_of_it():
+    entries = load_trace("mooncake_conv")
+    assert len(entries) == 12031 and all(e.hash_ids for e in entries)
+    reuse = reuse_by_lru(entries, [10**6, 4 * 10**6])
+    assert 0.35 < reuse["unbounded"]["fraction"] < 0.40
+    assert reuse["lru_1000000"]["fraction"] < 0.07 < reuse["lru_4000000"]["fraction"] < 0.2
+
+
+def test_generated_conversations_resend_their_history():
+    entries = generate_conversations(small_conversations())
+    assert entries == generate_conversations(small_conversations())  # seeded
+    assert all(a.arrival_s <= b.arrival_s for a, b in zip(entries, entries[1:]))
+    # a later turn starts with every full block of an earlier one of its conversation
+    by_first = {}
+    for e in entries:
+        by_first.setdefault(e.hash_ids[0], []).append(e)
+    chained = 0
+    for turns in by_first.values():
+        for a, b in zip(turns, turns[1:]):
+            full = a.prompt_len // 512
+            chained += b.hash_ids[:full] == a.hash_ids[:full]
+    assert chained > 0
+    assert reuse_by_lru(entries, [])["unbounded"]["fraction"] > 0.5
+
+
+def sim_with_cache(requests, kv_memory_gb=1.0, **sched):
+    sim = Simulator(
+        ClusterConfig(kv_memory_gb=kv_memory_gb),
+        ParallelConfig(),
+        SchedulerConfig(iteration_budget_s=1 / 16, **sched),
+        predictor=FixedCostPredictor(TOKEN_S),
+    )
+    sim.run(requests)
+    return requests
+
+
+def trace_requests(time_scale=1.0):
+    entries = generate_conversations(small_conversations())
+    return [
+        Request(f"r{i}", e.arrival_s * time_scale, e.prompt_len, e.output_len,
+                prefix_hash_ids=list(e.hash_ids))
+        for i, e in enumerate(entries)
+    ]  # fmt: skip
+
+
+def test_an_unbounded_cache_hits_exactly_the_direct_count():
+    # arrivals spread out: every earlier prompt is computed before a request starts
+    reqs = sim_with_cache(trace_requests(time_scale=50), prefix_cache="device")
+    direct = reusable_prefix_tokens(reqs, 16)
+    assert sum(direct.values()) > 0.5 * sum(r.prompt_len for r in reqs)
+    assert {r.request_id: r.num_cached_tokens for r in reqs} == direct
+    # a host tier that never fills, behind a device that holds little: the same hits
+    reqs = sim_with_cache(
+        trace_requests(time_scale=50),
+        kv_memory_gb=8192 * 256 / 2**30,  # 8,192 tokens of the toy model
+        prefix_cache="device+host",
+        host_cache_blocks=1 << 40,
+    )
+    assert {r.request_id: r.num_cached_tokens for r in reqs} == direct
+    assert sum(r.num_host_cached_tokens for r in reqs) > 0
+
+
+def test_bounded_tiers_report_what_the_host_adds(tmp_path):
+    trace = tmp_path / "conv.jsonl"
+    write_trace(generate_conversations(small_conversations(conversations=80)), str(trace))
+    out = {}
+    for mode in ("off", "device", "device+host"):
+        spec = RunSpec(
+            name=mode,
+            cluster=ClusterConfig(kv_memory_gb=1.5),  # 12,288 tokens of Llama-3-8B
+            parallel=ParallelConfig(),
+            scheduler=SchedulerConfig(prefix_cache=mode, host_cache_blocks=4096),
+        )  # fmt: skip
+        out[mode] = simulate(spec, WorkloadConfig(trace=str(trace)))
+    pc = {m: o.summary.get("prefix_cache") for m, o in out.items()}
+    assert pc["off"] is None
+    dev, host = pc["device"]["all"], pc["device+host"]["all"]
+    assert dev["reusable_tokens"] == host["reusable_tokens"] > 0
+    assert 0 < dev["hit_rate"] < host["hit_rate"] <= host["reusable_fraction"] + 1e-9
+    assert dev["host_hit_tokens"] == 0 < host["host_hit_tokens"]
+    assert host["prefill_flops_saved"] > dev["prefill_flops_saved"] > 0
+    ttft = {m: o.summary["ttft_s"]["mean"] for m, o in out.items()}
+    assert ttft["device+host"] < ttft["device"] < ttft["off"]

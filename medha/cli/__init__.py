@@ -23,11 +23,13 @@ from medha.cli import (
     profile,
     serve,
     simulate,
+    trace,
 )
 from medha.cli.common import CliError
 
 COMMANDS = (
     demo, chunks, predict, generate, profile, serve, bench, simulate, plan, analyze, hardware,
+    trace,
 )  # fmt: skip
 
 

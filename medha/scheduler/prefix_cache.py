@@ -67,6 +67,25 @@ def _token_keys(tokens: list[int], block_size: int, n: int) -> list[bytes]:
     return keys
 
 
+def reusable_prefix_tokens(requests: list[Request], block_size: int) -> dict[str, int]:
+    """A direct count over a request list, in arrival order: each request's prompt tokens that
+    a prefix cache of `block_size`-token blocks could serve from earlier requests' prompts
+    (the longest prefix of its block keys some earlier prompt had, all but a block holding
+    its last token): what an unbounded cache hits when every earlier prompt was computed
+    before the request starts."""
+    seen: set = set()
+    out = {}
+    for r in sorted(requests, key=lambda r: r.arrival_s):
+        keys = prompt_block_keys(r, block_size)
+        limit = min(len(keys), (r.prompt_len - 1) // block_size)
+        n = 0
+        while n < limit and keys[n] in seen:
+            n += 1
+        out[r.request_id] = n * block_size
+        seen.update(keys)
+    return out
+
+
 class PrefixBlockManager(BlockManager):
     """Device blocks with reference counts and cached prompt blocks (see the module)."""
 
@@ -269,7 +288,10 @@ class HostCacheTier:
         if not isinstance(num_blocks, int) or num_blocks < 1:
             raise ValueError(f"a host cache tier needs at least one block, got {num_blocks!r}")
         self.num_blocks = num_blocks
-        self._free = list(range(num_blocks - 1, -1, -1))
+        # blocks never used yet are handed out by counting (a tier may be practically
+        # unbounded); emptied ones are not (a key leaves the tier only when evicted)
+        self._fresh = 0
+        self._free: list[int] = []
         self._cached: OrderedDict[Key, int] = OrderedDict()  # least recently used first
         self._pinned: set[int] = set()  # read by a copy of the batch being formed
         self.copies_out: list[tuple[int, int]] = []  # (device block, host block)
@@ -288,7 +310,10 @@ class HostCacheTier:
         if key in cached:
             cached.move_to_end(key)
             return
-        if self._free:
+        if self._fresh < self.num_blocks:
+            h = self._fresh
+            self._fresh += 1
+        elif self._free:
             h = self._free.pop()
         else:
             # the least recently used block that no copy of this batch reads
@@ -321,5 +346,5 @@ class HostCacheTier:
         held = list(self._cached.values())
         if len(set(held)) != len(held) or set(held) & set(self._free):
             raise BlockAccountingError("a host cache block holds two keys, or is also free")
-        if len(held) + len(self._free) != self.num_blocks:
+        if len(held) + len(self._free) != self._fresh or any(h >= self._fresh for h in held):
             raise BlockAccountingError("a host cache block is lost")

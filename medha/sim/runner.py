@@ -16,8 +16,14 @@ from pathlib import Path
 from medha.core.config import SchedulerConfig
 from medha.perf import ParallelConfig
 from medha.perf.swap_cost import SwapCost
-from medha.sim.metrics.summary import RequestMetrics, preemption_summary, summarize
-from medha.sim.simulator import ClusterConfig, SimResult, Simulator
+from medha.scheduler.prefix_cache import reusable_prefix_tokens
+from medha.sim.metrics.summary import (
+    RequestMetrics,
+    preemption_summary,
+    prefix_cache_summary,
+    summarize,
+)
+from medha.sim.simulator import KV_BLOCK_SIZE, ClusterConfig, SimResult, Simulator
 from medha.sim.workload.generator import WorkloadConfig, build_requests
 
 
@@ -83,8 +89,15 @@ def simulate(spec: RunSpec, workload: WorkloadConfig, progress: bool = False) ->
         setup_s=result.setup_s,
     )
     # per device, 16-token blocks as kv_blocks_per_replica makes them
-    block_bytes = SwapCost(sim.predictor, 16).block_bytes
+    block_bytes = SwapCost(sim.predictor, KV_BLOCK_SIZE).block_bytes
     summary["preemption"] = preemption_summary(result.scheduler_stats, block_bytes)
+    if sim.scheduler_config.prefix_cache != "off":
+        summary["prefix_cache"] = prefix_cache_summary(
+            rows,
+            reusable_prefix_tokens(requests, KV_BLOCK_SIZE),
+            sim.predictor.model,
+            result.scheduler_stats,
+        )
     return RunOutcome(spec, summary, rows, result)
 
 

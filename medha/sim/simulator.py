@@ -22,6 +22,8 @@ from medha.sim.dispatchers import DISPATCHERS, Dispatcher
 from medha.sim.metrics.iteration_log import IterationLog
 from medha.sim.replica import SimReplica
 
+KV_BLOCK_SIZE = 16  # tokens per simulated KV block
+
 # events: a batch leaves stage 1 / leaves the pipeline / an idle replica's policy lets go of
 # prefills it held back (Policy.wake_at)
 _STAGE1, _DONE, _WAKE = 0, 1, 2
@@ -47,7 +49,7 @@ class SimResult:
 
 
 def kv_blocks_per_replica(
-    cluster: ClusterConfig, predictor: Predictor, block_size: int = 16
+    cluster: ClusterConfig, predictor: Predictor, block_size: int = KV_BLOCK_SIZE
 ) -> BlockManager:
     hw, model, par = predictor.hardware, predictor.model, predictor.parallel
     if cluster.kv_memory_gb is not None:

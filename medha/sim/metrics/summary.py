@@ -43,6 +43,8 @@ class RequestMetrics:
     tbt_s: list[float]
     priority: str = DEFAULT_PRIORITY_CLASS
     swaps: int = 0  # preemptions that swapped the KV out (the others recomputed)
+    cached_tokens: int = 0  # prompt tokens the prefix cache supplied (at the latest start)
+    host_cached_tokens: int = 0  # of them, copied back from the host tier
 
     @property
     def slo_met(self) -> bool:
@@ -77,6 +79,8 @@ def request_metrics(r: Request, long_threshold: int, tpot_target_s: float) -> Re
         tbt_s=tbt,
         priority=r.priority_class or DEFAULT_PRIORITY_CLASS,
         swaps=r.num_swaps,
+        cached_tokens=r.num_cached_tokens,
+        host_cached_tokens=r.num_host_cached_tokens,
     )
 
 
@@ -228,6 +232,46 @@ def preemption_summary(stats: list, block_bytes: float) -> dict:
     total["swapped_out_bytes_per_device"] = total["swapped_out_blocks"] * block_bytes
     total["swapped_in_bytes_per_device"] = total["swapped_in_blocks"] * block_bytes
     return total
+
+
+def prefix_cache_summary(
+    rows: list[RequestMetrics], reusable: dict[str, int], model: ModelSpec, stats: list
+) -> dict:
+    """Hits of the prefix cache per request class (and all): prompt tokens, the tokens a direct
+    count over the request list says earlier prompts hold (`reusable`, see
+    prefix_cache.reusable_prefix_tokens), the tokens the cache supplied from the device and
+    from the host tier, and the prefill FLOPs the hits saved (matmuls and the causal attention
+    of the cached tokens)."""
+
+    def flops(n: int) -> float:
+        return model.linear_flops(n) + 4.0 * n * (n + 1) / 2 * model.q_size * model.num_layers
+
+    def part(sel: list[RequestMetrics]) -> dict:
+        prompt = sum(m.prompt_len for m in sel)
+        hits = sum(m.cached_tokens for m in sel)
+        host = sum(m.host_cached_tokens for m in sel)
+        reuse = sum(reusable[m.request_id] for m in sel)
+        total = sum(flops(m.prompt_len) for m in sel)
+        saved = sum(flops(m.cached_tokens) for m in sel)
+        return {
+            "count": len(sel),
+            "prompt_tokens": prompt,
+            "reusable_tokens": reuse,
+            "reusable_fraction": reuse / prompt if prompt else None,
+            "hit_tokens": hits,
+            "hit_rate": hits / prompt if prompt else None,
+            "host_hit_tokens": host,
+            "device_hit_tokens": hits - host,
+            "prefill_tokens_saved": hits,
+            "prefill_flops_saved": saved,
+            "prefill_flops_saved_fraction": saved / total if total else None,
+        }
+
+    out = {"all": part(rows)}
+    for c in ("short", "long"):
+        out[c] = part([m for m in rows if m.request_class == c])
+    out["host_tier_out_blocks"] = sum(s.host_cache_out_blocks for s in stats)
+    return out
 
 
 WALL_CLOCK_KEYS = ("wall_s", "setup_s", "requests_per_wall_s", "simulated_s_per_wall_s")

@@ -3,6 +3,7 @@ long-context mixture of the Medha evaluation."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from dataclasses import dataclass, field
@@ -28,8 +29,8 @@ class WorkloadConfig:
         metadata={
             "help": (
                 "bundled trace (sharegpt, arxiv, splitwise_conv, splitwise_code, azure_conv, "
-                "azure_code), a CSV/JSONL file, or 'synthetic' (every request --prompt-len and "
-                "--output-len tokens)"
+                "azure_code, mooncake_conv: with prefix hash ids), a CSV/JSONL file, or "
+                "'synthetic' (every request --prompt-len and --output-len tokens)"
             )
         },
     )
@@ -223,11 +224,7 @@ def build_requests(cfg: WorkloadConfig, max_context: int) -> list[Request]:
             order = list(range(len(entries)))
             rng.shuffle(order)
             entries = [
-                TraceEntry(
-                    None,
-                    entries[order[i % len(order)]].prompt_len,
-                    entries[order[i % len(order)]].output_len,
-                )
+                dataclasses.replace(entries[order[i % len(order)]], arrival_s=None)
                 for i in range(n)
             ]
     timed = entries[0].arrival_s is not None
@@ -240,15 +237,24 @@ def build_requests(cfg: WorkloadConfig, max_context: int) -> list[Request]:
     )
     requests = []
     for i, (e, at) in enumerate(zip(entries, arrivals)):
-        prompt, output = e.prompt_len, e.output_len
+        prompt, output, hashes = e.prompt_len, e.output_len, e.hash_ids
         if cfg.long_fraction and rng.random() < cfg.long_fraction:
             prompt, output = sample_long(rng, max_context)
+            hashes = None
         if prompt + output > max_context:
             raise TraceError(
                 f"request {i} of {cfg.trace}: {prompt} prompt + {output} output "
                 f"tokens exceed the model context of {max_context}"
             )
-        requests.append(Request(f"r{i}", at, prompt, output))
+        requests.append(
+            Request(
+                f"r{i}",
+                at,
+                prompt,
+                output,
+                prefix_hash_ids=None if hashes is None else list(hashes),
+            )
+        )
     if cfg.priority_mix:
         _assign_classes(requests, cfg.priority_mix, cfg.seed)
     return requests

@@ -4,17 +4,27 @@ Formats, told apart by their columns:
 - Vidur / Splitwise CSV: `arrived_at` (s), `num_prefill_tokens`, `num_decode_tokens`
 - Azure LLM inference CSV: `TIMESTAMP` (date-time), `ContextTokens`, `GeneratedTokens`
 - length-only CSV (ShareGPT, arXiv stats): `num_prefill_tokens`, `num_decode_tokens`
-- JSONL, one object per line: `timestamp` (ms), `input_length`, `output_length`
+- Mooncake CSV: `timestamp` (ms), `input_length`, `output_length`, and optionally `hash_ids`
+  (the ids separated by spaces)
+- JSONL (Mooncake's format; `.jsonl.gz` too), one object per line: `timestamp` (ms),
+  `input_length`, `output_length`, and optionally `hash_ids`
+
+`hash_ids` are a prompt's prefix block hashes: one id per 512 tokens (the last block partial),
+prefix-chained, so that an id stands for its block and every token before it. Two prompts
+whose first k ids agree share their first k blocks; the prefix cache reuses them.
 """
 
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 import math
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+
+from medha.core.request import PREFIX_HASH_BLOCK
 
 TRACE_DIR = Path(__file__).resolve().parents[2] / "data" / "traces"
 BUNDLED = {
@@ -24,6 +34,7 @@ BUNDLED = {
     "splitwise_code": "splitwise_code.csv",
     "azure_conv": "AzureLLMInferenceTrace_conv.csv",
     "azure_code": "AzureLLMInferenceTrace_code.csv",
+    "mooncake_conv": "mooncake_conversation_trace.jsonl.gz",
 }
 
 
@@ -36,6 +47,7 @@ class TraceEntry:
     arrival_s: float | None  # None: the trace has no timestamps
     prompt_len: int
     output_len: int
+    hash_ids: tuple[int, ...] | None = None  # prefix block hashes (see the module)
 
 
 def resolve_trace(name: str | Path) -> Path:
@@ -71,8 +83,30 @@ def _time(value, column: str, where: str) -> float:
     return number
 
 
+def _hash_ids(value, prompt_len: int, where: str) -> tuple[int, ...]:
+    """A prompt's prefix hash ids: one non-negative integer per 512-token block."""
+    if isinstance(value, str):
+        value = value.split()
+    want = -(-prompt_len // PREFIX_HASH_BLOCK)
+    if not isinstance(value, list) or len(value) != want:
+        raise TraceError(
+            f"{where}: hash_ids must hold ceil(input_length / {PREFIX_HASH_BLOCK}) = {want} ids"
+        )
+    ids = []
+    for v in value:
+        try:
+            i = int(v) if isinstance(v, (int, str)) and not isinstance(v, bool) else None
+        except ValueError:
+            i = None
+        if i is None or i < 0 or i >= 1 << 62:
+            raise TraceError(f"{where}: hash id {v!r} is not an integer in [0, 2^62)")
+        ids.append(i)
+    return tuple(ids)
+
+
 _CSV_FORMATS = [  # (name, time column, prompt column, output column)
     ("Vidur/Splitwise", "arrived_at", "num_prefill_tokens", "num_decode_tokens"),
+    ("Mooncake", "timestamp", "input_length", "output_length"),
     ("Azure", "TIMESTAMP", "ContextTokens", "GeneratedTokens"),
     ("length-only", None, "num_prefill_tokens", "num_decode_tokens"),
 ]
@@ -97,7 +131,8 @@ def _csv_format(path: Path, header: list[str]) -> tuple[str, str | None, str, st
     raise TraceError(
         f"{path}:1: unrecognised columns {header}; expected "
         "arrived_at,num_prefill_tokens,num_decode_tokens (Vidur/Splitwise), "
-        "TIMESTAMP,ContextTokens,GeneratedTokens (Azure) or "
+        "TIMESTAMP,ContextTokens,GeneratedTokens (Azure), "
+        "timestamp,input_length,output_length[,hash_ids] (Mooncake) or "
         "num_prefill_tokens,num_decode_tokens (lengths only), or a .jsonl file"
     )
 
@@ -134,11 +169,15 @@ def _load_csv(path: Path, limit: int | None) -> list[TraceEntry]:
                     raise TraceError(f"{where}: TIMESTAMP goes back in time")
             elif time_col:
                 arrival = _time(row[idx[time_col]], time_col, where)
+                if name == "Mooncake":
+                    arrival /= 1e3  # ms
+            prompt_len = _length(row[idx[prompt_col]], prompt_col, where)
+            hashes = None
+            if name == "Mooncake" and "hash_ids" in idx:
+                hashes = _hash_ids(row[idx["hash_ids"]], prompt_len, where)
             entries.append(
                 TraceEntry(
-                    arrival,
-                    _length(row[idx[prompt_col]], prompt_col, where),
-                    _length(row[idx[output_col]], output_col, where),
+                    arrival, prompt_len, _length(row[idx[output_col]], output_col, where), hashes
                 )
             )
     return entries
@@ -146,7 +185,8 @@ def _load_csv(path: Path, limit: int | None) -> list[TraceEntry]:
 
 def _load_jsonl(path: Path, limit: int | None) -> list[TraceEntry]:
     entries: list[TraceEntry] = []
-    with path.open() as fh:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as fh:
         for line, text in enumerate(fh, start=1):
             if limit is not None and len(entries) >= limit:
                 break
@@ -165,11 +205,14 @@ def _load_jsonl(path: Path, limit: int | None) -> list[TraceEntry]:
                         f"{where}: missing field {key!r} (a JSONL trace has "
                         "timestamp (ms), input_length, output_length)"
                     )
+            prompt_len = _length(obj["input_length"], "input_length", where)
+            hashes = obj.get("hash_ids")
             entries.append(
                 TraceEntry(
                     _time(obj["timestamp"], "timestamp", where) / 1e3,
-                    _length(obj["input_length"], "input_length", where),
+                    prompt_len,
                     _length(obj["output_length"], "output_length", where),
+                    None if hashes is None else _hash_ids(hashes, prompt_len, where),
                 )
             )
     return entries
@@ -178,10 +221,13 @@ def _load_jsonl(path: Path, limit: int | None) -> list[TraceEntry]:
 def load_trace(name: str | Path, limit: int | None = None) -> list[TraceEntry]:
     """Entries in file order (the first `limit` if given), times relative to the first."""
     path = resolve_trace(name)
-    entries = _load_jsonl(path, limit) if path.suffix == ".jsonl" else _load_csv(path, limit)
+    jsonl = path.suffix == ".jsonl" or path.suffixes[-2:] == [".jsonl", ".gz"]
+    entries = _load_jsonl(path, limit) if jsonl else _load_csv(path, limit)
     if not entries:
         raise TraceError(f"{path}: holds no requests")
     if entries[0].arrival_s is not None:
         start = min(e.arrival_s for e in entries)
-        entries = [TraceEntry(e.arrival_s - start, e.prompt_len, e.output_len) for e in entries]
+        entries = [
+            TraceEntry(e.arrival_s - start, e.prompt_len, e.output_len, e.hash_ids) for e in entries
+        ]
     return entries
