@@ -28,7 +28,7 @@ TEXT = " ".join(f"line {i} of the harbour log." for i in range(1000))
 
 def compare(name: str, prompts, lens, args, **parallel) -> None:
     sched = SchedulerConfig(policy="fcfs", chunking="adaptive")
-    engine_log, ids, predictor, engine_stages = engine_run(
+    engine_log, ids, predictor, engine_stages, _ = engine_run(
         prompts, args.max_tokens, sched, kv_memory_gb=0.2, predictor=args.predictor, **parallel
     )
     sim_log, sim_stages = sim_run(ids, lens, args.max_tokens, sched, predictor)
@@ -51,7 +51,7 @@ def compare(name: str, prompts, lens, args, **parallel) -> None:
             f"{sum(a == b for a, b in zip(e, s))}/{len(e)}"
         )
     growth = [
-        (c[1] + c[2], g) for p, _, _, gs in engine_log for c, g in zip(p, gs) if c[0] == ids[0]
+        (c[1] + c[2], g) for p, _, _, gs, _ in engine_log for c, g in zip(p, gs) if c[0] == ids[0]
     ]
     if parallel.get("kvp", 1) > 1:
         steps = [

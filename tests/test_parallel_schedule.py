@@ -17,7 +17,7 @@ def _both(**parallel):
         " ".join(f"line {i} of the harbour log." for i in range(400))
     )
     prompts = [words[i : i + n] for i, n in enumerate(PROMPT_LENS)]
-    engine_log, ids, predictor, engine_stages = engine_run(
+    engine_log, ids, predictor, engine_stages, _ = engine_run(
         prompts, MAX_TOKENS, SCHED, kv_memory_gb=0.1, predictor="roofline", **parallel
     )
     sim_log, sim_stages = sim_run(ids, PROMPT_LENS, MAX_TOKENS, SCHED, predictor)
@@ -41,6 +41,6 @@ def test_spp_schedule_matches_the_simulator():
 
 def test_kvp_group_growth_matches_the_simulator():
     engine_log, sim_log, ids, _, _ = _both(kvp=2, max_tokens_per_kvp_group=256)
-    growth = [g for p, _, _, gs in engine_log for (rid, *_), g in zip(p, gs) if rid == ids[0]]
+    growth = [g for p, _, _, gs, _ in engine_log for (rid, *_), g in zip(p, gs) if rid == ids[0]]
     assert growth[0] == 1 and growth[-1] == 2  # the long prompt's KV spilled into group 2
     assert sim_log == engine_log

@@ -2,9 +2,10 @@
 and through the simulator with the engine's predictor, and records every batch either forms.
 
 A decision is (prefill chunks, decodes, batches completed before it, KVP groups holding each
-chunk's request). With fcfs and adaptive chunking nothing reads the clock, so two runs that
-agree on the state agree on every decision; measured times enter only through the stage
-timestamps, which are compared separately (`overlaps`).
+chunk's request, the prefix cache's hit for each prefill that starts: tokens from the device
+and the host tier, and the host tier's copies). With fcfs and adaptive chunking nothing
+reads the clock, so two runs that agree on the state agree on every decision; measured times
+enter only through the stage timestamps, which are compared separately (`overlaps`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from medha.core.config import SchedulerConfig
 from medha.core.request import Request
 from medha.scheduler.replica_scheduler import ReplicaScheduler
 
-Decision = tuple[tuple, tuple, int, tuple]
+Decision = tuple[tuple, tuple, int, tuple, tuple]
 
 
 @contextlib.contextmanager
@@ -35,6 +36,15 @@ def recording() -> Iterator[list[Decision]]:
                     tuple(sorted((c.request.request_id, c.start) for c in batch.decodes)),
                     self.stats.batches - self._inflight,
                     tuple(groups(c.request.request_id) for c in batch.prefills),
+                    (
+                        tuple(
+                            (c.request.request_id, c.start, c.request.num_host_cached_tokens)
+                            for c in batch.prefills
+                            if c.start == c.request.num_cached_tokens
+                        ),
+                        tuple(batch.cache_out),
+                        tuple(batch.cache_in),
+                    ),
                 )
             )
         return batch
@@ -49,7 +59,8 @@ def recording() -> Iterator[list[Decision]]:
 def engine_run(
     prompts: list[list[int]], max_tokens: int, scheduler: SchedulerConfig, **engine_options
 ):
-    """(decisions, request ids, the engine's predictor, its stage times or None)."""
+    """(decisions, request ids, the engine's predictor, its stage times or None, its number
+    of KV blocks)."""
     from medha.engine.llm import LLM
     from medha.engine.sampling_params import SamplingParams
 
@@ -64,21 +75,40 @@ def engine_run(
             [o.request_id for o in outs],
             llm.engine.predictor,
             pipeline.stage_times if pipeline is not None else None,
+            llm.engine.num_kv_blocks,
         )
     finally:
         llm.engine.close()
 
 
 def sim_run(
-    ids: list[str], prompt_lens: list[int], max_tokens: int, scheduler: SchedulerConfig, predictor
+    ids: list[str],
+    prompts: list[int] | list[list[int]],
+    max_tokens: int,
+    scheduler: SchedulerConfig,
+    predictor,
+    num_blocks: int | None = None,
 ):
     """(decisions, stage times as (batch, stage, start, end)) of the same requests, all
-    arriving at once, simulated with `predictor` and its parallel layout."""
-    from medha.sim.simulator import ClusterConfig, Simulator
+    arriving at once, simulated with `predictor` and its parallel layout. `prompts`: their
+    lengths, or their token ids (what the prefix cache's keys are made of); `num_blocks`: the
+    engine's KV blocks (default: 1 GiB of them)."""
+    from medha.sim.simulator import KV_BLOCK_SIZE, ClusterConfig, Simulator
 
-    requests = [Request(rid, 0.0, n, max_tokens) for rid, n in zip(ids, prompt_lens)]
+    requests = [
+        Request.from_tokens(rid, 0.0, p, max_tokens)
+        if isinstance(p, list)
+        else Request(rid, 0.0, p, max_tokens)
+        for rid, p in zip(ids, prompts)
+    ]
+    kv_gb = 1.0
+    if num_blocks is not None:  # the byte count that kv_blocks_per_replica turns into them
+        per_block = KV_BLOCK_SIZE * predictor.model.kv_bytes_per_token(
+            predictor.hardware.dtype_bytes
+        )
+        kv_gb = (num_blocks + 0.5) * per_block / 2**30
     sim = Simulator(
-        ClusterConfig(hardware=predictor.hardware.name, kv_memory_gb=1.0),
+        ClusterConfig(hardware=predictor.hardware.name, kv_memory_gb=kv_gb),
         predictor.parallel,
         scheduler,
         predictor=predictor,
