@@ -19,7 +19,8 @@ from medha.perf.toy_predictor import FixedCostPredictor
 from medha.scheduler.block_manager import BlockAccountingError, BlockManager
 from medha.scheduler.prefix_cache import (
     PrefixBlockManager,
-    prompt_block_keys,
+    page_blocks,
+    prompt_page_keys,
     reusable_prefix_tokens,
 )
 from medha.sim.replay import replay
@@ -46,24 +47,23 @@ def tokens(seed: int, n: int) -> list[int]:
 def test_a_block_key_stands_for_every_token_up_to_its_end():
     a = Request.from_tokens("a", 0.0, tokens(1, 100), 1)
     b = Request.from_tokens("b", 0.0, tokens(1, 40) + [7] + tokens(1, 100)[41:], 1)
-    ka, kb = prompt_block_keys(a, BS), prompt_block_keys(b, BS)
+    ka, kb = prompt_page_keys(a, BS), prompt_page_keys(b, BS)
     assert len(ka) == len(kb) == 6  # full blocks only: 100 // 16
     assert ka[:2] == kb[:2]  # the blocks before the changed token (40 lies in block 2)
     assert all(x != y for x, y in zip(ka[2:], kb[2:]))  # every block after it differs
     # the same tokens at another offset are another block
     c = Request.from_tokens("c", 0.0, tokens(1, 100)[16:], 1)
-    assert prompt_block_keys(c, BS)[0] not in ka
+    assert prompt_page_keys(c, BS)[0] not in ka
 
 
-def test_trace_keys_follow_the_prefix_hash_ids():
-    # 1,100 tokens: three 512-token trace blocks, the last partial
+def test_trace_keys_are_the_hash_ids_of_whole_512_token_pages():
+    # 1,100 tokens: three 512-token trace blocks, the last partial (never cached)
     a = Request("a", 0.0, 1100, 1, prefix_hash_ids=[5, 6, 7])
-    b = Request("b", 0.0, 1100, 1, prefix_hash_ids=[5, 6, 9])
-    ka, kb = prompt_block_keys(a, BS), prompt_block_keys(b, BS)
-    assert len(ka) == 1100 // BS
-    assert ka[: 1024 // BS] == kb[: 1024 // BS] and ka[64] != kb[64]
+    assert prompt_page_keys(a, BS) == [5, 6] and page_blocks(a, BS) == 512 // BS
     with pytest.raises(ValueError, match="prefix_hash_ids"):
         Request("c", 0.0, 1100, 1, prefix_hash_ids=[5, 6])
+    with pytest.raises(ValueError, match="does not divide"):
+        page_blocks(a, 48)
 
 
 # ---- device blocks -------------------------------------------------------------------------
@@ -71,16 +71,16 @@ def test_shared_blocks_are_counted_and_cached_ones_evicted_tail_first():
     bm = PrefixBlockManager(8, BS)
     bm.grow("a", 64)  # blocks 0-3
     keys = ["k0", "k1", "k2", "k3"]
-    bm.register("a", keys, 4)
+    bm.register("a", keys, 4, 1)
     assert bm.match(keys + ["k4"]) == [0, 1, 2, 3]
-    bm.acquire("b", bm.match(keys[:2]))
+    bm.acquire("b", bm.match(keys[:2]), 1)
     assert [bm.ref_count(b) for b in range(4)] == [2, 2, 1, 1]
     bm.check_invariants()
     bm.free("a")  # 2 and 3 stay cached, unreferenced; 0 and 1 are still b's
     assert bm.num_free == 8 - 2 and bm.num_cached == 4
     assert bm.shortfall("c", 8 * BS, freeable=("b",)) == 0  # b's blocks free with it
     bm.grow("c", 5 * BS)  # 4 empty blocks, then the oldest released cached one: block 3
-    assert "k3" not in [k for k in keys if bm.is_cached(k)] and bm.is_cached("k2")
+    assert not bm.is_cached("k3") and bm.is_cached("k2")
     bm.check_invariants()
     bm.free("b")
     bm.free("c")
@@ -88,11 +88,30 @@ def test_shared_blocks_are_counted_and_cached_ones_evicted_tail_first():
     assert bm.num_used == 0 and bm.match(keys) == [0, 1, 2]
 
 
+def test_pages_of_several_blocks_are_shared_and_evicted_whole():
+    bm = PrefixBlockManager(12, BS)
+    evicted = []
+    bm.on_evict = lambda page, key: evicted.append((page, key))
+    bm.grow("a", 9 * BS)  # two 4-block pages and a private block
+    bm.register("a", ["p0", "p1"], 2, 4)
+    bm.acquire("b", bm.match(["p0", "p1", "p2"]), 4)
+    assert bm.blocks_of("b") == bm.blocks_of("a")[:8] and bm.num_used == 9
+    bm.check_invariants()
+    bm.free("a")
+    bm.free("b")
+    assert bm.num_free == 12 and bm.num_cached == 2
+    bm.grow("c", 5 * BS)  # three empty blocks, then the tail page goes whole
+    assert evicted == [([4, 5, 6, 7], "p1")] and bm.num_free == 7 and bm.is_cached("p0")
+    bm.check_invariants()
+
+
 def test_a_broken_count_is_caught():
     bm = PrefixBlockManager(4, BS)
     bm.grow("a", 32)
+    bm._registered["a"] = (1, 1)
+    bm._key_of[0], bm._cached["k"], bm._page[0] = "k", 0, [0]
     bm._ref[0] = 2
-    with pytest.raises(BlockAccountingError, match="referenced by 1 tables"):
+    with pytest.raises(BlockAccountingError, match="referenced by 1 tables, counted 2"):
         bm.check_invariants()
 
 
@@ -116,7 +135,7 @@ def test_a_hit_skips_the_cached_prefix_and_its_work():
     (chunk,) = batch.prefills
     assert (chunk.start, chunk.num_tokens) == (192, 58) and second.num_cached_tokens == 192
     # first's 12 blocks, which stayed cached when it finished
-    assert chunk.block_table[:12] == sched.blocks.match(prompt_block_keys(first, BS))[:12]
+    assert chunk.block_table[:12] == sched.blocks.match(prompt_page_keys(first, BS))[:12]
     sched.update(batch, BatchResult(batch.predicted_time_s), 1.1)
     sched.check_invariants()
     st = sched.stats
@@ -194,18 +213,27 @@ def test_reloading_is_skipped_when_recomputing_is_predicted_cheaper():
 
 # ---- random streams against a model of the KV memory ----------------------------------------
 class Memory:
-    """What each device, host-cache and swap block holds: (request context token, position)
-    per slot, written by the chunks and the copies a batch carries. A request reads the slots
-    of its block table before its chunk: each must hold its own context's token there."""
+    """What each device, host-cache and swap block holds: (token, position) per slot, written
+    by the chunks and the copies a batch carries. A request reads its block table before its
+    chunk: the first slot of each block, and the slot just before the chunk, must hold its own
+    context there. A trace request's token at a prompt position is the hash id of the 512
+    tokens holding it (requests agree on it exactly when they share that page)."""
 
-    def __init__(self):
+    def __init__(self, block_size):
+        self.bs = block_size
         self.device, self.host, self.swap = {}, {}, {}
 
+    def copy(self, src, s, dst, d):
+        dst[d] = list(src.get(s, [None] * self.bs))
+
     @staticmethod
-    def copy(src, s, dst, d):
-        dst[d] = list(src.get(s, [None] * BS))
+    def token(r, p):
+        if r.prompt_token_ids is not None or p >= r.prompt_len:
+            return r.context_token_ids(p, p + 1)[0] if r.prompt_token_ids else ("out", p)
+        return r.prefix_hash_ids[p // 512]
 
     def run(self, batch):
+        bs = self.bs
         for d, h in batch.cache_out:
             self.copy(self.device, d, self.host, h)
         for sw in batch.swap_in:
@@ -218,12 +246,11 @@ class Memory:
             self.copy(self.host, h, self.device, d)
         for c in batch.chunks:
             r, table = c.request, c.block_table
-            context = r.context_token_ids(0, c.end)
-            for p in range(c.start):  # what attention reads
-                got = self.device.get(table[p // BS], [None] * BS)[p % BS]
-                assert got == (context[p], p), f"{r.request_id} reads a foreign slot at {p}"
+            for p in sorted({*range(0, c.start, bs), c.start - 1} - {-1}):  # what it reads
+                got = self.device.get(table[p // bs], [None] * bs)[p % bs]
+                assert got == (self.token(r, p), p), f"{r.request_id} reads a foreign slot at {p}"
             for p in range(c.start, c.end):
-                self.device.setdefault(table[p // BS], [None] * BS)[p % BS] = (context[p], p)
+                self.device.setdefault(table[p // bs], [None] * bs)[p % bs] = (self.token(r, p), p)
 
 
 @st.composite
@@ -244,29 +271,35 @@ def streams(draw):
     return reqs
 
 
-@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    reqs=streams(),
-    mode=st.sampled_from(["device", "device+host"]),
-    preemption=st.sampled_from(["recompute", "swap"]),
-    policy=st.sampled_from(["fcfs", "lars", "edf"]),
-    num_blocks=st.integers(16, 28),  # 200-token prompts and 40 new tokens fit in 15
-    host_blocks=st.integers(1, 12),
-    aborts=st.lists(st.integers(0, 60), max_size=4),
-)
-def test_random_streams_keep_every_count_and_every_block_right(
-    reqs, mode, preemption, policy, num_blocks, host_blocks, aborts
-):
-    sched = toy_scheduler(
-        policy=policy,
-        num_blocks=num_blocks,
-        prefix_cache=mode,
-        host_cache_blocks=host_blocks,
-        preemption_mode=preemption,
-        host_kv_blocks=8,
-        iteration_budget_s=0.03,
-    )
-    mem = Memory()
+@st.composite
+def trace_streams(draw):
+    """Requests as a trace gives them: 512-token pages of prefix hash ids, shared system
+    prompts and conversations resending their pages, each prompt ending in a page of its own."""
+    fresh = iter(range(10**6))
+    systems = [[next(fresh) for _ in range(draw(st.integers(1, 2)))] for _ in range(2)]
+    reqs, pages, t = [], [], 0.0
+    for i in range(draw(st.integers(2, 10))):
+        t += draw(st.sampled_from([0.0, 0.0, 0.0, 0.05, 1.0]))
+        kind = draw(st.integers(0, 2))
+        if kind == 0 or not reqs:
+            full = draw(st.sampled_from(systems))
+        elif kind == 1:
+            full = draw(st.sampled_from(pages))
+        else:
+            full = []
+        full = (full + [next(fresh) for _ in range(draw(st.integers(0, 1)))])[:3]
+        pages.append(full)
+        n = 512 * len(full) + draw(st.integers(1, 511))
+        reqs.append(
+            Request(f"r{i}", t, n, draw(st.integers(1, 300)), prefix_hash_ids=full + [next(fresh)])
+        )
+    return reqs
+
+
+def run_stream(sched, reqs, aborts, block_size):
+    """Run `reqs` through `sched`, aborting at the given batch numbers, with every batch's
+    copies and chunks applied to a Memory and the invariants checked after each."""
+    mem = Memory(block_size)
     pending = sorted(reqs, key=lambda r: r.arrival_s)
     now, i, n = 0.0, 0, 0
     while i < len(pending) or sched.has_unfinished():
@@ -291,10 +324,52 @@ def test_random_streams_keep_every_count_and_every_block_right(
     bm = sched.blocks
     assert bm.num_used == 0 and not bm.owners()  # nothing leaks
     assert sched.kv.host_pool is None or sched.kv.host_pool.num_free == 8
-    hits = sum(r.num_cached_tokens for r in reqs)
-    assert sched.stats.prefix_hit_tokens >= hits
+    assert sched.stats.prefix_hit_tokens >= sum(r.num_cached_tokens for r in reqs)
     assert all(r.num_output_tokens <= r.max_tokens for r in reqs)
     assert math.isfinite(now)
+
+
+CACHE_SETTINGS = dict(
+    mode=st.sampled_from(["device", "device+host"]),
+    preemption=st.sampled_from(["recompute", "swap"]),
+    policy=st.sampled_from(["fcfs", "lars", "edf"]),
+    host_blocks=st.integers(1, 12),
+    aborts=st.lists(st.integers(0, 60), max_size=4),
+)
+
+
+def cached_scheduler(blocks, mode, preemption, policy, host_blocks):
+    return toy_scheduler(
+        policy=policy,
+        blocks=blocks,
+        prefix_cache=mode,
+        host_cache_blocks=host_blocks,
+        preemption_mode=preemption,
+        host_kv_blocks=8,
+        iteration_budget_s=0.03,
+    )
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(reqs=streams(), num_blocks=st.integers(16, 28), **CACHE_SETTINGS)
+def test_random_streams_keep_every_count_and_every_block_right(
+    reqs, num_blocks, mode, preemption, policy, host_blocks, aborts
+):
+    # 200-token prompts and 40 new tokens fit in 15 blocks
+    sched = cached_scheduler(BlockManager(num_blocks, BS), mode, preemption, policy, host_blocks)
+    run_stream(sched, reqs, aborts, BS)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(reqs=trace_streams(), num_blocks=st.integers(19, 26), **CACHE_SETTINGS)
+def test_random_trace_streams_share_whole_pages_rightly(
+    reqs, num_blocks, mode, preemption, policy, host_blocks, aborts
+):
+    # 128-token blocks: pages of four; prompts of up to 2,047 tokens and 300 new ones fit in 19
+    sched = cached_scheduler(
+        BlockManager(num_blocks, 128), mode, preemption, policy, 4 * host_blocks
+    )
+    run_stream(sched, reqs, aborts, 128)
 
 
 # ---- traces and the simulator --------------------------------------------------------------

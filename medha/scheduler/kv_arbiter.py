@@ -27,7 +27,13 @@ from medha.perf.swap_cost import SwapCost
 from medha.scheduler.block_manager import BlockAccountingError, BlockManager
 from medha.scheduler.host_kv_pool import HostKVPool
 from medha.scheduler.policies import Policy
-from medha.scheduler.prefix_cache import HostCacheTier, PrefixBlockManager, prompt_block_keys
+from medha.scheduler.prefix_cache import (
+    HostCacheTier,
+    PrefixBlockManager,
+    cacheable_pages,
+    page_blocks,
+    prompt_page_keys,
+)
 
 
 @dataclass
@@ -294,63 +300,56 @@ class KVArbiter:
         self.blocks.free(r.request_id)
 
     # ---- prefix cache ------------------------------------------------------------------------
-    def _cacheable_keys(self, r: Request) -> list:
-        """Keys of the prompt blocks a hit may cover: all full ones but a block holding the
-        last prompt token, which is always computed (its logits sample the first token)."""
-        bs = self.blocks.block_size
-        keys = prompt_block_keys(r, bs)
-        limit = (r.prompt_len - 1) // bs
-        return keys if len(keys) <= limit else keys[:limit]
-
     def peek_cached(self, r: Request) -> int:
         """Prompt tokens the caches hold for `r` now (device, then host tier); nothing is
         taken. What its deadline and predicted work leave out when it is admitted."""
         if not self.prefix_caching:
             return 0
-        keys = self._cacheable_keys(r)
-        n = len(self.blocks.match(keys))
+        bs = self.blocks.block_size
+        keys, per, limit = cacheable_pages(r, bs)
+        n = len(self.blocks.match(keys, limit))
         tier = self.host_cache
         if tier is not None:
-            while n < len(keys) and keys[n] in tier:
+            while n < limit and keys[n] in tier:
                 n += 1
-        return n * self.blocks.block_size
+        return n * per * bs
 
     def attach_cached(self, r: Request) -> None:
         """At the (re)start of `r`'s prefill, before its first chunk is planned: take the
-        longest cached prefix of its prompt. Device blocks are shared; blocks found only in the
+        longest cached prefix of its prompt. Device pages are shared; pages found only in the
         host tier are copied back into fresh device blocks when that is predicted cheaper than
         recomputing them and they fit above the watermark. The tokens count as computed."""
         if r.num_scheduled or not self.prefix_caching:
             return
-        keys = self._cacheable_keys(r)
-        if not keys:
-            return
         bm, tier, rid = self.blocks, self.host_cache, r.request_id
-        dev = bm.match(keys)
-        bm.acquire(rid, dev)  # (first: the free blocks left count without them)
+        bs = bm.block_size
+        keys, per, limit = cacheable_pages(r, bs)
+        if not limit:
+            return
+        dev = bm.match(keys, limit)
+        bm.acquire(rid, dev, per)  # (first: the free blocks left count without them)
         load: list = []
-        if tier is not None and len(dev) < len(keys):
-            room = bm.num_free - self.watermark_blocks
-            for key in keys[len(dev) :]:
+        if tier is not None and len(dev) < limit:
+            room = (bm.num_free - self.watermark_blocks) // per
+            for key in keys[len(dev) : limit]:
                 # (a key also on the device, after a gap in its chain, ends the run)
                 if len(load) >= room or key not in tier or bm.is_cached(key):
                     break
                 load.append(key)
             if load:
-                bs = bm.block_size
-                start = len(dev) * bs
-                recompute_s = self._prefill_times.remaining(start + len(load) * bs, start)
-                if self.swap_cost.time(len(load)) >= recompute_s:
+                start = len(dev) * per * bs
+                recompute_s = self._prefill_times.remaining(start + len(load) * per * bs, start)
+                if self.swap_cost.time(len(load) * per) >= recompute_s:
                     load = []
         if not dev and not load:
             return
         for key in load:  # pinned first: a device eviction below must not push them out
             tier.pin(key)
         for key in load:
-            tier.load(key, bm.append_cached(rid, key))
+            tier.load(key, bm.append_cached(rid, key, per))
         hit = bm.tokens_held(rid)
         r.num_computed = r.num_scheduled = r.kv_capacity = r.num_cached_tokens = hit
-        r.num_host_cached_tokens = len(load) * bm.block_size
+        r.num_host_cached_tokens = len(load) * per * bs
         r.remaining_work_s = self._prefill_times.remaining(r.num_tokens, hit)
 
     def detach_cached(self, r: Request) -> None:
@@ -371,12 +370,12 @@ class KVArbiter:
         st.prefix_host_hit_tokens += r.num_host_cached_tokens
 
     def cache_computed(self, r: Request) -> None:
-        """Cache the full prompt blocks `r` has computed (after a batch that ran its chunk)."""
+        """Cache the full prompt pages `r` has computed (after a batch that ran its chunk)."""
         bs = self.blocks.block_size
-        keys = prompt_block_keys(r, bs)
-        n = min(r.num_computed // bs, len(keys))
+        keys, per = prompt_page_keys(r, bs), page_blocks(r, bs)
+        n = min(r.num_computed // (per * bs), len(keys))
         if n:
-            self.blocks.register(r.request_id, keys, n)
+            self.blocks.register(r.request_id, keys, n, per)
 
     def take_cache_copies(self, batch: Batch) -> None:
         """Put the host tier's copies planned while `batch` formed on it."""
