@@ -1,6 +1,6 @@
 """The convoy effect on this machine: one 6,000-token request, then 8 short ones.
 
-    python bench/engine_convoy.py [--policies lars,edf]
+    python bench/engine_convoy.py [--policies lars,edf] [--prefix-cache device]
 
 SmolLM2-135M on CPU. The short requests (64-token prompts, 16 output tokens) arrive 0.5 s after
 the long one. Their TTFT is measured alone (no long request), behind the long one under
@@ -71,14 +71,29 @@ def main() -> None:
         help="policies to run with adaptive chunking at each budget, e.g. lars,edf,srpt "
         "(edf and srpt put the short requests first: the most a scheduler can give them)",
     )
+    ap.add_argument(
+        "--prefix-cache",
+        default="off",
+        help="every engine's --prefix-cache (the runs alone and behind draw different prompts, "
+        "so that neither hits the other's)",
+    )
     args = ap.parse_args()
+    cache = args.prefix_cache
     targets = [float(t) for t in args.tpot_targets.split(",")]
     configs = [
-        (f"{p} + adaptive, TPOT {t * 1e3:.0f} ms", SchedulerConfig(policy=p, tpot_target_s=t))
+        (
+            f"{p} + adaptive, TPOT {t * 1e3:.0f} ms",
+            SchedulerConfig(policy=p, tpot_target_s=t, prefix_cache=cache),
+        )
         for t in targets
         for p in args.policies.split(",")
     ]
-    configs.append(("fcfs, no chunking", SchedulerConfig(policy="fcfs", chunking="none")))
+    configs.append(
+        (
+            "fcfs, no chunking",
+            SchedulerConfig(policy="fcfs", chunking="none", prefix_cache=cache),
+        )
+    )
     print("| scheduler | short TTFT p50 alone | p50 behind the long one | max behind | long TTFT |")
     print("|---|---|---|---|---|")
     results = {}
@@ -86,7 +101,7 @@ def main() -> None:
         engine = LLMEngine(EngineConfig(model="smollm2"), cfg)
         run(engine, False, args.long_len, seed=1)  # warm-up
         alone = run(engine, False, args.long_len)
-        behind = run(engine, True, args.long_len)
+        behind = run(engine, True, args.long_len, seed=0 if cache == "off" else 2)
         results[name] = (alone, behind)
         print(
             f"| {name} | {alone['short_p50']:.3f} s | {behind['short_p50']:.3f} s | "

@@ -123,6 +123,9 @@ def main() -> None:
         default=None,
         help="iteration budget of lars and edf (default: the server's, 6x a lone decode on CPU)",
     )
+    ap.add_argument(
+        "--prefix-cache", default=None, help="every server's --prefix-cache (default: its own)"
+    )
     ap.add_argument("--out", default="runs/mixed_load")
     ap.add_argument(
         "--profile",
@@ -140,6 +143,9 @@ def main() -> None:
     if args.tpot_target_s:
         for name in ("lars", "edf"):
             POLICIES[name] += ["--tpot-target-s", str(args.tpot_target_s)]
+    if args.prefix_cache:
+        for name in POLICIES:
+            POLICIES[name] += ["--prefix-cache", args.prefix_cache]
     policies = {n: POLICIES[n] for n in args.policies.split(",")}
     measured = {name: serve_and_bench(name, flags, args, out) for name, flags in policies.items()}
     print(f"\n{args.num_requests} requests, {args.workload}, Poisson {args.qps} req/s\n")
