@@ -3,6 +3,7 @@ LRU of cached blocks, the host tier, and (hypothesis) random request streams wit
 prefixes, aborts, preemptions and swaps run against a model of the KV memory's contents."""
 
 import gzip
+import json
 import math
 import random
 
@@ -488,3 +489,20 @@ def test_bounded_tiers_report_what_the_host_adds(tmp_path):
     assert host["prefill_flops_saved"] > dev["prefill_flops_saved"] > 0
     ttft = {m: o.summary["ttft_s"]["mean"] for m, o in out.items()}
     assert ttft["device+host"] < ttft["device"] < ttft["off"]
+
+
+def test_the_trace_command_generates_and_counts(tmp_path, capsys):
+    from medha.cli import main
+
+    out = tmp_path / "conv.csv"
+    assert (
+        main(["trace", "generate", "-o", str(out), "--format", "csv", "--conversations", "30"]) == 0
+    )
+    assert "requests" in capsys.readouterr().out
+    assert main(["trace", "reuse", str(out), "--capacity", "2K", "--json"]) == 0
+    counts = json.loads(capsys.readouterr().out)
+    entries = load_trace(out)
+    assert counts == reuse_by_lru(entries, [2000])
+    assert counts["lru_2000"]["fraction"] < counts["unbounded"]["fraction"]
+    assert main(["trace", "reuse", "sharegpt"]) == 2  # lengths only: no hash ids
+    assert "carry no hash_ids" in capsys.readouterr().err

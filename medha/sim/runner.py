@@ -186,6 +186,8 @@ REQUEST_COLUMNS = [
     "tbt_max_s",
     "priority",
     "swaps",
+    "cached_tokens",
+    "host_cached_tokens",
 ]
 
 
@@ -230,6 +232,8 @@ def write_run(
                         *tbt,
                         m.priority,
                         m.swaps,
+                        m.cached_tokens,
+                        m.host_cached_tokens,
                     )
                 ]
             )
