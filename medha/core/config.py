@@ -297,7 +297,7 @@ class SchedulerConfig:
         ),
     )
     host_cache_gb: float = field(
-        default=16.0,
+        default=4.0,
         metadata=_help(
             KV_MEMORY,
             "host memory in GiB per device for the prefix cache's host tier, with "
