@@ -106,11 +106,13 @@ def main() -> None:
             f"{s['ttft_s']['p99']:.2f} s | {s['by_class']['short']['ttft_s']['p99']:.2f} s |"
         )
     pc = outcomes["device+host"].summary["prefix_cache"]["all"]
+    dev = outcomes["device"].summary["prefix_cache"]["all"]
     print(
         f"   reusable by the direct count: {pc['reusable_fraction']:.1%} of prompt tokens; "
-        f"the host tier adds {pc['host_hit_tokens'] / pc['prompt_tokens']:.1%} "
-        f"({outcomes['device'].summary['prefix_cache']['all']['hit_rate']:.1%} -> "
-        f"{pc['hit_rate']:.1%})"
+        f"the host tier adds {pc['hit_rate'] - dev['hit_rate']:.1%} of them "
+        f"({dev['hit_rate']:.1%} -> {pc['hit_rate']:.1%}): "
+        f"{pc['host_hit_tokens'] / pc['prompt_tokens']:.1%} copied back for the request that "
+        "hit them, the rest hit on the device after an earlier request copied them back"
     )
 
     print("\n3. an unbounded cache against the direct count over the trace")

@@ -109,8 +109,8 @@ class Request:
     admission_seq: int = field(default=-1, init=False)  # order of admission, breaks ties
     kv_capacity: int = field(default=0, init=False)  # tokens its KV blocks can hold
     # Prompt tokens whose KV the prefix cache supplied at the latest start (device and host
-    # tier; with num_host_cached_tokens of them copied back from the host tier). The request's
-    # chunks begin after them: it has started once it schedules more (`started`).
+    # tier; num_host_cached_tokens of them were copied back from the host tier for it). The
+    # request's chunks begin after them: it has started once it schedules more (`started`).
     num_cached_tokens: int = field(default=0, init=False)
     num_host_cached_tokens: int = field(default=0, init=False)
     block_keys: list | None = field(default=None, init=False)  # prefix_cache.prompt_page_keys

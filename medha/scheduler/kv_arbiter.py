@@ -349,7 +349,9 @@ class KVArbiter:
             tier.load(key, bm.append_cached(rid, key, per))
         hit = bm.tokens_held(rid)
         r.num_computed = r.num_scheduled = r.kv_capacity = r.num_cached_tokens = hit
-        r.num_host_cached_tokens = len(load) * per * bs
+        # pages copied back for an earlier try of this start, and on the device since, came
+        # from the host tier too (detach_cached keeps the count)
+        r.num_host_cached_tokens = min(hit, r.num_host_cached_tokens + len(load) * per * bs)
         r.remaining_work_s = self._prefill_times.remaining(r.num_tokens, hit)
 
     def detach_cached(self, r: Request) -> None:
@@ -358,8 +360,7 @@ class KVArbiter:
         then), and its blocks are evictable meanwhile."""
         if r.num_cached_tokens and not r.started and not r.num_inflight_batches:
             self.blocks.free(r.request_id)
-            r.num_computed = r.num_scheduled = r.kv_capacity = 0
-            r.num_cached_tokens = r.num_host_cached_tokens = 0
+            r.num_computed = r.num_scheduled = r.kv_capacity = r.num_cached_tokens = 0
 
     def count_start(self, r: Request) -> None:
         """Count the prefix lookup of a prefill whose first chunk was just scheduled."""
