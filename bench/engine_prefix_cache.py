@@ -77,14 +77,20 @@ def main() -> None:
             flush=True,
         )
     stats = engines["cache"].engine.stats()
-    with_cache, without = statistics.median(late["cache"]), statistics.median(late["no cache"])
     print(f"\n{identical}/{args.conversations} conversations token-identical ({turns_total} turns)")
-    print(
-        f"late turns (history >= {args.late} tokens, {len(late['cache'])} of them): median TTFT "
-        f"{with_cache:.3f} s with the cache, {without:.3f} s without: {without / with_cache:.1f}x "
-        f"lower (p90 {statistics.quantiles(late['cache'], n=10)[-1]:.3f} s vs "
-        f"{statistics.quantiles(late['no cache'], n=10)[-1]:.3f} s)"
-    )
+    if late["cache"]:
+        with_cache, without = statistics.median(late["cache"]), statistics.median(late["no cache"])
+        p90 = {
+            k: statistics.quantiles(v, n=10)[-1] if len(v) > 1 else v[0] for k, v in late.items()
+        }
+        print(
+            f"late turns (history >= {args.late} tokens, {len(late['cache'])} of them): median "
+            f"TTFT {with_cache:.3f} s with the cache, {without:.3f} s without: "
+            f"{without / with_cache:.1f}x lower (p90 {p90['cache']:.3f} s vs "
+            f"{p90['no cache']:.3f} s)"
+        )
+    else:
+        print(f"no late turns (no history reached {args.late} tokens)")
     print(
         f"prefix cache: {stats.prefix_hit_tokens}/{stats.prefix_query_tokens} prompt tokens "
         f"served ({stats.prefix_hit_tokens / max(1, stats.prefix_query_tokens):.1%})"
