@@ -110,9 +110,9 @@ def main() -> None:
     print(
         f"   reusable by the direct count: {pc['reusable_fraction']:.1%} of prompt tokens; "
         f"the host tier adds {pc['hit_rate'] - dev['hit_rate']:.1%} of them "
-        f"({dev['hit_rate']:.1%} -> {pc['hit_rate']:.1%}): "
-        f"{pc['host_hit_tokens'] / pc['prompt_tokens']:.1%} copied back for the request that "
-        "hit them, the rest hit on the device after an earlier request copied them back"
+        f"({dev['hit_rate']:.1%} -> {pc['hit_rate']:.1%}); "
+        f"{pc['host_hit_tokens'] / pc['prompt_tokens']:.1%} of prompt tokens were copied back "
+        "from it for the request that hit them"
     )
 
     print("\n3. an unbounded cache against the direct count over the trace")

@@ -380,8 +380,9 @@ class KVArbiter:
 
     def take_cache_copies(self, batch: Batch) -> None:
         """Put the host tier's copies planned while `batch` formed on it."""
-        if self.host_cache is not None:
-            batch.cache_out, batch.cache_in = self.host_cache.drain()
+        tier = self.host_cache
+        if tier is not None and (tier.copies_out or tier.copies_in):
+            batch.cache_out, batch.cache_in = tier.drain()
             self.stats.host_cache_out_blocks += len(batch.cache_out)
 
     # ---- checks ------------------------------------------------------------------------------

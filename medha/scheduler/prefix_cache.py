@@ -412,7 +412,8 @@ class HostCacheTier:
         self.copies_in += zip(host, device_page)
 
     def drain(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
-        """The copies planned since the last drain (out, in), for the batch being formed."""
+        """The copies planned since the last drain (out, in), for the batch being formed
+        (pins are only ever taken with a copy in: none without)."""
         out, into = self.copies_out, self.copies_in
         self.copies_out, self.copies_in = [], []
         self._pinned.clear()
