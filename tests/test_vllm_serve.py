@@ -150,6 +150,8 @@ def test_greedy_outputs_equal_offline_vllm_streamed_or_not(client, reference):
         model=NAME, prompt=TEXT, max_tokens=16, temperature=0, extra_body={"ignore_eos": True}
     )
     assert whole.choices[0].text == text and whole.usage.completion_tokens == 16
+    # vLLM's prefix cache's hits, as medha's engine reports its own
+    assert 0 <= whole.usage.prompt_tokens_details.cached_tokens < whole.usage.prompt_tokens
     stream = client.completions.create(
         model=NAME,
         prompt=TEXT,

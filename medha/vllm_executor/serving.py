@@ -263,6 +263,8 @@ class VllmAsyncEngine:
             self.engine.awaiting_first_token -= 1
         outputs.token_ids.extend(new)
         outputs.text += completion.text
+        if getattr(out, "num_cached_tokens", None):
+            outputs.cached_tokens = out.num_cached_tokens
         finished = out.finished
         reason = completion.finish_reason
         if finished and reason not in _FINISHED:  # vLLM's "error", or an abort of its own
@@ -316,6 +318,7 @@ class _Outputs:
         self.first_s: float | None = None
         self.text = ""
         self.token_ids: list[int] = []
+        self.cached_tokens = 0  # prompt tokens vLLM's prefix cache supplied
         self.ended = False
 
     async def get(self):
@@ -342,6 +345,7 @@ class _Outputs:
             "e2e_s": now - self.arrival_s,
             "tpot_s": (now - first) / (n - 1) if n > 1 else None,
             "prompt_tokens": len(self.prompt_ids),
+            "cached_prompt_tokens": self.cached_tokens,
             "completion_tokens": n,
         }
 
