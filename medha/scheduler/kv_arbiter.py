@@ -342,6 +342,7 @@ class KVArbiter:
                 if self.swap_cost.time(len(load) * per) >= recompute_s:
                     load = []
         if not dev and not load:
+            r.num_host_cached_tokens = 0  # (what an earlier try copied back is gone again)
             return
         for key in load:  # pinned first: a device eviction below must not push them out
             tier.pin(key)
