@@ -6,6 +6,10 @@ swap-ins first (see `Batch`). The host pool is one tensor, block-major: a host b
 every layer's K and V for its tokens and is one contiguous copy, pinned on CUDA so that the
 copies run at the link's speed. On CPU both sides are host memory and a swap is a memcpy.
 
+The prefix cache's host tier (`--prefix-cache device+host`) is a second HostKVCache of its
+own size: the engine copies a batch's `cache_out` blocks into it before anything else, and
+its `cache_in` blocks back after the swaps (see Batch for the order).
+
 Only one process holds the KV here: with tp, spp or kvp > 1 every rank would have to move its
 own shard, which is not built yet, so swapping is refused there with an error.
 """
