@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 from medha.core.config import SchedulerConfig
 from medha.perf import ParallelConfig
@@ -37,18 +36,16 @@ MODES = {
 }
 
 
-def run(args, mode: dict, n: int, time_scale: float):
+def run(mode: dict, n: int, time_scale: float):
     spec = RunSpec(
         name=mode["prefix_cache"],
         cluster=ClusterConfig(),
         parallel=ParallelConfig(tp=8),
         scheduler=SchedulerConfig(**mode),
     )
-    t0 = time.perf_counter()
-    out = simulate(
+    return simulate(
         spec, WorkloadConfig(trace="mooncake_conv", num_requests=n, time_scale=time_scale)
     )
-    return out, time.perf_counter() - t0
 
 
 def main() -> None:
@@ -70,7 +67,7 @@ def main() -> None:
     outcomes = {}
     for _ in range(args.repeats):
         for name, mode in MODES.items():
-            outcome, wall = run(args, mode, args.num_requests, args.time_scale)
+            outcome = run(mode, args.num_requests, args.time_scale)
             walls[name].append(outcome.summary["sim"]["wall_s"])
             outcomes[name] = outcome
     print(

@@ -465,38 +465,23 @@ class SchedulerConfig:
             raise unknown_name("policy", self.priority_base, POLICY_NAMES)
         if self.priority_base == "priority":
             raise ValueError("priority_base must name another policy, got 'priority'")
-        if self.preemption_mode not in PREEMPTION_MODES:
-            raise ValueError(
-                f"preemption_mode must be one of {', '.join(PREEMPTION_MODES)}, "
-                f"got {self.preemption_mode!r}"
-            )
-        if not (
-            isinstance(self.swap_space_gb, (int, float))
-            and math.isfinite(self.swap_space_gb)
-            and self.swap_space_gb >= 0
+        # the swap pool's and the prefix cache's host memory: a mode, GiB, or blocks
+        for name, modes in (
+            ("preemption_mode", PREEMPTION_MODES),
+            ("prefix_cache", PREFIX_CACHE_MODES),
         ):
-            raise ValueError(f"swap_space_gb must be a number >= 0, got {self.swap_space_gb!r}")
-        if self.host_kv_blocks is not None and not (
-            isinstance(self.host_kv_blocks, int) and self.host_kv_blocks >= 0
-        ):
-            raise ValueError(f"host_kv_blocks must be an integer >= 0, got {self.host_kv_blocks!r}")
-        if self.prefix_cache not in PREFIX_CACHE_MODES:
-            raise ValueError(
-                f"prefix_cache must be one of {', '.join(PREFIX_CACHE_MODES)}, "
-                f"got {self.prefix_cache!r}"
-            )
-        if not (
-            isinstance(self.host_cache_gb, (int, float))
-            and math.isfinite(self.host_cache_gb)
-            and self.host_cache_gb >= 0
-        ):
-            raise ValueError(f"host_cache_gb must be a number >= 0, got {self.host_cache_gb!r}")
-        if self.host_cache_blocks is not None and not (
-            isinstance(self.host_cache_blocks, int) and self.host_cache_blocks >= 0
-        ):
-            raise ValueError(
-                f"host_cache_blocks must be an integer >= 0, got {self.host_cache_blocks!r}"
-            )
+            if getattr(self, name) not in modes:
+                raise ValueError(
+                    f"{name} must be one of {', '.join(modes)}, got {getattr(self, name)!r}"
+                )
+        for name in ("swap_space_gb", "host_cache_gb"):
+            gb = getattr(self, name)
+            if not (isinstance(gb, (int, float)) and math.isfinite(gb) and gb >= 0):
+                raise ValueError(f"{name} must be a number >= 0, got {gb!r}")
+        for name in ("host_kv_blocks", "host_cache_blocks"):
+            n = getattr(self, name)
+            if n is not None and not (isinstance(n, int) and n >= 0):
+                raise ValueError(f"{name} must be an integer >= 0, got {n!r}")
         bw = self.swap_bandwidth_gbps
         if bw is not None and not (isinstance(bw, (int, float)) and math.isfinite(bw) and bw > 0):
             raise ValueError(f"swap_bandwidth_gbps must be a positive number, got {bw!r}")

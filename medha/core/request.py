@@ -113,7 +113,7 @@ class Request:
     # request's chunks begin after them: it has started once it schedules more (`started`).
     num_cached_tokens: int = field(default=0, init=False)
     num_host_cached_tokens: int = field(default=0, init=False)
-    block_keys: list | None = field(default=None, init=False)  # prefix_cache.prompt_page_keys
+    page_keys: list | None = field(default=None, init=False)  # prefix_cache.prompt_page_keys
     # Maintained by the scheduler from its prefill-time cache; policies read them.
     deadline_s: float = field(default=math.inf, init=False)  # absolute TTFT deadline
     total_work_s: float = field(default=0.0, init=False)

@@ -51,7 +51,7 @@ def page_blocks(r: Request, block_size: int) -> int:
 def prompt_page_keys(r: Request, block_size: int) -> list[Key]:
     """The keys of the full pages of `r`'s prompt (empty when it carries neither token ids
     nor prefix hash ids), computed once per request."""
-    keys = r.block_keys
+    keys = r.page_keys
     if keys is not None:
         return keys
     if r.prompt_token_ids is not None:
@@ -60,7 +60,7 @@ def prompt_page_keys(r: Request, block_size: int) -> list[Key]:
         keys = r.prefix_hash_ids[: r.prompt_len // PREFIX_HASH_BLOCK]
     else:
         keys = []
-    r.block_keys = keys
+    r.page_keys = keys
     return keys
 
 
@@ -369,9 +369,6 @@ class HostCacheTier:
         self._pinned: set[int] = set()  # read by a copy of the batch being formed
         self.copies_out: list[tuple[int, int]] = []  # (device block, host block)
         self.copies_in: list[tuple[int, int]] = []  # (host block, device block)
-
-    def __len__(self) -> int:
-        return len(self._cached)
 
     def __contains__(self, key: Key) -> bool:
         return key in self._cached

@@ -14,6 +14,39 @@ _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80
 _TOKEN_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 2.5, 5)
 
 
+# Gauges read from the engine's stats when scraped: (name, help, EngineStats field).
+_STATS_GAUGES = (
+    (
+        "medha_num_requests_waiting",
+        "Requests whose prefill has not started (new, or preempted by recompute)",
+        "waiting",
+    ),
+    (
+        "medha_num_requests_prefilling",
+        "Requests whose prefill has started and not finished",
+        "prefilling",
+    ),
+    ("medha_num_requests_running", "Requests decoding", "running"),
+    ("medha_kv_blocks_used", "KV cache blocks in use", "kv_blocks_used"),
+    ("medha_preemptions", "Preemptions (recompute and swap) since start", "preemptions"),
+    (
+        "medha_prefix_cache_queries_tokens",
+        "Prompt tokens looked up in the prefix cache since start (each prefill started)",
+        "prefix_query_tokens",
+    ),
+    (
+        "medha_prefix_cache_hits_tokens",
+        "Prompt tokens the prefix cache supplied since start: prefill tokens saved",
+        "prefix_hit_tokens",
+    ),
+    (
+        "medha_prefix_cache_host_hits_tokens",
+        "Of the prefix cache's hits, tokens copied back from its host-memory tier",
+        "prefix_host_hit_tokens",
+    ),
+)
+
+
 class ServerMetrics:
     def __init__(self, kv_blocks_total: int, stats: Callable[[], EngineStats]) -> None:
         """`stats`: the engine's, which the gauges read at scrape time (on the HTTP thread)."""
@@ -55,41 +88,9 @@ class ServerMetrics:
         self.generation_tokens = Counter(
             "medha_generation_tokens", "Tokens generated for finished requests", registry=r
         )
-        Gauge(
-            "medha_num_requests_waiting",
-            "Requests whose prefill has not started (new, or preempted by recompute)",
-            registry=r,
-        ).set_function(lambda: stats().waiting)
-        Gauge(
-            "medha_num_requests_prefilling",
-            "Requests whose prefill has started and not finished",
-            registry=r,
-        ).set_function(lambda: stats().prefilling)
-        Gauge("medha_num_requests_running", "Requests decoding", registry=r).set_function(
-            lambda: stats().running
-        )
-        Gauge("medha_kv_blocks_used", "KV cache blocks in use", registry=r).set_function(
-            lambda: stats().kv_blocks_used
-        )
+        for name, doc, field in _STATS_GAUGES:
+            Gauge(name, doc, registry=r).set_function(lambda field=field: getattr(stats(), field))
         Gauge("medha_kv_blocks_total", "KV cache blocks", registry=r).set(kv_blocks_total)
-        Gauge(
-            "medha_preemptions", "Preemptions (recompute and swap) since start", registry=r
-        ).set_function(lambda: stats().preemptions)
-        Gauge(
-            "medha_prefix_cache_queries_tokens",
-            "Prompt tokens looked up in the prefix cache since start (each prefill started)",
-            registry=r,
-        ).set_function(lambda: stats().prefix_query_tokens)
-        Gauge(
-            "medha_prefix_cache_hits_tokens",
-            "Prompt tokens the prefix cache supplied since start: prefill tokens saved",
-            registry=r,
-        ).set_function(lambda: stats().prefix_hit_tokens)
-        Gauge(
-            "medha_prefix_cache_host_hits_tokens",
-            "Of the prefix cache's hits, tokens copied back from its host-memory tier",
-            registry=r,
-        ).set_function(lambda: stats().prefix_host_hit_tokens)
         Gauge(
             "medha_prefix_cache_hit_rate",
             "Prefix cache hits over lookups, in tokens, since start (0 before any lookup)",

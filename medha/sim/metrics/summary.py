@@ -243,16 +243,13 @@ def prefix_cache_summary(
     from the host tier, and the prefill FLOPs the hits saved (matmuls and the causal attention
     of the cached tokens)."""
 
-    def flops(n: int) -> float:
-        return model.linear_flops(n) + 4.0 * n * (n + 1) / 2 * model.q_size * model.num_layers
-
     def part(sel: list[RequestMetrics]) -> dict:
         prompt = sum(m.prompt_len for m in sel)
         hits = sum(m.cached_tokens for m in sel)
         host = sum(m.host_cached_tokens for m in sel)
         reuse = sum(reusable[m.request_id] for m in sel)
-        total = sum(flops(m.prompt_len) for m in sel)
-        saved = sum(flops(m.cached_tokens) for m in sel)
+        total = sum(model.prefill_flops(m.prompt_len) for m in sel)
+        saved = sum(model.prefill_flops(m.cached_tokens) for m in sel)
         return {
             "count": len(sel),
             "prompt_tokens": prompt,
