@@ -324,7 +324,7 @@ def run_stream(sched, reqs, aborts, block_size):
         assert n < 5000
     bm = sched.blocks
     assert bm.num_used == 0 and not bm.owners()  # nothing leaks
-    assert sched.kv.host_pool is None or sched.kv.host_pool.num_free == 8
+    assert sched.kv.swap_pool is None or sched.kv.swap_pool.num_free == 8
     assert sched.stats.prefix_hit_tokens >= sum(r.num_cached_tokens for r in reqs)
     assert all(r.num_output_tokens <= r.max_tokens for r in reqs)
     assert math.isfinite(now)

@@ -294,7 +294,7 @@ def test_every_request_ends_and_no_block_leaks(
     assert all(r.state.is_done for r in reqs)
     assert sched.blocks.num_used == 0
     sched.check_invariants()
-    assert sched.kv.host_pool is None or sched.kv.host_pool.num_free == host_blocks
+    assert sched.kv.swap_pool is None or sched.kv.swap_pool.num_free == host_blocks
     st_ = sched.stats
     assert st_.preemptions == st_.recomputes + st_.swap_outs
 
@@ -357,8 +357,7 @@ def test_waiting_and_prefilling_are_counted_apart():
     batch = sched.schedule(1.0)  # r0's second chunk, in flight: still prefilling
     assert r0.state is S.PREFILLING and sched.prefill_counts() == (2, 1)
     sched.update(batch, BatchResult(batch.predicted_time_s), 1.1)
-    sched.kv.preempt(r0, batch)  # recompute: its KV is dropped, it waits to start over
-    sched._settle(batch)
+    sched.drop_kv(batch, "r0")  # recompute: its KV is dropped, it waits to start over
     assert r0.state is S.PREEMPTED and sched.prefill_counts() == (3, 0)
 
 

@@ -78,7 +78,7 @@ def test_engine_swaps_kv_out_and_back_with_the_same_tokens(tiny_model):
     assert s.stats.swap_outs > 0 and s.stats.swap_ins == s.stats.swap_outs
     assert s.stats.recomputes == 0
     assert outs == reference
-    assert s.kv.host_pool.num_free == 64
+    assert s.kv.swap_pool.num_free == 64
     # auto on this CPU: a memcpy is far cheaper than a prefill, so it swaps too
     outs, s = _generate(tiny_model, "auto", 43)
     assert s.stats.swap_outs > 0 and s.stats.recomputes == 0 and outs == reference

@@ -48,7 +48,7 @@ def test_a_swapped_request_resumes_without_recomputing():
     out = batch.swap_out[0]
     assert out.device_blocks == [3, 4, 5] and out.host_blocks == [0, 1, 2]
     assert b.state is S.SWAPPED and b.num_computed == b.num_scheduled == 48  # progress kept
-    assert sched.kv.host_pool.num_free == 5 and not sched.blocks.blocks_of("b")
+    assert sched.kv.swap_pool.num_free == 5 and not sched.blocks.blocks_of("b")
     # the swap's time is in the batch's: three blocks out over the host link
     assert batch.swap_time_s == pytest.approx(3 * TOY_BLOCK_BYTES / TOY_LINK)
     assert batch.predicted_time_s == pytest.approx(TOKEN_S + batch.swap_time_s)
@@ -66,7 +66,7 @@ def test_a_swapped_request_resumes_without_recomputing():
     assert b.num_preemptions == b.num_swaps == 1
     st = sched.stats
     assert (st.swap_outs, st.swap_ins, st.recomputes, st.recomputed_tokens) == (1, 1, 0, 0)
-    assert sched.blocks.num_used == 0 and sched.kv.host_pool.num_free == 8
+    assert sched.blocks.num_used == 0 and sched.kv.swap_pool.num_free == 8
 
 
 def test_auto_swaps_when_recomputing_is_dearer_and_recomputes_otherwise():
@@ -96,7 +96,7 @@ def test_the_host_pool_never_holds_more_than_its_capacity():
 
     def check(bt, t):
         sched.check_invariants()
-        most.append(sched.kv.host_pool.num_blocks - sched.kv.host_pool.num_free)
+        most.append(sched.kv.swap_pool.num_blocks - sched.kv.swap_pool.num_free)
 
     replay(sched, reqs, on_batch=check)
     st = sched.stats
@@ -108,7 +108,7 @@ def test_the_host_pool_never_holds_more_than_its_capacity():
 def test_aborting_a_swapped_request_frees_its_host_blocks():
     sched, _, a, b, now = two_decodes(preemption_mode="swap", host_kv_blocks=8)
     assert sched.abort("b", now) is b and b.state is S.ABORTED
-    assert sched.kv.host_pool.num_free == 8 and sched.num_swapped == 0
+    assert sched.kv.swap_pool.num_free == 8 and sched.num_swapped == 0
     sched.check_invariants()
     replay(sched, [])
     assert a.state is S.FINISHED and sched.blocks.num_used == 0
@@ -118,10 +118,10 @@ def test_the_invariant_check_covers_the_host_pool():
     from medha.scheduler.block_manager import BlockAccountingError
 
     sched, _, a, b, _ = two_decodes(preemption_mode="swap", host_kv_blocks=8)
-    sched.kv.host_pool.blocks.grow("a", 16)  # a runs on the device: host blocks would leak
+    sched.kv.swap_pool.blocks.grow("a", 16)  # a runs on the device: host blocks would leak
     with pytest.raises(BlockAccountingError, match="host blocks of a outlived its swap"):
         sched.check_invariants()
-    sched.kv.host_pool.free("a")
+    sched.kv.swap_pool.free("a")
     sched.blocks.grow("b", 16)  # b is swapped out: it may not own device blocks too
     with pytest.raises(AssertionError, match="'b', swapped.*holds 16"):
         sched.check_invariants()
@@ -193,7 +193,7 @@ def test_under_heavy_pressure_every_request_ends_and_nothing_leaks(
         sched.update(batch, BatchResult(batch.predicted_time_s), now)
         sched.check_invariants()
     assert not sched.has_unfinished() and all(r.state.is_done for r in reqs)
-    assert sched.blocks.num_used == 0 and sched.kv.host_pool.num_free == host_blocks
+    assert sched.blocks.num_used == 0 and sched.kv.swap_pool.num_free == host_blocks
     assert sched.stats.swap_ins <= sched.stats.swap_outs
 
 

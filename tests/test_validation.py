@@ -21,7 +21,7 @@ def snapshot(sched):
         sched.num_decoding,
         sched.blocks.num_free,
         dataclasses.astuple(sched.stats),
-        sched._admissions,
+        [r.admission_seq for r in sched.live_requests()],
         sorted(sched.blocks.owners()),
     )
 

@@ -7,6 +7,10 @@ samples one new token, so a decode is simply a one-token chunk that reaches the 
 Preemption by recompute drops the KV and starts over on the whole context (prompt + outputs);
 preemption by swap moves the KV to a host-memory pool and back, keeping the progress.
 
+The fields below the constructor's are the request's state and progress. Only the scheduler's
+request table (medha/scheduler/request_table.py) writes them, through its named operations;
+everyone else reads.
+
 A request may carry a priority class (REALTIME > HIGH > NORMAL > LOW; none is NORMAL), which
 the `priority` policy orders by.
 """
@@ -107,14 +111,13 @@ class Request:
     num_swaps: int = field(default=0, init=False)  # preemptions that swapped the KV out
     first_scheduled_s: float | None = field(default=None, init=False)
     admission_seq: int = field(default=-1, init=False)  # order of admission, breaks ties
-    kv_capacity: int = field(default=0, init=False)  # tokens its KV blocks can hold
     # Prompt tokens whose KV the prefix cache supplied at the latest start (device and host
     # tier; num_host_cached_tokens of them were copied back from the host tier for it). The
     # request's chunks begin after them: it has started once it schedules more (`started`).
     num_cached_tokens: int = field(default=0, init=False)
     num_host_cached_tokens: int = field(default=0, init=False)
     page_keys: list | None = field(default=None, init=False)  # prefix_cache.prompt_page_keys
-    # Maintained by the scheduler from its prefill-time cache; policies read them.
+    # Set by the scheduler's request table from its prefill-time cache; policies read them.
     deadline_s: float = field(default=math.inf, init=False)  # absolute TTFT deadline
     total_work_s: float = field(default=0.0, init=False)
     remaining_work_s: float = field(default=0.0, init=False)
@@ -232,15 +235,17 @@ class Request:
         return None if not self.token_times_s else self.token_times_s[0] - self.arrival_s
 
     def slack(self, now: float) -> float:
-        """s_r(t) = a_r + d_r - t - w_r(t)."""
+        """s_r(t) = a_r + d_r - t - w_r(t): the one slack formula (the lrs and lars keys, the
+        packer's space sharing and the pla policy all read it here)."""
         return self.deadline_s - now - self.remaining_work_s
 
     def relative_slack(self, now: float) -> float:
         """rho_r = s_r / w_r(t): slack in units of the prefill work still ahead."""
-        return (self.deadline_s - now - self.remaining_work_s) / max(self.remaining_work_s, 1e-12)
+        return self.slack(now) / max(self.remaining_work_s, 1e-12)
 
     # ---- state machine -------------------------------------------------------------------
     def transition(self, new: RequestState) -> None:
+        """Only the scheduler's request table calls this (tests/test_request_table.py checks)."""
         if new is self.state:
             return
         if new not in _ALLOWED[self.state]:

@@ -1,7 +1,8 @@
 """A batch being formed: its predicted time, its caps, and the KV memory behind each chunk.
 
-The packer adds prefill chunks here; the KV arbiter grants the blocks behind each one (and may
-preempt others for them, which it records in the batch for the scheduler to act on later).
+The packer sizes prefill chunks and adds them here; the builder asks the KV arbiter for the
+blocks behind each one (the arbiter may evict others for them) and has the request table apply
+what the arbiter decided, so a packer needs neither.
 """
 
 from __future__ import annotations
@@ -10,11 +11,13 @@ from medha.core.batch import Batch, Chunk
 from medha.core.request import Request
 from medha.perf.predictor import BatchTimer
 from medha.scheduler.kv_arbiter import KVArbiter
+from medha.scheduler.request_table import RequestTable
 
 
 class BatchBuilder:
     def __init__(
         self,
+        requests: RequestTable,
         kv: KVArbiter,
         batch: Batch,
         timer: BatchTimer,
@@ -23,6 +26,7 @@ class BatchBuilder:
         max_tokens: int | None,
         long_threshold: int,
     ) -> None:
+        self._requests = requests
         self._kv = kv
         self.long_threshold = long_threshold
         self.batch = batch
@@ -33,16 +37,6 @@ class BatchBuilder:
         # the tightest TPOT target among the requests whose decodes the batch carries (None:
         # none has its own); the packer bounds the batch's time budget by it
         self.tpot_target_s: float | None = None
-        self.prepared: list[Request] = []  # requests prepare() gave a cached prefix
-
-    def prepare(self, r: Request) -> None:
-        """Before the packer plans `r`'s first chunk: the prefix cache's hit, if any, becomes
-        computed KV, so the chunk starts after it (the scheduler gives it back if `r` gets no
-        chunk after all)."""
-        if not r.num_scheduled and self._kv.prefix_caching:
-            self._kv.attach_cached(r)
-            if r.num_cached_tokens:
-                self.prepared.append(r)
 
     @property
     def is_empty(self) -> bool:
@@ -65,21 +59,37 @@ class BatchBuilder:
     def time_with_chunk(self, num_tokens: int, kv_offset: int) -> float:
         return self.timer.time_with_prefill(num_tokens, kv_offset)
 
+    # ---- KV memory ---------------------------------------------------------------------------
+    def reserve(self, r: Request, num_tokens: int, all_or_nothing: bool = False) -> int:
+        """Make `r` hold KV for `num_tokens` tokens (the arbiter evicts lower-ranked requests
+        if it must); the tokens it can hold now."""
+        held, evicted = self._kv.reserve(r, num_tokens, self.batch, self.now, all_or_nothing)
+        if evicted:
+            self._requests.evict(evicted, self.batch)
+        return held
+
+    def make_room(self, r: Request, extra_blocks: int) -> None:
+        """Evict requests ranked below `r`, decodes included, until its whole context fits
+        with `extra_blocks` and the watermark left free."""
+        evicted = self._kv.make_room(r, extra_blocks, self.batch, self.now)
+        if evicted:
+            self._requests.evict(evicted, self.batch)
+
+    def preempt(self, r: Request) -> None:
+        """`r` cannot hold its next token and nobody below it can make room: it gives its
+        blocks up for this batch (and recomputes or swaps back later)."""
+        self._requests.evict((self._kv.preempt(r),), self.batch)
+
+    # ---- chunks ------------------------------------------------------------------------------
     def add_decodes(self, requests: list[Request], own_targets: bool = True) -> None:
         """Add one decode token for each request (their KV blocks are already reserved).
         `own_targets`: some of them may carry their own TPOT target (the tightest bounds the
-        batch's budget); False skips looking.
-
-        A request is a member of the batch from here on: its `num_inflight_batches` is raised,
-        which also keeps it from being chosen as a preemption victim."""
+        batch's budget); False skips looking."""
         kv_lens = [r.num_scheduled for r in requests]
         self.timer.add_decodes(kv_lens)
         self.batch.decode_kv_sum += sum(kv_lens)
-        chunks = self.batch.decodes
-        for r in requests:
-            chunks.append(Chunk(r, r.num_scheduled, 1, True))
-            r.num_scheduled += 1
-            r.num_inflight_batches += 1
+        self.batch.decodes.extend(Chunk(r, n, 1, True) for r, n in zip(requests, kv_lens))
+        self._requests.schedule_decodes(requests)
         if own_targets:
             targets = [r.tpot_target_s for r in requests if r.tpot_target_s is not None]
             if self.tpot_target_s is not None:
@@ -90,15 +100,10 @@ class BatchBuilder:
     def add_prefill(self, r: Request, num_tokens: int, all_or_nothing: bool = False) -> int:
         """Add up to `num_tokens` of `r` (fewer if KV memory runs short); returns how many."""
         start = r.num_scheduled
-        held = self._kv.reserve(r, start + num_tokens, self.batch, self.now, all_or_nothing)
-        n = held - start
+        n = self.reserve(r, start + num_tokens, all_or_nothing) - start
         if n <= 0 or (all_or_nothing and n < num_tokens):
             return 0
         self.timer.add_prefill(n, start)
         self.batch.prefills.append(Chunk(r, start, n, start + n == r.num_tokens))
-        self._claim(r, n)
+        self._requests.schedule_chunk(r, n)
         return n
-
-    def _claim(self, r: Request, n: int) -> None:
-        r.num_scheduled += n
-        r.num_inflight_batches += 1

@@ -10,7 +10,9 @@ managers live in this module because `BlockManager.for_layout` picks between the
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
+from medha.core.request import Request
 from medha.perf.model_specs import ModelSpec
 from medha.perf.parallel_config import ParallelConfig
 
@@ -86,10 +88,11 @@ class BlockManager:
     def blocks_of(self, request_id: str) -> list[int]:
         return self._tables.get(request_id, [])
 
-    def has_room(self, request_id: str, num_tokens: int) -> bool:
-        """True when `request_id` already holds blocks for `num_tokens` tokens."""
-        table = self._tables.get(request_id)
-        return table is not None and len(table) * self.block_size >= num_tokens
+    def at_capacity(self, requests: Iterable[Request]) -> list[Request]:
+        """Those of `requests` whose blocks hold no more than their scheduled tokens: the next
+        token each schedules needs a new block. (One pass for a batch's decodes.)"""
+        tables, bs = self._tables, self.block_size
+        return [r for r in requests if len(tables.get(r.request_id, ())) * bs <= r.num_scheduled]
 
     def tokens_held(self, request_id: str) -> int:
         return len(self._tables.get(request_id, ())) * self.block_size

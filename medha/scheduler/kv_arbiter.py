@@ -1,39 +1,40 @@
 """Who holds KV memory: reservations, and who gives way when blocks run short.
 
-The arbiter owns the device blocks (a BlockManager), the host pool swapped-out KV waits in,
-and the watermark of blocks new prefills leave to running decodes. A batch being formed asks
-it for blocks (`reserve`); when they run short it frees blocks of requests ranked below the
-asker (the policy's `eviction_rank`), by dropping their KV (recompute) or copying it to the
-host pool (swap). It never calls back into the scheduler: what it grants is its return value,
-and every request it preempted or swapped is recorded in the batch (`preempted`, `swap_out`,
-`swap_in`). The request's state says where its KV is, so the arbiter that moves the KV sets
-it; the scheduler moves the request between its queues afterwards (`ReplicaScheduler._settle`).
+The arbiter owns the device blocks (a BlockManager), the swap pool that swapped-out KV waits
+in, the prefix cache's host tier and the watermark of blocks new prefills leave to running
+decodes. It is an allocator and a victim chooser: a batch being formed asks it for blocks
+(`reserve`); when they run short it frees the blocks of requests ranked below the asker (the
+policy's `eviction_rank`), by dropping their KV (recompute) or copying it to the swap pool
+(swap), and returns what it decided (`Eviction`s, `KVSwap`s, a prefix hit). It reads requests
+and never changes one: the scheduler's request table applies each decision to the request and
+moves it to the queue of its new state. It never calls back into the scheduler.
 
-    kv.swap_in(batch, urgent)            # before anything joins the batch
-    kv.reserve(r, num_tokens, batch, now) -> tokens r can hold now
+    held, evicted = kv.reserve(r, num_tokens, batch, now)
+    swaps = kv.swap_in(candidates)       # before anything joins the batch
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
-from medha.core.batch import Batch
+from medha.core.batch import Batch, KVSwap
 from medha.core.config import SchedulerConfig
 from medha.core.request import Request, RequestState
 from medha.perf.predictor import Predictor
 from medha.perf.prefill_time_cache import PrefillTimeCache
 from medha.perf.swap_cost import SwapCost
 from medha.scheduler.block_manager import BlockAccountingError, BlockManager
-from medha.scheduler.host_kv_pool import HostKVPool
 from medha.scheduler.policies import Policy
 from medha.scheduler.prefix_cache import (
-    HostCacheTier,
     PrefixBlockManager,
+    PrefixHostTier,
     cacheable_pages,
     page_blocks,
     prompt_page_keys,
 )
+from medha.scheduler.swap_pool import SwapPool
 
 
 @dataclass
@@ -55,6 +56,17 @@ class KVStats:
     host_cache_out_blocks: int = 0  # evicted device blocks copied to the host tier
 
 
+class Eviction(NamedTuple):
+    """A request the arbiter took blocks from: its KV dropped (`swap` None: it recomputes) or
+    copied to the swap pool by `swap`."""
+
+    request: Request
+    swap: KVSwap | None
+
+
+NO_EVICTIONS: tuple[Eviction, ...] = ()
+
+
 class KVArbiter:
     def __init__(
         self,
@@ -64,11 +76,13 @@ class KVArbiter:
         policy: Policy,
         prefill_times: PrefillTimeCache,
         live: Mapping[str, Request],
+        swapped: Mapping[str, Request],
         stats: KVStats,
     ) -> None:
-        """`live` is the scheduler's map of live requests (read only): the victims are chosen
-        among them. `stats` receives the preemption and swap counters. With prefix caching
-        the arbiter's blocks are a PrefixBlockManager of the size of `blocks`."""
+        """`live` and `swapped` are the request table's maps of live requests and of those
+        whose KV waits in the swap pool (read only): victims are chosen among the first,
+        swap-ins among the second. `stats` receives the preemption and swap counters. With
+        prefix caching the arbiter's blocks are a PrefixBlockManager of the size of `blocks`."""
         self.prefix_caching = config.prefix_cache != "off"
         if self.prefix_caching:
             blocks = PrefixBlockManager.like(blocks)
@@ -76,22 +90,21 @@ class KVArbiter:
         self._policy = policy
         self._prefill_times = prefill_times
         self._live = live
+        self._swapped = swapped
         self.stats = stats
         self.watermark_blocks = int(config.watermark * blocks.num_blocks)
         self.swap_cost = SwapCost(predictor, blocks.block_size, config.swap_bandwidth_gbps)
-        self.host_pool = self._host_pool(config, predictor)
-        self.host_cache: HostCacheTier | None = None
+        self.swap_pool = self._swap_pool(config, predictor)
+        self.prefix_host_tier: PrefixHostTier | None = None
         if config.prefix_cache == "device+host":
             n = config.host_cache_blocks
             if n is None:
                 n = self.swap_cost.blocks_in(config.host_cache_gb * 2**30)
             if n > 0:
-                self.host_cache = HostCacheTier(n)
-                blocks.on_evict = self.host_cache.offer
-        self._swapped: dict[str, Request] = {}  # KV in the host pool, in swap-out order
-        self._resume: dict[str, RequestState] = {}  # the phase each swapped request left
+                self.prefix_host_tier = PrefixHostTier(n)
+                blocks.on_evict = self.prefix_host_tier.offer
 
-    def _host_pool(self, config: SchedulerConfig, predictor: Predictor) -> HostKVPool | None:
+    def _swap_pool(self, config: SchedulerConfig, predictor: Predictor) -> SwapPool | None:
         if config.preemption_mode == "recompute":
             return None
         if predictor.parallel.kvp > 1:
@@ -104,42 +117,40 @@ class KVArbiter:
             n = self.swap_cost.blocks_in(config.swap_space_gb * 2**30)
         # an empty pool never has room: every preemption recomputes
         return (
-            HostKVPool(n, self.blocks.block_size, self.swap_cost, config.preemption_mode)
+            SwapPool(n, self.blocks.block_size, self.swap_cost, config.preemption_mode)
             if n > 0
             else None
         )
 
     # ---- queries -----------------------------------------------------------------------------
-    @property
-    def swapped(self) -> Mapping[str, Request]:
-        """Requests whose KV waits in the host pool, in swap-out order (a read-only view)."""
-        return self._swapped
+    def tokens_held(self, r: Request) -> int:
+        """Tokens `r`'s device blocks can hold (0 while it holds none)."""
+        return self.blocks.tokens_held(r.request_id)
 
     def may_start(self, r: Request) -> bool:
         """May `r` take blocks for its first chunk? Swapped requests come back before new
-        prefills start, unless `r` is of a more urgent class than every one of them (under a
-        class policy; else they would starve behind new arrivals)."""
+        prefills start (else they would starve behind new arrivals), unless the policy lets
+        `r` go first."""
         if r.started or not self._swapped:
             return True
-        return self._policy.uses_classes and r.priority_rank < min(
-            s.priority_rank for s in self._swapped.values()
-        )
+        return self._policy.starts_before_swapped(r, self._swapped.values())
 
     # ---- reservations ------------------------------------------------------------------------
     def reserve(
         self, r: Request, num_tokens: int, batch: Batch, now: float, all_or_nothing: bool = False
-    ) -> int:
-        """Make `r` hold KV for `num_tokens` tokens, evicting lower-ranked requests if needed;
-        returns the tokens it can hold now (its `num_scheduled` when it gets nothing).
+    ) -> tuple[int, tuple[Eviction, ...]]:
+        """Make `r` hold KV for `num_tokens` tokens, evicting lower-ranked requests if needed:
+        (the tokens it can hold now, its `num_scheduled` when it gets nothing; the evictions).
 
-        Decodes may evict anyone ranked below them; prefill chunks only evict other prefills,
-        so that admitting new work never throws away a running decode. New prefill chunks leave
-        a watermark of blocks free for decodes, unless the batch would otherwise be empty.
+        Decodes may evict anyone ranked below them; a prefill chunk only other prefills, unless
+        the policy says otherwise (`Policy.may_evict_decodes`), so that admitting new work never
+        throws away a running decode. New prefill chunks leave a watermark of blocks free for
+        decodes, unless the batch would otherwise be empty.
         """
         if r.request_id in self._swapped:
             # swapped out while this batch formed, after the packer's queue was drawn up: its
             # KV is on the host, and it gets device blocks only by being swapped back in
-            return r.num_scheduled
+            return r.num_scheduled, NO_EVICTIONS
         bm = self.blocks
         decode = r.state is RequestState.DECODING
         reserve = 0 if decode or not (batch.decodes or batch.prefills) else self.watermark_blocks
@@ -147,33 +158,32 @@ class KVArbiter:
         # so that it is not evicted half-way by the decodes it would crowd out.
         starting = not r.started
         if not self.may_start(r):
-            return r.num_scheduled
+            return r.num_scheduled, NO_EVICTIONS
         must_fit = r.num_tokens if starting else num_tokens
+        evicted = NO_EVICTIONS
         if bm.shortfall(r.request_id, must_fit, reserve):
-            # under a class policy the ranks alone keep a prefill off its own class's decodes
-            self._evict_below(
-                r, must_fit, reserve, batch, now, evict_decodes=decode or self._policy.uses_classes
+            evicted = self._evict_below(
+                r, must_fit, reserve, batch, now, self._policy.may_evict_decodes(r)
             )
             if (all_or_nothing or starting) and bm.shortfall(r.request_id, must_fit, reserve):
-                return r.num_scheduled
-        held = bm.grow(r.request_id, num_tokens, reserve)
-        r.kv_capacity = bm.tokens_held(r.request_id)
-        return held
+                return r.num_scheduled, evicted
+        return bm.grow(r.request_id, num_tokens, reserve), evicted
 
     def hold(self, r: Request, num_tokens: int) -> bool:
         """Give `r` blocks for `num_tokens` tokens without evicting anyone: KV an executor
         already placed (vLLM's prefix-cache hits, blocks it shares). False when the free
         blocks fell short: then this mirror counts fewer blocks than the executor uses."""
-        held = self.blocks.grow(r.request_id, num_tokens)
-        r.kv_capacity = self.blocks.tokens_held(r.request_id)
-        return held >= num_tokens
+        return self.blocks.grow(r.request_id, num_tokens) >= num_tokens
 
-    def make_room(self, r: Request, extra_blocks: int, batch: Batch, now: float) -> None:
+    def make_room(
+        self, r: Request, extra_blocks: int, batch: Batch, now: float
+    ) -> tuple[Eviction, ...]:
         """Evict requests ranked below `r`, decodes included, until its whole context fits
         with `extra_blocks` and the watermark left free; nothing is reserved for it yet."""
         reserve = extra_blocks + self.watermark_blocks
         if self.blocks.shortfall(r.request_id, r.num_tokens, reserve):
-            self._evict_below(r, r.num_tokens, reserve, batch, now, evict_decodes=True)
+            return self._evict_below(r, r.num_tokens, reserve, batch, now, evict_decodes=True)
+        return NO_EVICTIONS
 
     def _evict_below(
         self,
@@ -183,7 +193,7 @@ class KVArbiter:
         batch: Batch,
         now: float,
         evict_decodes: bool,
-    ) -> None:
+    ) -> tuple[Eviction, ...]:
         """Preempt requests ranked below `r` until it can hold `num_tokens` tokens with
         `reserve` blocks left free."""
         rank = self._policy.eviction_rank(now)
@@ -207,81 +217,55 @@ class KVArbiter:
         # left, and is evicted again by the next try).
         bm = self.blocks
         if bm.shortfall(r.request_id, num_tokens, reserve, tuple(v.request_id for v in victims)):
-            return
+            return NO_EVICTIONS
         victims.sort(key=rank, reverse=True)
+        evicted = []
         for v in victims:
             if not bm.shortfall(r.request_id, num_tokens, reserve):
                 break
-            self.preempt(v, batch)
+            evicted.append(self.preempt(v))
+        return tuple(evicted)
 
     # ---- preemption --------------------------------------------------------------------------
-    def preempt(self, r: Request, batch: Batch, swap: bool = True) -> None:
-        """Free `r`'s device blocks: by swapping its KV to the host pool (swap or auto mode,
+    def preempt(self, r: Request, swap: bool = True) -> Eviction:
+        """Free `r`'s device blocks: by swapping its KV to the swap pool (swap or auto mode,
         when the pool has room and, for auto, swapping is predicted cheaper) or by dropping it
         (always with `swap` False: an executor that dropped it already)."""
-        r.num_preemptions += 1
-        self.stats.preemptions += 1
-        pool = self.host_pool
+        stats = self.stats
+        stats.preemptions += 1
+        pool = self.swap_pool
         if (
             swap
             and pool is not None
             and pool.should_swap(r, self._prefill_times.time(r.num_computed))
         ):
-            self._swap_out(r, batch)
-        else:
-            self._recompute(r, batch)
-
-    def _recompute(self, r: Request, batch: Batch) -> None:
-        """Recompute preemption: drop the KV; the whole context is prefilled again later."""
-        self.stats.recomputes += 1
-        self.stats.recomputed_tokens += r.num_computed
+            plan = pool.swap_out(r, self.blocks)  # frees its device blocks
+            stats.swap_outs += 1
+            stats.swapped_out_blocks += len(plan.host_blocks)
+            return Eviction(r, plan)
+        stats.recomputes += 1
+        stats.recomputed_tokens += r.num_computed
         self.blocks.free(r.request_id)
-        r.num_computed = r.num_scheduled = r.kv_capacity = 0
-        r.num_cached_tokens = r.num_host_cached_tokens = 0
-        r.transition(RequestState.PREEMPTED)
-        r.total_work_s = max(self._prefill_times.time(r.num_tokens), 1e-12)
-        r.remaining_work_s = r.total_work_s
-        batch.preempted.append(r)
+        return Eviction(r, None)
 
-    def _swap_out(self, r: Request, batch: Batch) -> None:
-        """Swap preemption: the KV goes to host blocks (copied before the batch runs); the
-        request keeps its progress and waits, out of every queue, to be swapped back in."""
-        swap = self.host_pool.swap_out(r, self.blocks)
-        batch.swap_out.append(swap)
-        self._resume[r.request_id] = r.state
-        r.transition(RequestState.SWAPPED)
-        r.kv_capacity = 0
-        r.num_swaps += 1
-        self._swapped[r.request_id] = r
-        self.stats.swap_outs += 1
-        self.stats.swapped_out_blocks += len(swap.host_blocks)
-
-    def swap_in(self, batch: Batch, urgent: Request | None) -> None:
-        """Bring swapped requests back while device blocks allow, most urgent first (under a
-        class policy; else in swap-out order), each with room for its next token and in the
-        phase it left. New prefills leave the watermark to running decodes, and so do these,
-        unless the cache is empty. Order is kept: a request that does not fit stops the others
-        behind it, and so does one of a less urgent class than `urgent`, the most urgent
-        prefill waiting (it would only be evicted again)."""
-        pool, bm = self.host_pool, self.blocks
-        waiting = list(self._swapped.values())
-        if self._policy.uses_classes:
-            waiting.sort(key=lambda r: r.priority_rank)  # stable: swap-out order in a class
-        for r in waiting:
-            if urgent is not None and urgent.priority_rank < r.priority_rank:
-                break
+    def swap_in(self, candidates: Iterable[Request]) -> list[KVSwap]:
+        """Bring swapped requests back, in the order of `candidates` (the policy's), while
+        device blocks allow, each with room for its next token. New prefills leave the
+        watermark to running decodes, and so do these, unless the cache is empty. Order is
+        kept: a request that does not fit stops the others behind it."""
+        pool, bm = self.swap_pool, self.blocks
+        plans = []
+        for r in candidates:
             need = pool.swap_in_need(r)
             reserve = self.watermark_blocks if bm.num_used else 0
             if bm.shortfall(r.request_id, need * bm.block_size, reserve):
                 break
-            swap = pool.swap_in(r, bm)
+            plan = pool.swap_in(r, bm)
             bm.grow(r.request_id, need * bm.block_size)
-            r.kv_capacity = bm.tokens_held(r.request_id)
-            del self._swapped[r.request_id]
-            r.transition(self._resume.pop(r.request_id))
-            batch.swap_in.append(swap)
+            plans.append(plan)
             self.stats.swap_ins += 1
-            self.stats.swapped_in_blocks += len(swap.host_blocks)
+            self.stats.swapped_in_blocks += len(plan.host_blocks)
+        return plans
 
     def time_swaps(self, batch: Batch) -> None:
         """Set the batch's `swap_time_s`, the predicted time of all its copies, in and out,
@@ -291,13 +275,12 @@ class KVArbiter:
         batch.swap_time_s = self.swap_cost.time(moved)
         self.stats.swap_time_s += batch.swap_time_s
 
-    def free(self, r: Request) -> None:
-        """Release every block `r` holds: on the device, or on the host if it is swapped out
-        (it finished or was aborted; no running batch writes its KV any more)."""
-        if self._swapped.pop(r.request_id, None) is not None:
-            del self._resume[r.request_id]
-            self.host_pool.free(r.request_id)
-        self.blocks.free(r.request_id)
+    def free(self, request_id: str) -> None:
+        """Release every block a request holds: on the device, or in the swap pool if it is
+        swapped out (it finished or was aborted; no running batch writes its KV any more)."""
+        if self.swap_pool is not None:
+            self.swap_pool.free(request_id)
+        self.blocks.free(request_id)
 
     # ---- prefix cache ------------------------------------------------------------------------
     def peek_cached(self, r: Request) -> int:
@@ -308,24 +291,24 @@ class KVArbiter:
         bs = self.blocks.block_size
         keys, per, limit = cacheable_pages(r, bs)
         n = len(self.blocks.match(keys, limit))
-        tier = self.host_cache
+        tier = self.prefix_host_tier
         if tier is not None:
             while n < limit and keys[n] in tier:
                 n += 1
         return n * per * bs
 
-    def attach_cached(self, r: Request) -> None:
+    def attach_cached(self, r: Request) -> tuple[int, int] | None:
         """At the (re)start of `r`'s prefill, before its first chunk is planned: take the
         longest cached prefix of its prompt. Device pages are shared; pages found only in the
         host tier are copied back into fresh device blocks when that is predicted cheaper than
-        recomputing them and they fit above the watermark. The tokens count as computed."""
-        if r.num_scheduled or not self.prefix_caching:
-            return
-        bm, tier, rid = self.blocks, self.host_cache, r.request_id
+        recomputing them and they fit above the watermark. Returns (tokens `r` now holds from
+        the cache, of them copied back from the host tier now), or None when its prompt has no
+        page a hit could cover."""
+        bm, tier, rid = self.blocks, self.prefix_host_tier, r.request_id
         bs = bm.block_size
         keys, per, limit = cacheable_pages(r, bs)
         if not limit:
-            return
+            return None
         dev = bm.match(keys, limit)
         bm.acquire(rid, dev, per)  # (first: the free blocks left count without them)
         load: list = []
@@ -342,26 +325,12 @@ class KVArbiter:
                 if self.swap_cost.time(len(load) * per) >= recompute_s:
                     load = []
         if not dev and not load:
-            r.num_host_cached_tokens = 0  # (what an earlier try copied back is gone again)
-            return
+            return 0, 0
         for key in load:  # pinned first: a device eviction below must not push them out
             tier.pin(key)
         for key in load:
             tier.load(key, bm.append_cached(rid, key, per))
-        hit = bm.tokens_held(rid)
-        r.num_computed = r.num_scheduled = r.kv_capacity = r.num_cached_tokens = hit
-        # pages copied back for an earlier try of this start, and on the device since, came
-        # from the host tier too (detach_cached keeps the count)
-        r.num_host_cached_tokens = min(hit, r.num_host_cached_tokens + len(load) * per * bs)
-        r.remaining_work_s = self._prefill_times.remaining(r.num_tokens, hit)
-
-    def detach_cached(self, r: Request) -> None:
-        """Give back the cached prefix of a request that attached one and was not scheduled
-        after all: it looks again when it is next considered (the cache may hold more by
-        then), and its blocks are evictable meanwhile."""
-        if r.num_cached_tokens and not r.started and not r.num_inflight_batches:
-            self.blocks.free(r.request_id)
-            r.num_computed = r.num_scheduled = r.kv_capacity = r.num_cached_tokens = 0
+        return bm.tokens_held(rid), len(load) * per * bs
 
     def count_start(self, r: Request) -> None:
         """Count the prefix lookup of a prefill whose first chunk was just scheduled."""
@@ -381,7 +350,7 @@ class KVArbiter:
 
     def take_cache_copies(self, batch: Batch) -> None:
         """Put the host tier's copies planned while `batch` formed on it."""
-        tier = self.host_cache
+        tier = self.prefix_host_tier
         if tier is not None and (tier.copies_out or tier.copies_in):
             batch.cache_out, batch.cache_in = tier.drain()
             self.stats.host_cache_out_blocks += len(batch.cache_out)
@@ -389,8 +358,9 @@ class KVArbiter:
     # ---- checks ------------------------------------------------------------------------------
     def check_invariants(self, aborted_inflight: Mapping[str, Request]) -> None:
         """Block accounting is exact, and every live request holds KV for what it scheduled:
-        on the device, or (swapped out, with nothing in flight) in the host pool. Blocks belong
-        only to live requests and to aborted ones that a running batch still writes."""
+        on the device, or (swapped out, with nothing in flight) in the swap pool, never both.
+        Blocks belong only to live requests and to aborted ones that a running batch still
+        writes."""
         bm = self.blocks
         bm.check_invariants()
         for rid, r in self._live.items():
@@ -399,18 +369,19 @@ class KVArbiter:
             if rid in self._swapped:
                 if r.num_inflight_batches or r.num_scheduled != r.num_computed:
                     raise BlockAccountingError(f"{r} was swapped out with work in flight")
+                if bm.tokens_held(rid):
+                    raise BlockAccountingError(
+                        f"{r} is swapped out, yet holds {bm.tokens_held(rid)} tokens of device "
+                        "blocks"
+                    )
             elif bm.tokens_held(rid) < r.num_scheduled:
                 raise BlockAccountingError(f"{r} scheduled tokens it holds no KV for")
-            if r.kv_capacity != bm.tokens_held(rid):
-                raise BlockAccountingError(
-                    f"{r} records KV capacity {r.kv_capacity}, holds {bm.tokens_held(rid)}"
-                )
         for rid in bm.owners():
             if rid not in self._live and rid not in aborted_inflight:
                 raise BlockAccountingError(f"blocks of {rid} outlived the request")
-        if self.host_cache is not None:
-            self.host_cache.check_invariants()
-        if self.host_pool is not None:
-            self.host_pool.check_invariants(self._swapped, bm)
+        if self.prefix_host_tier is not None:
+            self.prefix_host_tier.check_invariants()
+        if self.swap_pool is not None:
+            self.swap_pool.check_invariants(self._swapped, bm)
         elif self._swapped:
-            raise BlockAccountingError("requests are swapped out without a host pool")
+            raise BlockAccountingError("requests are swapped out without a swap pool")

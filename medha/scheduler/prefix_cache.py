@@ -16,7 +16,7 @@ of generated tokens stay private (see docs/prefix_cache.md).
 `PrefixBlockManager` is the device side: pages shared by several requests carry a reference
 count; a page nobody references keeps its key and stays cached until its memory is needed,
 least recently released first (a request's pages are released tail first, so a chain is
-evicted from its end and its shared head lives longest). `HostCacheTier` holds pages evicted
+evicted from its end and its shared head lives longest). `PrefixHostTier` holds pages evicted
 from the device, in host memory, also least recently used first; the copies it plans (device
 -> host on eviction, host -> device on a hit) run before the batch that needs them, in
 `Batch.cache_out` and `Batch.cache_in` (see Batch for their order).
@@ -353,7 +353,7 @@ class PrefixBlockManager(BlockManager):
             raise BlockAccountingError("cached keys and pages disagree")
 
 
-class HostCacheTier:
+class PrefixHostTier:
     """Pages evicted from the device, in `num_blocks` host blocks, least recently used first.
     The copies it plans are collected until the batch takes them (`drain`)."""
 

@@ -8,13 +8,15 @@ It never reads a clock. Callers pass `now` to every call and report each batch b
     ... run it ...
     finished = sched.update(batch, BatchResult(duration_s, token_ids), now_after)
 
-The scheduler keeps the queues, the policy and the packer, and applies results; KV memory,
-and whom to preempt when it runs short, is its KV arbiter's (`kv`, see kv_arbiter.py).
+The scheduler decides who runs: its policy orders, its packer sizes chunks, its KV arbiter
+(`kv`, kv_arbiter.py) grants memory and picks whom to preempt when it runs short. What is
+decided about a request is written by the request table (`requests`, request_table.py), which
+alone changes a request's state and progress and keeps the queues.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Collection, Iterator
 
 from medha.core.batch import Batch, BatchResult, Chunk
 from medha.core.config import SchedulerConfig
@@ -23,22 +25,12 @@ from medha.perf.predictor import Predictor
 from medha.perf.prefill_time_cache import PrefillTimeCache
 from medha.scheduler.batch_builder import BatchBuilder
 from medha.scheduler.block_manager import BlockManager
-from medha.scheduler.kv_arbiter import KVArbiter, KVStats
-from medha.scheduler.packers import make_packer
+from medha.scheduler.kv_arbiter import KVArbiter
+from medha.scheduler.packers import Packer, make_packer
 from medha.scheduler.policies import make_policy
+from medha.scheduler.request_table import RequestTable, SchedulerInvariantError, SchedulerStats
 
-
-class SchedulerInvariantError(AssertionError):
-    pass
-
-
-@dataclass
-class SchedulerStats(KVStats):
-    """The KV arbiter's preemption and swap counters, and the scheduler's own."""
-
-    batches: int = 0
-    finished: int = 0
-    aborted: int = 0
+__all__ = ["ReplicaScheduler", "SchedulerInvariantError", "SchedulerStats"]
 
 
 class ReplicaScheduler:
@@ -68,21 +60,20 @@ class ReplicaScheduler:
         self.policy.bind(predictor, blocks, self.max_model_len)
         self._max_batch_tokens = self.packer.max_batch_tokens(self.max_model_len)
         self.long_threshold: int = config.long_prefill_threshold
-        self._requests: dict[str, Request] = {}  # every live request
-        # how many of them carry their own TPOT target: batches look for the tightest only
-        # while some do (a read per decode per batch is ~2% of the simulator's time)
-        self._own_tpot_targets = 0
-        # A live request is in exactly one of: _prefilling (waiting, prefilling or preempted),
-        # _decoding, or the arbiter's `swapped` (its KV in the host pool).
-        self._prefilling: dict[str, Request] = {}
-        self._decoding: dict[str, Request] = {}
-        self._aborted_inflight: dict[str, Request] = {}  # aborted, KV freed when batches return
         self.stats = SchedulerStats()
+        self.requests = RequestTable(self.prefill_times, self.stats)
         self.kv = KVArbiter(
-            config, predictor, blocks, self.policy, self.prefill_times, self._requests, self.stats
+            config,
+            predictor,
+            blocks,
+            self.policy,
+            self.prefill_times,
+            self.requests.live,
+            self.requests.swapped,
+            self.stats,
         )
+        self.requests.kv = self.kv
         self._next_batch_id = 0
-        self._admissions = 0
         self._inflight = 0  # batches scheduled and not yet updated
 
     @property
@@ -94,7 +85,7 @@ class ReplicaScheduler:
     def add_request(self, request: Request, now: float | None = None) -> None:
         """Admit a request. Raises ValueError naming the field and changes nothing on bad input."""
         request.validate(self.max_model_len)
-        if request.request_id in self._requests:
+        if request.request_id in self.requests.live:
             raise ValueError(f"request_id {request.request_id!r} is already in the scheduler")
         if request.state is not RequestState.WAITING or request.num_scheduled:
             raise ValueError(
@@ -114,73 +105,46 @@ class ReplicaScheduler:
             or self.config.ttft_deadline_s
             or max(self.config.ttft_deadline_factor * work, self.config.min_ttft_deadline_s)
         )
-        request.deadline_s = request.arrival_s + deadline
-        request.total_work_s = max(work, 1e-12)
-        request.remaining_work_s = work
-        request.admission_seq = self._admissions
-        self._admissions += 1
-        self._requests[request.request_id] = request
-        self._prefilling[request.request_id] = request
-        if request.tpot_target_s is not None:
-            self._own_tpot_targets += 1
+        self.requests.admit(request, deadline, work)
 
     def abort(self, request_id: str, now: float, reason: str = "abort") -> Request | None:
         """Stop a live request and release its KV (once no running batch still writes it).
         `reason` becomes its finish_reason: "abort" (the client's choice) or "error" (it
         failed on its own)."""
-        r = self._requests.pop(request_id, None)
-        if r is None:
-            return None
-        if r.tpot_target_s is not None:
-            self._own_tpot_targets -= 1
-        self._prefilling.pop(request_id, None)
-        self._decoding.pop(request_id, None)
-        r.transition(RequestState.ABORTED)
-        r.finish_s, r.finish_reason = now, reason
-        if r.num_inflight_batches:  # (a swapped request runs in no batch)
-            self._aborted_inflight[request_id] = r
-        else:
-            self.kv.free(r)
-        self.stats.aborted += 1
-        return r
+        return self.requests.abort(request_id, now, reason)
 
     def live_requests(self):
         """Every admitted request that has not finished or been aborted (a read-only view)."""
-        return self._requests.values()
+        return self.requests.live.values()
 
     def get(self, request_id: str) -> Request | None:
-        return self._requests.get(request_id)
+        return self.requests.get(request_id)
 
     @property
     def num_waiting(self) -> int:
         """Requests whose prefill has not started: new ones, and those preempted by recompute
         (their KV dropped, they start over)."""
-        return self.prefill_counts()[0]
+        return self.requests.prefill_counts()[0]
 
     @property
     def num_prefilling(self) -> int:
         """Requests whose prefill has started (a chunk scheduled) and not finished."""
-        return self.prefill_counts()[1]
+        return self.requests.prefill_counts()[1]
 
     def prefill_counts(self) -> tuple[int, int]:
-        """(num_waiting, num_prefilling) of one instant: together, the prefill-phase queue.
-        The queue is copied without running Python code in between, so without letting another
-        thread in: a metrics scrape may count while the engine's thread changes it."""
-        queue = tuple(self._prefilling.values())
-        prefilling = RequestState.PREFILLING
-        started = sum(r.state is prefilling for r in queue)
-        return len(queue) - started, started
+        """(num_waiting, num_prefilling) of one instant (RequestTable.prefill_counts)."""
+        return self.requests.prefill_counts()
 
     @property
     def num_decoding(self) -> int:
-        return len(self._decoding)
+        return len(self.requests.decoding)
 
     @property
     def num_swapped(self) -> int:
-        return len(self.kv.swapped)
+        return len(self.requests.swapped)
 
     def has_unfinished(self) -> bool:
-        return bool(self._requests)
+        return bool(self.requests.live)
 
     def wake_at(self) -> float | None:
         """When the policy lets go of prefills it held back at the last `schedule` (None: it
@@ -188,20 +152,20 @@ class ReplicaScheduler:
         return self.policy.wake_at()
 
     def __len__(self) -> int:
-        return len(self._requests)
+        return len(self.requests)
 
     # ---- one iteration -----------------------------------------------------------------------
     def schedule(self, now: float) -> Batch | None:
-        """Form the next batch: swap-ins, then (under a class policy) room for the most urgent
-        prefill, then decodes, then the packer's prefill chunks. The KV arbiter records whom
-        it preempted or swapped in the batch; after each step `_settle` moves them between the
-        queues, so no step iterates a queue that changes under it, and each step sees the
-        requests the step before moved where they now belong."""
+        """Form the next batch: swap-ins, then room for a prefill the policy calls urgent (a
+        class policy's), then decodes, then the packer's prefill chunks. Whom the KV arbiter
+        preempts, swaps out or in along the way is recorded in the batch, and the request table
+        moves each to its new queue at once, so every step sees the steps before it as they
+        left the queues."""
         batch = Batch(self._next_batch_id, now)
-        if self.kv.swapped:
-            urgent = self._most_urgent_prefill(now) if self.policy.uses_classes else None
-            self.kv.swap_in(batch, urgent)
-            self._settle(batch)  # their decodes join this batch
+        if self.requests.swapped:
+            urgent = self.policy.urgent_prefill(self.requests.prefilling.values(), now)
+            order = self.policy.swap_in_order(list(self.requests.swapped.values()), urgent)
+            self.requests.swap_in(self.kv.swap_in(order), batch)  # their decodes join the batch
         builder = self._fill(batch, now)
         if builder.is_empty and batch.preempted:
             # the only decodes picked (aligned picks a subset) preempted themselves for lack of
@@ -219,10 +183,7 @@ class ReplicaScheduler:
             r = chunk.request
             if tables is not None:
                 chunk.block_table = tables(r.request_id)
-            if r.state is not RequestState.PREFILLING:
-                r.transition(RequestState.PREFILLING)
-            if r.first_scheduled_s is None:
-                r.first_scheduled_s = now
+            self.requests.begin_prefill(r, now)
             if chunk.start == r.num_cached_tokens and self.kv.prefix_caching:
                 self.kv.count_start(r)  # the first chunk of a (re)started prefill
         if moves:
@@ -237,56 +198,28 @@ class ReplicaScheduler:
         if self.config.prefill_only_iterations:
             return self._prefills_alone(batch, now)
         builder = self._builder(batch, now, self.config.max_num_seqs)
-        if self.policy.uses_classes:
-            self._room_for_urgent_prefill(builder)
-            self._settle(batch)
+        urgent = self.policy.urgent_prefill(self.requests.prefilling.values(), now)
+        if urgent is not None:
+            self._room_for(urgent, builder)
         self._add_decodes(builder)
-        self._settle(batch)  # a decode recomputed for an older one is a prefill again
         self._add_prefills(builder, now)
-        self._settle(batch)
         return builder
 
-    def _settle(self, batch: Batch) -> None:
-        """Move the requests the arbiter swapped in, recomputed or swapped out for this batch
-        to the queue of their state, in the order it moved them. Each step repeats it for the
-        whole batch: a request already in its queue keeps its place there."""
-        if not (batch.preempted or batch.swap_in or batch.swap_out):
-            return  # the common case, once per step of a long simulation
-        for s in batch.swap_in:  # back in the phase it left (unless preempted again since)
-            r = s.request
-            if r.state is RequestState.DECODING:
-                self._decoding[r.request_id] = r
-            elif r.state is RequestState.PREFILLING:
-                self._prefilling[r.request_id] = r
-        for r in batch.preempted:  # its KV dropped: prefilled again from the start
-            self._decoding.pop(r.request_id, None)
-            self._prefilling[r.request_id] = r
-        for s in batch.swap_out:  # out of every queue until it is swapped back in
-            self._decoding.pop(s.request.request_id, None)
-            self._prefilling.pop(s.request.request_id, None)
-
-    def _most_urgent_prefill(self, now: float) -> Request | None:
-        """The first prefill-phase request in policy order that has work left to schedule."""
-        queue = [r for r in self._prefilling.values() if r.num_scheduled < r.num_tokens]
-        return min(queue, key=self.policy.sort_key(now)) if queue else None
-
-    def _room_for_urgent_prefill(self, builder: BatchBuilder) -> None:
-        """Under a class policy the most urgent prefill may preempt running decodes (and
-        prefills) of less urgent classes. The decodes join the batch before any prefill and a
-        batch member cannot be evicted, so the room is made first: enough for the prefill's
-        whole context, plus a block for each decode that needs one."""
-        r = self._most_urgent_prefill(builder.now)
-        if r is None or not self.kv.may_start(r):
+    def _room_for(self, r: Request, builder: BatchBuilder) -> None:
+        """An urgent prefill may preempt running decodes (and prefills) ranked below it. The
+        decodes join the batch before any prefill and a batch member cannot be evicted, so the
+        room is made first: enough for the prefill's whole context, plus a block for each
+        decode that needs one."""
+        if not self.kv.may_start(r):
             return
-        growing = sum(
-            1
-            for d in self._decoding.values()
-            if d.num_inflight_batches == 0 and d.kv_capacity <= d.num_scheduled
+        growing = self.blocks.at_capacity(
+            d for d in self.requests.decoding.values() if d.num_inflight_batches == 0
         )
-        self.kv.make_room(r, growing, builder.batch, builder.now)
+        builder.make_room(r, len(growing))
 
     def _builder(self, batch: Batch, now: float, max_seqs: int) -> BatchBuilder:
         return BatchBuilder(
+            self.requests,
             self.kv,
             batch,
             self.predictor.timer(),
@@ -298,7 +231,10 @@ class ReplicaScheduler:
 
     def _add_prefills(self, builder: BatchBuilder, now: float) -> None:
         batch = builder.batch
-        queue = self.policy.admit(list(self._prefilling.values()), self._requests.__contains__, now)
+        requests = self.requests
+        queue = self.policy.admit(
+            list(requests.prefilling.values()), requests.live.__contains__, now
+        )
         if self._inflight or batch.preempted:
             # Skip requests whose remaining chunks are all running (pipelined batches), and
             # those the arbiter recomputed for this batch so far (for its decodes, an urgent
@@ -307,64 +243,51 @@ class ReplicaScheduler:
                 r for r in queue if r.num_scheduled < r.num_tokens and r not in batch.preempted
             ]
         if queue:
-            self.packer.pack(now, self._prefill_order(queue, now), builder)
-            for r in builder.prepared:  # a cached prefix taken by a request left out
-                self.kv.detach_cached(r)
+            candidates = _Candidates(self._prefill_order(queue, now), self, builder)
+            self.packer.pack(now, candidates, builder)
+            for r in candidates.attached:  # a cached prefix taken by a request left out
+                requests.detach_cached(r)
 
     def _prefills_alone(self, batch: Batch, now: float) -> BatchBuilder:
         """An iteration of prefills only, if any can run; else one of decodes. The prefills
         get the sequence slots the decodes leave, so running requests stay within
         max_num_seqs (vLLM's cap on its running batch)."""
-        room = self.config.max_num_seqs - len(self._decoding)
+        room = self.config.max_num_seqs - len(self.requests.decoding)
         builder = self._builder(batch, now, room)
         if room > 0:
             self._add_prefills(builder, now)
-            self._settle(batch)
         if builder.is_empty:
             builder = self._builder(batch, now, self.config.max_num_seqs)
             self._add_decodes(builder)
-            self._settle(batch)
         return builder
 
     def _prefill_order(self, queue: list[Request], now: float) -> list[Request]:
-        """Policy order, except that a short prefill already under way goes first.
+        """Policy order, except that a short prefill already under way goes first (within a
+        class, under a class policy).
 
         Slack-based keys rise as a request is served (its remaining work shrinks while its
         slack stays), so without this rule short prefills would take turns, each finishing
         just before its deadline instead of one after the other. Long prefills stay in policy
         order: their share is what space sharing and LARS arbitrate.
         """
-        key = self.policy.sort_key(now)
         threshold = self.long_threshold
-        if self.policy.uses_classes:  # the rule applies within a class, never across
-            queue.sort(
-                key=lambda r: (
-                    r.priority_rank,
-                    not (r.started and r.num_tokens < threshold),
-                    key(r),
-                )
-            )
-            return queue
-        started = [r for r in queue if r.started and r.num_tokens < threshold]
-        if not started:
-            queue.sort(key=key)
-            return queue
-        rest = [r for r in queue if not (r.started and r.num_tokens < threshold)]
-        started.sort(key=key)
-        rest.sort(key=key)
-        return started + rest
+        first = [r for r in queue if r.started and r.num_tokens < threshold]
+        if first:
+            queue = [r for r in queue if not (r.started and r.num_tokens < threshold)]
+        return self.policy.order_prefills(first, queue, now)
 
     def _add_decodes(self, builder: BatchBuilder) -> None:
-        batch, now = builder.batch, builder.now
-        decodes = [r for r in self._decoding.values() if r.num_inflight_batches == 0]
+        now = builder.now
+        decodes = [r for r in self.requests.decoding.values() if r.num_inflight_batches == 0]
         if not decodes:
             return
         decodes = self.policy.select_decodes(decodes, now)
-        short = [r for r in decodes if r.kv_capacity <= r.num_scheduled]  # need a new block
+        own_targets = self.requests.own_tpot_targets > 0
+        short = self.blocks.at_capacity(decodes)  # their next token needs a new block
         if self.blocks.can_grow_each(len(short)) and len(decodes) <= builder.room_seqs:
             for r in short:
-                self.kv.reserve(r, r.num_scheduled + 1, batch, now)
-            builder.add_decodes(decodes, self._own_tpot_targets > 0)
+                builder.reserve(r, r.num_scheduled + 1)
+            builder.add_decodes(decodes, own_targets)
             return
         # Someone will wait or be preempted: the oldest decodes (of the most urgent class, under
         # a class policy) keep their place. The arbiter evicts only requests ranked below the
@@ -378,13 +301,13 @@ class ReplicaScheduler:
                 break
             if r.state is not RequestState.DECODING:
                 continue  # the arbiter preempted it for an older decode of this list
-            if r.kv_capacity > r.num_scheduled:  # its next token's block is there
+            if self.kv.tokens_held(r) > r.num_scheduled:  # its next token's block is there
                 chosen.append(r)
-            elif self.kv.reserve(r, r.num_scheduled + 1, batch, now) > r.num_scheduled:
+            elif builder.reserve(r, r.num_scheduled + 1) > r.num_scheduled:
                 chosen.append(r)
             else:
-                self.kv.preempt(r, batch)  # nobody below it to evict: it recomputes later
-        builder.add_decodes(chosen, self._own_tpot_targets > 0)
+                builder.preempt(r)  # nobody below it to evict: it gives way
+        builder.add_decodes(chosen, own_targets)
 
     def revise(self, batch: Batch, chunk: Chunk, start: int, num_tokens: int) -> bool:
         """The executor runs `num_tokens` of `chunk`'s request from `start` instead of what the
@@ -397,130 +320,34 @@ class ReplicaScheduler:
             raise ValueError(f"cannot revise {r.request_id} to [{start}:{start + num_tokens}]")
         if num_tokens == 0:
             (batch.decodes if chunk in batch.decodes else batch.prefills).remove(chunk)
-            r.num_scheduled = chunk.start
-            r.num_inflight_batches -= 1
+            self.requests.unschedule(chunk)
             return True
-        if start > r.num_computed and r.num_inflight_batches == 1:
-            r.num_computed = start  # cached: their KV is there already
+        self.requests.revise(chunk, start, start + num_tokens)
         chunk.start, chunk.num_tokens = start, num_tokens
         chunk.samples = chunk.end == r.num_tokens
-        r.num_scheduled = chunk.end
-        return chunk.end <= r.kv_capacity or self.kv.hold(r, chunk.end)
+        return chunk.end <= self.kv.tokens_held(r) or self.kv.hold(r, chunk.end)
 
     def drop_kv(self, batch: Batch, request_id: str) -> None:
         """The executor dropped a request's KV on its own (vLLM preempts when it cannot place
         a chunk): it recomputes, as if this scheduler had preempted it for `batch`."""
-        r = self._requests.get(request_id)
+        r = self.requests.get(request_id)
         if r is None or r.state not in (RequestState.PREFILLING, RequestState.DECODING):
             return
         if r.num_inflight_batches:
             raise ValueError(f"{request_id} runs in a batch: its KV cannot be dropped now")
-        self.kv.preempt(r, batch, swap=False)
-        self._settle(batch)
+        self.requests.evict((self.kv.preempt(r, swap=False),), batch)
 
     # ---- results -----------------------------------------------------------------------------
     def update(self, batch: Batch, result: BatchResult, now: float) -> list[Request]:
         """Apply a finished batch: advance KV, append sampled tokens, retire finished requests."""
-        finished: list[Request] = []
         self._inflight -= 1
-        tokens, stopped = result.token_ids, result.stopped
-        for chunk in batch.prefills:
-            r = chunk.request
-            r.num_inflight_batches -= 1
-            if r.state is RequestState.ABORTED:
-                self._release_aborted(r)
-                continue
-            r.num_computed = max(r.num_computed, chunk.start + chunk.num_tokens)
-            if self.kv.prefix_caching:
-                self.kv.cache_computed(r)
-            if not chunk.samples:
-                r.remaining_work_s = self.prefill_times.remaining(r.num_tokens, r.num_computed)
-            elif self._sampled(r, batch, tokens, stopped, now):
-                finished.append(r)
-            else:
-                r.transition(RequestState.DECODING)
-                r.remaining_work_s = 0.0
-                del self._prefilling[r.request_id]
-                self._decoding[r.request_id] = r
-        aborted = RequestState.ABORTED
-        for chunk in batch.decodes:  # the hot loop of a long simulation (and of a big batch)
-            r = chunk.request
-            r.num_inflight_batches -= 1
-            if r.state is aborted:
-                self._release_aborted(r)
-                continue
-            r.num_computed = chunk.start + 1
-            if tokens is None:  # _sampled inlined: no token ids to keep (simulator, vLLM)
-                r.num_output_tokens += 1
-                r.token_times_s.append(now)
-                if (r.num_output_tokens >= r.max_tokens or r.request_id in stopped) and self._stops(
-                    r, stopped, now
-                ):
-                    finished.append(r)
-            elif self._sampled(r, batch, tokens, stopped, now):
-                finished.append(r)
-        return finished
+        return self.requests.complete(batch, result, now)
 
     def discard(self, batch: Batch, now: float) -> list[Request]:
         """A batch that never completed (the executor failed): abort its requests and release
         their KV, since what it would have written is unknown."""
         self._inflight -= 1
-        requests = {c.request.request_id: c.request for c in (*batch.prefills, *batch.decodes)}
-        # the KV a failed batch was moving is as unknown as the KV it was writing
-        requests.update(
-            (s.request.request_id, s.request)
-            for s in (*batch.swap_in, *batch.swap_out)
-            if s.request.request_id in self._requests
-        )
-        for r in requests.values():
-            self.abort(r.request_id, now)
-        for c in (*batch.prefills, *batch.decodes):
-            c.request.num_inflight_batches -= 1
-            self._release_aborted(c.request)
-        return list(requests.values())
-
-    def _sampled(
-        self,
-        r: Request,
-        batch: Batch,
-        tokens: dict[str, int] | None,
-        stopped: frozenset[str],
-        now: float,
-    ) -> bool:
-        """Record the token a sampling chunk produced; True when it finished the request."""
-        if tokens is not None:
-            token = tokens.get(r.request_id)
-            if token is None:
-                raise ValueError(f"batch {batch.batch_id}: no token for {r.request_id}")
-            r.output_token_ids.append(token)
-        r.num_output_tokens += 1
-        r.token_times_s.append(now)
-        return self._stops(r, stopped, now)
-
-    def _stops(self, r: Request, stopped: frozenset[str], now: float) -> bool:
-        """Finish `r` if its latest token ended it (a stop the executor saw, or max_tokens)."""
-        if r.request_id in stopped:
-            self._finish(r, now, "stop")
-            return True
-        if r.num_output_tokens >= r.max_tokens:
-            self._finish(r, now, "length")
-            return True
-        return False
-
-    def _release_aborted(self, r: Request) -> None:
-        if r.num_inflight_batches == 0 and self._aborted_inflight.pop(r.request_id, None):
-            self.kv.free(r)
-
-    def _finish(self, r: Request, now: float, reason: str) -> None:
-        r.transition(RequestState.FINISHED)
-        r.finish_s, r.finish_reason = now, reason
-        self.kv.free(r)
-        del self._requests[r.request_id]
-        if r.tpot_target_s is not None:
-            self._own_tpot_targets -= 1
-        self._prefilling.pop(r.request_id, None)
-        self._decoding.pop(r.request_id, None)
-        self.stats.finished += 1
+        return self.requests.discard(batch, now)
 
     # ---- checks ------------------------------------------------------------------------------
     def check_invariants(self) -> None:
@@ -529,19 +356,41 @@ class ReplicaScheduler:
 
         Raises SchedulerInvariantError (or BlockAccountingError); tests call it after every batch.
         """
-        swapped = self.kv.swapped
-        for rid, r in self._requests.items():
-            queued = (rid in self._prefilling) + (rid in self._decoding) + (rid in swapped)
-            if queued != 1 or r.in_prefill != (rid in self._prefilling):
-                raise SchedulerInvariantError(f"{r} is in the wrong queue")
-            if not r.num_computed <= r.num_scheduled <= r.num_tokens:
-                raise SchedulerInvariantError(f"{r} has inconsistent progress")
-        own = sum(r.tpot_target_s is not None for r in self._requests.values())
-        if own != self._own_tpot_targets:
-            raise SchedulerInvariantError(
-                f"{own} live requests carry their own TPOT target, counted {self._own_tpot_targets}"
-            )
-        self.kv.check_invariants(self._aborted_inflight)
+        self.requests.check_invariants()
+        self.kv.check_invariants(self.requests.aborted_inflight)
 
     def predicted_isolated_prefill_s(self, num_tokens: int) -> float:
         return self.prefill_times.time(num_tokens)
+
+
+class _Candidates(Collection):
+    """The prefill-phase requests in the order the packer takes them. Iterating looks each one
+    up in the prefix cache (at the start of its prefill) just before the packer sizes its
+    chunk, so the chunk starts after a hit, and ends once the packer calls the batch full."""
+
+    def __init__(self, queue: list[Request], sched: ReplicaScheduler, builder: BatchBuilder):
+        self._queue = queue
+        self._packer: Packer = sched.packer
+        self._builder = builder
+        self._requests = sched.requests
+        self._kv = sched.kv if sched.kv.prefix_caching else None
+        self.attached: list[Request] = []  # requests given a cached prefix
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def __contains__(self, r: object) -> bool:
+        return r in self._queue
+
+    def __iter__(self) -> Iterator[Request]:
+        full, builder, kv = self._packer.is_full, self._builder, self._kv
+        for r in self._queue:
+            if full(builder):
+                return
+            if kv is not None and not r.num_scheduled:
+                found = kv.attach_cached(r)
+                if found is not None:
+                    self._requests.attach_cached(r, *found)
+                    if r.num_cached_tokens:
+                        self.attached.append(r)
+            yield r

@@ -9,6 +9,8 @@ own, tighter TPOT target gets a budget of at most that target (Packer.batch_budg
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from medha.core.request import Request
 from medha.scheduler.batch_builder import BatchBuilder
 from medha.scheduler.packers.base_packer import PACKERS, Packer
@@ -18,14 +20,11 @@ from medha.scheduler.packers.base_packer import PACKERS, Packer
 class AdaptivePacker(Packer):
     default_policy = "lars"
 
-    def pack(self, now: float, queue: list[Request], builder: BatchBuilder) -> None:
+    def pack(self, now: float, queue: Collection[Request], builder: BatchBuilder) -> None:
         cfg = self.config
         budget = self.batch_budget_s(builder)  # a decode's own TPOT target may lower it
         has_long = False
         for r in queue:
-            if builder.room_seqs == 0 or builder.room_tokens == 0:
-                break
-            builder.prepare(r)
             # long by the work left to plan: a prompt mostly served by the prefix cache is not
             is_long = r.num_tokens - r.num_cached_tokens >= builder.long_threshold
             if is_long and has_long:

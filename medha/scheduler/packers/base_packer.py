@@ -1,13 +1,17 @@
 """How many tokens each request gets in the next iteration.
 
 The scheduler puts every decode in first (they are cheap and their TBT is on the line), then
-hands the prefill-phase requests to the packer in policy order. A packer sizes chunks; the
-batch builder owns memory (it may shrink a chunk to the KV blocks it can find).
+hands the prefill-phase requests to the packer in policy order, each looked up in the prefix
+cache just before the packer sees it (a hit counts as computed, so the chunk starts after it).
+A packer only sizes chunks: the batch builder finds the KV memory behind each one (and may
+shrink it to the blocks it can find), and the scheduler stops handing out requests once
+`is_full` says the batch has no room.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Collection
 from typing import TYPE_CHECKING, ClassVar
 
 from medha.core.config import SchedulerConfig, iteration_budget, parse_chunking
@@ -49,9 +53,15 @@ class Packer(ABC):
         floor = builder.time_with_chunk(self.config.min_chunk_tokens, 0)
         return max(capped, min(floor, self.iteration_budget_s))
 
+    def is_full(self, builder: BatchBuilder) -> bool:
+        """Whether the batch has no room for another prefill chunk: the scheduler hands the
+        packer no more requests (nor looks them up in the prefix cache) once it has none."""
+        return builder.room_seqs == 0 or builder.room_tokens == 0
+
     @abstractmethod
-    def pack(self, now: float, queue: list[Request], builder: BatchBuilder) -> None:
-        """Add prefill chunks for `queue` (highest priority first) to the builder's batch."""
+    def pack(self, now: float, queue: Collection[Request], builder: BatchBuilder) -> None:
+        """Add prefill chunks for `queue` (highest priority first) to the builder's batch.
+        Iterate `queue` once, in order; it ends where `is_full` says the batch is full."""
 
     @abstractmethod
     def plan_isolated(self, kv_offset: int, remaining: int) -> int:

@@ -3,6 +3,8 @@ started prefill is never preempted, and everything behind it waits for it."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from medha.core.request import Request
 from medha.scheduler.batch_builder import BatchBuilder
 from medha.scheduler.packers.base_packer import PACKERS, Packer
@@ -15,11 +17,12 @@ class NonePacker(Packer):
     def max_batch_tokens(self, max_model_len: int) -> int | None:
         return self.config.max_batch_tokens or max_model_len
 
-    def pack(self, now: float, queue: list[Request], builder: BatchBuilder) -> None:
+    def is_full(self, builder: BatchBuilder) -> bool:
+        """Full once out of sequence slots: a whole prompt takes the token room it needs."""
+        return builder.room_seqs == 0
+
+    def pack(self, now: float, queue: Collection[Request], builder: BatchBuilder) -> None:
         for r in queue:
-            if builder.room_seqs == 0:
-                break
-            builder.prepare(r)
             n = r.num_unscheduled
             if builder.num_prefills and n > builder.room_tokens:
                 break

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from medha.core.request import Request
 from medha.scheduler.batch_builder import BatchBuilder
 from medha.scheduler.packers.base_packer import PACKERS, Packer
@@ -19,13 +21,9 @@ class StaticPacker(Packer):
         cap = self.config.max_batch_tokens
         return self.token_budget if cap is None else min(cap, self.token_budget)
 
-    def pack(self, now: float, queue: list[Request], builder: BatchBuilder) -> None:
+    def pack(self, now: float, queue: Collection[Request], builder: BatchBuilder) -> None:
         for r in queue:
-            room = builder.room_tokens
-            if room <= 0 or builder.room_seqs == 0:
-                break
-            builder.prepare(r)
-            n = min(r.num_unscheduled, room)
+            n = min(r.num_unscheduled, builder.room_tokens)
             added = builder.add_prefill(r, n)
             if added < n:
                 break  # out of KV memory: later requests wait their turn, as under FCFS

@@ -5,12 +5,18 @@ start only in groups. The scheduler passes it every prefill-phase request each i
 Likewise `select_decodes` picks which ready decodes run this iteration (all of them by
 default): the AlignedServe policy runs decodes of similar prefix length together. A policy that
 holds prefills back to batch them later (PLA-Serve) says when through `wake_at`.
+
+The scheduler and the KV arbiter ask the policy whatever depends on it: the order of prefills
+and of swap-ins, whom to evict first (`eviction_rank`), whether a prefill may evict running
+decodes or start before swapped requests come back, and which prefill may make room for itself
+first (`urgent_prefill`). The defaults are those of a policy without priority classes; the
+`priority` policy answers by class.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, ClassVar
 
 from medha.core.config import SchedulerConfig
@@ -27,9 +33,6 @@ SortKey = Callable[[Request], float]
 class Policy(ABC):
     name: ClassVar[str]
     summary: ClassVar[str]
-    # True: requests are ranked by priority class before anything else, in the queue and when
-    # the scheduler picks whom to preempt (a prefill may then evict a lower class's decode)
-    uses_classes: ClassVar[bool] = False
 
     def __init__(self, config: SchedulerConfig | None = None) -> None:
         self.config = config or SchedulerConfig()
@@ -65,25 +68,52 @@ class Policy(ABC):
     def key(self, request: Request, now: float) -> float:
         return self.sort_key(now)(request)
 
+    def order_prefills(
+        self, first: list[Request], rest: list[Request], now: float
+    ) -> list[Request]:
+        """The prefill queue in this policy's order, `first` (the scheduler's: short prefills
+        already under way) ahead of `rest`. Each list keeps the order it came in among equal
+        keys."""
+        key = self.sort_key(now)
+        rest.sort(key=key)
+        if not first:
+            return rest
+        first.sort(key=key)
+        return first + rest
+
     def eviction_rank(self, now: float) -> Callable[[Request], tuple]:
         """Who keeps its KV when blocks run short: lower ranks are kept longer. Running decodes
         outrank every prefill (evicting one throws away admitted work and stalls its token
         stream); among decodes the newest goes first, as in vLLM; among prefills the policy's
-        key decides. A class policy ranks by class before all that: a LOW decode goes before a
-        HIGH prefill. Admission order breaks ties, so the rank is a total order."""
+        key decides. Admission order breaks ties, so the rank is a total order."""
         key = self.sort_key(now)
         decoding = RequestState.DECODING
-        if self.uses_classes:
-            return lambda r: (
-                (r.priority_rank, 0, r.arrival_s, r.admission_seq)
-                if r.state is decoding
-                else (r.priority_rank, 1, key(r), r.admission_seq)
-            )
         return lambda r: (
             (0, r.arrival_s, r.admission_seq)
             if r.state is decoding
             else (1, key(r), r.admission_seq)
         )
+
+    def may_evict_decodes(self, r: Request) -> bool:
+        """Whether `r`, short of blocks, may evict running decodes ranked below it: a decode
+        may; a prefill only evicts other prefills, so that admitting new work never throws away
+        a running decode."""
+        return r.state is RequestState.DECODING
+
+    def urgent_prefill(self, queue: Iterable[Request], now: float) -> Request | None:
+        """A prefill-phase request of `queue` that may make room for its whole context before
+        the decodes join the batch, evicting decodes ranked below it (None: none may)."""
+        return None
+
+    def starts_before_swapped(self, r: Request, swapped: Iterable[Request]) -> bool:
+        """Whether `r` may start its prefill while `swapped` requests wait to come back (no:
+        they would starve behind new arrivals)."""
+        return False
+
+    def swap_in_order(self, swapped: list[Request], urgent: Request | None) -> list[Request]:
+        """The swapped requests that may come back now, in the order they try (swap-out order)
+        given the `urgent_prefill` waiting."""
+        return swapped
 
 
 POLICIES: Registry[Policy] = Registry("policy", __package__, suffix="_policy")

@@ -14,6 +14,4 @@ class LarsPolicy(Policy):
     summary = "length-aware relative slack: key rho_r = s_r / w_r(t)"
 
     def sort_key(self, now: float) -> SortKey:
-        # Request.relative_slack, inlined: this key is evaluated for every waiting request on
-        # every iteration.
-        return lambda r: (r.deadline_s - now - r.remaining_work_s) / max(r.remaining_work_s, 1e-12)
+        return lambda r: r.relative_slack(now)

@@ -6,4 +6,4 @@ class LrsPolicy(Policy):
     summary = "least remaining slack: key s_r = a_r + d_r - t - w_r(t)"
 
     def sort_key(self, now: float) -> SortKey:
-        return lambda r: r.deadline_s - now - r.remaining_work_s
+        return lambda r: r.slack(now)

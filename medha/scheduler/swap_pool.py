@@ -1,4 +1,4 @@
-"""The host-memory pool that swapped-out KV waits in, and the choice between swap and recompute.
+"""The swap pool: the host memory swapped-out KV waits in; the choice between swap and recompute.
 
 A preempted request either loses its KV (recompute: its context is prefilled again later) or
 has it copied to host blocks and back (swap: its progress is kept). Swapping costs the bytes
@@ -19,7 +19,7 @@ from medha.perf.swap_cost import SwapCost
 from medha.scheduler.block_manager import BlockAccountingError, BlockManager
 
 
-class HostKVPool:
+class SwapPool:
     def __init__(self, num_blocks: int, block_size: int, cost: SwapCost, mode: str) -> None:
         if mode not in ("swap", "auto"):
             raise ValueError(f"a host pool serves preemption_mode swap or auto, not {mode!r}")
