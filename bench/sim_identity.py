@@ -30,6 +30,7 @@ from medha.sim.metrics.summary import WALL_CLOCK_KEYS
 from medha.sim.runner import RunSpec, simulate, write_run
 from medha.sim.simulator import ClusterConfig
 from medha.sim.workload.generator import WorkloadConfig
+from medha.utils.dataclass_cli import dataclass_from_args
 
 SHAREGPT = dict(trace="sharegpt", qps=4.0, num_requests=160, seed=1)
 LONG_MIX = dict(trace="sharegpt", qps=0.5, num_requests=30, long_fraction=0.1, seed=2)
@@ -213,11 +214,12 @@ def describe(sched: ReplicaScheduler, batch) -> dict:
 
 
 def run_one(name, cluster, parallel, scheduler, workload, out: Path) -> dict:
+    # flat setting names, as the flags give them (the same on old and new commits)
     spec = RunSpec(
         name=name,
-        cluster=ClusterConfig(**cluster),
+        cluster=dataclass_from_args(ClusterConfig, argparse.Namespace(**cluster)),
         parallel=ParallelConfig(**parallel),
-        scheduler=SchedulerConfig(**scheduler),
+        scheduler=dataclass_from_args(SchedulerConfig, argparse.Namespace(**scheduler)),
     )
     with BatchRecorder() as rec:
         t0 = time.perf_counter()

@@ -109,7 +109,7 @@ def run(
     config = SchedulerConfig(policy=policy, tpot_target_s=TPOT_S, min_ttft_deadline_s=ttft_floor_s)
     sim = Simulator(cluster, ParallelConfig(), config)
     result = sim.run(reqs)
-    boundary = boundary_tokens(sim.predictor, config.pla_batching_gain, sim.max_model_len)
+    boundary = boundary_tokens(sim.predictor, config.pla.batching_gain, sim.max_model_len)
     rows = [request_metrics(r, boundary, TPOT_S) for r in reqs]
     # the same deadline rule with a lower floor: max(1.5 x isolated prefill time, floor)
     strict = {

@@ -47,7 +47,7 @@ def toy_scheduler(
 ) -> ReplicaScheduler:
     """`blocks` replaces the plain BlockManager of `num_blocks` blocks."""
     config.setdefault("iteration_budget_s", 1 / 16)
-    cfg = SchedulerConfig(policy=policy, chunking=chunking, **config)
+    cfg = SchedulerConfig.from_flat(policy=policy, chunking=chunking, **config)
     return ReplicaScheduler(
         cfg, FixedCostPredictor(token_s, iteration_s), blocks or BlockManager(num_blocks)
     )

@@ -20,7 +20,7 @@ def decode(rid: str, kv_len: int, last_token_s: float = 0.0) -> Request:
 
 
 def policy(predictor="roofline-padded", num_blocks=1 << 16, **config) -> AlignedPolicy:
-    p = AlignedPolicy(SchedulerConfig(policy="aligned", tpot_target_s=0.05, **config))
+    p = AlignedPolicy(SchedulerConfig.from_flat(policy="aligned", tpot_target_s=0.05, **config))
     p.bind(make_predictor(predictor, "llama-3-8b", "h100"), BlockManager(num_blocks), 32768)
     return p
 
@@ -137,7 +137,7 @@ def test_every_ready_decode_still_runs_under_a_tight_threshold():
 )
 def test_config_validation(bad):
     with pytest.raises(ValueError):
-        SchedulerConfig(policy="aligned", **bad)
+        SchedulerConfig.from_flat(policy="aligned", **bad)
 
 
 def test_padded_predictor_pads_decodes_to_the_longest_context():

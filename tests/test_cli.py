@@ -20,18 +20,21 @@ def test_help_lists_commands_and_config_help():
 
 
 def test_scheduler_flags_are_grouped_by_policy_and_concern():
-    import dataclasses
-
     from medha.core.config import SCHEDULER_GROUPS, SchedulerConfig
+    from medha.utils.dataclass_cli import flags
 
-    for f in dataclasses.fields(SchedulerConfig):
-        assert f.metadata.get("group") in SCHEDULER_GROUPS, f.name
+    for f in flags(SchedulerConfig):
+        assert f.field.metadata.get("group") in SCHEDULER_GROUPS, f.name
     text = medha("serve", "--help").stdout
     titles = [line[:-1] for line in text.splitlines() if line[:-1] in SCHEDULER_GROUPS]
     assert titles == list(SCHEDULER_GROUPS)  # each once, in this order
     section = text.split("\ndeferred policy:\n")[1].split("\naligned policy:\n")[0]
     assert "--departure-threshold" in section and "--batch-cap" in section
-    assert "--pla-window-s" in text.split("\npla policy and dispatcher:\n")[1]
+    assert "--pla-wait-s" in text.split("\npla policy:\n")[1]
+    # the pla dispatcher's settings are the simulator's cluster's, not a replica's
+    assert "--pla-window-s" not in text
+    sim = medha("simulate", "--help").stdout
+    assert "--pla-window-s" in sim.split("\npla dispatcher:\n")[1]
 
 
 def test_demo_runs_on_the_default_model():

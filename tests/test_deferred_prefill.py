@@ -125,7 +125,7 @@ def test_prefill_only_iterations_never_mix_prefills_and_decodes():
 )
 def test_bad_deferred_settings_are_refused(fields, message):
     with pytest.raises(ValueError, match=message):
-        SchedulerConfig(policy="deferred", **fields)
+        SchedulerConfig.from_flat(policy="deferred", **fields)
 
 
 # ---- the analytic model ----------------------------------------------------------------------

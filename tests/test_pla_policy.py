@@ -20,16 +20,22 @@ from medha.scheduler.policies.pla_policy import (
 from medha.sim.dispatchers.pla_dispatcher import PlaDispatcher, PressureController, p90
 from medha.sim.replay import replay
 from medha.sim.simulator import ClusterConfig, Simulator
+from medha.utils.dataclass_cli import flags
 
 BOUNDARY = 100  # toy runs: prompts below 100 tokens are short
+CLUSTER_FLAGS = {f.name for f in flags(ClusterConfig)}
 
 
-def toy_sim(replicas=1, dispatcher="round_robin", **sched):
-    sched.setdefault("iteration_budget_s", 1 / 16)
+def toy_sim(replicas=1, dispatcher="round_robin", **settings):
+    """`settings`: flat names of the scheduler's and of the cluster's (the dispatcher's)."""
+    settings.setdefault("iteration_budget_s", 1 / 16)
+    cluster = {k: settings.pop(k) for k in list(settings) if k in CLUSTER_FLAGS}
     return Simulator(
-        ClusterConfig(replicas=replicas, dispatcher=dispatcher, kv_memory_gb=1.0),
+        ClusterConfig.from_flat(
+            replicas=replicas, dispatcher=dispatcher, kv_memory_gb=1.0, **cluster
+        ),
         ParallelConfig(),
-        SchedulerConfig(**sched),
+        SchedulerConfig.from_flat(**settings),
         predictor=FixedCostPredictor(TOKEN_S),
     )
 
@@ -233,7 +239,10 @@ def test_the_simulator_wakes_an_idle_replica_when_the_window_closes():
 )
 def test_bad_pla_config_names_the_field(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
-        SchedulerConfig(policy="pla", **bad)
+        if next(iter(bad)) in CLUSTER_FLAGS:  # the dispatcher's
+            ClusterConfig.from_flat(dispatcher="pla", **bad)
+        else:
+            SchedulerConfig.from_flat(policy="pla", **bad)
 
 
 # ---- spatial disaggregation: the pla dispatcher ----------------------------------------------
@@ -241,7 +250,7 @@ def pla_cluster(replicas=4, **config):
     config.setdefault("pla_boundary_tokens", BOUNDARY)
     sim = toy_sim(replicas=replicas, dispatcher="pla", policy="pla", **config)
     reps = sim._replicas()
-    return sim, reps, PlaDispatcher(reps)
+    return sim, reps, PlaDispatcher(reps, sim.cluster, sim.scheduler_config)
 
 
 def test_requests_are_routed_by_length_to_their_pool():

@@ -35,7 +35,7 @@ def test_class_names_are_checked_and_any_case_is_accepted():
     with pytest.raises(ValueError, match="priority_class must be one of REALTIME"):
         Request("a", 0.0, 5, 1, priority_class="urgent")
     with pytest.raises(ValueError, match="priority_base must name another policy"):
-        SchedulerConfig(policy="priority", priority_base="priority")
+        SchedulerConfig.from_flat(policy="priority", priority_base="priority")
 
 
 def test_class_first_then_arrival():

@@ -20,7 +20,7 @@ def toy_sim(replicas=1, dispatcher="round_robin", **sched):
     return Simulator(
         ClusterConfig(replicas=replicas, dispatcher=dispatcher, kv_memory_gb=1.0),
         ParallelConfig(),
-        SchedulerConfig(**sched),
+        SchedulerConfig.from_flat(**sched),
         predictor=FixedCostPredictor(TOKEN_S),
     )
 
@@ -259,3 +259,12 @@ def test_replicas_share_the_templates_resolved_config():
     sim = toy_sim(replicas=2)
     assert sim.scheduler_config.is_resolved
     assert all(r.scheduler.config is sim.scheduler_config for r in sim._replicas())
+
+
+def test_the_dispatcher_names_are_the_registry():
+    from medha.sim.config import DISPATCHER_NAMES
+    from medha.sim.dispatchers import DISPATCHERS
+
+    assert DISPATCHERS.names() == sorted(DISPATCHER_NAMES)
+    with pytest.raises(ValueError, match="unknown dispatcher 'nope'"):
+        ClusterConfig(dispatcher="nope")

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from medha.analysis.deferred_prefill import DeferredSystem
-from medha.core.config import SchedulerConfig
+from medha.core.config import DeferredSettings, SchedulerConfig
 from medha.perf import ParallelConfig, Predictor
 from medha.sim.simulator import ClusterConfig, SimResult, Simulator
 from medha.sim.workload.generator import WorkloadConfig, build_requests
@@ -34,8 +34,7 @@ def scheduler_config(system: DeferredSystem, k: int) -> SchedulerConfig:
     return SchedulerConfig(
         policy="deferred",
         chunking="none",
-        departure_threshold=k,
-        batch_cap=system.cap,
+        deferred=DeferredSettings(departure_threshold=k, batch_cap=system.cap),
         max_num_seqs=system.cap,
         prefill_only_iterations=system.prefill_only,
     )

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from pathlib import Path
 
 from medha.cli.common import CliError, add_engine_choice, llm_from_args, scheduler_config_from_args
 from medha.core.config import SchedulerConfig
 from medha.engine.config import EngineConfig
-from medha.utils.dataclass_cli import add_dataclass_args, dataclass_from_args
+from medha.utils.dataclass_cli import add_dataclass_args, dataclass_from_args, flags
 
 # the scheduler's limits that shape what is profiled (the rest of its flags do not matter here)
 _LIMITS = ("max_model_len", "max_num_seqs", "max_batch_tokens")
@@ -42,7 +41,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_dataclass_args(
         p,
         SchedulerConfig,
-        skip=tuple(f.name for f in dataclasses.fields(SchedulerConfig) if f.name not in _LIMITS),
+        skip=tuple(f.name for f in flags(SchedulerConfig) if f.name not in _LIMITS),
         title="limits (with --engine vllm: serve with the same ones; --max-batch-tokens "
         "defaults to 2048 there)",
     )

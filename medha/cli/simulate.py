@@ -15,7 +15,7 @@ from medha.core.config import SchedulerConfig
 from medha.perf import ParallelConfig
 from medha.sim.config import ClusterConfig
 from medha.sim.workload.generator import WorkloadConfig
-from medha.utils.dataclass_cli import _base_type, add_dataclass_args, dataclass_from_args
+from medha.utils.dataclass_cli import add_dataclass_args, dataclass_from_args, flags
 
 if typing.TYPE_CHECKING:
     from medha.sim.runner import RunSpec
@@ -86,8 +86,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def _field_types() -> dict[str, type]:
     types = {}
     for cls in RUN_CONFIGS + (WorkloadConfig,):
-        hints = typing.get_type_hints(cls)
-        types.update({f.name: _base_type(hints[f.name]) for f in dataclasses.fields(cls)})
+        types.update({f.name: f.type for f in flags(cls)})
     types["long_threshold"] = int
     return types
 

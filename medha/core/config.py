@@ -6,6 +6,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
+from medha.utils.dataclass_cli import from_flat
 from medha.utils.registry import unknown_name
 
 PREEMPTION_MODES = ("recompute", "swap", "auto")
@@ -44,7 +45,7 @@ KV_MEMORY = "KV memory and preemption"
 DEFERRED = "deferred policy"
 ALIGNED = "aligned policy"
 PRIORITY = "priority policy"
-PLA = "pla policy and dispatcher"
+PLA = "pla policy"
 SCHEDULER_GROUPS = (SCHEDULER, CHUNKING, KV_MEMORY, DEFERRED, ALIGNED, PRIORITY, PLA)
 
 
@@ -68,6 +69,191 @@ def parse_chunking(spec: str) -> tuple[str, int | None]:
     if arg:
         raise ValueError(f"chunking {spec!r}: {name} takes no argument")
     return name, None
+
+
+def _positive_ints(obj, names: tuple[str, ...], prefix: str = "") -> None:
+    """Each of `names` (attributes of `obj`; a flag's name is `prefix` + it) is None or an
+    integer >= 1."""
+    for name in names:
+        value = getattr(obj, name)
+        if value is not None and not (isinstance(value, int) and value >= 1):
+            raise ValueError(f"{prefix}{name} must be a positive integer, got {value!r}")
+
+
+def _positive_seconds(
+    obj, names: tuple[str, ...], prefix: str = "", what: str = "a positive number"
+) -> None:
+    """Each of `names` is None or a finite number > 0."""
+    for name in names:
+        value = getattr(obj, name)
+        if value is not None and not (
+            isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+        ):
+            raise ValueError(f"{prefix}{name} must be {what}, got {value!r}")
+
+
+@dataclass
+class DeferredSettings:
+    """The deferred policy's settings (medha/scheduler/policies/deferred_policy.py)."""
+
+    departure_threshold: int = field(
+        default=1,
+        metadata=_help(
+            DEFERRED,
+            "deferred policy: admit new prefills only once this many requests (K) have left the "
+            "running batch since the last admission; 1 is ordinary continuous batching",
+        ),
+    )
+    batch_cap: int | None = field(
+        default=None,
+        metadata=_help(
+            DEFERRED,
+            "deferred policy: most requests in the running batch (C), admitted and not yet "
+            "finished; at most max_num_seqs (default: max_num_seqs)",
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        _positive_ints(self, ("departure_threshold", "batch_cap"))
+
+
+@dataclass
+class AlignedSettings:
+    """The aligned policy's settings (flags --aligned-*; aligned_policy.py)."""
+
+    min_batch: int = field(
+        default=16,
+        metadata=_help(
+            ALIGNED,
+            "aligned policy: fewest decodes a prefix-length cluster must hold to be batched on its "
+            "own; sparser ranges are merged with their neighbours (fewer ready decodes run "
+            "together)",
+        ),
+    )
+    memory_fraction: float = field(
+        default=1.0,
+        metadata=_help(
+            ALIGNED,
+            "aligned policy: most of the replica's KV blocks one decode batch may hold "
+            "(AlignedServe's memory threshold; 1 lets only the cache itself bound a batch)",
+        ),
+    )
+    starvation_s: float | None = field(
+        default=None,
+        metadata=_help(
+            ALIGNED,
+            "aligned policy: a ready decode that has waited this long for its next token promotes "
+            "its length range to the next batch (default: 4 x the TPOT target)",
+        ),
+    )
+    batch_iterations: int = field(
+        default=1,
+        metadata=_help(
+            ALIGNED,
+            "aligned policy: iterations one decode batch runs before the candidate batch, prepared "
+            "when it started, takes over",
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        _positive_seconds(self, ("starvation_s",), "aligned_")
+        _positive_ints(self, ("min_batch", "batch_iterations"), "aligned_")
+        if not 0 < self.memory_fraction <= 1:
+            raise ValueError(
+                f"aligned_memory_fraction must lie in (0, 1], got {self.memory_fraction!r}"
+            )
+
+
+@dataclass
+class PrioritySettings:
+    """The priority policy's settings (flags --priority-*; priority_policy.py)."""
+
+    base: str = field(
+        default="fcfs",
+        metadata=_help(
+            PRIORITY,
+            "priority policy: the policy that orders requests within a class (REALTIME > HIGH > "
+            "NORMAL > LOW); any other policy name",
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        if self.base not in POLICY_NAMES:
+            raise unknown_name("policy", self.base, POLICY_NAMES)
+        if self.base == "priority":
+            raise ValueError("priority_base must name another policy, got 'priority'")
+
+
+@dataclass
+class PlaSettings:
+    """The pla policy's settings (flags --pla-*; pla_policy.py). The boundary L_m they set is
+    also the pla dispatcher's (medha/sim/config.py has the dispatcher's own settings)."""
+
+    boundary_tokens: int | None = field(
+        default=None,
+        metadata=_help(
+            PLA,
+            "pla policy and dispatcher: prefills of fewer tokens than this are short (L_m) "
+            "(default: from the predictor, the length at which batching two prefills saves "
+            "less than --pla-batching-gain of running them apart)",
+        ),
+    )
+    batching_gain: float = field(
+        default=0.25,
+        metadata=_help(
+            PLA,
+            "pla: share of the time a batch must save over running its prefills apart to be "
+            "worth forming; sets L_m (two prefills of L_m tokens cost 2 x (1 - gain) x one) and "
+            "the deepest short batch worth waiting for; 0.25 is halfway between memory-bound "
+            "(a second prompt is free) and compute-bound (it costs as much as the first)",
+        ),
+    )
+    wait_s: float = field(
+        default=0.0,
+        metadata=_help(
+            PLA,
+            "pla: initial waiting window W (s): short prefills wait up to this long after the "
+            "oldest one arrived for the batch to reach the target depth",
+        ),
+    )
+    depth: int = field(
+        default=1,
+        metadata=_help(
+            PLA, "pla: initial target depth D: short prefills go as soon as this many wait"
+        ),
+    )
+    adaptive: bool = field(
+        default=True,
+        metadata=_help(
+            PLA,
+            "pla: re-estimate W and D after every short dispatch from the short arrival rate and "
+            "the predictor's bucket grid (off: W and D stay at --pla-wait-s and --pla-depth)",
+        ),
+    )
+    max_wait_s: float | None = field(
+        default=None,
+        metadata=_help(
+            PLA, "pla: longest adaptive waiting window W (s) (default: the iteration budget)"
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        _positive_seconds(self, ("max_wait_s",), "pla_")
+        _positive_ints(self, ("boundary_tokens", "depth"), "pla_")
+        if not 0 < self.batching_gain < 1:
+            raise ValueError(f"pla_batching_gain must lie in (0, 1), got {self.batching_gain!r}")
+        wait = self.wait_s
+        if not (isinstance(wait, (int, float)) and math.isfinite(wait) and wait >= 0):
+            raise ValueError(f"pla_wait_s must be a number >= 0, got {wait!r}")
+
+
+# SchedulerConfig's groups of one policy's settings, by field name
+_SETTINGS = {
+    "deferred": DeferredSettings,
+    "aligned": AlignedSettings,
+    "priority": PrioritySettings,
+    "pla": PlaSettings,
+}
 
 
 @dataclass
@@ -199,65 +385,16 @@ class SchedulerConfig:
             "one, as in vLLM without chunked prefill (off: prefills share iterations with decodes)",
         ),
     )
-    departure_threshold: int = field(
-        default=1,
-        metadata=_help(
-            DEFERRED,
-            "deferred policy: admit new prefills only once this many requests (K) have left the "
-            "running batch since the last admission; 1 is ordinary continuous batching",
-        ),
+    deferred: DeferredSettings = field(
+        default_factory=lambda: DeferredSettings(), metadata={"flag_prefix": ""}
     )
-    batch_cap: int | None = field(
-        default=None,
-        metadata=_help(
-            DEFERRED,
-            "deferred policy: most requests in the running batch (C), admitted and not yet "
-            "finished; at most max_num_seqs (default: max_num_seqs)",
-        ),
+    aligned: AlignedSettings = field(
+        default_factory=lambda: AlignedSettings(), metadata={"flag_prefix": "aligned_"}
+    )
+    priority: PrioritySettings = field(
+        default_factory=lambda: PrioritySettings(), metadata={"flag_prefix": "priority_"}
     )
 
-    aligned_min_batch: int = field(
-        default=16,
-        metadata=_help(
-            ALIGNED,
-            "aligned policy: fewest decodes a prefix-length cluster must hold to be batched on its "
-            "own; sparser ranges are merged with their neighbours (fewer ready decodes run "
-            "together)",
-        ),
-    )
-    aligned_memory_fraction: float = field(
-        default=1.0,
-        metadata=_help(
-            ALIGNED,
-            "aligned policy: most of the replica's KV blocks one decode batch may hold "
-            "(AlignedServe's memory threshold; 1 lets only the cache itself bound a batch)",
-        ),
-    )
-    aligned_starvation_s: float | None = field(
-        default=None,
-        metadata=_help(
-            ALIGNED,
-            "aligned policy: a ready decode that has waited this long for its next token promotes "
-            "its length range to the next batch (default: 4 x the TPOT target)",
-        ),
-    )
-    aligned_batch_iterations: int = field(
-        default=1,
-        metadata=_help(
-            ALIGNED,
-            "aligned policy: iterations one decode batch runs before the candidate batch, prepared "
-            "when it started, takes over",
-        ),
-    )
-
-    priority_base: str = field(
-        default="fcfs",
-        metadata=_help(
-            PRIORITY,
-            "priority policy: the policy that orders requests within a class (REALTIME > HIGH > "
-            "NORMAL > LOW); any other policy name",
-        ),
-    )
     preemption_mode: str = field(
         default="recompute",
         metadata=_help(
@@ -322,149 +459,59 @@ class SchedulerConfig:
         ),
     )
 
-    pla_boundary_tokens: int | None = field(
-        default=None,
-        metadata=_help(
-            PLA,
-            "pla policy and dispatcher: prefills of fewer tokens than this are short (L_m) "
-            "(default: from the predictor, the length at which batching two prefills saves "
-            "less than --pla-batching-gain of running them apart)",
-        ),
-    )
-    pla_batching_gain: float = field(
-        default=0.25,
-        metadata=_help(
-            PLA,
-            "pla: share of the time a batch must save over running its prefills apart to be "
-            "worth forming; sets L_m (two prefills of L_m tokens cost 2 x (1 - gain) x one) and "
-            "the deepest short batch worth waiting for; 0.25 is halfway between memory-bound "
-            "(a second prompt is free) and compute-bound (it costs as much as the first)",
-        ),
-    )
-    pla_wait_s: float = field(
-        default=0.0,
-        metadata=_help(
-            PLA,
-            "pla: initial waiting window W (s): short prefills wait up to this long after the "
-            "oldest one arrived for the batch to reach the target depth",
-        ),
-    )
-    pla_depth: int = field(
-        default=1,
-        metadata=_help(
-            PLA, "pla: initial target depth D: short prefills go as soon as this many wait"
-        ),
-    )
-    pla_adaptive: bool = field(
-        default=True,
-        metadata=_help(
-            PLA,
-            "pla: re-estimate W and D after every short dispatch from the short arrival rate and "
-            "the predictor's bucket grid (off: W and D stay at --pla-wait-s and --pla-depth)",
-        ),
-    )
-    pla_max_wait_s: float | None = field(
-        default=None,
-        metadata=_help(
-            PLA, "pla: longest adaptive waiting window W (s) (default: the iteration budget)"
-        ),
-    )
-    pla_long_instances: int | None = field(
-        default=None,
-        metadata=_help(
-            PLA,
-            "pla dispatcher: replicas that start in the long-prefill pool, the rest serve short "
-            "prefills; each pool keeps at least one (default: max(1, replicas / 4))",
-        ),
-    )
-    pla_pressure_high: float = field(
-        default=0.5,
-        metadata=_help(
-            PLA,
-            "pla dispatcher: a pool whose P90 instance pressure reaches this may take an "
-            "instance from the other pool (pressure: mean of queued prefill work / TTFT "
-            "deadline, TTFT / deadline, KV-cache utilisation; about 1 at saturation)",
-        ),
-    )
-    pla_pressure_low: float = field(
-        default=0.25,
-        metadata=_help(
-            PLA,
-            "pla dispatcher: a pool gives up an instance only while its P90 pressure is at most "
-            "this (hysteresis: between low and high nothing moves)",
-        ),
-    )
-    pla_cooldown_s: float = field(
-        default=5.0,
-        metadata=_help(PLA, "pla dispatcher: least time (s) between two instance moves"),
-    )
-    pla_window_s: float = field(
-        default=2.0,
-        metadata=_help(
-            PLA,
-            "pla dispatcher: requests dispatched this recently (s), or still waiting for their "
-            "first token, make up an instance's SLO deviation",
-        ),
+    pla: PlaSettings = field(
+        default_factory=lambda: PlaSettings(), metadata={"flag_prefix": "pla_"}
     )
 
     def __post_init__(self) -> None:
+        for name, cls in _SETTINGS.items():  # a group given as a mapping (from YAML, say)
+            value = getattr(self, name)
+            if isinstance(value, dict):
+                setattr(self, name, cls(**value))
+            elif not isinstance(value, cls):
+                raise ValueError(f"{name} must be {cls.__name__}, got {value!r}")
         if self.policy is not None and self.policy not in POLICY_NAMES:
             raise unknown_name("policy", self.policy, POLICY_NAMES)
         parse_chunking(self.chunking)
-        for name in (
-            "tpot_target_s",
-            "iteration_budget_s",
-            "ttft_deadline_s",
-            "ttft_deadline_factor",
-            "min_ttft_deadline_s",
-            "aligned_starvation_s",
-        ):
-            value = getattr(self, name)
-            if value is not None and not (
-                isinstance(value, (int, float)) and math.isfinite(value) and value > 0
-            ):
-                raise ValueError(f"{name} must be a positive number, got {value!r}")
-        for name in (
-            "max_num_seqs",
-            "long_prefill_threshold",
-            "min_chunk_tokens",
-            "max_batch_tokens",
-            "max_model_len",
-            "departure_threshold",
-            "batch_cap",
-            "aligned_min_batch",
-            "aligned_batch_iterations",
-        ):
-            value = getattr(self, name)
-            if value is not None and not (isinstance(value, int) and value >= 1):
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        _positive_seconds(
+            self,
+            (
+                "tpot_target_s",
+                "iteration_budget_s",
+                "ttft_deadline_s",
+                "ttft_deadline_factor",
+                "min_ttft_deadline_s",
+            ),
+        )
+        _positive_ints(
+            self,
+            (
+                "max_num_seqs",
+                "long_prefill_threshold",
+                "min_chunk_tokens",
+                "max_batch_tokens",
+                "max_model_len",
+            ),
+        )
         if not 0 <= self.rho_max < 1:
             raise ValueError(f"rho_max must lie in [0, 1), got {self.rho_max!r}")
-        if not 0 < self.aligned_memory_fraction <= 1:
-            raise ValueError(
-                f"aligned_memory_fraction must lie in (0, 1], got {self.aligned_memory_fraction!r}"
-            )
         if not 0 <= self.watermark < 1:
             raise ValueError(f"watermark must lie in [0, 1), got {self.watermark!r}")
         # Every admitted request decodes in every iteration only if the cap fits in one.
-        if self.batch_cap is not None and self.batch_cap > self.max_num_seqs:
+        deferred = self.deferred
+        if deferred.batch_cap is not None and deferred.batch_cap > self.max_num_seqs:
             raise ValueError(
-                f"batch_cap ({self.batch_cap}) exceeds max_num_seqs "
+                f"batch_cap ({deferred.batch_cap}) exceeds max_num_seqs "
                 f"({self.max_num_seqs}): raise max_num_seqs too"
             )
-        if self.departure_threshold > self.running_cap:
+        if deferred.departure_threshold > self.running_cap:
             raise ValueError(
-                f"departure_threshold ({self.departure_threshold}) exceeds the "
+                f"departure_threshold ({deferred.departure_threshold}) exceeds the "
                 f"batch cap ({self.running_cap}): no batch could lose that many"
             )
-        self._check_priority_and_swap()
-        self._check_pla()
+        self._check_kv_memory()
 
-    def _check_priority_and_swap(self) -> None:
-        if self.priority_base not in POLICY_NAMES:
-            raise unknown_name("policy", self.priority_base, POLICY_NAMES)
-        if self.priority_base == "priority":
-            raise ValueError("priority_base must name another policy, got 'priority'")
+    def _check_kv_memory(self) -> None:
         # the swap pool's and the prefix cache's host memory: a mode, GiB, or blocks
         for name, modes in (
             ("preemption_mode", PREEMPTION_MODES),
@@ -482,38 +529,18 @@ class SchedulerConfig:
             n = getattr(self, name)
             if n is not None and not (isinstance(n, int) and n >= 0):
                 raise ValueError(f"{name} must be an integer >= 0, got {n!r}")
-        bw = self.swap_bandwidth_gbps
-        if bw is not None and not (isinstance(bw, (int, float)) and math.isfinite(bw) and bw > 0):
-            raise ValueError(f"swap_bandwidth_gbps must be a positive number, got {bw!r}")
+        _positive_seconds(self, ("swap_bandwidth_gbps",), what="a positive number")
 
-    def _check_pla(self) -> None:
-        for name in ("pla_max_wait_s", "pla_cooldown_s", "pla_window_s"):
-            value = getattr(self, name)
-            if value is not None and not (
-                isinstance(value, (int, float)) and math.isfinite(value) and value > 0
-            ):
-                raise ValueError(f"{name} must be a positive number, got {value!r}")
-        for name in ("pla_boundary_tokens", "pla_depth", "pla_long_instances"):
-            value = getattr(self, name)
-            if value is not None and not (isinstance(value, int) and value >= 1):
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if not 0 < self.pla_batching_gain < 1:
-            raise ValueError(
-                f"pla_batching_gain must lie in (0, 1), got {self.pla_batching_gain!r}"
-            )
-        wait = self.pla_wait_s
-        if not (isinstance(wait, (int, float)) and math.isfinite(wait) and wait >= 0):
-            raise ValueError(f"pla_wait_s must be a number >= 0, got {wait!r}")
-        if not 0 <= self.pla_pressure_low < self.pla_pressure_high:
-            raise ValueError(
-                f"pla_pressure_low ({self.pla_pressure_low!r}) must be >= 0 and "
-                f"below pla_pressure_high ({self.pla_pressure_high!r})"
-            )
+    @classmethod
+    def from_flat(cls, **settings) -> SchedulerConfig:
+        """A config from the flat setting names of its flags, YAML keys and vLLM's
+        additional config (`pla_wait_s` for `pla.wait_s`); ValueError for an unknown one."""
+        return from_flat(cls, settings)
 
     @property
     def running_cap(self) -> int:
         """C: most requests admitted at once under the deferred policy."""
-        return self.batch_cap or self.max_num_seqs
+        return self.deferred.batch_cap or self.max_num_seqs
 
     @property
     def is_resolved(self) -> bool:

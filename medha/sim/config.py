@@ -3,7 +3,75 @@ the CLI's parser imports neither the scheduler nor numpy."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+
+from medha.utils.dataclass_cli import from_flat
+from medha.utils.registry import unknown_name
+
+# The dispatchers by name, each implemented by one module of medha/sim/dispatchers that registers
+# under it: listed here so that a config is checked without importing the dispatchers (and the
+# scheduler and numpy they bring); tests/test_simulator.py keeps the list and the registry equal.
+DISPATCHER_NAMES = ("round_robin", "least_work", "pla")
+PLA_DISPATCHER = "pla dispatcher"
+
+
+def _help(text: str) -> dict:
+    return {"group": PLA_DISPATCHER, "help": text}
+
+
+@dataclass
+class PlaDispatcherSettings:
+    """The pla dispatcher's settings (flags --pla-*; medha/sim/dispatchers/pla_dispatcher.py).
+    Its short/long boundary L_m is the pla policy's (SchedulerConfig.pla)."""
+
+    long_instances: int | None = field(
+        default=None,
+        metadata=_help(
+            "pla dispatcher: replicas that start in the long-prefill pool, the rest serve short "
+            "prefills; each pool keeps at least one (default: max(1, replicas / 4))",
+        ),
+    )
+    pressure_high: float = field(
+        default=0.5,
+        metadata=_help(
+            "pla dispatcher: a pool whose P90 instance pressure reaches this may take an "
+            "instance from the other pool (pressure: mean of queued prefill work / TTFT "
+            "deadline, TTFT / deadline, KV-cache utilisation; about 1 at saturation)",
+        ),
+    )
+    pressure_low: float = field(
+        default=0.25,
+        metadata=_help(
+            "pla dispatcher: a pool gives up an instance only while its P90 pressure is at most "
+            "this (hysteresis: between low and high nothing moves)",
+        ),
+    )
+    cooldown_s: float = field(
+        default=5.0,
+        metadata=_help("pla dispatcher: least time (s) between two instance moves"),
+    )
+    window_s: float = field(
+        default=2.0,
+        metadata=_help(
+            "pla dispatcher: requests dispatched this recently (s), or still waiting for their "
+            "first token, make up an instance's SLO deviation",
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        for name in ("cooldown_s", "window_s"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"pla_{name} must be a positive number, got {value!r}")
+        n = self.long_instances
+        if n is not None and not (isinstance(n, int) and n >= 1):
+            raise ValueError(f"pla_long_instances must be a positive integer, got {n!r}")
+        if not 0 <= self.pressure_low < self.pressure_high:
+            raise ValueError(
+                f"pla_pressure_low ({self.pressure_low!r}) must be >= 0 and "
+                f"below pla_pressure_high ({self.pressure_high!r})"
+            )
 
 
 @dataclass
@@ -45,14 +113,23 @@ class ClusterConfig:
     gpu_memory_utilization: float = field(
         default=0.9, metadata={"help": ("share of device memory for weights and KV cache")}
     )
+    pla: PlaDispatcherSettings = field(
+        default_factory=lambda: PlaDispatcherSettings(), metadata={"flag_prefix": "pla_"}
+    )
+
+    @classmethod
+    def from_flat(cls, **settings) -> ClusterConfig:
+        """A config from the flat setting names of its flags (`pla_window_s` for
+        `pla.window_s`); ValueError for an unknown one."""
+        return from_flat(cls, settings)
 
     def __post_init__(self) -> None:
+        if isinstance(self.pla, dict):  # given as a mapping (from YAML, say)
+            self.pla = PlaDispatcherSettings(**self.pla)
         if not isinstance(self.replicas, int) or self.replicas < 1:
             raise ValueError(f"replicas must be a positive integer, got {self.replicas!r}")
-        # imported here, not above: the dispatchers bring the scheduler and numpy along
-        from medha.sim.dispatchers import DISPATCHERS
-
-        DISPATCHERS.get(self.dispatcher)
+        if self.dispatcher not in DISPATCHER_NAMES:
+            raise unknown_name("dispatcher", self.dispatcher, DISPATCHER_NAMES)
         if self.kv_memory_gb is not None and not self.kv_memory_gb > 0:
             raise ValueError(f"kv_memory_gb must be positive, got {self.kv_memory_gb!r}")
         if not 0 < self.gpu_memory_utilization <= 1:

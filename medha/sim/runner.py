@@ -25,6 +25,7 @@ from medha.sim.metrics.summary import (
 )
 from medha.sim.simulator import KV_BLOCK_SIZE, ClusterConfig, SimResult, Simulator
 from medha.sim.workload.generator import WorkloadConfig, build_requests
+from medha.utils.dataclass_cli import to_flat
 
 
 @dataclass
@@ -47,9 +48,9 @@ class RunSpec:
     def to_json(self) -> dict:
         return {
             "name": self.name,
-            "cluster": dataclasses.asdict(self.cluster),
+            "cluster": to_flat(self.cluster),
             "parallel": dataclasses.asdict(self.parallel),
-            "scheduler": dataclasses.asdict(self.scheduler),
+            "scheduler": to_flat(self.scheduler),
             "long_threshold": self.long_threshold,
         }
 

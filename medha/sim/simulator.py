@@ -121,7 +121,9 @@ class Simulator:
     def run(self, requests: list[Request], progress: bool = False) -> SimResult:
         t0 = time.perf_counter()
         replicas = self._replicas()
-        dispatcher = DISPATCHERS.get(self.cluster.dispatcher)(replicas)
+        dispatcher = DISPATCHERS.get(self.cluster.dispatcher)(
+            replicas, self.cluster, self.scheduler_config
+        )
         log = IterationLog()
         arrivals = sorted(requests, key=lambda r: r.arrival_s)
         heap: list[tuple[float, int, int, SimReplica, object]] = []

@@ -13,6 +13,7 @@ import os
 
 from medha.core.config import SchedulerConfig
 from medha.engine.config import EngineConfig
+from medha.utils.dataclass_cli import to_flat
 
 SCHEDULER_CLS = "medha.vllm_executor.MedhaScheduler"
 
@@ -93,10 +94,11 @@ def vllm_engine_args(
         model = os.path.expanduser(engine.model)
         if not os.path.isdir(model):
             raise EngineError(f"model {engine.model!r}: no such directory")
+    defaults = to_flat(SchedulerConfig())
     medha = {
-        f.name: getattr(scheduler, f.name)
-        for f in dataclasses.fields(SchedulerConfig)
-        if f.name not in _OWNED_BY_VLLM and getattr(scheduler, f.name) != f.default
+        name: value
+        for name, value in to_flat(scheduler).items()
+        if name not in _OWNED_BY_VLLM and value != defaults[name]
     }
     medha["predictor"] = engine.predictor
     args = {

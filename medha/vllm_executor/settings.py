@@ -11,7 +11,6 @@ vLLM's own limits win where both have one: max_model_len, max_num_seqs and the t
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from medha.perf.hardware_specs import cache_dir
 from medha.perf.model_specs import model_from_hf_config
 from medha.scheduler.block_manager import BlockManager
 from medha.scheduler.replica_scheduler import ReplicaScheduler
+from medha.utils.dataclass_cli import flags
 
 _VLLM_OWNS = ("max_model_len", "max_num_seqs", "max_batch_tokens")
 _OTHER_KEYS = ("predictor",)
@@ -43,7 +43,7 @@ def vllm_dtype(model_config) -> str:
 def scheduler_settings(additional_config) -> tuple[dict, str]:
     """The `medha` object of vLLM's additional config: (SchedulerConfig fields, predictor)."""
     settings = dict((additional_config or {}).get("medha") or {})
-    known = {f.name for f in dataclasses.fields(SchedulerConfig)}
+    known = {f.name for f in flags(SchedulerConfig)}
     unknown = sorted(set(settings) - known - set(_OTHER_KEYS))
     if unknown:
         raise ValueError(
@@ -82,7 +82,7 @@ def build_replica_scheduler(vllm_config, kv_cache_config, max_step_tokens: int) 
         hardware,
         ParallelConfig(tp=vllm_config.parallel_config.tensor_parallel_size),
     )
-    config = SchedulerConfig(
+    config = SchedulerConfig.from_flat(
         **fields,
         max_model_len=model_config.max_model_len,
         max_num_seqs=vllm_config.scheduler_config.max_num_seqs,

@@ -55,12 +55,13 @@ class AlignedPolicy(FcfsPolicy):
     def __init__(self, config: SchedulerConfig | None = None) -> None:
         super().__init__(config)
         config = self.config
-        self.min_batch = config.aligned_min_batch
-        self.batch_iterations = config.aligned_batch_iterations
+        settings = config.aligned
+        self.min_batch = settings.min_batch
+        self.batch_iterations = settings.batch_iterations
         target = config.tpot_target_s or 0.05
-        self.starvation_s = config.aligned_starvation_s or 4 * target
+        self.starvation_s = settings.starvation_s or 4 * target
         self.max_seqs = config.max_num_seqs
-        self._memory_fraction = config.aligned_memory_fraction
+        self._memory_fraction = settings.memory_fraction
         self.predictor: Predictor | None = None
         self.tree: LengthQuadTree | None = None
         self.max_blocks = 0

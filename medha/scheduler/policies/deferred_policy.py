@@ -33,7 +33,7 @@ class DeferredPolicy(FcfsPolicy):
     def __init__(self, config: SchedulerConfig | None = None) -> None:
         super().__init__(config)
         config = self.config
-        self.threshold = config.departure_threshold
+        self.threshold = config.deferred.departure_threshold
         self.cap = config.running_cap
         self.admitted: dict[str, Request] = {}
         self.departures = 0  # since the last admission

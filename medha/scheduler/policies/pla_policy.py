@@ -39,7 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from medha.core.config import SchedulerConfig
+from medha.core.config import PlaSettings, SchedulerConfig
 from medha.core.request import Request
 from medha.scheduler.policies.base_policy import POLICIES
 from medha.scheduler.policies.fcfs_policy import FcfsPolicy
@@ -64,6 +64,12 @@ def batching_gain(predictor: Predictor, tokens: int, count: int = 1) -> float:
     rather than as two batches of `count` each."""
     apart = 2 * prefill_time(predictor, tokens, count)
     return 1 - prefill_time(predictor, tokens, 2 * count) / apart
+
+
+def pla_boundary(settings: PlaSettings, predictor: Predictor, max_len: int) -> int:
+    """L_m of a deployment: the settings' `boundary_tokens`, else `boundary_tokens` from the
+    predictor (the policy and the pla dispatcher share it)."""
+    return settings.boundary_tokens or boundary_tokens(predictor, settings.batching_gain, max_len)
 
 
 def boundary_tokens(predictor: Predictor, min_gain: float, max_len: int) -> int:
@@ -211,16 +217,15 @@ class PlaPolicy(FcfsPolicy):
 
     def __init__(self, config: SchedulerConfig | None = None) -> None:
         super().__init__(config)
-        self.boundary: int | None = self.config.pla_boundary_tokens
+        self.boundary: int | None = None  # L_m, set by bind
         self.awd: AdaptiveWaitDepth | None = None
         self.iteration_budget_s = 0.0  # the scheduler's, set by bind
         self.last_class: str | None = None  # the class the last admit let through
         self._wake: float | None = None
 
     def bind(self, predictor: Predictor, blocks: BlockManager, max_model_len: int) -> None:
-        config = self.config
-        if self.boundary is None:
-            self.boundary = boundary_tokens(predictor, config.pla_batching_gain, max_model_len)
+        config, settings = self.config, self.config.pla
+        self.boundary = pla_boundary(settings, predictor, max_model_len)
         if not config.is_resolved:
             raise ValueError(
                 "the pla policy needs a resolved config (SchedulerConfig.resolve), "
@@ -228,15 +233,15 @@ class PlaPolicy(FcfsPolicy):
             )
         # one iteration budget: the margin a deadline keeps for a batch of the other class
         self.iteration_budget_s = config.iteration_budget_s
-        grid = CostGrid(predictor, self.boundary, config.pla_batching_gain, config.max_num_seqs)
-        max_wait = config.pla_max_wait_s or self.iteration_budget_s
+        grid = CostGrid(predictor, self.boundary, settings.batching_gain, config.max_num_seqs)
+        max_wait = settings.max_wait_s or self.iteration_budget_s
         self.awd = AdaptiveWaitDepth(
             grid,
-            config.pla_wait_s,
-            config.pla_depth,
+            settings.wait_s,
+            settings.depth,
             max_wait,
             self.iteration_budget_s,
-            config.pla_adaptive,
+            settings.adaptive,
         )
 
     def is_short(self, r: Request) -> bool:

@@ -30,7 +30,7 @@ class PriorityPolicy(Policy):
 
     def __init__(self, config: SchedulerConfig | None = None) -> None:
         super().__init__(config)
-        self.base = make_policy(self.config.priority_base, self.config)
+        self.base = make_policy(self.config.priority.base, self.config)
 
     def sort_key(self, now: float) -> SortKey:
         key = self.base.sort_key(now)

@@ -37,8 +37,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from medha.core.config import SchedulerConfig
 from medha.core.request import Request
-from medha.scheduler.policies.pla_policy import LONG, SHORT, boundary_tokens
+from medha.scheduler.policies.pla_policy import LONG, SHORT, pla_boundary
+from medha.sim.config import ClusterConfig
 from medha.sim.dispatchers.base_dispatcher import DISPATCHERS, Dispatcher
 
 if TYPE_CHECKING:
@@ -88,27 +90,28 @@ class PressureController:
 class PlaDispatcher(Dispatcher):
     """Short and long prefill pools, routed by prompt length, resized by instance pressure."""
 
-    def __init__(self, replicas: list[SimReplica]) -> None:
-        super().__init__(replicas)
-        sched = replicas[0].scheduler
-        config = sched.config
-        self.boundary = (
-            getattr(sched.policy, "boundary", None)
-            or config.pla_boundary_tokens
-            or boundary_tokens(sched.predictor, config.pla_batching_gain, sched.max_model_len)
+    def __init__(
+        self, replicas: list[SimReplica], cluster: ClusterConfig, scheduler: SchedulerConfig
+    ) -> None:
+        super().__init__(replicas, cluster, scheduler)
+        settings = cluster.pla
+        # the pla policy's L_m, from the same settings and cost model
+        self.boundary = pla_boundary(
+            scheduler.pla, replicas[0].scheduler.predictor, scheduler.max_model_len
         )
         n = len(replicas)
-        n_long = min(n - 1, config.pla_long_instances or max(1, n // 4))
+        n_long = min(n - 1, settings.long_instances or max(1, n // 4))
         # The last replicas start long, the first short.
         self.role = {
             r.replica_id: (LONG if i >= n - n_long else SHORT) for i, r in enumerate(replicas)
         }
         self.controller = PressureController(
-            config.pla_pressure_high, config.pla_pressure_low, config.pla_cooldown_s
+            settings.pressure_high, settings.pressure_low, settings.cooldown_s
         )
-        self.window_s = config.pla_window_s
+        self.window_s = settings.window_s
         # The TTFT deadline of a short request: the unit of the queue term.
-        self.deadline_s = config.ttft_deadline_s or config.min_ttft_deadline_s
+        self.deadline_s = scheduler.ttft_deadline_s or scheduler.min_ttft_deadline_s
+        self.max_num_seqs = scheduler.max_num_seqs
         self._recent: dict[int, deque[Request]] = {r.replica_id: deque() for r in replicas}
         self.moves: list[Move] = []
         self._next_check_s = -math.inf  # pressures are sampled a few times per window
@@ -152,7 +155,7 @@ class PlaDispatcher(Dispatcher):
         queue = queued / self.deadline_s
         blocks = sched.blocks
         utilisation = max(
-            blocks.num_used / blocks.num_blocks, sched.num_decoding / sched.config.max_num_seqs
+            blocks.num_used / blocks.num_blocks, sched.num_decoding / self.max_num_seqs
         )
         return (
             min(queue, TERM_CAP)
