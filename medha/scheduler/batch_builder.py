@@ -7,7 +7,7 @@ what the arbiter decided, so a packer needs neither.
 
 from __future__ import annotations
 
-from medha.core.batch import Batch, Chunk
+from medha.core.batch import Batch
 from medha.core.request import Request
 from medha.perf.predictor import BatchTimer
 from medha.scheduler.kv_arbiter import KVArbiter
@@ -88,8 +88,7 @@ class BatchBuilder:
         kv_lens = [r.num_scheduled for r in requests]
         self.timer.add_decodes(kv_lens)
         self.batch.decode_kv_sum += sum(kv_lens)
-        self.batch.decodes.extend(Chunk(r, n, 1, True) for r, n in zip(requests, kv_lens))
-        self._requests.schedule_decodes(requests)
+        self.batch.decodes += self._requests.schedule_decodes(requests)
         if own_targets:
             targets = [r.tpot_target_s for r in requests if r.tpot_target_s is not None]
             if self.tpot_target_s is not None:
@@ -104,6 +103,5 @@ class BatchBuilder:
         if n <= 0 or (all_or_nothing and n < num_tokens):
             return 0
         self.timer.add_prefill(n, start)
-        self.batch.prefills.append(Chunk(r, start, n, start + n == r.num_tokens))
-        self._requests.schedule_chunk(r, n)
+        self.batch.prefills.append(self._requests.schedule_chunk(r, n))
         return n

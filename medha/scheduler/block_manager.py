@@ -91,8 +91,8 @@ class BlockManager:
     def at_capacity(self, requests: Iterable[Request]) -> list[Request]:
         """Those of `requests` whose blocks hold no more than their scheduled tokens: the next
         token each schedules needs a new block. (One pass for a batch's decodes.)"""
-        tables, bs = self._tables, self.block_size
-        return [r for r in requests if len(tables.get(r.request_id, ())) * bs <= r.num_scheduled]
+        get, bs = self._tables.get, self.block_size
+        return [r for r in requests if len(get(r.request_id, ())) * bs <= r.num_scheduled]
 
     def tokens_held(self, request_id: str) -> int:
         return len(self._tables.get(request_id, ())) * self.block_size

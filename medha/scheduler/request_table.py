@@ -152,17 +152,22 @@ class RequestTable:
             self.kv.free(r.request_id)
 
     # ---- forming a batch -------------------------------------------------------------------
-    def schedule_decodes(self, requests: Iterable[Request]) -> None:
-        """One decode token each joins a batch: they are members of it until it returns (a
-        member is never chosen as a preemption victim)."""
+    def schedule_decodes(self, requests: Iterable[Request]) -> list[Chunk]:
+        """One decode token each joins a batch (their chunks): they are members of it until it
+        returns (a member is never chosen as a preemption victim)."""
+        chunks = []
         for r in requests:
+            chunks.append(Chunk(r, r.num_scheduled, 1, True))
             r.num_scheduled += 1
             r.num_inflight_batches += 1
+        return chunks
 
-    def schedule_chunk(self, r: Request, num_tokens: int) -> None:
-        """`num_tokens` more of `r`'s context join a batch."""
+    def schedule_chunk(self, r: Request, num_tokens: int) -> Chunk:
+        """`num_tokens` more of `r`'s context join a batch (their chunk)."""
+        start = r.num_scheduled
         r.num_scheduled += num_tokens
         r.num_inflight_batches += 1
+        return Chunk(r, start, num_tokens, start + num_tokens == r.num_tokens)
 
     def begin_prefill(self, r: Request, now: float) -> None:
         """`r` has a prefill chunk in the batch formed at `now`."""
