@@ -15,18 +15,16 @@ against its own cached `generate`).
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
-from medha.core.config import SchedulerConfig  # noqa: E402
-from medha.engine.checkpoint import resolve_model  # noqa: E402
-from medha.engine.llm import LLM  # noqa: E402
-from medha.engine.sampling_params import SamplingParams  # noqa: E402
+from medha.benchmark.logits import prefill_logits
+from medha.core.config import SchedulerConfig
+from medha.engine.checkpoint import resolve_model
+from medha.engine.llm import LLM
+from medha.engine.sampling_params import SamplingParams
 
 LENGTHS = [
     5,
@@ -82,7 +80,6 @@ def main() -> None:
     args = ap.parse_args()
     runs = RUNS[-1:] if args.only_preemption else RUNS
     dtype = getattr(torch, args.dtype)
-    from test_engine import prefill_logits
     from transformers import AutoModelForCausalLM
 
     path = resolve_model("smollm2")

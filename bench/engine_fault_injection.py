@@ -3,13 +3,14 @@ place of its step, and checks that it ends alone.
 
     python bench/engine_fault_injection.py [--runs 100] [--seed 0]
 
-Each run sends the 8 prompts of tests/test_isolation.py (3-90 tokens, 6 greedy tokens each)
-through `LLM.generate` on the tiny random Llama with chunks of 16 tokens, so prompts prefill
-over several batches beside the others' decodes. One of them, the victim, fails from the k-th
-time (k in 0-6) its work passes one place: the runner reading its inputs, the forward pass with
-its rows in it (found by re-running the batch in halves), the sampler (NaN in its logits row),
-or the detokenizer. The table counts the runs whose victim failed, the other requests that did
-not finish with their quiet-run tokens, KV blocks left in use, and errors out of the engine.
+Each run sends the 8 prompts of tests/test_isolation.py (medha/benchmark/faults.py: 3-90
+tokens, 6 greedy tokens each) through `LLM.generate` on the tiny random Llama with chunks of 16
+tokens, so prompts prefill over several batches beside the others' decodes. One of them, the
+victim, fails from the k-th time (k in 0-6) its work passes one place: the runner reading its
+inputs, the forward pass with its rows in it (found by re-running the batch in halves), the
+sampler (NaN in its logits row), or the detokenizer. The table counts the runs whose victim
+failed, the other requests that did not finish with their quiet-run tokens, KV blocks left in
+use, and errors out of the engine.
 """
 
 from __future__ import annotations
@@ -24,14 +25,10 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-from faults import PLACES, inject  # noqa: E402
-from test_isolation import GREEDY, PROMPTS  # noqa: E402
-from tiny_llama import build_tiny_llama  # noqa: E402
-
-from medha.core.config import SchedulerConfig  # noqa: E402
-from medha.engine.llm import LLM  # noqa: E402
+from medha.benchmark.faults import GREEDY, PLACES, PROMPTS, inject
+from medha.benchmark.tiny_llama import build_tiny_llama
+from medha.core.config import SchedulerConfig
+from medha.engine.llm import LLM
 
 logging.getLogger("medha.engine").setLevel(logging.ERROR)  # the failures are the point
 

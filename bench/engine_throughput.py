@@ -5,7 +5,7 @@
 64 requests, prompts of 64-512 random tokens and 64-256 output tokens (uniform, seed 0, EOS
 ignored, greedy), SmolLM2-135M in fp32: useful output tokens per second of medha's engine
 (all requests submitted at once) against transformers' static `generate` in batches of 8 and
-its continuous batching (bench/hf_baselines.py). Then prefill GFLOP/s of one chunk as a
+its continuous batching (medha/benchmark/hf_baselines.py). Then prefill GFLOP/s of one chunk as a
 fraction of this machine's measured fp32 GEMM peak.
 """
 
@@ -13,26 +13,21 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from hf_baselines import (  # noqa: E402
+from medha.benchmark.hf_baselines import (
     hf_continuous_batching,
     hf_prefill_gflops,
     hf_static_generate,
     make_workload,
 )
-
-from medha.core.config import SchedulerConfig  # noqa: E402
-from medha.engine.llm import LLM  # noqa: E402
-from medha.engine.profiler import Profiler, Shape  # noqa: E402
-from medha.engine.sampling_params import SamplingParams  # noqa: E402
-from medha.perf.hardware_specs import this_cpu  # noqa: E402
+from medha.core.config import SchedulerConfig
+from medha.engine.llm import LLM
+from medha.engine.profiler import Profiler, Shape
+from medha.engine.sampling_params import SamplingParams
+from medha.perf.hardware_specs import this_cpu
 
 CONFIGS = {  # name -> scheduler; a throughput run wants iterations long enough for big batches
     "medha lars + adaptive (TPOT target 0.5 s)": SchedulerConfig(

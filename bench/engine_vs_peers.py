@@ -35,12 +35,9 @@ import subprocess
 import sys
 import time
 from contextlib import contextmanager
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from hf_baselines import make_workload  # noqa: E402
-from local_server import alternated, local_server  # noqa: E402
+from medha.benchmark.hf_baselines import make_workload
+from medha.benchmark.local_server import alternated, local_server
 
 MAX_LEN = 8192
 KV_GIB = 2.0

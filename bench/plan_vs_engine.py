@@ -26,13 +26,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from local_server import local_server  # noqa: E402
-
-from medha.benchmark.load_generator import BenchConfig, build_requests, run_bench  # noqa: E402
-from medha.plan.report import worst_over_target  # noqa: E402
-from medha.plan.slo import parse_slos  # noqa: E402
+from medha.benchmark.load_generator import BenchConfig, build_requests, run_bench
+from medha.benchmark.local_server import local_server
+from medha.plan.report import worst_over_target
+from medha.plan.slo import parse_slos
 
 WORKLOAD = "prompt=32-256,output=16-48,long_fraction=0.05,long_prompt=3000-6000"
 

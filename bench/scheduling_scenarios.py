@@ -2,17 +2,13 @@
 
     python bench/scheduling_scenarios.py
 
-Same setups as tests/test_scenarios.py; prints markdown tables of TTFT per request class.
+The setups of medha/benchmark/scenarios.py, which tests/test_scenarios.py checks; prints
+markdown tables of TTFT per request class.
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
-from test_scenarios import illustrative, steady_stream  # noqa: E402
+from medha.benchmark.scenarios import illustrative, steady_stream
 
 POLICIES = ["fcfs", "edf", "lrs", "lars", "srpt"]
 

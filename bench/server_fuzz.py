@@ -25,11 +25,8 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-from local_server import local_server  # noqa: E402
-from tiny_llama import build_tiny_llama  # noqa: E402
+from medha.benchmark.local_server import local_server
+from medha.benchmark.tiny_llama import build_tiny_llama
 
 KEY = "fuzz-key"
 CHECKS = ["--checks", "all", "--exclude-checks", "positive_data_acceptance"]

@@ -27,9 +27,7 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from local_server import local_server  # noqa: E402
+from medha.benchmark.local_server import local_server
 
 INNOCENT = {
     "prompt": "The history of the printing press begins",

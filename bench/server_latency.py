@@ -17,15 +17,11 @@ import statistics
 import sys
 import time
 from contextlib import ExitStack
-from pathlib import Path
 
 import openai
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from local_server import local_server  # noqa: E402
-
-from medha.engine.checkpoint import resolve_model  # noqa: E402
+from medha.benchmark.local_server import local_server
+from medha.engine.checkpoint import resolve_model
 
 MESSAGES = [{"role": "user", "content": "In one sentence, why is the sky blue?"}]
 

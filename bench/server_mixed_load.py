@@ -20,11 +20,8 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from local_server import local_server  # noqa: E402
-
-from medha.benchmark.load_generator import BenchConfig, run_bench  # noqa: E402
+from medha.benchmark.load_generator import BenchConfig, run_bench
+from medha.benchmark.local_server import local_server
 
 WORKLOAD = "prompt=32-256,output=16-48,long_fraction=0.05,long_prompt=3000-6000"
 POLICIES = {

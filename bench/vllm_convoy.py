@@ -3,11 +3,11 @@ OpenAI server, side by side in one run.
 
     python bench/vllm_convoy.py [--rounds 2] [--medha '{"policy": "lars", ...}' ...] [--front vllm]
 
-SmolLM2-135M on this machine, every server with the same flags (bench/vllm_servers.py: vLLM's
-dtype, 2,048 tokens and 128 sequences per step). A 6,000-token prompt, then 8 short prompts
-(64 tokens, 16 output tokens each) 0.5 s later; and the same 8 short prompts alone. For each
-server, the short requests' TTFT p50 alone and behind the long prompt, their ratio, and the
-long prompt's TTFT.
+SmolLM2-135M on this machine, every server with the same flags
+(medha/benchmark/vllm_servers.py: vLLM's dtype, 2,048 tokens and 128 sequences per step). A
+6,000-token prompt, then 8 short prompts (64 tokens, 16 output tokens each) 0.5 s later; and the
+same 8 short prompts alone. For each server, the short requests' TTFT p50 alone and behind the
+long prompt, their ratio, and the long prompt's TTFT.
 Contenders: `python -m vllm.entrypoints.openai.api_server` with its default scheduler, and the
 same with `--scheduler-cls medha.vllm_executor.MedhaScheduler --additional-config
 '{"medha": ...}'` (or, with --front medha, `medha serve --engine vllm`); one server at a time,
@@ -23,12 +23,9 @@ import random
 import statistics
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from local_server import alternated, local_server  # noqa: E402
-from vllm_servers import add_server_args, server_command, server_flags  # noqa: E402
+from medha.benchmark.local_server import alternated, local_server
+from medha.benchmark.vllm_servers import add_server_args, server_command, server_flags
 
 DEFAULT_MEDHA = {"policy": "lars", "chunking": "adaptive"}
 

@@ -2,8 +2,8 @@
 
     python bench/vllm_latency.py [--rounds 2] [--repeats 20]
 
-SmolLM2-135M, every server with the same flags (bench/vllm_servers.py), one at a time,
-alternated for --rounds rounds. With nothing else running, each server answers, one request at
+SmolLM2-135M, every server with the same flags (medha/benchmark/vllm_servers.py), one at a
+time, alternated for --rounds rounds. With nothing else running, each server answers, one request at
 a time: a short chat (8 output tokens, the latency a user feels; median of --repeats) and a
 2,000-token prompt (its TTFT, 1 output token; median of --repeats / 4). Contenders: vLLM's
 OpenAI server with its own scheduler; the same server with medha's scheduler running vLLM's
@@ -19,12 +19,9 @@ import random
 import statistics
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from local_server import alternated, local_server  # noqa: E402
-from vllm_servers import add_server_args, server_command, server_flags  # noqa: E402
+from medha.benchmark.local_server import alternated, local_server
+from medha.benchmark.vllm_servers import add_server_args, server_command, server_flags
 
 MEDHA = {"policy": "lars", "chunking": "adaptive"}
 # vLLM's own schedule (whole 2,048-token chunks, first come first served) decided by medha: what

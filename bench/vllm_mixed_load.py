@@ -2,10 +2,11 @@
 
     python bench/vllm_mixed_load.py [--qps 1.0,2.0] [--num-requests 150] [--rounds 1]
 
-SmolLM2-135M on this machine, every server with the same flags (bench/vllm_servers.py). The
-workload of bench/server_mixed_load.py: 95% prompts of 32-256 tokens, 5% of 3,000-6,000, 16-48
-output tokens, Poisson arrivals, the same request list for every server (seeded), driven by
-`medha bench`. Contenders, one server at a time, alternated within each round:
+SmolLM2-135M on this machine, every server with the same flags
+(medha/benchmark/vllm_servers.py). The workload of bench/server_mixed_load.py: 95% prompts of
+32-256 tokens, 5% of 3,000-6,000, 16-48 output tokens, Poisson arrivals, the same request list
+for every server (seeded), driven by `medha bench`. Contenders, one server at a time,
+alternated within each round:
 
 - vLLM: its own scheduler (chunked prefill, running requests first);
 - medha lars: lars with adaptive chunking, the packer planning with the vLLM profile of this
@@ -26,12 +27,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from local_server import alternated, local_server  # noqa: E402
-from vllm_servers import add_server_args, server_command, server_flags  # noqa: E402
-
-from medha.benchmark.load_generator import BenchConfig, run_bench  # noqa: E402
+from medha.benchmark.load_generator import BenchConfig, run_bench
+from medha.benchmark.local_server import alternated, local_server
+from medha.benchmark.vllm_servers import add_server_args, server_command, server_flags
 
 WORKLOAD = "prompt=32-256,output=16-48,long_fraction=0.05,long_prompt=3000-6000"
 LONG_THRESHOLD = 1024

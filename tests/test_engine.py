@@ -1,12 +1,11 @@
 """The real engine on the embedded SmolLM2-135M, against transformers on the same weights."""
 
 import json
-import time
 
 import pytest
 import torch
 
-from medha.core.batch import BatchResult
+from medha.benchmark.logits import prefill_logits
 from medha.core.config import SchedulerConfig
 from medha.engine import checkpoint
 from medha.engine.checkpoint import resolve_model
@@ -50,27 +49,6 @@ def reference(hf, prompts):
             gen = hf.generate(torch.tensor([p]), max_new_tokens=GREEDY.max_tokens, do_sample=False)
             out.append(gen[0][len(p) :].tolist())
     return out
-
-
-def prefill_logits(chunking: str, ids: list[int], dtype: str = "auto", **engine) -> torch.Tensor:
-    """Logits at every prompt position (float32), prefilled in the chunks `chunking` picks;
-    `engine`: more engine options."""
-    engine = LLM(
-        "smollm2",
-        scheduler=SchedulerConfig(policy="fcfs", chunking=chunking, tpot_target_s=0.02),
-        kv_memory_gb=0.1,
-        dtype=dtype,
-        **engine,
-    ).engine
-    engine.add_request("x", None, SamplingParams(max_tokens=1, temperature=0), prompt_token_ids=ids)
-    rows = []
-    while engine.has_unfinished():
-        batch = engine.scheduler.schedule(time.monotonic())
-        logits, _ = engine.runner.execute(batch, all_logits=True)
-        rows.append(logits.float())
-        tokens = {"x": 0} if batch.prefills[-1].samples else None
-        engine.scheduler.update(batch, BatchResult(0.01, tokens), time.monotonic())
-    return torch.cat(rows)
 
 
 def test_whole_prefill_logits_equal_transformers(hf, prompts):

@@ -9,10 +9,10 @@ import random
 
 import pytest
 import torch
-from faults import PLACES, inject
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from medha.benchmark.faults import GREEDY, PLACES, PROMPTS, inject
 from medha.engine.errors import (
     InvalidRequestError,
     RequestFailedError,
@@ -22,12 +22,6 @@ from medha.engine.errors import (
 from medha.engine.llm import LLM
 from medha.engine.llm_engine import MAX_FORWARD_FAILURES
 from medha.engine.sampling_params import SamplingParams
-
-GREEDY = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
-PROMPTS = [
-    [(7 * i + 3 * k) % 40000 + 100 for k in range(n)]
-    for i, n in enumerate([5, 40, 17, 90, 3, 61, 28, 12])
-]
 
 
 @pytest.fixture(scope="module")

@@ -1,33 +1,8 @@
 """The paper's scheduling scenarios, driven through the real scheduler."""
 
 import pytest
-from conftest import toy_scheduler
 
-from medha.core.config import SchedulerConfig
-from medha.core.request import Request
-from medha.perf import ParallelConfig, make_predictor
-from medha.scheduler.block_manager import BlockManager
-from medha.scheduler.replica_scheduler import ReplicaScheduler
-from medha.sim.replay import replay
-
-# 1024 tokens per second and 128-token iterations: every time below is an exact binary
-# fraction, so iteration boundaries land exactly on t = 5 s and deadlines compare exactly.
-BUDGET = 1 / 8
-
-
-def illustrative(policy, chunking, **config):
-    # r_L counts as long (space sharing, one per batch); the short requests do not
-    sched = toy_scheduler(
-        policy, chunking, iteration_budget_s=BUDGET, long_prefill_threshold=4096, **config
-    )
-    reqs = [
-        Request("r_L", 0.0, 10 * 1024, 1, ttft_deadline_s=16.0),  # 10 s of work
-        Request("r_S1", 5.0, 512, 1, ttft_deadline_s=1.0),  # 0.5 s each
-        Request("r_S2", 5.0, 512, 1, ttft_deadline_s=1.0),
-    ]
-    replay(sched, reqs, on_batch=lambda b, now: sched.check_invariants())
-    assert sched.blocks.num_used == 0
-    return {r.request_id: r.ttft_s for r in reqs}
+from medha.benchmark.scenarios import BUDGET, illustrative, steady_stream
 
 
 def test_illustrative_fcfs_without_chunking_misses_both_short_deadlines():
@@ -53,23 +28,6 @@ def test_illustrative_with_space_sharing_within_one_iteration(policy):
     ttft = illustrative(policy, "adaptive")
     assert ttft["r_L"] <= 16.0
     assert ttft["r_S1"] <= 1.0 + BUDGET and ttft["r_S2"] <= 1.0 + BUDGET
-
-
-def steady_stream(policy, gap=0.032, horizon=50.0):
-    """A 500K-token prompt at t=0, then a 1500-token request every `gap` seconds.
-
-    Llama-3-8B on 8 x H100 (TP8), 50 ms budget. At this gap the short requests need more of
-    the machine than the long one can spare and still meet its deadline: no policy meets
-    every deadline here (below this load EDF does, being optimal for a preemptive machine).
-    """
-    pred = make_predictor("roofline", "llama-3-8b", "h100", ParallelConfig(tp=8))
-    sched = ReplicaScheduler(
-        SchedulerConfig(policy=policy, iteration_budget_s=0.05), pred, BlockManager(1 << 19)
-    )
-    long_ = Request("long", 0.0, 500_000, 1)
-    shorts = [Request(f"s{i}", 0.01 + i * gap, 1500, 100) for i in range(int(horizon / gap))]
-    replay(sched, [long_, *shorts])
-    return long_, shorts
 
 
 def test_starvation_edf_starves_the_long_request_then_convoys_the_short_ones():

@@ -233,12 +233,10 @@ def test_vllms_own_openai_server_with_medhas_scheduler(model, tmp_path):
     official openai client, streamed and not, with the same greedy text; a client's invalid
     medha target is left out with a warning, and its request still succeeds."""
     import sys
-    from pathlib import Path
 
     import openai
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    from local_server import local_server
+    from medha.benchmark.local_server import local_server
 
     def command(port):
         return [

@@ -3,8 +3,8 @@ against transformers on the same weights, through chunking, swapping and pipelin
 
 import pytest
 import torch
-from test_engine import prefill_logits
 
+from medha.benchmark.logits import prefill_logits
 from medha.core.config import SchedulerConfig
 from medha.engine.checkpoint import resolve_model
 from medha.engine.errors import EngineError

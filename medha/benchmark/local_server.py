@@ -1,4 +1,5 @@
-"""Start an OpenAI-compatible server on a free loopback port for a benchmark, and stop it."""
+"""Start an OpenAI-compatible server on a free loopback port for a benchmark (or a test that
+drives one, tests/test_vllm_executor.py), and stop it."""
 
 from __future__ import annotations
 

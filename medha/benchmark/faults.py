@@ -1,13 +1,20 @@
 """Fault injection into a real engine, for tests/test_isolation.py and
 bench/engine_fault_injection.py: make the engine raise for one chosen request at one place of
-its step."""
+its step. The requests both send (PROMPTS, GREEDY) are here too: the benchmark repeats the
+tests' runs."""
 
 from __future__ import annotations
 
 from medha.engine import model_runner
+from medha.engine.sampling_params import SamplingParams
 from medha.engine.tokenizer import Detokenizer
 
 PLACES = ("inputs", "forward", "sampler", "detokenizer")
+GREEDY = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+PROMPTS = [
+    [(7 * i + 3 * k) % 40000 + 100 for k in range(n)]
+    for i, n in enumerate([5, 40, 17, 90, 3, 61, 28, 12])
+]
 
 
 def inject(monkeypatch, llm, where: str, victim: str, prompt: list[int], after: int) -> None:
