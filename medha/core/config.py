@@ -561,8 +561,8 @@ class SchedulerConfig:
         tpot_target_s: 0.05 s. On a CPU one decode iteration alone takes about as long as
         that (it reads every weight), which would shrink prefill chunks to a few tokens and
         spend most of the machine on that fixed cost; there the target is 6x a lone decode
-        iteration (with SmolLM2 on a 2-core CPU, a 4,500-token prefill is predicted 2.4x
-        slower chunked at 3x, 1.5x at 6x).
+        iteration (the predictor prices a long prefill chunked at 3x far above unchunked, at 6x
+        much closer: docs/engine.md).
 
         iteration_budget_s: the TPOT target scaled for pipelining (`iteration_budget`).
         max_model_len: the model's context. A longer one than the spec's is allowed: the

@@ -19,9 +19,9 @@ _fitting = threading.local()
 
 def one_blas_thread(fit: Callable) -> Callable:
     """Runs `fit` with one BLAS thread. A fit is many small least-squares solves, where BLAS
-    threads only add hand-offs, and OpenBLAS's spinning threads make them 15-30x slower (an
-    A100 profile's fit: 20-36 s instead of 1.3 s) whenever anything else keeps a core busy, an
-    engine included. Limited once at the outermost fit (setting the limit costs ~0.7 ms)."""
+    threads only add hand-offs, and OpenBLAS's spinning threads make them an order of magnitude
+    slower whenever anything else keeps a core busy, an engine included. Limited once at the
+    outermost fit (setting the limit is not free)."""
 
     @functools.wraps(fit)
     def pinned(*args, **kwargs):

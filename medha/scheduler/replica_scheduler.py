@@ -44,8 +44,8 @@ class ReplicaScheduler:
     ) -> None:
         """`prefill_times` lets replicas with the same predictor and packer share one cache.
         `block_tables`: each chunk of a batch carries its request's KV block ids, what an engine
-        runs it with; the simulator, which runs no model, turns them off (setting them cost
-        ~10% of its time)."""
+        runs it with; the simulator, which runs no model, turns them off (setting them is a
+        sizeable share of its time)."""
         self.block_tables = block_tables
         # The one resolution of the config: the packer, the policy, the KV arbiter and the
         # simulator's metrics all read this object's defaults (resolve returns it unchanged).

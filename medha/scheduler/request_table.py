@@ -57,7 +57,7 @@ class RequestTable:
         self._resume: dict[str, RequestState] = {}  # the phase each swapped request left
         self._aborted_inflight: dict[str, Request] = {}
         # live requests that carry their own TPOT target: batches look for the tightest only
-        # while some do (a read per decode per batch is ~2% of the simulator's time)
+        # while some do (a read per decode per batch shows in the simulator's time)
         self.own_tpot_targets = 0
         self._admissions = 0
 

@@ -6,8 +6,8 @@ pass never blocks the event loop and the event loop never races the scheduler.
 
 `medha serve` runs this loop on the main thread, the one that loaded the model, and uvicorn on
 another. torch's OpenMP pool serves the first thread that used it well; small parallel ops
-from any other thread cost 4-13x more (an SDPA call of one decode: 15 us on the main thread,
-67 us on another), which made a lone request 10-20% slower.
+from any other thread cost several times more, enough to slow a lone request down measurably
+(docs/server.md).
 """
 
 from __future__ import annotations

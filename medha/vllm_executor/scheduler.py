@@ -74,10 +74,17 @@ class MedhaScheduler(Scheduler):
             self.medha.add_request(mirror, now)
         except ValueError as e:
             # one request medha cannot take must not fail the engine core (and every other
-            # request with it): vLLM finishes it with an error at the next step, and medha
-            # never plans it, so vLLM never runs it
+            # request with it): medha never plans it, so vLLM never runs it, and it ends
             logger.error("request %s refused by medha's scheduler: %s", request.request_id, e)
-            self.grammar_compile_error_reqs.add(request.request_id)
+            self._fail_at_next_step(request.request_id)
+
+    def _fail_at_next_step(self, request_id: str) -> None:
+        """End a request with an error at vLLM's next step. vLLM's scheduler has one way to
+        fail a request from inside `add_request`: the set of requests whose structured-output
+        grammar failed to compile, which its next `schedule()` finishes with FINISHED_ERROR
+        (the client sees an error, the engine core goes on). The request has no grammar: the
+        set is only the way in (contract.py checks it still exists)."""
+        self.grammar_compile_error_reqs.add(request_id)
 
     def finish_requests(self, request_ids: str | Iterable[str] | None, finished_status):
         finished = super().finish_requests(request_ids, finished_status)
