@@ -62,10 +62,6 @@ class Predictor(ABC):
             ((c.num_tokens, c.start) for c in batch.prefills), (c.start for c in batch.decodes)
         )
 
-    def stage_time(self, batch_time: float) -> float:
-        """Time a batch occupies one pipeline stage (stages are balanced by layer count)."""
-        return batch_time / self.parallel.spp
-
     def fingerprint(self) -> dict | None:
         """Everything its predictions depend on, as JSON data, for tables derived from them
         and kept on disk (the simulator's set-up cache); None, the default, keeps them off

@@ -96,6 +96,3 @@ class LengthQuadTree:
         leaf, kv_len, blocks = self._where.pop(request_id)
         self._add(self.path(kv_len), -1, -blocks)
         del leaf.members[request_id]
-
-    def length_of(self, request_id: str) -> int:
-        return self._where[request_id][1]

@@ -37,7 +37,6 @@ class DeferredPolicy(FcfsPolicy):
         self.cap = config.running_cap
         self.admitted: dict[str, Request] = {}
         self.departures = 0  # since the last admission
-        self.admissions = 0  # groups let in so far
 
     def admit(
         self, queue: list[Request], is_live: Callable[[str], bool], now: float
@@ -61,4 +60,3 @@ class DeferredPolicy(FcfsPolicy):
             return  # the departures stay counted: the next arrival goes straight in
         self.admitted.update((r.request_id, r) for r in fresh)
         self.departures = 0
-        self.admissions += 1
