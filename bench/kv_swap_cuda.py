@@ -1,7 +1,7 @@
 """Swap preemption on a CUDA GPU: the host link's speed, the engine's block copies, and (with
 --model) greedy tokens of a pressured swapping run against an unpressured one.
 
-    python bench/kv_swap_cuda.py                          # bandwidth and HostKVCache copies
+    python bench/kv_swap_cuda.py                          # bandwidth and HostKVBlocks copies
     python bench/kv_swap_cuda.py --model DIR --dtype float32   # plus the engine on DIR
 
 DIR: a small Llama checkpoint, e.g. the tiny random one the tests
@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from medha.engine.kv_swap import HostKVCache
+from medha.engine.host_kv import HostKVBlocks
 
 
 def _timed(fn, repeats: int = 5) -> float:
@@ -54,7 +54,7 @@ def host_kv_cache(num_blocks: int = 4096, moved: int = 512, bs: int = 16) -> dic
         )
         for _ in range(layers)
     ]
-    host = HostKVCache(caches, num_blocks=moved, block_size=bs)
+    host = HostKVBlocks(caches, num_blocks=moved, block_size=bs)
     block_bytes = 2 * layers * kvh * hd * 2 * bs
     src = list(range(1, 2 * moved, 2))  # every other block: a fragmented cache
     dst = list(range(2, 2 * moved + 1, 2))

@@ -74,9 +74,9 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     if args.profile is None:
         from medha.engine.config import EngineConfig
-        from medha.engine.llm_engine import profile_path_for
+        from medha.engine.setup import profile_path
 
-        args.profile = profile_path_for(EngineConfig())
+        args.profile = profile_path(EngineConfig())
     if not Path(args.profile).is_file():
         sys.exit(f"no profile at {args.profile}: run `medha profile` first")
     slos = parse_slos(args.slo)

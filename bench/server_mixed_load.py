@@ -133,9 +133,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.profile is None:
         from medha.engine.config import EngineConfig
-        from medha.engine.llm_engine import profile_path_for
+        from medha.engine.setup import profile_path
 
-        args.profile = profile_path_for(EngineConfig())
+        args.profile = profile_path(EngineConfig())
     out = Path(args.out)
     if args.tpot_target_s:
         for name in ("lars", "edf"):

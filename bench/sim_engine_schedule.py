@@ -20,7 +20,7 @@ from medha.analysis.schedule_match import engine_run, first_difference, overlaps
 from medha.core.config import SchedulerConfig
 from medha.engine.checkpoint import resolve_model
 from medha.engine.config import EngineConfig
-from medha.engine.llm_engine import profile_path_for
+from medha.engine.setup import profile_path
 from medha.engine.tokenizer import Tokenizer
 
 TEXT = " ".join(f"line {i} of the harbour log." for i in range(1000))
@@ -66,7 +66,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    default = profile_path_for(EngineConfig())  # the engine's own, at its default dtype
+    default = profile_path(EngineConfig())  # the engine's own, at its default dtype
     ap.add_argument(
         "--predictor",
         default=f"profiled:{default}",

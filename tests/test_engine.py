@@ -60,7 +60,8 @@ def test_whole_prefill_logits_equal_transformers(hf, prompts):
 
 
 def test_auto_dtype_is_bf16_where_the_cpu_computes_in_it(monkeypatch):
-    from medha.engine.llm_engine import resolve_dtype
+    from medha.engine.config import EngineConfig
+    from medha.engine.setup import resolve_dtype
     from medha.perf import hardware_specs
 
     epyc = "flags\t\t: fpu sse2 avx2 avx512f avx512bw avx512_bf16 avx512_vnni\n"
@@ -75,7 +76,28 @@ def test_auto_dtype_is_bf16_where_the_cpu_computes_in_it(monkeypatch):
         assert resolve_dtype("float32", cpu) == torch.float32  # asked for: always kept
     assert resolve_dtype("auto", torch.device("cuda")) == torch.bfloat16
     with pytest.raises(EngineError, match="dtype must be one of"):
-        resolve_dtype("fp8", cpu)
+        EngineConfig(dtype="fp8")
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("device", "tpu", "device must be cpu, cuda or auto"),
+        ("kernels", "onednn", "kernels must be one of"),
+        ("tp", 0, "tp must be a positive integer"),
+        ("max_tokens_per_kvp_group", 1.5, "max_tokens_per_kvp_group must be a positive integer"),
+        ("kv_memory_gb", 0, "kv_memory_gb must be positive"),
+        ("kv_memory_gb", float("inf"), "kv_memory_gb must be finite"),
+        ("block_size", 0, "block_size must be an integer in"),
+        ("threads", 0, "threads must be a positive integer"),
+    ],
+)
+def test_an_engine_config_checks_itself_when_made(field, value, message):
+    """Before any checkpoint, device or thread is touched: EngineConfig alone refuses it."""
+    from medha.engine.config import EngineConfig
+
+    with pytest.raises(EngineError, match=message):
+        EngineConfig(**{field: value})
 
 
 def test_bf16_engine_against_transformers_in_bf16(model_dir, prompts):

@@ -19,8 +19,8 @@ from medha.engine.errors import (
     blame,
     is_fatal,
 )
+from medha.engine.isolation import MAX_FORWARD_FAILURES
 from medha.engine.llm import LLM
-from medha.engine.llm_engine import MAX_FORWARD_FAILURES
 from medha.engine.sampling_params import SamplingParams
 
 
@@ -41,7 +41,7 @@ def quiet(llm):
 def assert_clean(llm) -> None:
     e = llm.engine
     e.scheduler.check_invariants()
-    assert not e.has_unfinished() and not e._states and not e._failed
+    assert not e.has_unfinished() and not e._states and not e.isolation.failed
     assert e.scheduler.blocks.num_used == 0
 
 
@@ -226,7 +226,7 @@ def test_an_error_that_follows_every_request_stops_the_engine(tiny_model):
     with pytest.raises(RuntimeError, match="every forward fails"):
         llm.generate(PROMPTS[:4], GREEDY)  # each of the batch's fails alone: not theirs
     assert llm.engine.scheduler.blocks.num_used == 0
-    llm.engine._forward_failures = 0  # as a fresh engine
+    llm.engine.isolation.forward_failures = 0  # as a fresh engine
     for _ in range(MAX_FORWARD_FAILURES):  # one request at a time: it could be its own
         assert llm.generate([PROMPTS[0]], GREEDY)[0].finish_reason == "error"
     with pytest.raises(RuntimeError, match="every forward fails"):
@@ -242,7 +242,7 @@ def test_an_error_that_follows_every_request_stops_the_engine(tiny_model):
         llm.generate(PROMPTS[:4], GREEDY)
     assert len(calls) == 1 and llm.engine.scheduler.blocks.num_used == 0
     llm.engine.runner.forward = real
-    llm.engine._forward_failures = 0
+    llm.engine.isolation.forward_failures = 0
     assert llm.generate([PROMPTS[0]], GREEDY)[0].finish_reason == "length"
 
 

@@ -10,7 +10,7 @@ import torch
 from medha.analysis.schedule_match import engine_run, sim_run
 from medha.core.config import SchedulerConfig
 from medha.engine.errors import EngineError
-from medha.engine.kv_swap import HostKVCache
+from medha.engine.host_kv import HostKVBlocks
 from medha.engine.llm import LLM
 from medha.engine.sampling_params import SamplingParams
 
@@ -68,7 +68,7 @@ def test_a_host_tier_brings_evicted_history_back_with_the_same_tokens(tiny_model
     assert answers == reference
     st = s.stats
     assert st.host_cache_out_blocks > 0 and st.prefix_host_hit_tokens > 0
-    assert llm.engine.host_cache is not None
+    assert llm.engine.prefix_host_blocks is not None
 
 
 def test_usage_and_stats_report_cached_tokens(tiny_model):
@@ -86,7 +86,7 @@ def test_host_cache_tier_copies_are_real():
     torch.manual_seed(0)
     bs, nb = 4, 6
     caches = [(torch.randn(1, nb * bs, 2), torch.randn(1, nb * bs, 2))]
-    tier = HostKVCache(caches, num_blocks=3, block_size=bs)
+    tier = HostKVBlocks(caches, num_blocks=3, block_size=bs)
     before = caches[0][0][:, 2 * bs : 3 * bs].clone()
     tier.swap_out([2], [1])
     caches[0][0].zero_()

@@ -9,7 +9,7 @@ from medha.core.batch import Batch, KVSwap
 from medha.core.config import SchedulerConfig
 from medha.core.request import Request
 from medha.engine.errors import EngineError
-from medha.engine.kv_swap import HostKVCache
+from medha.engine.host_kv import HostKVBlocks
 from medha.engine.llm import LLM
 from medha.engine.sampling_params import SamplingParams
 
@@ -18,7 +18,7 @@ def test_host_kv_cache_moves_blocks_both_ways():
     torch.manual_seed(0)
     bs, nb = 4, 10
     caches = [(torch.randn(2, nb * bs, 8), torch.randn(2, nb * bs, 8)) for _ in range(3)]
-    host = HostKVCache(caches, num_blocks=6, block_size=bs)
+    host = HostKVBlocks(caches, num_blocks=6, block_size=bs)
 
     def block(t, b):
         return t[:, b * bs : (b + 1) * bs].clone()
@@ -38,7 +38,7 @@ def test_a_batch_swaps_in_before_it_swaps_out():
     # request x comes back from host block 0 while y leaves for that same block
     bs = 2
     caches = [(torch.arange(16.0).reshape(1, 8, 2), torch.zeros(1, 8, 2))]
-    host = HostKVCache(caches, num_blocks=1, block_size=bs)
+    host = HostKVBlocks(caches, num_blocks=1, block_size=bs)
     host.host[0, 0] = -1.0  # x's KV
     x, y = Request("x", 0.0, 2, 1), Request("y", 0.0, 2, 1)
     batch = Batch(0, 0.0, swap_in=[KVSwap(x, [0], [0])], swap_out=[KVSwap(y, [3], [0])])

@@ -101,7 +101,10 @@ def _serve_vllm(args: argparse.Namespace, config: ServerConfig) -> None:
     from medha.engine.errors import EngineError
     from medha.server.app import build_app
 
-    engine_config = dataclass_from_args(EngineConfig, args)
+    try:
+        engine_config = dataclass_from_args(EngineConfig, args)
+    except EngineError as e:
+        raise CliError(str(e)) from None
     scheduler = scheduler_config_from_args(args)
     try:
         vllm_args = parse_vllm_args(args.vllm_arg)

@@ -1,9 +1,18 @@
 """The engine's settings (`medha generate`, `profile` and `serve` flags): a module of its own so
-that building the CLI's parser does not import torch."""
+that building the CLI's parser does not import torch. An EngineConfig checks what it can without
+torch when it is made; medha/engine/setup.py resolves the rest (auto, the checkpoint, the block
+size) once, for the engine that runs it."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+
+from medha.engine.errors import EngineError
+
+DEVICES = ("cpu", "cuda", "auto")
+DTYPES = ("float32", "bfloat16", "float16")  # or auto
+KERNELS = ("auto", "torch", "vllm")
 
 
 @dataclass
@@ -100,3 +109,29 @@ class EngineConfig:
             )
         },
     )
+
+    def __post_init__(self) -> None:
+        if self.device not in DEVICES:
+            raise EngineError(f"device must be cpu, cuda or auto, got {self.device!r}")
+        if self.dtype != "auto" and self.dtype not in DTYPES:
+            raise EngineError(
+                f"dtype must be one of {', '.join(DTYPES)} or auto, got {self.dtype!r}"
+            )
+        if self.kernels not in KERNELS:
+            raise EngineError(f"kernels must be one of {', '.join(KERNELS)}, got {self.kernels!r}")
+        for name in ("tp", "spp", "kvp", "max_tokens_per_kvp_group"):
+            value = getattr(self, name)
+            if not (isinstance(value, int) and value >= 1):
+                raise EngineError(f"{name} must be a positive integer, got {value!r}")
+        if not self.kv_memory_gb > 0:
+            raise EngineError(f"kv_memory_gb must be positive, got {self.kv_memory_gb!r}")
+        if not math.isfinite(self.kv_memory_gb):
+            raise EngineError(f"kv_memory_gb must be finite, got {self.kv_memory_gb!r}")
+        if self.block_size is not None and not (
+            isinstance(self.block_size, int) and 1 <= self.block_size <= 1 << 16
+        ):
+            raise EngineError(
+                f"block_size must be an integer in [1, 65536], got {self.block_size!r}"
+            )
+        if self.threads is not None and not (isinstance(self.threads, int) and self.threads >= 1):
+            raise EngineError(f"threads must be a positive integer, got {self.threads!r}")

@@ -10,7 +10,7 @@ the server and the Python API agree on it:
   ends with finish_reason "error" and every other request goes on. Code that works on one
   request runs under `blame(request_id)`, which turns such errors into `RequestFailedError`.
 - A forward pass that fails in one process is re-run in halves to find the request it fails
-  on (LLMEngine); the request is blamed only if the error follows it.
+  on (medha/engine/isolation.py); the request is blamed only if the error follows it.
 - Everything else is fatal (`is_fatal`, or any error the engine cannot attribute): a dead
   worker process, a device error, exhausted memory, a failure inside the collectives of a
   multi-process step, or the scheduler's bookkeeping. Every request then fails, `/health`

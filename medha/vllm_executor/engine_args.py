@@ -86,8 +86,6 @@ def vllm_engine_args(
             "--spp and --kvp run on medha's own engine only (vLLM has no stream-pipeline or "
             "KV-cache parallelism): drop them, or use --engine medha"
         )
-    if engine.kv_memory_gb <= 0:
-        raise ValueError(f"--kv-memory-gb must be positive, got {engine.kv_memory_gb}")
     if engine.model.lower() in EMBEDDED:
         model = str(embedded_smollm2())
     else:
@@ -115,9 +113,7 @@ def vllm_engine_args(
         value = getattr(scheduler, ours)
         if value is not None:
             args[theirs] = value
-    if engine.threads is not None:
-        if engine.threads < 1:
-            raise ValueError(f"--threads must be at least 1, got {engine.threads}")
+    if engine.threads is not None:  # at least 1: EngineConfig checked it
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{engine.threads - 1}"
     args.update(extra or {})
     return args

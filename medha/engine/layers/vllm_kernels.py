@@ -26,9 +26,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from medha.engine.config import KERNELS
 from medha.engine.errors import EngineError
-
-KERNELS = ("auto", "torch", "vllm")
 
 
 @functools.cache

@@ -1,12 +1,13 @@
-"""Swap preemption in the engine: KV blocks copied to a host-memory pool and back.
+"""KV blocks in host memory: the swap pool and the prefix cache's host tier.
 
-The scheduler decides (`--preemption-mode swap|auto`) and puts the block mappings on the batch
-(`Batch.swap_in`, `Batch.swap_out`); `HostKVCache.apply` moves the data before the batch runs,
-swap-ins first (see `Batch`). The host pool is one tensor, block-major: a host block holds
-every layer's K and V for its tokens and is one contiguous copy, pinned on CUDA so that the
-copies run at the link's speed. On CPU both sides are host memory and a swap is a memcpy.
+Swap preemption: the scheduler decides (`--preemption-mode swap|auto`) and puts the block
+mappings on the batch (`Batch.swap_in`, `Batch.swap_out`); `HostKVBlocks.apply` moves the data
+before the batch runs, swap-ins first (see `Batch`). The pool is one tensor, block-major: a
+host block holds every layer's K and V for its tokens and is one contiguous copy, pinned on CUDA
+so that the copies run at the link's speed. On CPU both sides are host memory and a swap is a
+memcpy.
 
-The prefix cache's host tier (`--prefix-cache device+host`) is a second HostKVCache of its
+The prefix cache's host tier (`--prefix-cache device+host`) is a second HostKVBlocks of its
 own size: the engine copies a batch's `cache_out` blocks into it before anything else, and
 its `cache_in` blocks back after the swaps (see Batch for the order).
 
@@ -23,15 +24,18 @@ import torch
 from medha.core.batch import Batch
 from medha.core.config import SchedulerConfig
 from medha.engine.errors import EngineError
+from medha.perf import ParallelConfig
 
 
-def swap_config(
-    scheduler: SchedulerConfig, parallel: dict[str, int], kv_bytes_per_token: int, block_size: int
+def size_host_memory(
+    scheduler: SchedulerConfig, parallel: ParallelConfig, kv_bytes_per_token: int, block_size: int
 ) -> SchedulerConfig:
-    """The scheduler config with the host pool and the prefix cache's host tier sized in
-    blocks of this engine's KV dtype; refuses what is not built. `parallel`: tp, spp and kvp
-    of the engine."""
-    layout = ", ".join(f"{k}={v}" for k, v in parallel.items() if v > 1)
+    """The scheduler config with the swap pool and the prefix cache's host tier sized in
+    blocks of this engine's KV dtype; refuses what is not built. `parallel`: the engine's
+    layout."""
+    layout = ", ".join(
+        f"{k}={getattr(parallel, k)}" for k in ("tp", "spp", "kvp") if getattr(parallel, k) > 1
+    )
     block_bytes = kv_bytes_per_token * block_size
     if scheduler.prefix_cache != "off":
         if layout:  # the block tables would carry shared blocks to every rank; not yet tested
@@ -55,7 +59,23 @@ def swap_config(
     return dataclasses.replace(scheduler, host_kv_blocks=blocks)
 
 
-class HostKVCache:
+def move_kv(
+    batch: Batch, swap_blocks: HostKVBlocks | None, prefix_host_blocks: HostKVBlocks | None
+) -> None:
+    """The batch's KV copies, before its step runs, in the order Batch gives."""
+    if batch.cache_out:
+        prefix_host_blocks.swap_out(
+            [d for d, _ in batch.cache_out], [h for _, h in batch.cache_out]
+        )
+    if swap_blocks is not None:
+        swap_blocks.apply(batch)
+    if batch.cache_in:
+        prefix_host_blocks.swap_in([h for h, _ in batch.cache_in], [d for _, d in batch.cache_in])
+
+
+class HostKVBlocks:
+    """One host tensor of KV blocks and the copies between it and the device's KV cache."""
+
     def __init__(
         self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], num_blocks: int, block_size: int
     ) -> None:
@@ -70,14 +90,15 @@ class HostKVCache:
         self.host = torch.empty(shape, dtype=first.dtype, pin_memory=self.device.type == "cuda")
 
     @classmethod
-    def for_engine(cls, scheduler: SchedulerConfig, runner) -> HostKVCache | None:
+    def for_swap_pool(cls, scheduler: SchedulerConfig, runner) -> HostKVBlocks | None:
+        """The swap pool (None: preemption by recompute only)."""
         if scheduler.preemption_mode == "recompute" or not scheduler.host_kv_blocks:
             return None
         return cls(runner.kv_caches, scheduler.host_kv_blocks, runner.block_size)
 
     @classmethod
-    def cache_tier(cls, scheduler: SchedulerConfig, runner) -> HostKVCache | None:
-        """The host memory of the prefix cache's host tier (None: no host tier)."""
+    def for_prefix_host_tier(cls, scheduler: SchedulerConfig, runner) -> HostKVBlocks | None:
+        """The prefix cache's host tier (None: no host tier)."""
         if scheduler.prefix_cache != "device+host" or not scheduler.host_cache_blocks:
             return None
         return cls(runner.kv_caches, scheduler.host_cache_blocks, runner.block_size)
