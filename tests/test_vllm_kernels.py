@@ -8,12 +8,19 @@ from medha.benchmark.logits import prefill_logits
 from medha.core.config import SchedulerConfig
 from medha.engine.checkpoint import resolve_model
 from medha.engine.errors import EngineError
-from medha.engine.layers.vllm_kernels import resolve_kernels
+from medha.engine.layers.vllm_kernels import gemm_runs, resolve_kernels
 from medha.engine.llm import LLM
 from medha.engine.model_runner import ModelRunner
 from medha.engine.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def kernel_dtype():
+    """bf16, the kernels' usual dtype, where this CPU's oneDNN has it (AVX-512); fp32 on an
+    AVX2 CPU, where the engine refuses bf16 on these kernels (test_auto_...)."""
+    return "bfloat16" if gemm_runs(torch.bfloat16) else "float32"
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +44,12 @@ def hf():
 
 def test_auto_takes_vllm_kernels_for_bf16_on_a_cpu():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    if not gemm_runs(torch.bfloat16):  # an AVX2 CPU: torch's ops, and a clear refusal
+        assert resolve_kernels("auto", cpu, torch.bfloat16, 1) == "torch"
+        with pytest.raises(EngineError, match="no bfloat16 kernel on this CPU"):
+            LLM("smollm2", dtype="bfloat16", kernels="vllm", kv_memory_gb=0.01)
+        assert LLM("smollm2", dtype="bfloat16", kv_memory_gb=0.01).engine.kernels == "torch"
+        return
     assert resolve_kernels("auto", cpu, torch.bfloat16, 1) == "vllm"
     assert resolve_kernels("auto", cpu, torch.float16, 1) == "vllm"
     assert resolve_kernels("auto", cpu, torch.float32, 1) == "torch"  # the exact reference
@@ -60,6 +73,11 @@ def test_bf16_is_as_close_to_fp32_as_transformers_in_bf16(prompts, hf):
     rows' maxima / max: AVX-512 EPYC 0.092 / - / 1.26 against transformers' 0.104 / - / 2.12;
     Sapphire Rapids with AMX 0.094 / 0.362 / 1.56 against 0.103 / 0.376 / 1.39). The single
     largest difference is one logit in 29 million, which swings either way between CPUs."""
+    if not gemm_runs(torch.bfloat16):
+        pytest.skip(
+            "this CPU's oneDNN has no bf16 GEMM (AVX2 only): the engine refuses bf16 on vLLM's "
+            "kernels here, as test_auto_takes_vllm_kernels_for_bf16_on_a_cpu checks"
+        )
     f32, bf16 = hf
     ids = prompts[3]
     with torch.inference_mode():
@@ -91,12 +109,12 @@ def test_fp32_on_vllm_kernels_is_close_to_the_reference(prompts):
     torch.testing.assert_close(ours, ref, atol=2e-3, rtol=1e-4)
 
 
-def _tokens(model, kv_tokens, new_tokens=GREEDY.max_tokens, **engine):
+def _tokens(model, kv_tokens, dtype, new_tokens=GREEDY.max_tokens, **engine):
     sched = SchedulerConfig(policy="fcfs", chunking="static:64", **engine.pop("sched", {}))
     greedy = SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True)
     cfg = __import__("json").load(open(f"{model}/config.json"))
-    kv_gb = kv_tokens * ModelRunner.kv_bytes_per_token(cfg, torch.bfloat16) / 2**30
-    llm = LLM(model, scheduler=sched, kv_memory_gb=kv_gb, dtype="bfloat16", **engine)
+    kv_gb = kv_tokens * ModelRunner.kv_bytes_per_token(cfg, getattr(torch, dtype)) / 2**30
+    llm = LLM(model, scheduler=sched, kv_memory_gb=kv_gb, dtype=dtype, **engine)
     ids = llm.tokenizer.encode(open(__file__).read())
     prompts = [ids[i * 37 : i * 37 + n] for i, n in enumerate((5, 11, 40, 96, 170, 260, 400))]
     outs = [o.token_ids for o in llm.generate(prompts, greedy)]
@@ -112,23 +130,22 @@ def _tokens(model, kv_tokens, new_tokens=GREEDY.max_tokens, **engine):
     [(16, 43 * 16, 16), (32, 22 * 32, 48)],  # the vec16 kernel; the AMX or vec one (the default)
 )
 def test_swapped_blocks_keep_the_kernels_packing(
-    tiny_vllm_model, block_size, kv_tokens, new_tokens
+    tiny_vllm_model, kernel_dtype, block_size, kv_tokens, new_tokens
 ):
     """The kernels pack K inside each block: swap moves whole blocks, so KV that went to the
     host and came back reads the same."""
     engine = {"kernels": "vllm", "block_size": block_size}
-    reference, s = _tokens(tiny_vllm_model, 1 << 15, new_tokens, **engine)
+    reference, s = _tokens(tiny_vllm_model, 1 << 15, kernel_dtype, new_tokens, **engine)
     assert s.stats.preemptions == 0
-    outs, s = _tokens(
-        tiny_vllm_model, kv_tokens, new_tokens, **engine, sched={"preemption_mode": "swap"}
-    )
+    swap = {"preemption_mode": "swap"}
+    outs, s = _tokens(tiny_vllm_model, kv_tokens, kernel_dtype, new_tokens, **engine, sched=swap)
     assert s.stats.swap_outs > 0 and s.stats.recomputes == 0
     assert outs == reference
 
 
-def test_pipeline_stages_run_the_same_kernels(tiny_vllm_model):
-    reference, _ = _tokens(tiny_vllm_model, 1 << 15, kernels="vllm")
-    staged, _ = _tokens(tiny_vllm_model, 1 << 15, kernels="vllm", spp=2)
+def test_pipeline_stages_run_the_same_kernels(tiny_vllm_model, kernel_dtype):
+    reference, _ = _tokens(tiny_vllm_model, 1 << 15, kernel_dtype, kernels="vllm")
+    staged, _ = _tokens(tiny_vllm_model, 1 << 15, kernel_dtype, kernels="vllm", spp=2)
     assert staged == reference
 
 

@@ -45,7 +45,7 @@ class EngineConfig:
                 "layout), vllm (vLLM's C++ kernels from the vllm extra: the step's whole "
                 "attention in one paged call, oneDNN GEMMs on prepacked weights, fused RMSNorm; "
                 "not with kvp > 1), or auto (vllm for bfloat16/float16 on a CPU where the vllm "
-                "extra is installed and kvp is 1, else torch)"
+                "extra is installed, its GEMM has that dtype (AVX-512) and kvp is 1, else torch)"
             )
         },
     )

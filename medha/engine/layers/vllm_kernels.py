@@ -57,6 +57,18 @@ def loadable() -> bool:
     return True
 
 
+@functools.cache
+def gemm_runs(dtype: torch.dtype) -> bool:
+    """Whether vLLM's oneDNN GEMM builds a kernel for `dtype` on this CPU: it has bf16 and fp16
+    kernels only with AVX-512 (an AVX2 CPU refuses to create them), fp32 everywhere. Asked of
+    oneDNN itself, on a small matrix, rather than read from the CPU's flags."""
+    try:
+        ops().create_onednn_mm(torch.zeros(32, 32, dtype=dtype).t(), 1)
+    except RuntimeError:
+        return False
+    return True
+
+
 # head sizes vLLM's CPU attention is built for (its CPUAttentionBackend.get_supported_head_sizes)
 HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256)
 
@@ -64,9 +76,9 @@ HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256)
 def resolve_kernels(
     name: str, device: torch.device, dtype: torch.dtype, kvp: int, head_dim: int = 64
 ) -> str:
-    """`auto`: vLLM's kernels for bf16/fp16 on a CPU where the vllm extra is installed, every
-    request's KV sits in one group and the head size is one the kernels are built for; torch's
-    elsewhere (fp32 stays the exact reference)."""
+    """`auto`: vLLM's kernels for bf16/fp16 on a CPU where the vllm extra is installed and its
+    GEMM has that dtype, every request's KV sits in one group and the head size is one the
+    kernels are built for; torch's elsewhere (fp32 stays the exact reference)."""
     if name not in KERNELS:
         raise EngineError(f"kernels must be one of {', '.join(KERNELS)}, got {name!r}")
     unusable = []  # why vLLM's kernels cannot run this engine
@@ -82,11 +94,19 @@ def resolve_kernels(
             f"they have head sizes {', '.join(map(str, HEAD_SIZES))} (this model: {head_dim})"
         )
     if name == "auto":
-        return "vllm" if not unusable and dtype != torch.float32 and loadable() else "torch"
+        if unusable or dtype == torch.float32 or not loadable():
+            return "torch"
+        return "vllm" if gemm_runs(dtype) else "torch"
+    if name == "vllm" and not unusable:
+        ops()  # a missing extra fails here, at start-up
+        if not gemm_runs(dtype):
+            dtype_name = str(dtype).removeprefix("torch.")
+            unusable.append(
+                f"their GEMM has no {dtype_name} kernel on this CPU (it needs AVX-512): "
+                "use --dtype float32 or --kernels torch"
+            )
     if name == "vllm" and unusable:
         raise EngineError("--kernels vllm cannot run here: " + "; ".join(unusable))
-    if name == "vllm":
-        ops()  # a missing extra fails here, at start-up
     return name
 
 
