@@ -324,13 +324,11 @@ class EngineMetrics:
 
     def __init__(self) -> None:
         self.iterations = 0
-        self.busy_s = 0.0
         self.samples: list[tuple[tuple, tuple, float, float]] = []  # prefills, decodes, meas, pred
         self.keep_samples = False
 
     def record(self, batch, duration: float) -> None:
         self.iterations += 1
-        self.busy_s += duration
         if self.keep_samples:
             self.samples.append(
                 (
