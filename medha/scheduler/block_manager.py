@@ -90,9 +90,15 @@ class BlockManager:
 
     def at_capacity(self, requests: Iterable[Request]) -> list[Request]:
         """Those of `requests` whose blocks hold no more than their scheduled tokens: the next
-        token each schedules needs a new block. (One pass for a batch's decodes.)"""
+        token each schedules needs a new block. (One pass for a batch's decodes.) A request's
+        blocks hold at least its scheduled tokens (check_invariants), so only one whose count
+        is a whole number of blocks can be full: the others are passed over without a lookup."""
         get, bs = self._tables.get, self.block_size
-        return [r for r in requests if len(get(r.request_id, ())) * bs <= r.num_scheduled]
+        return [
+            r
+            for r in requests
+            if not r.num_scheduled % bs and len(get(r.request_id, ())) * bs <= r.num_scheduled
+        ]
 
     def tokens_held(self, request_id: str) -> int:
         return len(self._tables.get(request_id, ())) * self.block_size
