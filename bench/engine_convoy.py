@@ -16,7 +16,8 @@ import statistics
 import time
 
 from medha.core.config import SchedulerConfig
-from medha.engine.llm_engine import EngineConfig, LLMEngine
+from medha.engine.config import EngineConfig
+from medha.engine.llm_engine import LLMEngine
 from medha.engine.sampling_params import SamplingParams
 
 

@@ -14,7 +14,7 @@ _LAZY = {
     "LLM": "medha.engine.llm",
     "LLMEngine": "medha.engine.llm_engine",
     "EngineConfig": "medha.engine.config",
-    "RequestOutput": "medha.engine.llm_engine",
+    "RequestOutput": "medha.engine.outputs",
     "SamplingParams": "medha.engine.sampling_params",
 }
 __all__ = ["EngineConfig", "LLM", "LLMEngine", "RequestOutput", "SamplingParams", "__version__"]
@@ -22,7 +22,8 @@ __all__ = ["EngineConfig", "LLM", "LLMEngine", "RequestOutput", "SamplingParams"
 if TYPE_CHECKING:
     from medha.engine.config import EngineConfig
     from medha.engine.llm import LLM
-    from medha.engine.llm_engine import LLMEngine, RequestOutput
+    from medha.engine.llm_engine import LLMEngine
+    from medha.engine.outputs import RequestOutput
     from medha.engine.sampling_params import SamplingParams
 
 

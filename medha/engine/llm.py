@@ -7,7 +7,9 @@ import itertools
 from tqdm import tqdm
 
 from medha.core.config import SchedulerConfig
-from medha.engine.llm_engine import EngineConfig, LLMEngine, RequestOutput
+from medha.engine.config import EngineConfig
+from medha.engine.llm_engine import LLMEngine
+from medha.engine.outputs import RequestOutput
 from medha.engine.sampling_params import SamplingParams
 
 

@@ -16,7 +16,7 @@ from medha.engine.errors import (
     RequestFailedError,
     is_fatal,
 )
-from medha.engine.llm_engine import RequestOutput
+from medha.engine.outputs import RequestOutput
 from medha.engine.sampling_params import SamplingParams
 from medha.server.async_engine import QueueFullError, is_final
 from medha.server.errors import RequestError

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from fastapi.responses import StreamingResponse
 
 from medha.engine.errors import EngineDeadError, RequestFailedError
-from medha.engine.llm_engine import RequestOutput
+from medha.engine.outputs import RequestOutput
 from medha.server.generation import Body, Choice, abort_unfinished, failure
 from medha.server.state import AsyncEngineLike
 

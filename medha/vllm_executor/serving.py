@@ -37,7 +37,8 @@ from medha.core.request import Request
 from medha.engine.config import EngineConfig
 from medha.engine.errors import EngineDeadError, InvalidRequestError, RequestFailedError
 from medha.engine.layers.sampler import Sample
-from medha.engine.llm_engine import EngineStats, RequestOutput, check_prompt
+from medha.engine.llm_engine import EngineStats, check_prompt
+from medha.engine.outputs import RequestOutput
 from medha.engine.sampling_params import SamplingParams
 from medha.engine.tokenizer import Tokenizer
 from medha.scheduler.packers import PACKERS
