@@ -226,7 +226,7 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
         if device.type == "cpu" and not hardware_specs.cpu_has_bf16():
             return torch.float32
         return torch.bfloat16
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+    return getattr(torch, name)  # one of EngineConfig's DTYPES, which it checked
 
 
 def _keep_freed_memory() -> None:
