@@ -153,3 +153,119 @@ def test_priority_mix_gives_per_class_metrics_and_keeps_the_requests():
     assert [(m.arrival_s, m.prompt_len) for m in mixed.rows] == [
         (m.arrival_s, m.prompt_len) for m in plain.rows
     ]
+
+
+# ---- SLO-risk preemption (seed 001) ----------------------------------------------------------
+def _decode(name, cls, generated, last_token_s=1.0, target=None, kv=100):
+    r = Request(name, 0.0, kv, 1000, priority_class=cls, tpot_target_s=target)
+    r.token_times_s = [0.5, last_token_s]
+    r.output_token_ids = [0] * generated
+    r.num_scheduled = kv
+    return r
+
+
+def _slo_policy(**settings):
+    from medha.scheduler.policies import make_policy
+
+    config = SchedulerConfig.from_flat(
+        policy="priority", tpot_target_s=0.05, priority_slo_risk=True, **settings
+    )
+    return make_policy("priority", config)
+
+
+def _step(kv_lens):  # 8 ms for the weights, 6 ms per decode
+    return 0.008 + 0.006 * len(kv_lens)
+
+
+def test_slo_risk_sheds_low_then_normal_fewest_tokens_first_until_the_slack_is_back():
+    policy = _slo_policy(priority_slo_risk_resume_s=0.020)
+    high = _decode("high", "HIGH", 7)
+    rt = _decode("rt", "REALTIME", 3)
+    n1, n2 = _decode("n1", "NORMAL", 10), _decode("n2", "NORMAL", 2)
+    l1, l2 = _decode("l1", "LOW", 50), _decode("l2", "LOW", 5)
+    decodes = [n1, high, l1, rt, n2, l2]
+    # six decodes: a 44 ms step leaves the protected ones 6 ms of their 50 ms target (< 15 ms).
+    # Shedding l2 leaves 12 ms, then l1 18 ms, then n2 24 ms (> 20 ms): three victims.
+    assert policy.slo_risk_victims(decodes, [], _step, now=1.0) == [l2, l1, n2]
+    # the default resume slack (30 ms) needs a 20 ms step: every candidate goes, never a
+    # protected one
+    policy = _slo_policy()
+    assert policy.slo_risk_victims(decodes, [], _step, now=1.0) == [l2, l1, n2, n1]
+
+
+def test_slo_risk_leaves_decodes_alone_with_slack_off_or_for_a_token_already_late():
+    decodes = [_decode("high", "HIGH", 1), _decode("low", "LOW", 1)]
+    # a 20 ms step leaves 30 ms: nobody is at risk
+    assert _slo_policy().slo_risk_victims(decodes, [], _step, now=1.0) == []
+    slow = lambda kv_lens: 0.045  # noqa: E731
+    assert _slo_policy().slo_risk_victims(decodes, [], slow, now=1.0) == decodes[1:]
+    # off by default; and a token already past its target cannot be saved by preempting
+    assert make_default_priority().slo_risk_victims(decodes, [], slow, now=1.0) == []
+    assert _slo_policy().slo_risk_victims(decodes, [], slow, now=1.06) == []
+    # its own TPOT target counts, not the scheduler's
+    tight = [_decode("high", "HIGH", 1, target=0.03), _decode("low", "LOW", 1)]
+    assert _slo_policy().slo_risk_victims(tight, [], _step, now=1.0) == tight[1:]
+
+
+def make_default_priority():
+    from medha.scheduler.policies import make_policy
+
+    return make_policy("priority", SchedulerConfig.from_flat(policy="priority"))
+
+
+def test_slo_risk_keeps_shed_requests_out_until_they_fit_again():
+    policy = _slo_policy(priority_slo_risk_resume_s=0.020)
+    high = _decode("high", "HIGH", 1)
+    lows = [_decode(f"l{i}", "LOW", i) for i in range(4)]
+    victims = policy.slo_risk_victims([high, *lows], [], _step, now=1.0)
+    assert victims == lows[:2]  # 38 -> 26 ms: 24 ms of slack
+    # in the batch that sheds, nothing comes back and new NORMAL/LOW prompts wait
+    assert policy.swap_in_order(list(victims), None) == []
+    fresh, high_new = Request("new", 0.9, 10, 1), Request("hn", 0.9, 10, 1, priority_class="HIGH")
+    assert policy.admit([fresh, high_new], lambda _: True, 1.0) == [high_new]
+    # next batch: with the two left running, one more would leave 18 ms (< 20 ms): none comes
+    # back; with one of them finished, one does
+    assert policy.slo_risk_victims([high, *lows[2:]], victims, _step, now=1.0) == []
+    assert policy.swap_in_order(list(victims), None) == []
+    assert policy.slo_risk_victims([high, lows[2]], victims, _step, now=1.0) == []
+    assert policy.swap_in_order(list(victims), None) == [victims[0]]
+    assert policy.admit([fresh], lambda _: True, 1.0) == []  # one shed still out
+    # with no protected decode left, the verdict goes
+    assert policy.slo_risk_victims([lows[2]], victims, _step, now=1.0) == []
+    assert policy.swap_in_order(list(victims), None) == victims
+    assert policy.admit([fresh], lambda _: True, 1.0) == [fresh]
+
+
+def test_slo_risk_settings_are_checked():
+    with pytest.raises(ValueError, match="priority_slo_risk_resume_s"):
+        SchedulerConfig.from_flat(priority_slo_risk_slack_s=0.03, priority_slo_risk_resume_s=0.02)
+    with pytest.raises(ValueError, match="priority_slo_risk_slack_s must be"):
+        SchedulerConfig.from_flat(priority_slo_risk_slack_s=-1.0)
+    with pytest.raises(ValueError, match="priority_slo_risk_resume_s must be"):
+        SchedulerConfig.from_flat(priority_slo_risk_resume_s=float("nan"))
+
+
+def test_slo_risk_preemption_in_the_simulator_finishes_everyone_and_preempts_more():
+    workload = WorkloadConfig(
+        trace="synthetic",
+        prompt_len=16000,
+        output_len=1000,
+        output_distribution="geometric",
+        qps=0.5,
+        num_requests=60,
+        seed=0,
+        priority_mix="REALTIME:0.1,HIGH:0.2,NORMAL:0.4,LOW:0.3",
+    )
+    out = {}
+    for on in (False, True):
+        spec = RunSpec(
+            cluster=ClusterConfig(hardware="a100"),
+            parallel=ParallelConfig(),
+            scheduler=SchedulerConfig.from_flat(
+                policy="priority", preemption_mode="swap", priority_slo_risk=on
+            ),
+        )
+        outcome = simulate(spec, workload)
+        assert all(r.finish_s is not None for r in outcome.result.requests)
+        out[on] = outcome.summary["preemption"]["preemptions"]
+    assert out[True] > out[False]

@@ -177,11 +177,49 @@ class PrioritySettings:
         ),
     )
 
+    # SLO-risk preemption, after the article on Orca/Sarathi scheduling (seed 001): its complete
+    # scheduler preempts at 15 ms of TBT slack and stops at 30 ms; its shorter sketch says 10
+    # and 20 ms.
+    slo_risk: bool = field(
+        default=False,
+        metadata=_help(
+            PRIORITY,
+            "priority policy: before a batch forms, preempt running NORMAL and LOW decodes "
+            "(LOW first, then those with the fewest tokens generated) while a REALTIME or HIGH "
+            "decode's predicted TBT slack is below --priority-slo-risk-slack-s, until it is "
+            "back above --priority-slo-risk-resume-s; the victims come back when there is room",
+        ),
+    )
+    slo_risk_slack_s: float = field(
+        default=0.015,
+        metadata=_help(
+            PRIORITY,
+            "priority policy: TBT slack (s) below which a REALTIME or HIGH decode is at risk "
+            "(its TPOT target minus the time since its last token and the predicted next step)",
+        ),
+    )
+    slo_risk_resume_s: float = field(
+        default=0.030,
+        metadata=_help(
+            PRIORITY,
+            "priority policy: TBT slack (s) that SLO-risk preemption restores before it stops",
+        ),
+    )
+
     def __post_init__(self) -> None:
         if self.base not in POLICY_NAMES:
             raise unknown_name("policy", self.base, POLICY_NAMES)
         if self.base == "priority":
             raise ValueError("priority_base must name another policy, got 'priority'")
+        for name in ("slo_risk_slack_s", "slo_risk_resume_s"):
+            if getattr(self, name) is None:
+                raise ValueError(f"priority_{name} must be a positive number, got None")
+        _positive_seconds(self, ("slo_risk_slack_s", "slo_risk_resume_s"), "priority_")
+        if self.slo_risk_resume_s < self.slo_risk_slack_s:
+            raise ValueError(
+                f"priority_slo_risk_resume_s ({self.slo_risk_resume_s}) must be at least "
+                f"priority_slo_risk_slack_s ({self.slo_risk_slack_s})"
+            )
 
 
 @dataclass

@@ -16,6 +16,7 @@ alone changes a request's state and progress and keeps the queues.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Iterator
 
 from medha.core.batch import Batch, BatchResult, Chunk
@@ -31,6 +32,10 @@ from medha.scheduler.policies import make_policy
 from medha.scheduler.request_table import RequestTable, SchedulerInvariantError, SchedulerStats
 
 __all__ = ["ReplicaScheduler", "SchedulerInvariantError", "SchedulerStats"]
+
+# Weight of the newest batch in `step_scale`: the article on Orca/Sarathi scheduling (seed 001)
+# keeps its iteration time as an exponential average with this weight.
+STEP_SCALE_WEIGHT = 0.1
 
 
 class ReplicaScheduler:
@@ -75,6 +80,9 @@ class ReplicaScheduler:
         self.requests.kv = self.kv
         self._next_batch_id = 0
         self._inflight = 0  # batches scheduled and not yet updated
+        # how much longer than predicted batches run, averaged over recent ones (1 in the
+        # simulator, whose batches take their predicted time)
+        self.step_scale = 1.0
 
     @property
     def blocks(self) -> BlockManager:
@@ -162,6 +170,7 @@ class ReplicaScheduler:
         moves each to its new queue at once, so every step sees the steps before it as they
         left the queues."""
         batch = Batch(self._next_batch_id, now)
+        self._shed_for_slo(batch, now)
         if self.requests.swapped:
             urgent = self.policy.urgent_prefill(self.requests.prefilling.values(), now)
             order = self.policy.swap_in_order(list(self.requests.swapped.values()), urgent)
@@ -193,6 +202,17 @@ class ReplicaScheduler:
         self._next_batch_id += 1
         self.stats.batches += 1
         return batch
+
+    def _shed_for_slo(self, batch: Batch, now: float) -> None:
+        """Preempt the running decodes the policy sheds so that more urgent ones keep their
+        TPOT targets (a class policy's SLO-risk preemption). Asked before the swap-ins, which
+        its verdict limits, and even without decodes, so that no verdict outlives them."""
+        ready = [r for r in self.requests.decoding.values() if r.num_inflight_batches == 0]
+        victims = self.policy.slo_risk_victims(
+            ready, self.requests.swapped.values(), self._decode_step_time, now
+        )
+        if victims:
+            self.requests.evict([self.kv.preempt(r) for r in victims], batch)
 
     def _fill(self, batch: Batch, now: float) -> BatchBuilder:
         if self.config.prefill_only_iterations:
@@ -341,7 +361,15 @@ class ReplicaScheduler:
     def update(self, batch: Batch, result: BatchResult, now: float) -> list[Request]:
         """Apply a finished batch: advance KV, append sampled tokens, retire finished requests."""
         self._inflight -= 1
+        predicted, measured = batch.predicted_time_s, result.duration_s
+        if predicted > 0 and 0 < measured < math.inf:
+            self.step_scale += STEP_SCALE_WEIGHT * (measured / predicted - self.step_scale)
         return self.requests.complete(batch, result, now)
+
+    def _decode_step_time(self, kv_lens: list[int]) -> float:
+        """A decode step over these context lengths as the executor will run it: predicted,
+        times the measured / predicted ratio of recent batches."""
+        return self.predictor.shape_time((), kv_lens) * self.step_scale
 
     def discard(self, batch: Batch, now: float) -> list[Request]:
         """A batch that never completed (the executor failed): abort its requests and release

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from medha.scheduler.block_manager import BlockManager
 
 SortKey = Callable[[Request], float]
+StepTime = Callable[[list[int]], float]
 
 
 class Policy(ABC):
@@ -114,6 +115,19 @@ class Policy(ABC):
         """The swapped requests that may come back now, in the order they try (swap-out order)
         given the `urgent_prefill` waiting."""
         return swapped
+
+    def slo_risk_victims(
+        self,
+        decodes: list[Request],
+        swapped: Iterable[Request],
+        step_time: StepTime,
+        now: float,
+    ) -> list[Request]:
+        """Running decodes (of `decodes`, those in no running batch) to preempt as a batch
+        starts forming, so that more urgent ones keep their TPOT targets (none by default).
+        `step_time(kv_lens)` predicts a decode step over those context lengths, corrected by
+        the measured iteration times; `swapped` are the requests waiting to come back."""
+        return []
 
 
 POLICIES: Registry[Policy] = Registry("policy", __package__, suffix="_policy")

@@ -5,6 +5,13 @@ is NORMAL) comes before anything the base policy (`--priority-base`, fcfs by def
 The scheduler also ranks preemption victims by class first: under memory pressure a LOW
 decode is preempted before a HIGH one, and a new REALTIME prompt may preempt LOW decodes to
 start, where under the other policies a prefill never evicts a running decode.
+
+SLO-risk preemption (`slo_risk_victims`, after the article on Orca/Sarathi scheduling, seed 001):
+when a REALTIME or HIGH decode's next token is predicted to come within 15 ms of its TPOT
+target, running NORMAL and LOW decodes are preempted (LOW first, then those with the fewest
+tokens generated: the least work lost) until its slack is back above 30 ms. While that leaves no
+room, preempted NORMAL and LOW requests stay swapped out and new ones do not start, so they do
+not come back only to be preempted again.
 """
 
 from __future__ import annotations
@@ -13,8 +20,14 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from medha.core.config import SchedulerConfig
-from medha.core.request import Request, RequestState
-from medha.scheduler.policies.base_policy import POLICIES, Policy, SortKey, make_policy
+from medha.core.request import PRIORITY_CLASSES, Request, RequestState
+from medha.scheduler.policies.base_policy import (
+    POLICIES,
+    Policy,
+    SortKey,
+    StepTime,
+    make_policy,
+)
 
 if TYPE_CHECKING:
     from medha.perf.predictor import Predictor
@@ -31,6 +44,10 @@ class PriorityPolicy(Policy):
     def __init__(self, config: SchedulerConfig | None = None) -> None:
         super().__init__(config)
         self.base = make_policy(self.config.priority.base, self.config)
+        # SLO-risk preemption's verdict at the last batch: how many NORMAL or LOW requests may
+        # swap back in (None: any number), and whether new ones may start their prefill.
+        self._swap_room: int | None = None
+        self._holding = False
 
     def sort_key(self, now: float) -> SortKey:
         key = self.base.sort_key(now)
@@ -74,17 +91,98 @@ class PriorityPolicy(Policy):
 
     def swap_in_order(self, swapped: list[Request], urgent: Request | None) -> list[Request]:
         """Most urgent class first (swap-out order within a class), and none of a less urgent
-        class than the urgent prefill waiting (it would only be evicted again)."""
+        class than the urgent prefill waiting (it would only be evicted again), nor more NORMAL
+        and LOW ones than SLO-risk preemption left room for."""
         swapped.sort(key=lambda r: r.priority_rank)  # stable: swap-out order in a class
-        if urgent is None:
-            return swapped
-        return [r for r in swapped if r.priority_rank <= urgent.priority_rank]
+        if urgent is not None:
+            swapped = [r for r in swapped if r.priority_rank <= urgent.priority_rank]
+        room = self._swap_room
+        if room is not None:
+            guarded = [r for r in swapped if r.priority_rank <= _GUARDED]
+            swapped = guarded + [r for r in swapped if r.priority_rank > _GUARDED][:room]
+        return swapped
 
-    # admission and decode selection are the base policy's
+    def slo_risk_victims(
+        self,
+        decodes: list[Request],
+        swapped: Iterable[Request],
+        step_time: StepTime,
+        now: float,
+    ) -> list[Request]:
+        """The article's rule, projected one step ahead. A REALTIME or HIGH decode's TBT slack
+        is its TPOT target (its own, else the scheduler's) minus the time since its last token
+        minus the predicted next step; the article measures only the time since the last token,
+        which no preemption can change, so its loop would preempt every candidate. Preempting
+        a decode shortens the next step by what its context costs to read, which is what
+        brings the slack back. Prefill-phase requests are not victims: the packer fits their
+        chunks into what the tightest TPOT target among the batch's decodes leaves.
+
+        A decode whose next token is late already whatever happens (its target passed since
+        its last token) is not protected: no preemption can save that token, and the rule
+        would shed every candidate for it."""
+        settings = self.config.priority
+        holding, self._swap_room, self._holding = self._holding, None, False
+        if not settings.slo_risk:
+            return []
+        target = self.config.tpot_target_s
+        left = [
+            (r.tpot_target_s or target) - (now - r.token_times_s[-1])
+            for r in decodes
+            if r.priority_rank <= _GUARDED and r.token_times_s
+        ]
+        left = [t for t in left if t > 0]
+        if not left:
+            return []
+        headroom = min(left)  # the tightest protected decode's time until its next token is late
+
+        def slack(kv_lens: list[int]) -> float:
+            return headroom - step_time(kv_lens)
+
+        kept = [r for r in decodes if r.priority_rank <= _GUARDED]
+        candidates = sorted(
+            (r for r in decodes if r.priority_rank > _GUARDED),
+            key=lambda r: (-r.priority_rank, len(r.output_token_ids), r.admission_seq),
+        )
+        kept_lens = [r.num_scheduled for r in kept]
+        lens = [r.num_scheduled for r in candidates]  # shed from the front
+        victims: list[Request] = []
+        if slack(kept_lens + lens) < settings.slo_risk_slack_s:
+            holding = True
+            # The fewest candidates, in victim order, whose preemption restores the resume
+            # slack (all of them if none suffices): the slack only grows as decodes leave.
+            shed = _first(
+                len(candidates),
+                lambda k: slack(kept_lens + lens[k:]) > settings.slo_risk_resume_s,
+            )
+            victims, lens = candidates[:shed], lens[shed:]
+        if victims:
+            self._swap_room, self._holding = 0, True  # none back in the batch that sheds
+            return victims
+        if not holding:
+            return victims
+        # Since a decode was last at risk: room for swapped NORMAL and LOW requests to come back
+        # (in swap-in order) without leaving less than the resume slack; none for new ones
+        # until all of them fit.
+        back = self.swap_in_order(list(swapped), None)  # REALTIME and HIGH first: always back
+        back_lens = [r.num_scheduled for r in back]
+        base = kept_lens + lens
+        resume = settings.slo_risk_resume_s
+        fits = _first(len(back), lambda m: slack(base + back_lens[: m + 1]) < resume)
+        self._swap_room = max(0, fits - sum(r.priority_rank <= _GUARDED for r in back))
+        self._holding = fits < len(back) or slack(base) < resume
+        return victims
+
     def admit(
         self, queue: list[Request], is_live: Callable[[str], bool], now: float
     ) -> list[Request]:
-        return self.base.admit(queue, is_live, now)
+        """The base policy's, except that while SLO-risk preemption leaves no room, NORMAL and
+        LOW prefills not yet under way wait (they would join the decodes it just shed)."""
+        admitted = self.base.admit(queue, is_live, now)
+        if not self._holding:
+            return admitted
+        return [r for r in admitted if r.priority_rank <= _GUARDED or r.num_scheduled]
+
+    # decode selection is the base policy's
 
     def wake_at(self) -> float | None:
         return self.base.wake_at()
@@ -94,3 +192,19 @@ class PriorityPolicy(Policy):
 
     def select_decodes(self, decodes: list[Request], now: float) -> list[Request]:
         return self.base.select_decodes(decodes, now)
+
+
+# REALTIME and HIGH decodes are protected by SLO-risk preemption; NORMAL and LOW are its victims.
+_GUARDED = PRIORITY_CLASSES.index("HIGH")
+
+
+def _first(n: int, done: Callable[[int], bool]) -> int:
+    """The smallest k in [0, n] with done(k), for done monotone in k (n when none is)."""
+    lo, hi = 0, n
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if done(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
