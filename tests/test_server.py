@@ -497,7 +497,7 @@ KILLERS = [
     ),
     ("/v1/completions", b'{"prompt": "Hi", "best_of": 0}', "best_of"),
     ("/v1/completions", b'{"prompt": "Hi", "echo": true, "logprobs": 1}', "logprobs"),
-    ("/v1/completions", b'{"prompt": "Hi", "max_tokens": 2.0}', "max_tokens"),
+    ("/v1/completions", b'{"prompt": "Hi", "max_tokens": 2.5}', "max_tokens"),
     ("/v1/completions", b'{"prompt": "Hi", "temperature": "0.5"}', "temperature"),
     ("/v1/completions", b'{"prompt": "Hi", "stop": "' + b"x" * 2000 + b'"}', "stop"),
 ]
@@ -840,3 +840,95 @@ def test_bench_long_threshold_follows_the_models_max_model_len():
     assert long_threshold(BenchConfig(), card) == (2048, "server max_model_len")
     assert long_threshold(BenchConfig(long_threshold=300), card) == (300, "flag")
     assert long_threshold(BenchConfig(), {"id": "other"}) == (32768, "default")
+
+
+# ---- what bytes may enter, at the ASGI level (no server) -----------------------------------
+def test_integers_may_be_written_with_a_zero_fraction_as_the_document_says():
+    """The OpenAPI document says integer; JSON Schema counts 1.0 as one (schemathesis sends it)."""
+    from pydantic import ValidationError
+
+    from medha.server.protocol import ChatCompletionRequest, CompletionRequest
+
+    r = CompletionRequest.model_validate_json(
+        b'{"prompt": [1.0, 2], "n": 1.0, "max_tokens": 2.0, "seed": 7.0, "logprobs": 0.0}'
+    )
+    assert (r.prompt, r.n, r.max_tokens, r.seed, r.logprobs) == ([1, 2], 1, 2, 7, 0)
+    assert type(r.max_tokens) is int
+    chat = ChatCompletionRequest.model_validate_json(
+        b'{"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 3.0}'
+    )
+    assert chat.max_completion_tokens == 3
+    for raw in (
+        b'{"prompt": "Hi", "max_tokens": 2.5}',
+        b'{"prompt": "Hi", "n": 2.0}',  # an integer, and refused as n > 1 is
+        b'{"prompt": "Hi", "max_tokens": true}',
+        b'{"prompt": "Hi", "max_tokens": "2"}',
+        b'{"prompt": "Hi", "max_tokens": 1e400}',
+        b'{"prompt": [1.5]}',
+    ):
+        with pytest.raises(ValidationError):
+            CompletionRequest.model_validate_json(raw)
+
+
+def test_bodies_in_flight_are_capped_in_all():
+    """Bodies buffered at once may not pass max_buffered_bytes: the one that would gets 429
+    with Retry-After; the bytes of a finished or refused body are let go."""
+    from medha.server.body_guard import BodyGuard
+
+    async def app(scope, receive, send):  # echoes the body's length
+        message = await receive()
+        body = str(len(message["body"])).encode()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": body})
+
+    guard = BodyGuard(app, max_bytes=80, max_buffered_bytes=100)
+
+    async def post(pieces, gate=None, length=None):
+        """Send `pieces`, waiting on `gate` before the last; (status, headers, body)."""
+        queue = list(pieces)
+        sent = []
+
+        async def receive():
+            piece = queue.pop(0)
+            if not queue and gate is not None:
+                await gate.wait()
+            return {"type": "http.request", "body": piece, "more_body": bool(queue)}
+
+        async def send(message):
+            sent.append(message)
+
+        headers = [] if length is None else [(b"content-length", str(length).encode())]
+        scope = {"type": "http", "method": "POST", "headers": headers}
+        await guard(scope, receive, send)
+        start = sent[0]
+        return start["status"], dict(start["headers"]), b"".join(m.get("body", b"") for m in sent)
+
+    async def scenario():
+        gate = asyncio.Event()
+        slow = asyncio.create_task(post([b"a" * 60, b"b" * 10], gate))
+        await asyncio.sleep(0)  # it holds 60 bytes, waiting to send its last piece
+        assert guard.buffered == 60
+        status, headers, _ = await post([b"c" * 30, b"d" * 20])  # 60 + 50 > 100
+        assert status == 429 and headers[b"retry-after"] == b"1"
+        assert guard.buffered == 60  # the refused body's 30 bytes were let go
+        status, _, _ = await post([b"e" * 50], length=50)  # refused by its Content-Length
+        assert status == 429
+        assert (await post([b"f" * 40]))[0] == 200  # 60 + 40 fits
+        gate.set()
+        assert (await slow)[2] == b"70"
+        assert guard.buffered == 0
+        assert (await post([b"g" * 80]))[2] == b"80"
+        assert (await post([b"h" * 81]))[0] == 413  # over the body limit: 413, not 429
+
+    asyncio.run(scenario())
+
+
+def test_body_limits_are_checked():
+    from medha.server.config import ServerConfig, max_buffered_bytes
+
+    assert max_buffered_bytes(ServerConfig(max_request_bytes=1000), 8192) == 16_000
+    assert max_buffered_bytes(ServerConfig(), 8192) == 16 * (64 * 8192 + (1 << 20))
+    with pytest.raises(ValueError, match="must be at least the body limit"):
+        max_buffered_bytes(ServerConfig(max_request_bytes=1000, max_buffered_bytes=999), 8192)
+    with pytest.raises(ValueError, match="must be a positive integer"):
+        max_buffered_bytes(ServerConfig(max_buffered_bytes=0), 8192)

@@ -46,6 +46,11 @@ def run(args: argparse.Namespace) -> None:
         config.api_key = os.environ.get("MEDHA_API_KEY") or None
     if config.max_waiting < 1:
         raise CliError(f"--max-waiting must be at least 1, got {config.max_waiting}")
+    for name in ("max_request_bytes", "max_buffered_bytes"):
+        value = getattr(config, name)
+        if value is not None and value < 1:
+            flag = "--" + name.replace("_", "-")
+            raise CliError(f"{flag} must be a positive integer, got {value}")
     if args.engine == "vllm":
         _serve_vllm(args, config)
         return
@@ -63,7 +68,10 @@ def _serve_medha(args: argparse.Namespace, config: ServerConfig) -> None:
     from medha.server.app import build_app
 
     engine = llm_from_args(args).engine
-    app = build_app(engine, config, engine_thread=False)
+    try:
+        app = build_app(engine, config, engine_thread=False)
+    except ValueError as e:  # a body limit that does not fit the model's context
+        raise CliError(str(e)) from None
     _announce(
         config,
         args.model,
@@ -132,7 +140,10 @@ def _serve_vllm(args: argparse.Namespace, config: ServerConfig) -> None:
         except (EngineError, ValueError) as e:
             raise CliError(str(e)) from None
         try:
-            app = build_app(engine, config, async_engine_cls=VllmAsyncEngine)
+            try:
+                app = build_app(engine, config, async_engine_cls=VllmAsyncEngine)
+            except ValueError as e:  # a body limit that does not fit the model's context
+                raise CliError(str(e)) from None
             _announce(
                 config,
                 args.model,

@@ -18,7 +18,7 @@ from medha import __version__
 from medha.server import chat, completions, routes
 from medha.server.async_engine import AsyncEngine
 from medha.server.body_guard import BodyGuard
-from medha.server.config import ServerConfig, max_request_bytes
+from medha.server.config import ServerConfig, max_buffered_bytes, max_request_bytes
 from medha.server.errors import RequestError, from_validation
 from medha.server.metrics import ServerMetrics
 from medha.server.openapi import document
@@ -65,7 +65,11 @@ def build_app(
         model_name=config.served_model_name or engine.config.model,
         created=int(time.time()),
     )
-    app.add_middleware(BodyGuard, max_bytes=max_request_bytes(config, engine.max_model_len))
+    app.add_middleware(
+        BodyGuard,
+        max_bytes=max_request_bytes(config, engine.max_model_len),
+        max_buffered_bytes=max_buffered_bytes(config, engine.max_model_len),
+    )
     app.openapi = lambda: app.openapi_schema or document(app, config.api_key is not None)
     for exc, handler in (
         (RequestError, _request_error),

@@ -4,6 +4,10 @@
   Content-Length says so (not a byte of it is read), else as soon as the bytes received pass the
   limit (chunked transfer). A 50 MB prompt used to be parsed and tokenized in full before the
   context check (52 s, 7 GB of memory kept).
+- **All bodies at once.** Bodies are buffered whole before they are parsed, so many clients
+  each sending a body just under the limit (slowly, or all at once) would hold their sum in
+  memory. The bytes of all bodies being received are capped at `max_buffered_bytes`: a body
+  whose bytes would pass it gets 429 with Retry-After, and its bytes are let go at once.
 - **Text.** JSON can carry what no UTF-8 encoder accepts: lone surrogates (`"\\ud800"`) and,
   in the raw bytes, invalid UTF-8. Either gets a 400 naming the field that holds it, instead
   of a 500 from whatever meets it first (the tokenizer, the response encoder).
@@ -26,8 +30,9 @@ _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 class BodyGuard:
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app, self.max_bytes = app, max_bytes
+    def __init__(self, app: ASGIApp, max_bytes: int, max_buffered_bytes: int) -> None:
+        self.app, self.max_bytes, self.max_buffered_bytes = app, max_bytes, max_buffered_bytes
+        self.buffered = 0  # bytes of the bodies being received now, all connections
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD"):
@@ -35,15 +40,27 @@ class BodyGuard:
         length = _content_length(scope)
         if length is not None and length > self.max_bytes:
             return await self._refuse(scope, send, _too_large(length, self.max_bytes))
-        body, more = bytearray(), True
-        while more:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return  # the client left before sending its body
-            body += message.get("body", b"")
-            more = message.get("more_body", False)
-            if len(body) > self.max_bytes:
-                return await self._refuse(scope, send, _too_large(None, self.max_bytes))
+        if length is not None and self.buffered + length > self.max_buffered_bytes:
+            return await self._refuse(scope, send, _busy(self.max_buffered_bytes))
+        body, held = bytearray(), 0
+        try:
+            more = True
+            while more:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return  # the client left before sending its body
+                chunk = message.get("body", b"")
+                more = message.get("more_body", False)
+                if len(body) + len(chunk) > self.max_bytes:
+                    return await self._refuse(scope, send, _too_large(None, self.max_bytes))
+                if self.buffered + len(chunk) > self.max_buffered_bytes:
+                    return await self._refuse(scope, send, _busy(self.max_buffered_bytes))
+                body += chunk
+                self.buffered += len(chunk)
+                held += len(chunk)
+        finally:
+            # the buffer goes with this frame; from here on the body is the route's to parse
+            self.buffered -= held
         if (error := bad_text(bytes(body))) is not None:
             return await self._refuse(scope, send, error)
         await self.app(scope, _replay(bytes(body), receive), send)
@@ -51,7 +68,10 @@ class BodyGuard:
     @staticmethod
     async def _refuse(scope: Scope, send: Send, error: RequestError) -> None:
         # the unread rest of a refused body is never read: the connection closes after this
-        response = error.response(headers={"Connection": "close"})
+        headers = {"Connection": "close"}
+        if error.status == 429:
+            headers["Retry-After"] = "1"
+        response = error.response(headers=headers)
         await response(scope, _no_body, send)
 
 
@@ -114,6 +134,16 @@ def _too_large(length: int | None, limit: int) -> RequestError:
         None,
         413,
         code="request_too_large",
+    )
+
+
+def _busy(limit: int) -> RequestError:
+    return RequestError(
+        f"the request bodies being received exceed the server's limit of {limit} bytes in all "
+        "(medha serve --max-buffered-bytes); retry later",
+        None,
+        429,
+        "rate_limit_error",
     )
 
 

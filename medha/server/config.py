@@ -45,6 +45,15 @@ class ServerConfig:
             )
         },
     )
+    max_buffered_bytes: int | None = field(
+        default=None,
+        metadata={
+            "help": (
+                "bytes of all request bodies being received at once; a body that would pass it "
+                "gets 429 with Retry-After (default: 16 x the body limit, --max-request-bytes)"
+            )
+        },
+    )
     log_level: str = field(default="info", metadata={"help": "uvicorn log level"})
 
 
@@ -54,3 +63,22 @@ def max_request_bytes(config: ServerConfig, max_model_len: int) -> int:
     if config.max_request_bytes is not None:
         return config.max_request_bytes
     return 64 * max_model_len + (1 << 20)
+
+
+def max_buffered_bytes(config: ServerConfig, max_model_len: int) -> int:
+    """The cap on the bytes of all bodies being received: the flag, else room for 16 bodies at
+    the size limit. ValueError when it is below the size limit (every large body would get
+    429) or either is not a positive integer."""
+    per_body = max_request_bytes(config, max_model_len)
+    total = config.max_buffered_bytes
+    if total is None:
+        total = 16 * per_body
+    for name, value in (("max-request-bytes", per_body), ("max-buffered-bytes", total)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"--{name} must be a positive integer, got {value!r}")
+    if total < per_body:
+        raise ValueError(
+            f"--max-buffered-bytes ({total}) must be at least the body limit, "
+            f"--max-request-bytes ({per_body})"
+        )
+    return total

@@ -1,10 +1,12 @@
 """The OpenAI request and response bodies the server speaks, with medha's SLO extension.
 
-Requests are parsed strictly, as the OpenAI API parses them: `"max_tokens": 2.0`, `"true"` or
+Requests are parsed strictly, as the OpenAI API parses them: `"max_tokens": 2.5`, `"true"` or
 `"0.5"` where an integer, boolean or number belongs is a 400, not a silent conversion (numbers
-may still be written as integers). Unknown top-level fields are ignored (clients send many
-optional ones), but a field medha does not implement and that would change the result (n > 1,
-penalties, tools, ...) is refused with a 400 naming it, rather than silently ignored.
+may still be written as integers, and integers with a zero fraction, `2.0`, since JSON Schema
+and so the OpenAPI document count them as integers). Unknown top-level fields are ignored
+(clients send many optional ones), but a field medha does not implement and that would change
+the result (n > 1, penalties, tools, ...) is refused with a 400 naming it, rather than silently
+ignored.
 
 The response models describe what the routes return, for the OpenAPI document (`/openapi.json`);
 the routes build plain dicts.
@@ -54,8 +56,36 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+def _integral(value: object) -> object:
+    """2.0 is 2 (JSON Schema counts a number with a zero fraction as an integer); anything else
+    is left to the strict checks (2.5, inf and nan are refused where an integer belongs)."""
+    if type(value) is float and value.is_integer():
+        return int(value)
+    if type(value) is list:
+        return [_integral(v) for v in value]
+    return value
+
+
 class _Common(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _integers(cls, data: object) -> object:
+        """Integers written with a zero fraction (`"n": 1.0`), in the fields that hold integers
+        (and the token ids of a prompt), become integers before the strict checks: the
+        document says integer, and JSON Schema counts 1.0 as one. Done here rather than in a
+        field type, so the document keeps its minimum and maximum."""
+        if not isinstance(data, dict):
+            return data
+        fixed = {k: _integral(data[k]) for k in cls._integer_fields() if k in data}
+        return {**data, **fixed} if fixed else data
+
+    @classmethod
+    def _integer_fields(cls) -> tuple[str, ...]:
+        ints = (int, int | None)
+        names = [n for n, f in cls.model_fields.items() if f.annotation in ints]
+        return (*names, "prompt") if "prompt" in cls.model_fields else tuple(names)
 
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
@@ -166,8 +196,16 @@ class ChatCompletionRequest(_Common):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    tools: list[dict] | None = Field(None, description="not supported")
-    response_format: dict | None = Field(None, description='only {"type": "text"}')
+    # The document says what is accepted (no tools; the text format only), so that a client
+    # checking its requests against it, or a fuzzer, never sends one it promises and is refused.
+    tools: list[dict] | None = Field(
+        None, description="not supported: absent, null or []", json_schema_extra={"maxItems": 0}
+    )
+    response_format: dict | None = Field(
+        None,
+        description='only {"type": "text"}',
+        json_schema_extra={"properties": {"type": {"enum": ["text"]}}},
+    )
 
     @model_validator(mode="after")
     def _chat(self):
