@@ -275,3 +275,26 @@ def test_padded_predictor_pads_decodes_to_the_longest_context():
     timer = padded.timer()
     timer.add_decodes(lens)
     assert timer.time_with_prefill(256, 0) == pytest.approx(with_chunk)
+
+
+def test_cta_predictor_bounds_decode_attention_by_its_longest_thread_block():
+    """llama-3-8b on h100: one CTA keeps 4 warps x 16 tokens x 128 dims x 2 B = 16 KiB in flight,
+    27.3 GB/s at 600 ns; a token's K and V of one head over 32 layers take 16 KiB / that rate."""
+    plain = make_predictor("roofline", "llama-3-8b", "h100")
+    cta = make_predictor("roofline-cta", "llama-3-8b", "h100")
+    token_s = 2 * 128 * 2 * 32 / (4 * 16 * 128 * 2 / 600e-9)
+    assert cta._token_s == pytest.approx(token_s)
+    lens = [632] * 63 + [4696]  # v1: 64 x 32 (head, sequence) pairs > 512, context <= 8192
+    tail = 4697 * token_s
+    assert tail > plain.decode_attention_total(lens)  # the long CTA outlasts the whole batch
+    assert cta.shape_time((), lens) == pytest.approx(plain.linear_time(64, 64) + tail)
+    short = [632] * 64  # one length: the tail is below the roofline sum, nothing changes
+    assert cta.shape_time((), short) == pytest.approx(plain.shape_time((), short))
+    # v2 (past 8192, or few pairs) splits a context into 512-token partitions
+    assert cta.cta_tail(9000, 64) == pytest.approx(512 * token_s)
+    assert cta.cta_tail(4696, 8) == pytest.approx(512 * token_s)
+    timer = cta.timer()
+    timer.add_decodes(lens[:40])
+    timer.add_decode(4696)
+    timer.add_decodes(lens[40:63])
+    assert timer.time() == pytest.approx(cta.shape_time((), lens))
