@@ -172,11 +172,11 @@ def test_algorithm2_refills_from_requests_buffer_before_switching():
 
 
 def test_algorithm2_switch_takes_the_candidate_batch_and_evicts_the_old_longest():
-    """Case 2: no requests buffer, room in the batch: the candidate batch joins (a switch
-    iteration). Case 3 during the switch: the longest request of the old batch is evicted to the
-    requests buffer, even though a new one is longer."""
+    """Case 2: no requests buffer and a running batch under N_thr = 3: the candidate batch joins
+    (a switch iteration). Case 3 during the switch: the longest request of the old batch is
+    evicted to the requests buffer, even though a new one is longer."""
     p = policy(
-        aligned_min_batch=2, aligned_decode_blocks=200, aligned_memory_fraction=0.5
+        aligned_min_batch=3, aligned_decode_blocks=200, aligned_memory_fraction=0.5
     )  # M_thr = 100 of the decode device's 200 blocks
     a = many("a", 2, 100) + [decode("a2", 150)]  # 7, 7, 10 blocks
     b = many("b", 2, 700)  # 44 blocks each
@@ -193,6 +193,20 @@ def test_algorithm2_switch_takes_the_candidate_batch_and_evicts_the_old_longest(
     run_iteration(p, everyone)
     assert ids(p.requests_buffer.values()) == ["a2"]  # the old batch's longest, not a b
     assert p.stats["blocks_out"] == 10
+
+
+@pytest.mark.parametrize("on_room", [False, True])
+def test_switch_waits_for_a_batch_under_n_thr_unless_read_literally(on_room):
+    """N_thr = 2: after one of three finishes, two still run. By default that batch saturates
+    the device and keeps running alone; read literally, the candidate batch joins at once."""
+    p = policy(aligned_min_batch=2, aligned_switch_on_room=on_room)
+    a = many("a", 2, 100) + [decode("a2", 150)]
+    b = many("b", 2, 700)
+    run_iteration(p, a + b)
+    a[0].transition(RequestState.FINISHED)
+    running = run_iteration(p, a[1:] + b)
+    assert ids(running) == (ids(a[1:] + b) if on_room else ids(a[1:]))
+    assert p.stats["switch_iterations"] == on_room
 
 
 def test_transfers_cost_their_bytes_over_nvlink_or_pcie():

@@ -172,6 +172,16 @@ class AlignedSettings:
             "NVLink from the prefill device's buffers; off, over PCIe from host memory",
         ),
     )
+    switch_on_room: bool = field(
+        default=False,
+        metadata=_help(
+            ALIGNED,
+            "aligned policy: switch to the candidate batch whenever the running batch has room "
+            "and no buffered request (Section 3.4's case 2 read literally); default: only once "
+            "the running batch is too small to saturate the device, fewer than N_thr requests "
+            "(Sections 3.2-3.3)",
+        ),
+    )
     batching: str = field(
         default="dfs",
         metadata=_help(
