@@ -312,3 +312,11 @@ def test_cta_predictor_bounds_decode_attention_by_its_longest_thread_block():
     timer.add_decode(4696)
     timer.add_decodes(lens[40:63])
     assert timer.time() == pytest.approx(cta.shape_time((), lens))
+
+
+def test_cta_rate_can_be_set_by_spec():
+    """roofline-cta:4.4: one CTA streams 4.4 GB/s; a 4697-token context's K and V of one head
+    in 32 layers (4697 x 512 B x 32) then take 4697 x 512 x 32 / 4.4e9 s."""
+    cta = make_predictor("roofline-cta:4.4", "llama-2-7b", "h100")
+    assert cta.name == "roofline-cta:4.4"
+    assert cta.cta_tail(4696, 64) == pytest.approx(4697 * 512 * 32 / 4.4e9)

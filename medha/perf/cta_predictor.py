@@ -15,8 +15,11 @@ AlignedServe targets, from how the kernel runs rather than from a padding assump
 CTA rate: v1's 128 threads are 4 warps, each loading one 16-token KV block of one head
 (16 x head_dim x dtype bytes) per step, so 4 blocks are in flight; HBM latency under load is
 taken as 600 ns (microbenchmarks of A100/H100 global memory report 400-700 ns loaded; the value
-is an assumption, and bench/sim_aligned_serve.py --figure 1 shows what it does). Nothing here is
-fitted to AlignedServe's figures.
+is an assumption), 27.3 GB/s. `roofline-cta:GBPS` sets the rate instead: a v1-style Triton
+kernel (one 4-warp program per (sequence, head), bench/aligned_attention_cuda.py) streamed
+4.4 GB/s per program on an H100 (a 4696-token sequence alone: 546 us a layer), so a kernel of
+this form can be six times slower per CTA than the Little's-law bound; vLLM's own kernel was not
+at hand to measure. Nothing here is fitted to AlignedServe's figures.
 """
 
 from __future__ import annotations
@@ -38,11 +41,14 @@ MEMORY_LATENCY_S = 600e-9
 class CtaRooflinePredictor(RooflinePredictor):
     name = "roofline-cta"
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, model, hardware, parallel, cta_gbps: float | None = None) -> None:
+        """`cta_gbps`: one CTA's streaming rate in GB/s (default: by Little's law, above)."""
+        super().__init__(model, hardware, parallel)
         m, hw, par = self.model, self.hardware, self.parallel
         in_flight = WARPS_PER_CTA * KV_BLOCK_TOKENS * m.head_dim * hw.dtype_bytes
-        self.cta_bw = in_flight / MEMORY_LATENCY_S  # bytes/s one CTA streams
+        self.cta_bw = cta_gbps * 1e9 if cta_gbps else in_flight / MEMORY_LATENCY_S
+        if cta_gbps is not None:
+            self.name = f"roofline-cta:{cta_gbps:g}"
         self.heads = max(1, m.num_heads // par.tp)  # query heads per device: CTAs per sequence
         # one CTA's K and V of one token in all layers of this device's stage
         self._token_s = 2 * m.head_dim * hw.dtype_bytes * m.num_layers / par.spp / self.cta_bw
