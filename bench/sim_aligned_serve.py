@@ -5,9 +5,9 @@ continuous batching (`--policy fcfs`).
         [--num-requests 400] [--seeds 0]
 
 Substitutions (the paper: OPT-2.7B..30B in fp16 on 8 H100s, DistServe-based, LongBench):
-- model: OPT-6.7B's and OPT-13B's shapes (layers, hidden, heads; the two-matrix FFN as a gated
-  one of the same size; tied embeddings) with a 64K context, one H100 each; Figure 1 runs
-  Llama-2-7B as the paper does;
+- model: OPT-2.7B's, OPT-6.7B's and OPT-13B's shapes (layers, hidden, heads; the two-matrix
+  FFN as a gated one of the same size; tied embeddings) with a 64K context, one H100 each;
+  Figure 1 runs Llama-2-7B as the paper does;
 - one replica: prefills run in it, whole, in iterations of their own (`--chunking none
   --prefill-only-iterations`), for both systems, so decode iterations hold decodes only;
   AlignedServe's host KV pool is the replica's cache beyond the decode device's blocks
@@ -56,19 +56,24 @@ MIXES = (0.70, 0.75, 0.80, 0.85, 0.90, 0.95)
 SHORT, LONG, OUTPUT = (32, 999), (1000, 8000), (64, 512)
 TRACES = {"longbench~arxiv": "arxiv", "sharegpt": "sharegpt", "azure": "azure_conv"}
 BASE = dict(chunking="none", prefill_only_iterations=True)
+ALIGNED = {}  # aligned_* settings the command line changes (--min-batch, --switch-on-room)
+
+
+OPT = {"opt-2.7b": (32, 2560, 32), "opt-6.7b": (32, 4096, 32), "opt-13b": (40, 5120, 40)}
 
 
 def opt_shape(name: str) -> object:
     """OPT-6.7B / OPT-13B as medha's (Llama-form) ModelSpec: same layers, hidden size, heads; the
     FFN's 2 x hidden x 4 hidden weights as a gated FFN of 3 x hidden x (8/3 hidden)."""
-    layers, hidden = {"opt-6.7b": (32, 4096), "opt-13b": (40, 5120)}[name]
+    layers, hidden, heads = OPT[name]
     return dataclasses.replace(
         get_model("llama-2-7b"),
         name=name,
         num_layers=layers,
         hidden_size=hidden,
-        num_heads=hidden // 128,
-        num_kv_heads=hidden // 128,
+        num_heads=heads,
+        num_kv_heads=heads,
+        head_dim=hidden // heads,
         intermediate_size=8 * hidden // 3,
         vocab_size=50272,
         max_context=65536,
@@ -77,14 +82,15 @@ def opt_shape(name: str) -> object:
     )
 
 
-def synthetic(n: int, short_fraction: float, seed: int) -> list[Request]:
+def synthetic(n: int, short_fraction: float, seed: int, output: int | None = None) -> list[Request]:
+    """`output`: every request's output length (default: 64-512 at random)."""
     rng = random.Random(seed)
     return [
         Request(
             f"r{i}",
             0.0,
             rng.randint(*(SHORT if rng.random() < short_fraction else LONG)),
-            rng.randint(*OUTPUT),
+            output or rng.randint(*OUTPUT),
         )
         for i in range(n)
     ]
@@ -118,6 +124,7 @@ def run(system: str, predictor: str, model: str, reqs: list[Request]) -> dict[st
             aligned_prefetch=system == "aligned",
             aligned_batching="fcfs" if system == "aligned-noPB" else "dfs",
             **BASE,
+            **ALIGNED,
         )
     sim = Simulator(cluster, ParallelConfig(), sched, predictor=pred)
     result = sim.run(reqs)
@@ -193,9 +200,25 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--predictors", nargs="+", default=["roofline", "roofline-cta"])
     ap.add_argument("--mixes", type=float, nargs="+", default=list(MIXES))
-    ap.add_argument("--model", default="opt-6.7b", choices=["opt-6.7b", "opt-13b"])
+    ap.add_argument("--model", default="opt-6.7b", choices=list(OPT))
     ap.add_argument("--traces", nargs="+", default=list(TRACES), choices=list(TRACES))
+    ap.add_argument(
+        "--fixed-output",
+        type=int,
+        default=None,
+        help="figure 7: every request generates this many tokens (a batch then ends together)",
+    )
+    ap.add_argument("--min-batch", type=int, default=None, help="N_thr (default: the paper's 36)")
+    ap.add_argument(
+        "--switch-on-room",
+        action="store_true",
+        help="switch whenever the running batch has room (Section 3.4 read literally)",
+    )
     args = ap.parse_args()
+    if args.min_batch:
+        ALIGNED["aligned_min_batch"] = args.min_batch
+    if args.switch_on_room:
+        ALIGNED["aligned_switch_on_room"] = True
     n, seeds, preds = args.num_requests, args.seeds, args.predictors
     if args.figure != "1":
         print(f"paper: {PAPER[args.figure]}\n")
@@ -205,7 +228,11 @@ def main() -> None:
         print(HEADER)
         for mix in args.mixes:
             compare(
-                f"{mix:.0%} short", preds, args.model, functools.partial(synthetic, n, mix), seeds
+                f"{mix:.0%} short",
+                preds,
+                args.model,
+                functools.partial(synthetic, n, mix, output=args.fixed_output),
+                seeds,
             )
     elif args.figure == "8":
         print(HEADER)
