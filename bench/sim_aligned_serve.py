@@ -107,7 +107,8 @@ def trace(name: str, n: int, seed: int) -> list[Request]:
 
 
 def run(system: str, predictor: str, model: str, reqs: list[Request]) -> dict[str, float]:
-    """One simulation. system: vllm, aligned, aligned-noP, aligned-noPB."""
+    """One simulation. system: vllm, aligned, aligned-noP (PCIe, no GPU prefetch), aligned-noB
+    (FCFS batching in the framework, Figure 13), aligned-noPB (neither, Figure 14)."""
     pred = make_predictor(predictor, opt_shape(model), "h100")
     device_blocks = kv_blocks_per_replica(ClusterConfig(hardware="h100"), pred).num_blocks
     cluster = ClusterConfig(hardware="h100", predictor=predictor)
@@ -121,8 +122,8 @@ def run(system: str, predictor: str, model: str, reqs: list[Request]) -> dict[st
             max_num_seqs=8192,  # the pool's in-flight requests
             aligned_running_seqs=256,  # the decode device's batch, as vLLM's max_num_seqs
             aligned_decode_blocks=device_blocks,
-            aligned_prefetch=system == "aligned",
-            aligned_batching="fcfs" if system == "aligned-noPB" else "dfs",
+            aligned_prefetch=system in ("aligned", "aligned-noB"),
+            aligned_batching="fcfs" if system in ("aligned-noB", "aligned-noPB") else "dfs",
             **BASE,
             **ALIGNED,
         )
@@ -214,7 +215,10 @@ def main() -> None:
         action="store_true",
         help="switch whenever the running batch has room (Section 3.4 read literally)",
     )
+    ap.add_argument("--memory-fraction", type=float, default=None, help="M_thr (default: 0.4)")
     args = ap.parse_args()
+    if args.memory_fraction:
+        ALIGNED["aligned_memory_fraction"] = args.memory_fraction
     if args.min_batch:
         ALIGNED["aligned_min_batch"] = args.min_batch
     if args.switch_on_room:
@@ -245,7 +249,7 @@ def main() -> None:
         )
         for name in args.traces:
             for pred in preds:
-                for system in ("aligned", "aligned-noPB") if args.figure == "13" else ("aligned",):
+                for system in ("aligned", "aligned-noB") if args.figure == "13" else ("aligned",):
                     m = medians(system, pred, args.model, functools.partial(trace, name, n), seeds)
                     print(
                         f"| {name} | {pred} | {system} | {100 * m['within_30ms']:.1f}% | "
