@@ -105,18 +105,23 @@ def test_dfs_case3_searches_left_siblings_first_and_stops_at_n_thr():
     assert ids(batch) == ids(a + b)
 
 
-def test_dfs_takes_everything_when_the_root_fits_and_a_leaf_over_m_thr_its_shortest():
+def test_dfs_edge_cases_root_within_m_thr_partial_sibling_and_a_leaf_over_m_thr():
     p = policy(aligned_min_batch=36)
-    few = many("a", 3, 100) + many("b", 2, 5000)  # 346 blocks > 100: down to the 5000s' leaf?
+    pooled(p, many("a", 3, 100))  # the root holds 21 blocks but 3 < N_thr: all of it
+    batch, node = p._dfs([p.tree.root])
+    assert node is p.tree.root and len(batch) == 3
+    p = policy(aligned_min_batch=36)
+    few = many("a", 3, 100) + many("b", 2, 5000)  # 21 + 2 x 313 = 647 blocks
     pooled(p, few)
     batch, _ = p._dfs([p.tree.root])
-    # root (346) > M_thr: densest child [0, 16384) the same; [0, 4096) has 3 (21 blocks) < N_thr,
-    # case 3 under [0, 16384): R-Search meets [4096, 8192) (626 blocks), takes none of it
+    # root and [0, 16384) > M_thr; [0, 4096) has 3 (21 blocks) < N_thr: case 3 under
+    # [0, 16384), whose R-Search meets [4096, 8192) (626 blocks) and takes none of its 313-block
+    # requests
     assert ids(batch) == ids(few[:3])
     p = policy(aligned_min_batch=2)
-    pooled(p, many("x", 3, 2000))  # one leaf of 375 blocks: its shortest up to 100 blocks
+    pooled(p, many("x", 3, 2000))  # one leaf of 3 x 125 blocks: its shortest up to 100 blocks
     batch, node = p._dfs([p.tree.root])
-    assert node.width == 64 and len(batch) == 0 + 1  # 125 blocks each: only one, never none
+    assert node.width == 64 and len(batch) == 1  # 125 blocks each: only one, never none
 
 
 def test_fcfs_batching_ablation_takes_the_pool_in_order():
