@@ -56,7 +56,7 @@ MIXES = (0.70, 0.75, 0.80, 0.85, 0.90, 0.95)
 SHORT, LONG, OUTPUT = (32, 999), (1000, 8000), (64, 512)
 TRACES = {"longbench~arxiv": "arxiv", "sharegpt": "sharegpt", "azure": "azure_conv"}
 BASE = dict(chunking="none", prefill_only_iterations=True)
-ALIGNED = {}  # aligned_* settings the command line changes (--min-batch, --switch-on-room)
+ALIGNED = {}  # aligned_* settings the command line changes (--min-batch, --switch-on-room, ...)
 
 
 OPT = {"opt-2.7b": (32, 2560, 32), "opt-6.7b": (32, 4096, 32), "opt-13b": (40, 5120, 40)}
@@ -216,7 +216,12 @@ def main() -> None:
         help="switch whenever the running batch has room (Section 3.4 read literally)",
     )
     ap.add_argument("--memory-fraction", type=float, default=None, help="M_thr (default: 0.4)")
+    ap.add_argument(
+        "--no-starvation", action="store_true", help="disable the starvation rule (Figure 15)"
+    )
     args = ap.parse_args()
+    if args.no_starvation:
+        ALIGNED["aligned_starvation_s"] = None
     if args.memory_fraction:
         ALIGNED["aligned_memory_fraction"] = args.memory_fraction
     if args.min_batch:
