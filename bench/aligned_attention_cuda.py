@@ -10,7 +10,9 @@ generated tokens: 64 of 32-token prompts, or 1, 2, 4 of them 4096-token prompts.
 - padded: torch scaled_dot_product_attention over the batch padded to its longest context;
 - probe: the v1-style kernel on one 4696-token sequence alone (32 programs), whose time is one
   thread block's streaming rate (medha/perf/cta_predictor.py takes 27.3 GB/s from Little's law),
-  then on four of them, then on one beside 64 short ones.
+  then on four of them, then on one beside 64 short ones;
+- Figure 3: 64 batches of one prompt length each (10, 70, ..., 3790) against one batch of every
+  length, with both kernels.
 The run in docs/reproductions.md was this script's code sent to the lent H100 (and H200) in one
 command.
 Needs CUDA, torch and triton; prints a table and writes JSON.
@@ -126,6 +128,18 @@ def main() -> None:
             flush=True,
         )
     out.update(rows=rows, probes_s=probes, cta_rate=cta_bytes / probes[1])
+    # Figure 3: 64 one-length batches (10, 70, ..., 3790 tokens) against one of every length
+    groups = list(range(10, 3791, 60))
+    one = {k: [f([g] * 64) for g in groups] for k, f in (("v1", v1_time), ("padded", padded_time))}
+    mixed = {"v1": v1_time(groups), "padded": padded_time(groups)}
+    for k in one:
+        mean = sum(one[k]) / len(one[k])
+        print(
+            f"figure 3, {k}: one length a batch {1e6 * mean:.1f} us/layer (mean), every length "
+            f"{1e6 * mixed[k]:.1f} us/layer, ratio {mixed[k] / mean:.3f}",
+            flush=True,
+        )
+    out.update(figure3={"one_length_s": one, "mixed_s": mixed})
     if args.out:
         with open(args.out, "w") as f:
             json.dump(out, f, indent=1)

@@ -1,7 +1,7 @@
 """AlignedServe's evaluation, simulated: AlignedServe (`--policy aligned`) against vLLM-style
 continuous batching (`--policy fcfs`).
 
-    python bench/sim_aligned_serve.py --figure 1|7|8|13|14|switch [--predictors ...]
+    python bench/sim_aligned_serve.py --figure 1|3|7|8|13|14|switch [--predictors ...]
         [--num-requests 400] [--seeds 0]
 
 Substitutions (the paper: OPT-2.7B..30B in fp16 on 8 H100s, DistServe-based, LongBench):
@@ -173,6 +173,20 @@ def figure1(predictors: list[str]) -> None:
         print(f"| {name} | {cells} | +{100 * (ms[3] / ms[0] - 1):.1f}% |", flush=True)
 
 
+def figure3(predictors: list[str]) -> None:
+    """Figure 3: 64 groups of 64 prompts of one length each (10, 70, ..., 3790), Llama-2-7B on
+    an H100: the mean first-decode iteration of the 64 one-length batches, against the batch
+    holding one prompt of each length."""
+    groups = list(range(10, 3791, 60))
+    print("| predictor | one length a batch (mean) | every length in a batch | ratio |")
+    print("|---|---|---|---|")
+    for name in predictors:
+        p = make_predictor(name, "llama-2-7b", "h100")
+        aligned = statistics.mean(p.shape_time((), [g] * 64) for g in groups)
+        mixed = p.shape_time((), groups)
+        print(f"| {name} | {1e3 * aligned:.2f} ms | {1e3 * mixed:.2f} ms | {mixed / aligned:.3f} |")
+
+
 def compare(label, predictors, model, make, seeds) -> None:
     for name in predictors:
         v = medians("vllm", name, model, make, seeds)
@@ -196,7 +210,7 @@ HEADER = (
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--figure", choices=["1", "7", "8", "13", "14", "switch"], required=True)
+    ap.add_argument("--figure", choices=["1", "3", "7", "8", "13", "14", "switch"], required=True)
     ap.add_argument("--num-requests", type=int, default=400)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--predictors", nargs="+", default=["roofline", "roofline-cta"])
@@ -229,10 +243,12 @@ def main() -> None:
     if args.switch_on_room:
         ALIGNED["aligned_switch_on_room"] = True
     n, seeds, preds = args.num_requests, args.seeds, args.predictors
-    if args.figure != "1":
+    if args.figure in PAPER:
         print(f"paper: {PAPER[args.figure]}\n")
     if args.figure == "1":
         figure1(preds)
+    elif args.figure == "3":
+        figure3(preds)
     elif args.figure == "7":
         print(HEADER)
         for mix in args.mixes:
