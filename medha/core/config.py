@@ -119,49 +119,87 @@ class DeferredSettings:
 
 @dataclass
 class AlignedSettings:
-    """The aligned policy's settings (flags --aligned-*; aligned_policy.py)."""
+    """The aligned policy's settings (flags --aligned-*; aligned_policy.py). Defaults are
+    AlignedServe's (Section 4.1) where it gives them."""
 
     min_batch: int = field(
-        default=16,
+        default=36,
         metadata=_help(
             ALIGNED,
-            "aligned policy: fewest decodes a prefix-length cluster must hold to be batched on its "
-            "own; sparser ranges are merged with their neighbours (fewer ready decodes run "
-            "together)",
+            "aligned policy: N_thr, fewest requests a length range must hold to become a batch "
+            "on its own (Algorithm 1; the paper's 36); sparser ranges take in their siblings",
         ),
     )
     memory_fraction: float = field(
-        default=1.0,
+        default=0.4,
         metadata=_help(
             ALIGNED,
-            "aligned policy: most of the replica's KV blocks one decode batch may hold "
-            "(AlignedServe's memory threshold; 1 lets only the cache itself bound a batch)",
+            "aligned policy: M_thr, most of the decode device's KV blocks one generated batch may "
+            "hold (Algorithm 1; the paper's 0.4)",
         ),
     )
     starvation_s: float | None = field(
+        default=30.0,
+        metadata=_help(
+            ALIGNED,
+            "aligned policy: a length subtree that has generated no batch for this long while "
+            "holding a pooled request gets the next batch (Section 3.5; the paper gives no "
+            "value: 30 s is the longest TTFT it reports without the rule)",
+        ),
+    )
+    decode_blocks: int | None = field(
         default=None,
         metadata=_help(
             ALIGNED,
-            "aligned policy: a ready decode that has waited this long for its next token promotes "
-            "its length range to the next batch (default: 4 x the TPOT target)",
+            "aligned policy: KV blocks of the decode device that the running batch lives in; "
+            "the replica's cache beyond them stands for the host KV pool (default: the whole "
+            "cache, no pool)",
         ),
     )
-    batch_iterations: int = field(
-        default=1,
+    running_seqs: int | None = field(
+        default=None,
         metadata=_help(
             ALIGNED,
-            "aligned policy: iterations one decode batch runs before the candidate batch, prepared "
-            "when it started, takes over",
+            "aligned policy: most requests in the running batch (default: max_num_seqs, which "
+            "then also bounds the pool)",
+        ),
+    )
+    prefetch: bool = field(
+        default=True,
+        metadata=_help(
+            ALIGNED,
+            "aligned policy: GPU prefetch: batches move into and out of the decode device over "
+            "NVLink from the prefill device's buffers; off, over PCIe from host memory",
+        ),
+    )
+    switch_on_room: bool = field(
+        default=False,
+        metadata=_help(
+            ALIGNED,
+            "aligned policy: switch to the candidate batch whenever the running batch has room "
+            "and no buffered request (Section 3.4's case 2 read literally); default: only once "
+            "the running batch is too small to saturate the device, fewer than N_thr requests "
+            "(Sections 3.2-3.3)",
+        ),
+    )
+    batching: str = field(
+        default="dfs",
+        metadata=_help(
+            ALIGNED,
+            "aligned policy: how pooled requests become batches: dfs (prefix-aware, Algorithm 1) "
+            "or fcfs (pool order; the paper's ablation without prefix-aware batching)",
         ),
     )
 
     def __post_init__(self) -> None:
         _positive_seconds(self, ("starvation_s",), "aligned_")
-        _positive_ints(self, ("min_batch", "batch_iterations"), "aligned_")
+        _positive_ints(self, ("min_batch", "decode_blocks", "running_seqs"), "aligned_")
         if not 0 < self.memory_fraction <= 1:
             raise ValueError(
                 f"aligned_memory_fraction must lie in (0, 1], got {self.memory_fraction!r}"
             )
+        if self.batching not in ("dfs", "fcfs"):
+            raise ValueError(f"aligned_batching must be dfs or fcfs, got {self.batching!r}")
 
 
 @dataclass

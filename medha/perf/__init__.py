@@ -9,7 +9,9 @@ from medha.perf.predictor import BatchTimer, Predictor
 
 PREDICTOR_HELP = (
     "batch-time model: roofline (analytic), roofline-padded (the same, with "
-    "decode attention padded to the batch's longest context), profiled (fitted "
+    "decode attention padded to the batch's longest context), roofline-cta[:GBPS] (the "
+    "same, with decode attention no shorter than its longest thread block, one block "
+    "streaming at GBPS), profiled (fitted "
     "to the bundled profile of this model and hardware) or profiled:PATH (a "
     "profile written by `medha profile`, or a Vidur CSV table or directory)"
 )
@@ -34,6 +36,11 @@ def make_predictor(
         from medha.perf.padded_predictor import PaddedRooflinePredictor
 
         return PaddedRooflinePredictor(model, hardware, parallel)
+    if kind == "roofline-cta":
+        from medha.perf.cta_predictor import CtaRooflinePredictor
+
+        # roofline-cta:GBPS sets one thread block's streaming rate (GB/s)
+        return CtaRooflinePredictor(model, hardware, parallel, float(path) if path else None)
     if kind == "profiled":
         from medha.perf.profile_data import bundled_profile, load_profile
         from medha.perf.profiled_predictor import ProfiledPredictor
@@ -41,7 +48,8 @@ def make_predictor(
         profile = load_profile(path) if path else bundled_profile(hardware.name, model.name)
         return ProfiledPredictor(model, hardware, parallel, profile)
     raise ValueError(
-        f"unknown predictor {spec!r}; expected roofline, roofline-padded, profiled or profiled:PATH"
+        f"unknown predictor {spec!r}; expected roofline, roofline-padded, roofline-cta, "
+        "profiled or profiled:PATH"
     )
 
 

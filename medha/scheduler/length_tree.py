@@ -24,14 +24,24 @@ class LengthNode:
         self.children: list[LengthNode] | None = None  # created on first insert below
         self.members: dict[str, Request] | None = None  # leaves only
 
-    def requests(self) -> Iterator[Request]:
-        """Every request of the subtree, shortest range first."""
+    def requests(self, longest_first: bool = False) -> Iterator[Request]:
+        """Every request of the subtree, shortest range first (or longest first)."""
+        if self.members is not None:
+            yield from self.members.values()
+        elif self.children:
+            for child in reversed(self.children) if longest_first else self.children:
+                if child.count:
+                    yield from child.requests(longest_first)
+
+    def overlapping(self, lo: int, hi: int) -> Iterator[Request]:
+        """The subtree's requests in leaves whose ranges meet [lo, hi]."""
+        if not self.count or hi < self.lo or lo >= self.lo + self.width:
+            return
         if self.members is not None:
             yield from self.members.values()
         elif self.children:
             for child in self.children:
-                if child.count:
-                    yield from child.requests()
+                yield from child.overlapping(lo, hi)
 
 
 class LengthQuadTree:
@@ -49,6 +59,9 @@ class LengthQuadTree:
 
     def __contains__(self, request_id: str) -> bool:
         return request_id in self._where
+
+    def request(self, request_id: str) -> Request:
+        return self._where[request_id][0].members[request_id]
 
     def ids(self):
         return self._where.keys()

@@ -197,7 +197,9 @@ class ReplicaScheduler:
                 self.kv.count_start(r)  # the first chunk of a (re)started prefill
         if moves:
             self.kv.time_swaps(batch)
-        batch.predicted_time_s = builder.timer.time() + batch.swap_time_s
+        batch.predicted_time_s = (
+            builder.timer.time() + batch.swap_time_s + self.policy.kv_move_time_s()
+        )
         self._inflight += 1
         self._next_batch_id += 1
         self.stats.batches += 1

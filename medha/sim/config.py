@@ -83,7 +83,8 @@ class ClusterConfig:
         metadata={
             "help": (
                 "batch-time model: roofline, roofline-padded (decode attention padded to the "
-                "batch's longest context), profiled (bundled profile) or profiled:PATH"
+                "batch's longest context), roofline-cta (decode attention no shorter than its "
+                "longest thread block), profiled (bundled profile) or profiled:PATH"
             )
         },
     )

@@ -62,6 +62,12 @@ class Policy(ABC):
         or an iteration with no prefill work would run nothing."""
         return decodes
 
+    def kv_move_time_s(self) -> float:
+        """Seconds that KV moves of the policy's own, made for the decodes it last selected,
+        add to that iteration (AlignedServe moves its running batch in and out of a host pool);
+        read once per batch. None by default."""
+        return 0.0
+
     @abstractmethod
     def sort_key(self, now: float) -> SortKey:
         """A key function for `sorted`, valid at time `now`."""
