@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from medha.perf.hardware_specs import HardwareSpec, get_hardware
 from medha.perf.model_specs import ModelSpec, get_model
 from medha.perf.parallel_config import ParallelConfig
@@ -40,7 +42,17 @@ def make_predictor(
         from medha.perf.cta_predictor import CtaRooflinePredictor
 
         # roofline-cta:GBPS sets one thread block's streaming rate (GB/s)
-        return CtaRooflinePredictor(model, hardware, parallel, float(path) if path else None)
+        gbps = None
+        if path:
+            try:
+                gbps = float(path)
+            except ValueError:
+                gbps = None
+            if gbps is None or not math.isfinite(gbps) or gbps <= 0:
+                raise ValueError(
+                    f"predictor {spec!r}: roofline-cta:GBPS takes a positive number of GB/s"
+                )
+        return CtaRooflinePredictor(model, hardware, parallel, gbps)
     if kind == "profiled":
         from medha.perf.profile_data import bundled_profile, load_profile
         from medha.perf.profiled_predictor import ProfiledPredictor
