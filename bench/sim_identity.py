@@ -213,7 +213,7 @@ def describe(sched: ReplicaScheduler, batch) -> dict:
     }
 
 
-def run_one(name, cluster, parallel, scheduler, workload, out: Path) -> dict:
+def run_one(name, cluster, parallel, scheduler, workload, out: Path, keep: bool) -> dict:
     # flat setting names, as the flags give them (the same on old and new commits)
     spec = RunSpec(
         name=name,
@@ -239,6 +239,11 @@ def run_one(name, cluster, parallel, scheduler, workload, out: Path) -> dict:
         f: hashlib.sha256((d / f).read_bytes()).hexdigest()
         for f in ("summary.json", "requests.csv", "iterations.csv", "batches.jsonl")
     }
+    if not keep:
+        # up to hundreds of MB a configuration (17 GB the grid); --diff needs only the digests
+        # and summary.json
+        for f in ("requests.csv", "iterations.csv", "batches.jsonl"):
+            (d / f).unlink()
     return {"digests": digests, "batches": len(lines), "wall_s": wall}
 
 
@@ -249,6 +254,12 @@ def main() -> None:
     ap.add_argument("--out", help="directory for the outputs and digests.json")
     ap.add_argument("--diff", nargs=2, metavar=("BEFORE", "AFTER"), help="compare two --out dirs")
     ap.add_argument("--only", default=None, help="run the configurations whose name has this")
+    ap.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep each configuration's requests.csv, iterations.csv and batches.jsonl (17 GB "
+        "for the grid; by default only their digests and summary.json stay)",
+    )
     args = ap.parse_args()
     if args.diff:
         sys.exit(diff(*map(Path, args.diff)))
@@ -263,7 +274,7 @@ def main() -> None:
     for i, (name, *kw) in enumerate(grid, 1):
         if name in results:
             continue
-        results[name] = r = run_one(name, *kw, out)
+        results[name] = r = run_one(name, *kw, out, args.keep)
         digests.write_text(json.dumps(results, indent=1) + "\n")
         print(f"[{i}/{len(grid)}] {name}: {r['batches']} batches, {r['wall_s']:.1f} s", flush=True)
 
