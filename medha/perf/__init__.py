@@ -9,7 +9,9 @@ from medha.perf.predictor import BatchTimer, Predictor
 
 PREDICTOR_HELP = (
     "batch-time model: roofline (analytic), roofline-padded (the same, with "
-    "decode attention padded to the batch's longest context), profiled (fitted "
+    "decode attention padded to the batch's longest context), roofline-eager (the "
+    "host's eager launch cost added), roofline-graph (the same, with CUDA graphs for short "
+    "prefill batches: PLA-Serve's cost model), profiled (fitted "
     "to the bundled profile of this model and hardware) or profiled:PATH (a "
     "profile written by `medha profile`, or a Vidur CSV table or directory)"
 )
@@ -34,6 +36,11 @@ def make_predictor(
         from medha.perf.padded_predictor import PaddedRooflinePredictor
 
         return PaddedRooflinePredictor(model, hardware, parallel)
+    if kind in ("roofline-eager", "roofline-graph") and not path:
+        from medha.perf.graph_predictor import EagerRooflinePredictor, GraphRooflinePredictor
+
+        cls = GraphRooflinePredictor if kind == "roofline-graph" else EagerRooflinePredictor
+        return cls(model, hardware, parallel)
     if kind == "profiled":
         from medha.perf.profile_data import bundled_profile, load_profile
         from medha.perf.profiled_predictor import ProfiledPredictor
@@ -41,7 +48,9 @@ def make_predictor(
         profile = load_profile(path) if path else bundled_profile(hardware.name, model.name)
         return ProfiledPredictor(model, hardware, parallel, profile)
     raise ValueError(
-        f"unknown predictor {spec!r}; expected roofline, roofline-padded, profiled or profiled:PATH"
+        f"unknown predictor {spec!r}; expected roofline, roofline-padded, roofline-eager, "
+        "roofline-graph, "
+        "profiled or profiled:PATH"
     )
 
 
