@@ -458,3 +458,13 @@ def test_closed_loop_clients_send_their_next_request_when_one_finishes():
         (r for r in result.requests if r.request_id.startswith("c0")), key=lambda r: r.arrival_s
     )
     assert all(b.arrival_s == a.finish_s for a, b in zip(by_client, by_client[1:]))
+
+
+def test_the_cheaper_graph_executor_falls_back_to_eager_when_padding_costs_more():
+    g = make_predictor("roofline-graph", "qwen2.5-14b", "h200")
+    m = make_predictor("roofline-graph-min", "qwen2.5-14b", "h200")
+    e = make_predictor("roofline-eager", "qwen2.5-14b", "h200")
+    padded = [(48, 2000)] * 5  # pads to 64 x 8: 512 tokens of compute for 240
+    assert g.shape_time(padded) > e.shape_time(padded) == m.shape_time(padded)
+    tiny = [(8, 0)]  # host-bound: the graph wins either way
+    assert m.shape_time(tiny) == g.shape_time(tiny) < e.shape_time(tiny)

@@ -11,7 +11,8 @@ PREDICTOR_HELP = (
     "batch-time model: roofline (analytic), roofline-padded (the same, with "
     "decode attention padded to the batch's longest context), roofline-eager (the "
     "host's eager launch cost added), roofline-graph (the same, with CUDA graphs for short "
-    "prefill batches: PLA-Serve's cost model), profiled (fitted "
+    "prefill batches: PLA-Serve's cost model), roofline-graph-min (graphs only where faster), "
+    "profiled (fitted "
     "to the bundled profile of this model and hardware) or profiled:PATH (a "
     "profile written by `medha profile`, or a Vidur CSV table or directory)"
 )
@@ -36,10 +37,14 @@ def make_predictor(
         from medha.perf.padded_predictor import PaddedRooflinePredictor
 
         return PaddedRooflinePredictor(model, hardware, parallel)
-    if kind in ("roofline-eager", "roofline-graph") and not path:
-        from medha.perf.graph_predictor import EagerRooflinePredictor, GraphRooflinePredictor
+    if kind in ("roofline-eager", "roofline-graph", "roofline-graph-min") and not path:
+        from medha.perf import graph_predictor as g
 
-        cls = GraphRooflinePredictor if kind == "roofline-graph" else EagerRooflinePredictor
+        cls = {
+            "roofline-eager": g.EagerRooflinePredictor,
+            "roofline-graph": g.GraphRooflinePredictor,
+            "roofline-graph-min": g.CheaperGraphRooflinePredictor,
+        }[kind]
         return cls(model, hardware, parallel)
     if kind == "profiled":
         from medha.perf.profile_data import bundled_profile, load_profile

@@ -17,6 +17,8 @@ policy gains from it comes from the cost model.
   captured (L, B) that holds it (every chunk to L tokens, B sequences), its GPU time at that
   shape, plus one replay launch (GRAPH_LAUNCH_S) and the iteration overhead. Any other batch
   (decodes in it, a longer chunk, more sequences) runs eager, as in the paper.
+- `roofline-graph-min`: an executor that replays the graph only where that is predicted
+  faster than the eager step (otherwise the same).
 - `roofline-eager` is the same cost model with no graphs captured: the baseline (SGLang and
   vLLM run prefills eagerly) and the pla policy without graphs.
 
@@ -108,11 +110,22 @@ class EagerRooflinePredictor(RooflinePredictor):
 
 
 class GraphRooflinePredictor(EagerRooflinePredictor):
-    """Eager launches, except batches of short prefills that fit a captured graph."""
+    """Eager launches, except batches of short prefills that fit a captured graph: padded to
+    it whenever one holds them (the paper's Algorithm 1, lines 7-11)."""
 
     name = "roofline-graph"
     lengths = CAPTURED_LENGTHS
     sizes = CAPTURED_SIZES
+    cheaper_only = False
+
+
+class CheaperGraphRooflinePredictor(GraphRooflinePredictor):
+    """The same, with an executor that replays a graph only when the padded replay is
+    predicted faster than launching the batch eagerly (padding a compute-bound batch costs
+    more than the launches it saves)."""
+
+    name = "roofline-graph-min"
+    cheaper_only = True
 
 
 class GraphBatchTimer(BatchTimer):
@@ -142,9 +155,11 @@ class GraphBatchTimer(BatchTimer):
     def _time(self, tokens: int, seqs: int, attention: float, longest: int, kv: list[int]):
         p: EagerRooflinePredictor = self._p  # type: ignore[assignment]
         shape = None if self._decodes else p.graph_shape(longest, len(kv))
-        if shape is not None:
-            return p.graph_time(shape, kv)
-        return p.eager_time(tokens, seqs, attention)
+        eager = p.eager_time(tokens, seqs, attention)
+        if shape is None:
+            return eager
+        graph = p.graph_time(shape, kv)
+        return min(graph, eager) if getattr(p, "cheaper_only", False) else graph
 
     def time(self) -> float:
         return self._time(self.num_tokens, self.num_seqs, self.attention_s, self._longest, self._kv)

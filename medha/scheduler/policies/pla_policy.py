@@ -177,8 +177,12 @@ class AdaptiveWaitDepth:
         service_s: Callable[[list[Request]], float],
         lengths: tuple[int, ...],
         sizes: tuple[int, ...],
+        new_tokens: Callable[[Request], int] | None = None,
     ) -> None:
+        """`service_s(batch)`: S, the predicted time of a batch; `new_tokens(r)`: L, what `r`
+        has to prefill beyond its cached history (default: beyond what it holds now)."""
         self.s = settings
+        self.new_tokens = new_tokens or _new_tokens
         self.mode = settings.mode
         self.service_s = service_s  # S: predicted time of a batch (padded to its graph)
         self.lengths, self.sizes = lengths, sizes
@@ -207,24 +211,36 @@ class AdaptiveWaitDepth:
 
     # ---- the batch ---------------------------------------------------------------------------
     def bucket(self, r: Request) -> int:
-        return next_size(_new_tokens(r), self.lengths) or _new_tokens(r)
+        n = self.new_tokens(r)
+        return next_size(n, self.lengths) or n
 
     def group(self, shorts: list[Request]) -> list[Request]:
-        """Bucket-first: the requests of the head of the line's length bucket, oldest first,
-        up to the deepest captured size and the budget M (padded tokens); then the slots the
-        batch pads to anyway (B up to its captured size) go to requests of shorter buckets,
-        longest first, which the graph pads to the batch's L at no extra cost."""
+        """Bucket-first under the budget: the head of the line's length bucket (oldest first),
+        then shorter buckets (longest first: the graph pads them to the batch's length), then
+        longer ones (shortest first). A request joins while the batch stays within the deepest
+        captured size and M padded tokens, and while running it in the batch costs no more
+        than running it alone (S(B + r) <= S(B) + S(r), the predictor's times, graph-padded
+        where a graph holds the batch): that is what keeps a 200-token prompt out of a batch
+        of 8-token ones when padding would cost more than the launch it saves."""
         head = min(shorts, key=_arrival)
         hb = self.bucket(head)
-        cap = max([b for b in self.sizes if b * hb <= self.M] or [1])
-        same = sorted((r for r in shorts if self.bucket(r) == hb), key=_arrival)[:cap]
-        size = next_size(len(same), self.sizes) or len(same)
-        if size * hb > self.M:
-            size = len(same)
-        shorter = sorted(
-            (r for r in shorts if self.bucket(r) < hb), key=lambda r: (-self.bucket(r), _arrival(r))
-        )
-        return same + shorter[: size - len(same)]
+
+        def rank(r: Request) -> tuple:
+            b = self.bucket(r)
+            return (0 if b == hb else 1 if b < hb else 2, abs(b - hb), _arrival(r))
+
+        batch = [head]
+        cost = self.service_s(batch)
+        for r in sorted((r for r in shorts if r is not head), key=rank):
+            if len(batch) == self.sizes[-1]:
+                break
+            trial = batch + [r]
+            if self.padded_tokens(trial) > self.M:
+                continue
+            together = self.service_s(trial)
+            if together <= cost + self.service_s([r]):
+                batch, cost = trial, together
+        return batch
 
     def padded_tokens(self, batch: list[Request]) -> int:
         longest = max(self.bucket(r) for r in batch)
@@ -326,9 +342,9 @@ class PlaPolicy(FcfsPolicy):
         sizes = getattr(predictor, "sizes", ()) or PAPER_SIZES
 
         def service_s(batch: list[Request]) -> float:
-            return predictor.shape_time([(_new_tokens(r), r.num_cached_tokens) for r in batch])
+            return predictor.shape_time([(self.new_tokens(r), self.history(r)) for r in batch])
 
-        self.awd = AdaptiveWaitDepth(settings, service_s, lengths, sizes)
+        self.awd = AdaptiveWaitDepth(settings, service_s, lengths, sizes, self.new_tokens)
 
     def bind_prefix_cache(self, peek_cached: Callable[[Request], int]) -> None:
         self._peek = peek_cached
@@ -343,6 +359,10 @@ class PlaPolicy(FcfsPolicy):
         if h is None:
             h = self._history[r.request_id] = self._peek(r)
         return h
+
+    def new_tokens(self, r: Request) -> int:
+        """L: the tokens `r` prefills beyond its history H."""
+        return r.num_tokens - self.history(r)
 
     def boundary(self, H: int = 0) -> float:
         fixed = self.config.pla.boundary_tokens
