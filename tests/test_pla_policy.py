@@ -261,20 +261,16 @@ def test_sla_mode_window_is_min_of_w_sla_and_w_gr():
     assert a.window(shorts, shorts, 0.0) == pytest.approx(0.48)
 
 
-def test_bucket_first_grouping_fills_padded_slots_with_shorter_requests():
+def test_bucket_first_grouping_stops_where_padding_costs_more_than_a_launch():
     a = awd()
+    a.service_s = lambda b: 0.008 + 2e-5 * a.padded_tokens(b)  # a launch, and padded tokens
     shorts = [req(0, 0.0, 60), req(1, 0.1, 200), req(2, 0.2, 50), req(3, 0.3, 10), req(4, 0.4, 30)]
-    batch = a.group(shorts)
-    # the head (60 tokens) is in bucket 64 with the 50-token one; B = 2 is captured exactly,
-    # so no slot is free for shorter ones; the 200-token one waits for its own batch
-    assert [r.request_id for r in batch] == ["r0", "r2"]
-    shorts.append(req(5, 0.5, 40))  # a third of bucket 64: B pads to 4, one slot free
-    assert [r.request_id for r in a.group(shorts)] == [
-        "r0",
-        "r2",
-        "r5",
-        "r4",
-    ]  # + the 30 (bucket 32)
+    # the head's bucket (64: r0, r2), then shorter buckets nearest first (r4 in 32, r3 in 16),
+    # padded to 4 x 64 = 256 tokens; the 200-token one would pad the batch to 8 x 256 = 2,048
+    # tokens, 0.049 s against 0.013 + 0.013 apart: it waits for a batch of its own
+    assert [r.request_id for r in a.group(shorts)] == ["r0", "r2", "r4", "r3"]
+    a.service_s = lambda b: 0.01  # a fixed cost: everyone joins, longer buckets last
+    assert [r.request_id for r in a.group(shorts)] == ["r0", "r2", "r4", "r3", "r1"]
 
 
 def test_token_max_mode_waits_for_m_s_padded_tokens():
