@@ -80,7 +80,8 @@ class Sessions:
     def session(self):
         rng, sid = self.rng, self.count
         self.count += 1
-        turns = 1 + int(math.log(1 - rng.random()) / math.log(1 - 1 / self.shape.turns))
+        p = 1 / self.shape.turns  # geometric, mean `turns`
+        turns = 1 if p >= 1 else 1 + int(math.log(1 - rng.random()) / math.log(1 - p))
         context = 0
         for t in range(turns):
             new = draw(rng, self.shape.first if t == 0 else self.shape.later)
@@ -143,11 +144,9 @@ def simulate(model, replicas, policy, predictor, dispatcher, reqs, on_finish=Non
     cluster = ClusterConfig(
         model=model, hardware="h200", predictor=predictor, replicas=replicas, dispatcher=dispatcher
     )
-    config = SchedulerConfig(
-        policy=policy,
-        chunking=CHUNK,
-        prefix_cache="device" if replicas == 1 else "off",
-        **sched,
+    sched.setdefault("chunking", CHUNK)
+    config = SchedulerConfig.from_flat(
+        policy=policy, prefix_cache="device" if replicas == 1 else "off", **sched
     )
     return Simulator(cluster, ParallelConfig(), config).run(reqs, on_finish=on_finish)
 

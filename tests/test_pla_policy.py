@@ -464,3 +464,11 @@ def test_the_cheaper_graph_executor_falls_back_to_eager_when_padding_costs_more(
     assert g.shape_time(padded) > e.shape_time(padded) == m.shape_time(padded)
     tiny = [(8, 0)]  # host-bound: the graph wins either way
     assert m.shape_time(tiny) == g.shape_time(tiny) < e.shape_time(tiny)
+
+
+def test_long_prefills_run_one_at_a_time_unless_told_otherwise():
+    for mode, expect in (("one", 1), ("all", 3)):
+        sched = pla(pla_long_batch=mode, multi_prefill=True, iteration_budget_s=1.0)
+        for i in range(3):
+            sched.add_request(Request(f"l{i}", 0.0, 200, 1), 0.0)
+        assert len(sched.schedule(0.0).prefills) == expect

@@ -259,6 +259,14 @@ class PlaSettings:
             "default max_prefill_tokens)",
         ),
     )
+    long_batch: str = field(
+        default="one",
+        metadata=_help(
+            PLA,
+            "pla: one (the paper: a long-prefill batch advances a single request, in chunks of "
+            "the packer's size) or all (long requests share a batch, as a unified queue's do)",
+        ),
+    )
     token_max_tokens: int = field(
         default=8192,
         metadata=_help(
@@ -271,6 +279,8 @@ class PlaSettings:
     def __post_init__(self) -> None:
         _positive_seconds(self, ("w_max_s", "t_max_s"), "pla_")
         _positive_ints(self, ("boundary_tokens", "memory_tokens", "token_max_tokens"), "pla_")
+        if self.long_batch not in ("one", "all"):
+            raise unknown_name("pla_long_batch", self.long_batch, ("one", "all"))
         if self.mode not in PLA_MODES:
             raise unknown_name("pla_mode", self.mode, PLA_MODES)
         for name in ("slack_s", "delta_s", "w_min_s"):

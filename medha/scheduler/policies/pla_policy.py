@@ -21,8 +21,10 @@ disaggregation). The pieces, each as the paper gives it (section 2.1, section 3,
   eps) with r_s the short arrival rate; `awd` is Algorithm 1 alone (its own W); `token-max` is
   the deadline-free mode: a short batch goes once its padded tokens reach M_s (or T_max).
 - One class per batch. Long prefills advance one request at a time, in chunks of the packer's
-  size (C_l: `--chunking static:N`). When both classes are ready the one holding the earlier
-  deadline goes (SLA-first); in token-max mode short batches go first.
+  size (C_l: `--chunking static:N`); `--pla-long-batch all` lets them share a batch instead
+  (not the paper's: a reproduction run traces what the single-request rule costs). When both
+  classes are ready the one holding the earlier deadline goes (SLA-first); in token-max mode
+  short batches go first.
 
 While short prefills wait and nothing else runs, `wake_at` tells the executor when to ask
 again. Spatial disaggregation across instances is the `pla` dispatcher
@@ -407,6 +409,8 @@ class PlaPolicy(FcfsPolicy):
                 if self.awd.mode == "token-max"
                 else (lambda r: (r.deadline_s, *_arrival(r)))
             )
+            if self.config.pla.long_batch == "all":  # the option: longs batched together
+                return sorted(longs, key=key)
             return [min(started or longs, key=key)]
         self._wake = release
         self.last_class = None
