@@ -131,12 +131,17 @@ class ClosedLoop:
 
 
 CONFIGS = {
-    # name: (policy, predictor, dispatcher on 8 instances)
-    "vanilla": ("fcfs", "roofline-eager", "round_robin"),
-    "graph only": ("fcfs", "roofline-graph", "round_robin"),
-    "disaggregation only": ("pla", "roofline-eager", "pla"),
-    "full PLA": ("pla", "roofline-graph", "pla"),
-    "full PLA, graph where faster": ("pla", "roofline-graph-min", "pla"),
+    # name: (policy, predictor, dispatcher on 8 instances, scheduler settings)
+    "vanilla": ("fcfs", "roofline-eager", "round_robin", {}),
+    "graph only": ("fcfs", "roofline-graph", "round_robin", {}),
+    "disaggregation only": ("pla", "roofline-eager", "pla", {}),
+    "full PLA": ("pla", "roofline-graph", "pla", {}),
+}
+# --trace: the same run with one assumption changed each (docs/reproductions.md)
+TRACES = {
+    "full PLA, graph where faster": ("pla", "roofline-graph-min", "pla", {}),
+    "full PLA, longs batched": ("pla", "roofline-graph", "pla", {"pla_long_batch": "all"}),
+    "full PLA, both": ("pla", "roofline-graph-min", "pla", {"pla_long_batch": "all"}),
 }
 
 
@@ -215,13 +220,15 @@ def fig6(args) -> dict:
     out = {}
     for replicas in args.replicas:
         for model in args.models:
-            print(f"### Figure 6: {model}, {replicas} prefill instance(s), ShareGPT-shaped\n")
-            print("| concurrency | " + " | ".join(f"{c} RPS / mean / P90" for c in CONFIGS) + " |")
-            print("|---|" + "---|" * len(CONFIGS))
+            print(f"### Figure 6: {model}, {replicas} prefill instance(s), {args.shape}-shaped\n")
+            configs = {**CONFIGS, **(TRACES if args.trace else {})}
+            print("| concurrency | " + " | ".join(f"{c} RPS / mean / P90" for c in configs) + " |")
+            print("|---|" + "---|" * len(configs))
             for conc in args.concurrency:
                 row = {}
-                for name, (policy, pred, disp) in CONFIGS.items():
-                    sessions = Sessions(SHAREGPT, 6, history=replicas == 1)
+                for name, (policy, pred, disp, extra) in configs.items():
+                    shape = SHAREGPT if args.shape == "sharegpt" else LMSYS
+                    sessions = Sessions(shape, 6, history=replicas == 1)
                     loop = ClosedLoop(sessions, conc, args.requests * replicas, 0.0, 6)
                     res = simulate(
                         model,
@@ -231,6 +238,7 @@ def fig6(args) -> dict:
                         disp if replicas > 1 else "round_robin",
                         [r for r in loop.first if r],
                         loop.on_finish,
+                        **extra,
                     )
                     row[name] = metrics(res)
                 out[replicas, model, conc] = row
@@ -256,11 +264,22 @@ def fig6(args) -> dict:
 
 # ---- Figure 7: SLO violations, Poisson arrivals --------------------------------------------
 FIG7 = {
-    # name: (policy, predictor, dispatcher, chunking)
-    "PLA-Serve": ("pla", "roofline-graph", "pla", CHUNK),
-    "SGLang (PD)": ("fcfs", "roofline-eager", "round_robin", CHUNK),
-    "SGLang (PD + router)": ("fcfs", "roofline-eager", "least_work", CHUNK),
-    "vLLM (PD)": ("fcfs", "roofline-eager", "round_robin", "static:2048"),
+    # name: (policy, predictor, dispatcher, chunking, cluster settings)
+    "PLA-Serve": ("pla", "roofline-graph", "pla", CHUNK, {}),
+    "SGLang (PD)": ("fcfs", "roofline-eager", "round_robin", CHUNK, {}),
+    "SGLang (PD + router)": ("fcfs", "roofline-eager", "least_work", CHUNK, {}),
+    "vLLM (PD)": ("fcfs", "roofline-eager", "round_robin", "static:2048", {}),
+}
+# --trace on 8 instances: the pools as the controller leaves them (6 long, 2 short) from the
+# start, instead of max(1, n / 4) long
+FIG7_TRACES = {
+    "PLA-Serve, 6 long from the start": (
+        "pla",
+        "roofline-graph",
+        "pla",
+        CHUNK,
+        {"pla_long_instances": 6},
+    ),
 }
 
 
@@ -287,18 +306,20 @@ def fig7(args) -> dict:
         if replicas not in args.replicas:
             continue
         print(f"### Figure 7: SLO violations (TTFT > {SLO_S} s), {model}, {replicas} instance(s)\n")
-        print("| rate (req/s) | " + " | ".join(FIG7) + " |")
-        print("|---|" + "---|" * len(FIG7))
+        configs = {**FIG7, **(FIG7_TRACES if args.trace and replicas > 1 else {})}
+        print("| rate (req/s) | " + " | ".join(configs) + " |")
+        print("|---|" + "---|" * len(configs))
         for rate in rates:
             row = {}
-            for name, (policy, pred, disp, chunk) in FIG7.items():
+            for name, (policy, pred, disp, chunk, extra) in configs.items():
                 reqs = poisson(LMSYS, rate, args.requests * replicas, 7, replicas == 1)
-                cluster = ClusterConfig(
+                cluster = ClusterConfig.from_flat(
                     model=model,
                     hardware="h200",
                     predictor=pred,
                     replicas=replicas,
                     dispatcher=disp if replicas > 1 else "round_robin",
+                    **extra,
                 )
                 config = SchedulerConfig(
                     policy=policy,
@@ -318,42 +339,51 @@ def fig7(args) -> dict:
 
 
 # ---- Table 2: deadline-free distillation on 4 prefill instances ---------------------------
+TABLE2 = {
+    # name: (policy, predictor, dispatcher, scheduler settings)
+    "SGLang": ("fcfs", "roofline-eager", "round_robin", {}),
+    "PLA (token-max)": ("pla", "roofline-graph", "pla", {"pla_mode": "token-max"}),
+}
+TABLE2_TRACES = {
+    "PLA, longs batched": (
+        "pla",
+        "roofline-graph",
+        "pla",
+        {"pla_mode": "token-max", "pla_long_batch": "all"},
+    ),
+    "PLA policy behind least_work": (
+        "pla",
+        "roofline-graph",
+        "least_work",
+        {"pla_mode": "token-max", "pla_long_batch": "all"},
+    ),
+}
+
+
 def table2(args) -> dict:
     """Every request of the data set at t = 0 (offline distillation), token-max mode against
     fcfs; the prefill stage's makespan on 4 instances. The decode stage (4 instances, 1K tokens
     per request) is not simulated: its time is the same under both prefill schedulers."""
     out = {}
+    configs = {**TABLE2, **(TABLE2_TRACES if args.trace else {})}
     print("### Table 2: distillation, 4 prefill instances, no deadlines (Qwen2.5-14B)\n")
-    print("| data set | requests | SGLang prefill makespan | PLA (token-max) | improvement |")
-    print("|---|---|---|---|---|")
+    print("| data set | requests | " + " | ".join(f"{c} makespan" for c in configs) + " |")
+    print("|---|---|" + "---|" * len(configs))
     for name, shape in (("LMsys", LMSYS), ("ShareGPT", SHAREGPT)):
         spans = {}
-        for sys_name, policy, pred, disp in (
-            ("SGLang", "fcfs", "roofline-eager", "round_robin"),
-            ("PLA", "pla", "roofline-graph", "pla"),
-        ):
+        for sys_name, (policy, pred, disp, extra) in configs.items():
             reqs = [
                 Request(f"r{i}", 0.0, r.prompt_len, 1)
                 for i, r in enumerate(poisson(shape, 1.0, args.table2_requests, 9, False))
             ]
             res = simulate(
-                "qwen2.5-14b",
-                4,
-                policy,
-                pred,
-                disp,
-                reqs,
-                pla_mode="token-max",
-                min_ttft_deadline_s=1e6,
+                "qwen2.5-14b", 4, policy, pred, disp, reqs, min_ttft_deadline_s=1e6, **extra
             )
             spans[sys_name] = metrics(res)["span"]
         out[name] = spans
-        gain = 1 - spans["PLA"] / spans["SGLang"]
-        print(
-            f"| {name} | {args.table2_requests} | {spans['SGLang']:.1f} s | {spans['PLA']:.1f} s"
-            f" | {100 * gain:.1f}% |",
-            flush=True,
-        )
+        base = spans["SGLang"]
+        cells = [f"{v:.1f} s ({100 * (1 - v / base):+.1f}%)" for v in spans.values()]
+        print(f"| {name} | {args.table2_requests} | " + " | ".join(cells) + " |", flush=True)
     print()
     return out
 
@@ -368,6 +398,8 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 32, 64])
     ap.add_argument("--requests", type=int, default=1500, help="per instance, each run")
     ap.add_argument("--think-ms", type=float, default=20.0, help="Figure 5's client think time")
+    ap.add_argument("--trace", action="store_true", help="Figure 6: the trace configurations too")
+    ap.add_argument("--shape", default="sharegpt", choices=["sharegpt", "lmsys"])
     ap.add_argument("--fig7-model", default="qwen2.5-14b")
     ap.add_argument("--rates1", type=float, nargs="+", default=[10, 20, 30, 40])
     ap.add_argument("--rates8", type=float, nargs="+", default=[120, 200, 280])

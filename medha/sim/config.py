@@ -37,10 +37,17 @@ class PlaDispatcherSettings:
             "prefills (default: max(1, replicas / 4))",
         ),
     )
+    queue_unit_s: float = field(
+        default=0.4,
+        metadata=_help(
+            "pla dispatcher: seconds of queued prefill work that make q = 1 (the paper's 0.4 s "
+            "TTFT SLO; a fixed unit, so that q still counts without deadlines)"
+        ),
+    )
     weight_queue: float = field(
         default=1.0,
         metadata=_help(
-            "pla dispatcher: alpha, weight of the queue q (queued prefill work / TTFT deadline) "
+            "pla dispatcher: alpha, weight of the queue q (queued prefill work / queue unit) "
             "in an instance's pressure psi = alpha q + beta e - gamma u"
         ),
     )
@@ -84,7 +91,7 @@ class PlaDispatcherSettings:
     )
 
     def __post_init__(self) -> None:
-        for name in ("cooldown_s", "window_s", "period_s"):
+        for name in ("cooldown_s", "window_s", "period_s", "queue_unit_s"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ValueError(f"pla_{name} must be a positive number, got {value!r}")

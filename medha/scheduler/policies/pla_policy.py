@@ -233,7 +233,9 @@ class AdaptiveWaitDepth:
 
         batch = [head]
         cost = self.service_s(batch)
-        for r in sorted((r for r in shorts if r is not head), key=rank):
+        # the nearest candidates only (a deadline-free backlog holds thousands)
+        near = sorted((r for r in shorts if r is not head), key=rank)[: 4 * self.sizes[-1]]
+        for r in near:
             if len(batch) == self.sizes[-1]:
                 break
             trial = batch + [r]

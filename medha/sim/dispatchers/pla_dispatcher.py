@@ -6,8 +6,9 @@ policy's boundary, H the longest prefix any instance's cache holds of it) and wi
 to the instance with the least outstanding work (the paper's instances pull from one queue per
 class; least work is what a pull would give). Every control period the controller:
 
-- measures each instance k: q_k, its queued prefill work (predicted seconds) over the TTFT
-  deadline of a short request; e_k, its SLA deviation, the mean TTFT / deadline of the requests
+- measures each instance k: q_k, its queued prefill work (predicted seconds) over a fixed
+  unit (`queue_unit_s`, the paper's 0.4 s SLO: not the requests' deadlines, which
+  deadline-free runs set far away); e_k, its SLA deviation, the mean TTFT / deadline of the requests
   it received within `window_s` and of those still waiting (counted with their wait so far);
   u_k, its GPU utilisation, the share of arrivals (sampled at every dispatch) that found it busy
   over the period;
@@ -106,7 +107,6 @@ class PlaDispatcher(Dispatcher):
         }
         self.controller = PressureController(settings.tau, settings.n_min, settings.cooldown_s)
         self.aggregate = AGGREGATORS[settings.aggregator]
-        self.deadline_s = scheduler.ttft_deadline_s or scheduler.min_ttft_deadline_s
         self._recent: dict[int, deque[Request]] = {r.replica_id: deque() for r in replicas}
         self._busy = {r.replica_id: [0, 0] for r in replicas}  # (busy, samples) this period
         self.moves: list[Move] = []
@@ -164,7 +164,7 @@ class PlaDispatcher(Dispatcher):
         queued = sum(r.remaining_work_s for r in sched.live_requests() if r.in_prefill)
         busy, samples = self._busy[replica.replica_id]
         u = busy / samples if samples else float(replica.inflight > 0)
-        return queued / self.deadline_s, self._slo_deviation(replica.replica_id, now), u
+        return queued / self.settings.queue_unit_s, self._slo_deviation(replica.replica_id, now), u
 
     def instance_pressure(self, replica: SimReplica, now: float) -> float:
         q, e, u = self.signals(replica, now)
