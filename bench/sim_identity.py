@@ -150,7 +150,7 @@ def configs() -> list[tuple[str, dict, dict, dict, dict]]:
     )
     add(
         "pla-fixed-window",
-        scheduler=dict(policy="pla", pla_adaptive=False, pla_wait_s=0.05, pla_depth=4),
+        scheduler=dict(policy="pla", pla_adaptive=False, pla_w_max_s=0.05),
     )
     add(
         "priority-edf-base",

@@ -1,31 +1,26 @@
-"""PLA-Serve (prefill-length-aware serving) against a unified FCFS queue, simulated.
+"""PLA-Serve (She et al.) in the simulator: Figures 5, 6, 7 and Table 2 of the paper.
 
-    python bench/sim_pla_serve.py [--scenarios colocated prefill] [--replicas 1 8]
-                                  [--seconds 60] [--seed 0] [--ttft-floor-ms 250]
+    python bench/sim_pla_serve.py [--only fig5 fig6 fig7 table2] [--models qwen2.5-7b ...]
+                                  [--quick]
 
-Llama-3-8B on H100s (TP1, roofline predictor), one replica and eight. A mixed multi-turn load:
-sessions start as a Poisson process and send 4 turns on average, after exponential think times
-(mean 4 s). A turn whose session prefix is cached prefills only the new user message
-(log-normal, median 64 tokens, at most 255); one whose prefix was evicted (10% of turns)
-prefills the whole conversation (a 1-3K-token context plus every earlier message and answer,
-so above 1K). Answers are log-normal, median 160 tokens. Arrivals are generated for --seconds
-and the sessions then run out.
+Every run is a prefill instance of a prefill-decode disaggregated deployment (the paper's
+setting): a request leaves at its first token. Qwen2.5-7B/14B/32B on H200s (the paper's; the
+specs from the checkpoints' config.json), chunked prefill of 8,192 tokens (SGLang's default
+chunk), a 0.4 s TTFT SLO on every request. The four configurations of Figure 6:
 
-Two scenarios. `colocated`: every replica prefills and decodes (medha's own batching: decodes
-ride along in every iteration), at 30, 40 and 50 requests/s per replica. `prefill`: the
-prefill instances of a prefill-decode disaggregated deployment, the paper's setting; a request
-leaves at its first token (one output token; the KV transfer to a decode instance is not
-modelled), at 40, 60 and 80 requests/s per replica.
+- vanilla: fcfs, one queue, prefills launched eagerly (`--predictor roofline-eager`);
+- graph only: fcfs, CUDA graphs for short batches that fit a captured shape (`roofline-graph`);
+- disaggregation only: `--policy pla` (and `--dispatcher pla` on 8 instances), eager;
+- full PLA: `--policy pla` (+ `--dispatcher pla`) with graphs.
 
-Every run: adaptive chunking, 50 ms iteration budget (= the TPOT target), TTFT deadline
-max(1.5 x isolated prefill time, 250 ms) (a chatbot TTFT SLO of 250 ms, as in DistServe; the
-policies and the pla dispatcher see it; --ttft-floor-ms changes the floor). A request violates
-its SLO when it misses its TTFT deadline or the TPOT target; misses of a stricter TTFT deadline
-(the same rule with a 100 ms floor) are counted from the same runs. Short = below the boundary
-L_m that the pla policy derives from the predictor. One replica: `--policy fcfs` against
-`--policy pla`. Eight: fcfs behind round_robin and least_work, the pla policy behind
-least_work (temporal disaggregation only) and behind the pla dispatcher (pools and the
-instance-pressure controller).
+The workloads are synthetic multi-turn conversations (LMsys-Chat-1M and ShareGPT are not
+bundled): a session's first prompt and each later user message are log-normal, shaped to the
+paper's Figure 2 (LMsys: 63% of first prompts and 81% of later messages under 256 tokens), and
+each turn's prompt is the session's context so far plus the new message (answers are not fed
+back: on a prefill instance the decode's tokens are not in its cache). On one instance the
+prefix cache holds the history, so a turn prefills only its message over H cached tokens (the
+pla policy classes it by L_m(H)); on eight instances no dispatcher keeps a session on one
+instance, so there a turn is its new message alone (no history).
 """
 
 from __future__ import annotations
@@ -35,244 +30,400 @@ import math
 import random
 import statistics
 import time
-from collections import Counter
+from dataclasses import dataclass
 
 from medha.core.config import SchedulerConfig
 from medha.core.request import Request
 from medha.perf import ParallelConfig
-from medha.scheduler.policies.pla_policy import boundary_tokens
-from medha.sim.metrics.summary import request_metrics
 from medha.sim.simulator import ClusterConfig, Simulator
 
-TURNS_MEAN, THINK_MEAN_S, MISS = 4.0, 4.0, 0.10
-# (median, sigma, low, high) of log-normal token counts
-MESSAGE, ANSWER, CONTEXT = (64, 0.8, 4, 255), (160, 0.7, 8, 1024), (1500, 0.35, 1024, 3072)
-TPOT_S = 0.05
-TTFT_FLOOR_S = 0.25
-STRICT_FLOORS_MS = (100,)  # stricter TTFT deadline floors, counted after the runs
-RATES = {"colocated": (30.0, 40.0, 50.0), "prefill": (40.0, 60.0, 80.0)}
+SLO_S = 0.4
+CHUNK = "static:8192"
+MAX_PROMPT = 8192
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Token counts of a conversation: (median, sigma) of log-normal first prompts and later
+    messages, the mean number of turns."""
+
+    first: tuple[float, float]
+    later: tuple[float, float]
+    turns: float
+
+
+def lognormal_for(median: float, below_256: float) -> tuple[float, float]:
+    """(median, sigma) such that P(X < 256) = below_256."""
+    z = statistics.NormalDist().inv_cdf(below_256)
+    return median, math.log(256 / median) / z
+
+
+# LMsys: Figure 2's 63% / 81% under 256 tokens; 2.0 turns a conversation (LMsys-Chat-1M's mean)
+LMSYS = Shape(lognormal_for(140, 0.63), lognormal_for(60, 0.81), 2.0)
+# ShareGPT: longer conversations with longer messages (our assumption: 55% / 75%, 3.5 turns)
+SHAREGPT = Shape(lognormal_for(200, 0.55), lognormal_for(90, 0.75), 3.5)
+
+
+def draw(rng: random.Random, shape: tuple[float, float]) -> int:
+    median, sigma = shape
+    return max(4, min(MAX_PROMPT, round(median * math.exp(rng.gauss(0, sigma)))))
+
+
+class Sessions:
+    """Conversations drawn one after another; each yields its turns' prompts as token ids
+    (`history`: the turn carries its context, which the prefix cache may hold) or lengths."""
+
+    def __init__(self, shape: Shape, seed: int, history: bool) -> None:
+        self.shape, self.rng, self.history = shape, random.Random(seed), history
+        self.count = 0
+
+    def session(self):
+        rng, sid = self.rng, self.count
+        self.count += 1
+        p = 1 / self.shape.turns  # geometric, mean `turns`
+        turns = 1 if p >= 1 else 1 + int(math.log(1 - rng.random()) / math.log(1 - p))
+        context = 0
+        for t in range(turns):
+            new = draw(rng, self.shape.first if t == 0 else self.shape.later)
+            if context + new > MAX_PROMPT:
+                return
+            context += new
+            if self.history:
+                base = sid * 10_000
+                yield context, list(range(base, base + context))
+            else:
+                yield new, None
+
+
+def request(rid: str, t: float, prompt: int, ids: list[int] | None, output: int = 1) -> Request:
+    if ids is not None:
+        return Request.from_tokens(rid, t, ids, output, ttft_deadline_s=SLO_S)
+    return Request(rid, t, prompt, output, ttft_deadline_s=SLO_S)
+
+
+class ClosedLoop:
+    """`clients` clients, each sending its next turn (or a new session's first) when the last
+    finished, after an exponential think time (mean `think_s`; 0: at once), until `total`."""
+
+    def __init__(self, sessions: Sessions, clients: int, total: int, think_s: float, seed: int):
+        self.sessions, self.total, self.think_s = sessions, total, think_s
+        self.rng = random.Random(seed + 1)
+        self.sent = 0
+        self.turns = {}
+        self.first = [self._next(c, 0.0) for c in range(clients)]
+
+    def _next(self, client: int, now: float) -> Request | None:
+        if self.sent >= self.total:
+            return None
+        it = self.turns.get(client)
+        turn = next(it, None) if it else None
+        while turn is None:
+            it = self.turns[client] = self.sessions.session()
+            turn = next(it, None)
+        self.sent += 1
+        t = now + (self.rng.expovariate(1 / self.think_s) if self.think_s else 0.0)
+        return request(f"c{client}-{self.sent}", t, *turn)
+
+    def on_finish(self, r: Request, now: float) -> list[Request]:
+        client = int(r.request_id[1:].split("-")[0])
+        nxt = self._next(client, now)
+        return [nxt] if nxt else []
+
+
 CONFIGS = {
-    1: [("fcfs", "fcfs", "round_robin"), ("pla", "pla", "round_robin")],
-    8: [
-        ("fcfs + round_robin", "fcfs", "round_robin"),
-        ("fcfs + least_work", "fcfs", "least_work"),
-        ("pla + least_work", "pla", "least_work"),
-        ("pla + pla dispatcher", "pla", "pla"),
-    ],
+    # name: (policy, predictor, dispatcher on 8 instances, scheduler settings)
+    "vanilla": ("fcfs", "roofline-eager", "round_robin", {}),
+    "graph only": ("fcfs", "roofline-graph", "round_robin", {}),
+    "disaggregation only": ("pla", "roofline-eager", "pla", {}),
+    "full PLA": ("pla", "roofline-graph", "pla", {}),
+}
+# --trace: the same run with one assumption changed each (docs/reproductions.md)
+TRACES = {
+    "full PLA, graph where faster": ("pla", "roofline-graph-min", "pla", {}),
+    "full PLA, longs batched": ("pla", "roofline-graph", "pla", {"pla_long_batch": "all"}),
+    "full PLA, both": ("pla", "roofline-graph-min", "pla", {"pla_long_batch": "all"}),
 }
 
 
-# ---- workload ---------------------------------------------------------------------------------
-def lognormal(rng: random.Random, median: float, sigma: float, low: int, high: int) -> int:
-    return max(low, min(high, round(median * math.exp(rng.gauss(0, sigma)))))
-
-
-def geometric(rng: random.Random, mean: float) -> int:
-    """Failures before the first success, with the given mean."""
-    return int(math.log(1 - rng.random()) / math.log(mean / (1 + mean)))
-
-
-def sessions(rate: float, seconds: float, seed: int, prefill_only: bool = False) -> list[Request]:
-    """Multi-turn conversations whose turns arrive at `rate` per second on average
-    (`prefill_only`: each request ends at its first token, as on a prefill instance)."""
-    rng = random.Random(seed)
-    reqs, start = [], 0.0
-    while True:
-        start += rng.expovariate(rate / TURNS_MEAN)
-        if start >= seconds:
-            return reqs
-        t, history = start, lognormal(rng, *CONTEXT)
-        for _ in range(1 + geometric(rng, TURNS_MEAN - 1)):
-            message, answer = lognormal(rng, *MESSAGE), lognormal(rng, *ANSWER)
-            prompt = history + message if rng.random() < MISS else message
-            reqs.append(Request(f"r{len(reqs)}", t, prompt, 1 if prefill_only else answer))
-            history += message + answer
-            t += rng.expovariate(1 / THINK_MEAN_S)
-
-
-# ---- one run ----------------------------------------------------------------------------------
-def pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
-
-
-def run(
-    policy: str,
-    dispatcher: str,
-    replicas: int,
-    reqs: list[Request],
-    ttft_floor_s: float = TTFT_FLOOR_S,
-) -> dict:
+def simulate(model, replicas, policy, predictor, dispatcher, reqs, on_finish=None, **sched):
     cluster = ClusterConfig(
-        model="llama-3-8b", hardware="h100", replicas=replicas, dispatcher=dispatcher
+        model=model, hardware="h200", predictor=predictor, replicas=replicas, dispatcher=dispatcher
     )
-    config = SchedulerConfig(policy=policy, tpot_target_s=TPOT_S, min_ttft_deadline_s=ttft_floor_s)
-    sim = Simulator(cluster, ParallelConfig(), config)
-    result = sim.run(reqs)
-    boundary = boundary_tokens(sim.predictor, config.pla.batching_gain, sim.max_model_len)
-    rows = [request_metrics(r, boundary, TPOT_S) for r in reqs]
-    # the same deadline rule with a lower floor: max(1.5 x isolated prefill time, floor)
-    strict = {
-        slo: sum(r.ttft_s > max(1.5 * r.total_work_s, slo / 1e3) for r in reqs) / len(reqs)
-        for slo in STRICT_FLOORS_MS
-    }
+    sched.setdefault("chunking", CHUNK)
+    config = SchedulerConfig.from_flat(
+        policy=policy, prefix_cache="device" if replicas == 1 else "off", **sched
+    )
+    return Simulator(cluster, ParallelConfig(), config).run(reqs, on_finish=on_finish)
+
+
+def metrics(result) -> dict:
+    rs = [r for r in result.requests if r.ttft_s is not None]
+    ttft = sorted(r.ttft_s for r in rs)
+    span = max(r.finish_s for r in rs) - min(r.arrival_s for r in rs)
+    awd = [d for rep in result.dispatcher.replicas for d in _dispatches(rep)]
     return {
-        "short": [m.ttft_s for m in rows if m.request_class == "short"],
-        "long": [m.ttft_s for m in rows if m.request_class == "long"],
-        "violations": sum(not m.slo_met for m in rows) / len(rows),
-        "strict": strict,
-        "boundary": boundary,
+        "n": len(rs),
+        "rps": len(rs) / span,
+        "mean": statistics.mean(ttft),
+        "p90": ttft[int(0.9 * (len(ttft) - 1))],
+        "viol": sum(t > SLO_S for t in ttft) / len(ttft),
+        "span": span,
+        "depth": statistics.mean(d.depth for d in awd) if awd else float("nan"),
         "moves": len(getattr(result.dispatcher, "moves", ())),
-        "awd": _awd(result.dispatcher.replicas),
+        "hit": sum(r.num_cached_tokens for r in rs) / max(1, sum(r.prompt_len for r in rs)),
+        # short prefills: fewer than 256 new tokens (the paper's largest captured length)
+        "short_mean": statistics.mean(
+            [r.ttft_s for r in rs if r.prompt_len - r.num_cached_tokens < 256] or [math.nan]
+        ),
     }
 
 
-def _awd(replicas) -> Counter:
-    """Short dispatches of the pla policy by depth and by reason, over every replica."""
-    out: Counter = Counter()
-    for replica in replicas:
-        awd = getattr(replica.scheduler.policy, "awd", None)
-        for d in awd.dispatches if awd else ():
-            out["dispatches"] += 1
-            out["prompts"] += d.depth
-            out[d.reason] += 1  # depth, window or deadline
+def _dispatches(replica):
+    awd = getattr(replica.scheduler.policy, "awd", None)
+    return awd.dispatches if awd else ()
+
+
+def pct(a: float, b: float) -> str:
+    return f"{100 * (b / a - 1):+.0f}%"
+
+
+# ---- Figure 5: latency and throughput against the waiting window ---------------------------
+def fig5(args) -> None:
+    print("### Figure 5: a fixed waiting window W, 64 closed-loop clients of short prefills")
+    print("(Qwen2.5-14B, one H200, full PLA with W fixed and D = 64; prompts under 256 tokens;")
+    print(f"think time exponential, mean {args.think_ms:g} ms)\n")
+    print("| W (ms) | throughput (req/s) | mean latency (ms) | P90 (ms) | mean batch depth |")
+    print("|---|---|---|---|---|")
+    short = Shape(lognormal_for(60, 0.97), lognormal_for(60, 0.97), 1.0)
+    for w in (0, 2, 5, 10, 20, 40):
+        loop = ClosedLoop(Sessions(short, 5, False), 64, args.requests, args.think_ms / 1e3, 5)
+        res = simulate(
+            "qwen2.5-14b",
+            1,
+            "pla",
+            "roofline-graph",
+            "round_robin",
+            [r for r in loop.first if r],
+            loop.on_finish,
+            pla_adaptive=False,
+            pla_w_max_s=max(w, 0.001) / 1e3 if w else 1e-9,
+            pla_t_max_s=1.0,
+            pla_boundary_tokens=256,
+        )
+        m = metrics(res)
+        print(
+            f"| {w} | {m['rps']:.0f} | {1e3 * m['mean']:.1f} | {1e3 * m['p90']:.1f} | "
+            f"{m['depth']:.1f} |",
+            flush=True,
+        )
+    print()
+
+
+# ---- Figure 6: closed-loop concurrency 1-64, four configurations ---------------------------
+def fig6(args) -> dict:
+    out = {}
+    for replicas in args.replicas:
+        for model in args.models:
+            print(f"### Figure 6: {model}, {replicas} prefill instance(s), {args.shape}-shaped\n")
+            configs = {**CONFIGS, **(TRACES if args.trace else {})}
+            print("| concurrency | " + " | ".join(f"{c} RPS / mean / P90" for c in configs) + " |")
+            print("|---|" + "---|" * len(configs))
+            for conc in args.concurrency:
+                row = {}
+                for name, (policy, pred, disp, extra) in configs.items():
+                    shape = SHAREGPT if args.shape == "sharegpt" else LMSYS
+                    sessions = Sessions(shape, 6, history=replicas == 1)
+                    loop = ClosedLoop(sessions, conc, args.requests * replicas, 0.0, 6)
+                    res = simulate(
+                        model,
+                        replicas,
+                        policy,
+                        pred,
+                        disp if replicas > 1 else "round_robin",
+                        [r for r in loop.first if r],
+                        loop.on_finish,
+                        **extra,
+                    )
+                    row[name] = metrics(res)
+                out[replicas, model, conc] = row
+                cells = [
+                    f"{m['rps']:.1f} / {1e3 * m['mean']:.0f} / {1e3 * m['p90']:.0f}"
+                    for m in row.values()
+                ]
+                print(f"| {conc} | " + " | ".join(cells) + " |", flush=True)
+            best = max(
+                (out[replicas, model, c] for c in args.concurrency),
+                key=lambda r: r["full PLA"]["rps"] / r["vanilla"]["rps"],
+            )
+            top = out[replicas, model, args.concurrency[-1]]
+            rows = [(c, out[replicas, model, c]) for c in args.concurrency]
+            print(
+                "\nshort-prefill (< 256 new tokens) mean TTFT, full PLA vs vanilla: "
+                + ", ".join(
+                    f"{c}: {pct(r['vanilla']['short_mean'], r['full PLA']['short_mean'])}"
+                    for c, r in rows
+                )
+            )
+            print(
+                f"full PLA vs vanilla at concurrency {args.concurrency[-1]}: RPS "
+                f"{pct(top['vanilla']['rps'], top['full PLA']['rps'])}, mean latency "
+                f"{pct(top['vanilla']['mean'], top['full PLA']['mean'])}; best RPS gain over "
+                f"the sweep {pct(best['vanilla']['rps'], best['full PLA']['rps'])}\n",
+                flush=True,
+            )
     return out
 
 
-# ---- reporting --------------------------------------------------------------------------------
-def table(results: dict) -> list[str]:
-    floors = " | ".join(f"TTFT misses, {slo} ms floor" for slo in STRICT_FLOORS_MS)
-    rows = [
-        "| configuration | short TTFT mean | p50 | p90 | p99 | long TTFT p50 | p99 | "
-        f"SLO violations | {floors} | pool moves |",
-        "|---|---|---|---|---|---|---|---|" + "---|" * len(STRICT_FLOORS_MS) + "---|",
-    ]
-    for name, m in results.items():
-        s, lg = m["short"], m["long"]
-        strict = "".join(f"{100 * m['strict'][slo]:.2f}% | " for slo in STRICT_FLOORS_MS)
-        rows.append(
-            f"| {name} | {1e3 * statistics.mean(s):.1f} ms | {1e3 * pct(s, 0.5):.1f} ms | "
-            f"{1e3 * pct(s, 0.9):.1f} ms | {1e3 * pct(s, 0.99):.1f} ms | "
-            f"{1e3 * pct(lg, 0.5):.0f} ms | {1e3 * pct(lg, 0.99):.0f} ms | "
-            f"{100 * m['violations']:.2f}% | {strict}{m['moves']} |"
-        )
-    return rows
+# ---- Figure 7: SLO violations, Poisson arrivals --------------------------------------------
+FIG7 = {
+    # name: (policy, predictor, dispatcher, chunking, cluster settings)
+    "PLA-Serve": ("pla", "roofline-graph", "pla", CHUNK, {}),
+    "SGLang (PD)": ("fcfs", "roofline-eager", "round_robin", CHUNK, {}),
+    "SGLang (PD + router)": ("fcfs", "roofline-eager", "least_work", CHUNK, {}),
+    "vLLM (PD)": ("fcfs", "roofline-eager", "round_robin", "static:2048", {}),
+}
+# --trace on 8 instances: the pools as the controller leaves them (6 long, 2 short) from the
+# start, instead of max(1, n / 4) long
+FIG7_TRACES = {
+    "PLA-Serve, 6 long from the start": (
+        "pla",
+        "roofline-graph",
+        "pla",
+        CHUNK,
+        {"pla_long_instances": 6},
+    ),
+}
 
 
-def lower(base: float, ours: float) -> str:
-    """'31% lower' / '12% higher' / 'none in either' / '0 -> 0.20%'."""
-    if base == 0:
-        return "none in either" if ours == 0 else f"0 -> {100 * ours:.2f}%"
-    change = 1 - ours / base
-    return f"{100 * abs(change):.0f}% {'lower' if change >= 0 else 'higher'}"
-
-
-def fewer(base: dict, ours: dict) -> str:
-    """SLO violations at medha's deadline, then at the stricter floors."""
-    parts = [lower(base["violations"], ours["violations"])]
-    parts += [
-        f"{lower(base['strict'][slo], ours['strict'][slo])} ({slo} ms floor)"
-        for slo in STRICT_FLOORS_MS
-    ]
-    return "; ".join(parts)
-
-
-def summary(all_results: dict) -> list[str]:
-    """Paper beside ours, one line per claim, scenario and rate."""
-    rows = ["| claim | paper | scenario, rate per replica | ours |", "|---|---|---|---|"]
-    for (scenario, replicas, rate), res in all_results.items():
-        where = f"{scenario}, {rate:g}/s"
-        if replicas == 1:
-            b, o = res["fcfs"]["short"], res["pla"]["short"]
-            rows.append(
-                f"| short-prefill TTFT, one instance, vs a unified queue | over 30% lower | "
-                f"{where} | mean {lower(statistics.mean(b), statistics.mean(o))}, p90 "
-                f"{lower(pct(b, 0.9), pct(o, 0.9))}, p99 {lower(pct(b, 0.99), pct(o, 0.99))} |"
-            )
-            rows.append(
-                f"| SLO violations, one instance | - | {where} | {fewer(res['fcfs'], res['pla'])} |"
-            )
+def poisson(shape: Shape, rate: float, n: int, seed: int, history: bool) -> list[Request]:
+    """Sessions start as a Poisson process; turns follow at once as further arrivals of the
+    same process (the paper's arrivals are Poisson at rate lambda)."""
+    rng, sessions = random.Random(seed), Sessions(shape, seed, history)
+    out, t = [], 0.0
+    it = sessions.session()
+    while len(out) < n:
+        turn = next(it, None)
+        if turn is None:
+            it = sessions.session()
             continue
-        ours = res["pla + pla dispatcher"]
-        for base, claim in (
-            ("fcfs + round_robin", "28% fewer (vs vanilla data parallel)"),
-            ("fcfs + least_work", "12% fewer (vs a load-balancing router)"),
-        ):
-            rows.append(
-                f"| SLO violations, {replicas} instances | {claim} | {where} | "
-                f"{fewer(res[base], ours)} |"
-            )
-        b, o = res["fcfs + least_work"]["short"], ours["short"]
-        rows.append(
-            f"| short-prefill TTFT, {replicas} instances, vs fcfs + least_work | - | "
-            f"{where} | mean {lower(statistics.mean(b), statistics.mean(o))}, p99 "
-            f"{lower(pct(b, 0.99), pct(o, 0.99))} |"
-        )
-    return rows
+        t += rng.expovariate(rate)
+        out.append(request(f"r{len(out)}", t, *turn))
+    return out
 
 
-def report(scenario: str, replicas: int, rate: float, results: dict, reqs: list[Request]) -> None:
-    first = next(iter(results.values()))
-    short = sum(r.prompt_len < first["boundary"] for r in reqs) / len(reqs)
-    over_1k = sum(r.prompt_len > 1024 for r in reqs) / len(reqs)
-    print(
-        f"### {scenario}, {replicas} replica(s), {rate:g} req/s each: {len(reqs)} requests, "
-        f"L_m = {first['boundary']} tokens, {100 * short:.0f}% short, "
-        f"{100 * over_1k:.0f}% above 1K tokens\n"
-    )
-    print("\n".join(table(results)))
-    for name, m in results.items():
-        awd = m["awd"]
-        if awd["dispatches"]:
+def fig7(args) -> dict:
+    out = {}
+    model = args.fig7_model
+    for replicas, rates in ((1, args.rates1), (8, args.rates8)):
+        if replicas not in args.replicas:
+            continue
+        print(f"### Figure 7: SLO violations (TTFT > {SLO_S} s), {model}, {replicas} instance(s)\n")
+        configs = {**FIG7, **(FIG7_TRACES if args.trace and replicas > 1 else {})}
+        print("violations (short-prefill mean TTFT)\n")
+        print("| rate (req/s) | " + " | ".join(configs) + " |")
+        print("|---|" + "---|" * len(configs))
+        for rate in rates:
+            row = {}
+            for name, (policy, pred, disp, chunk, extra) in configs.items():
+                reqs = poisson(LMSYS, rate, args.requests * replicas, 7, replicas == 1)
+                cluster = ClusterConfig.from_flat(
+                    model=model,
+                    hardware="h200",
+                    predictor=pred,
+                    replicas=replicas,
+                    dispatcher=disp if replicas > 1 else "round_robin",
+                    **extra,
+                )
+                config = SchedulerConfig(
+                    policy=policy,
+                    chunking=chunk,
+                    prefix_cache="device" if replicas == 1 else "off",
+                )
+                row[name] = metrics(Simulator(cluster, ParallelConfig(), config).run(reqs))
+            out[replicas, rate] = row
             print(
-                f"\n{name}: {awd['dispatches']} short dispatches (AWD), mean depth "
-                f"{awd['prompts'] / awd['dispatches']:.2f}; released at depth D "
-                f"{awd['depth']}, at the end of the window {awd['window']}, for a deadline "
-                f"{awd['deadline']}"
+                f"| {rate:g} | "
+                + " | ".join(
+                    f"{100 * m['viol']:.1f}% ({1e3 * m['short_mean']:.0f} ms)" for m in row.values()
+                )
+                + " |",
+                flush=True,
             )
-    print(flush=True)
+        print()
+    return out
+
+
+# ---- Table 2: deadline-free distillation on 4 prefill instances ---------------------------
+TABLE2 = {
+    # name: (policy, predictor, dispatcher, scheduler settings)
+    "SGLang": ("fcfs", "roofline-eager", "round_robin", {}),
+    "PLA (token-max)": ("pla", "roofline-graph", "pla", {"pla_mode": "token-max"}),
+}
+TABLE2_TRACES = {
+    "PLA, longs batched": (
+        "pla",
+        "roofline-graph",
+        "pla",
+        {"pla_mode": "token-max", "pla_long_batch": "all"},
+    ),
+    "PLA policy behind least_work": (
+        "pla",
+        "roofline-graph",
+        "least_work",
+        {"pla_mode": "token-max", "pla_long_batch": "all"},
+    ),
+}
+
+
+def table2(args) -> dict:
+    """Every request of the data set at t = 0 (offline distillation), token-max mode against
+    fcfs; the prefill stage's makespan on 4 instances. The decode stage (4 instances, 1K tokens
+    per request) is not simulated: its time is the same under both prefill schedulers."""
+    out = {}
+    configs = {**TABLE2, **(TABLE2_TRACES if args.trace else {})}
+    print("### Table 2: distillation, 4 prefill instances, no deadlines (Qwen2.5-14B)\n")
+    print("| data set | requests | " + " | ".join(f"{c} makespan" for c in configs) + " |")
+    print("|---|---|" + "---|" * len(configs))
+    for name, shape in (("LMsys", LMSYS), ("ShareGPT", SHAREGPT)):
+        spans = {}
+        for sys_name, (policy, pred, disp, extra) in configs.items():
+            reqs = [
+                Request(f"r{i}", 0.0, r.prompt_len, 1)
+                for i, r in enumerate(poisson(shape, 1.0, args.table2_requests, 9, False))
+            ]
+            res = simulate(
+                "qwen2.5-14b", 4, policy, pred, disp, reqs, min_ttft_deadline_s=1e6, **extra
+            )
+            spans[sys_name] = metrics(res)["span"]
+        out[name] = spans
+        base = spans["SGLang"]
+        cells = [f"{v:.1f} s ({100 * (1 - v / base):+.1f}%)" for v in spans.values()]
+        print(f"| {name} | {args.table2_requests} | " + " | ".join(cells) + " |", flush=True)
+    print()
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--scenarios", nargs="+", default=list(RATES), choices=list(RATES))
-    ap.add_argument(
-        "--rates",
-        type=float,
-        nargs="+",
-        default=None,
-        help="requests per second per replica (default: per scenario)",
-    )
-    ap.add_argument("--seconds", type=float, default=60.0, help="arrivals span this long")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument(
-        "--ttft-floor-ms",
-        type=float,
-        default=1e3 * TTFT_FLOOR_S,
-        help="smallest TTFT deadline, for every configuration (medha's default: 500)",
-    )
-    ap.add_argument("--replicas", type=int, nargs="+", default=[1, 8], choices=sorted(CONFIGS))
+    ap.add_argument("--only", nargs="+", default=["fig5", "fig6", "fig7", "table2"])
+    ap.add_argument("--models", nargs="+", default=["qwen2.5-7b", "qwen2.5-14b", "qwen2.5-32b"])
+    ap.add_argument("--replicas", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 32, 64])
+    ap.add_argument("--requests", type=int, default=1500, help="per instance, each run")
+    ap.add_argument("--think-ms", type=float, default=20.0, help="Figure 5's client think time")
+    ap.add_argument("--trace", action="store_true", help="Figure 6: the trace configurations too")
+    ap.add_argument("--shape", default="sharegpt", choices=["sharegpt", "lmsys"])
+    ap.add_argument("--fig7-model", default="qwen2.5-14b")
+    ap.add_argument("--rates1", type=float, nargs="+", default=[10, 20, 30, 40])
+    ap.add_argument("--rates8", type=float, nargs="+", default=[120, 200, 280])
+    ap.add_argument("--table2-requests", type=int, default=20000)
     args = ap.parse_args()
     t0 = time.perf_counter()
-    all_results = {}
-    for scenario in args.scenarios:
-        for replicas in args.replicas:
-            for rate in args.rates or RATES[scenario]:
-                workload = (rate * replicas, args.seconds, args.seed, scenario == "prefill")
-                # a fresh copy of the same request list for every run
-                results = {
-                    name: run(
-                        policy, dispatcher, replicas, sessions(*workload), args.ttft_floor_ms / 1e3
-                    )
-                    for name, policy, dispatcher in CONFIGS[replicas]
-                }
-                all_results[scenario, replicas, rate] = results
-                report(scenario, replicas, rate, results, sessions(*workload))
-    print("### Paper beside ours\n")
-    print("\n".join(summary(all_results)))
-    print(f"\n(wall time {time.perf_counter() - t0:.0f} s)")
+    for part in args.only:
+        globals()[part](args)
+    print(f"(wall time {time.perf_counter() - t0:.0f} s)")
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ def test_scheduler_flags_are_grouped_by_policy_and_concern():
     assert titles == list(SCHEDULER_GROUPS)  # each once, in this order
     section = text.split("\ndeferred policy:\n")[1].split("\naligned policy:\n")[0]
     assert "--departure-threshold" in section and "--batch-cap" in section
-    assert "--pla-wait-s" in text.split("\npla policy:\n")[1]
+    assert "--pla-w-max-s" in text.split("\npla policy:\n")[1]
     # the pla dispatcher's settings are the simulator's cluster's, not a replica's
     assert "--pla-window-s" not in text
     sim = medha("simulate", "--help").stdout

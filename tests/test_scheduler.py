@@ -249,12 +249,12 @@ def test_every_request_ends_and_no_block_leaks(
         preemption_mode=mode,
         host_kv_blocks=host_blocks,
         swap_bandwidth_gbps=bandwidth,
-        # pla: boundary 40-320 tokens; short prefills wait for up to C of
-        # them or k/64 s (adaptive, on the toy predictor, never waits)
+        # pla: boundary 40-320 tokens; short prefills wait up to k/64 s, fixed
+        # or adapted (Algorithm 1 or the SLA mode)
         pla_boundary_tokens=40 * k,
-        pla_depth=cap,
-        pla_wait_s=k / 64,
+        pla_w_max_s=k / 64,
         pla_adaptive=k % 2 == 0,
+        pla_mode=("sla", "awd", "token-max")[k % 3],
     )
     room = sched.blocks.capacity_tokens
     reqs = [
@@ -326,7 +326,7 @@ def test_config_is_resolved_once_and_resolve_is_idempotent():
     assert cfg.resolve(sched.predictor) is cfg  # resolving a resolved config changes nothing
     # the packer and the policy read the scheduler's resolved config, not copies of their own
     assert sched.packer.config is cfg and sched.policy.config is cfg
-    assert sched.packer.iteration_budget_s == sched.policy.iteration_budget_s == 0.08
+    assert sched.packer.iteration_budget_s == sched.policy.config.iteration_budget_s == 0.08
     # a scheduler handed a resolved config keeps that very object
     assert ReplicaScheduler(cfg, sched.predictor, BlockManager(64)).config is cfg
     # an explicit budget is kept; resolve fills only what is missing

@@ -260,67 +260,113 @@ class PrioritySettings:
             )
 
 
+PLA_MODES = ("sla", "awd", "token-max")
+
+
 @dataclass
 class PlaSettings:
-    """The pla policy's settings (flags --pla-*; pla_policy.py). The boundary L_m they set is
-    also the pla dispatcher's (medha/sim/config.py has the dispatcher's own settings)."""
+    """The pla policy's settings (flags --pla-*; pla_policy.py). The paper (She et al.) gives
+    the captured graph grid and a 0.4 s TTFT SLO, no value for the thresholds below; the
+    defaults are ours, each said why. The boundary L_m they set is also the pla dispatcher's
+    (medha/sim/config.py has the dispatcher's own settings)."""
 
     boundary_tokens: int | None = field(
         default=None,
         metadata=_help(
             PLA,
-            "pla policy and dispatcher: prefills of fewer tokens than this are short (L_m) "
-            "(default: from the predictor, the length at which batching two prefills saves "
-            "less than --pla-batching-gain of running them apart)",
+            "pla policy and dispatcher: prefills of fewer new tokens than this are short "
+            "(default: L_m(H) from the paper's T_comp / T_mem model, calibrated to the model "
+            "and device, H the prefix-cached history)",
         ),
     )
-    batching_gain: float = field(
-        default=0.25,
+    memory_intercept: bool = field(
+        default=True,
         metadata=_help(
             PLA,
-            "pla: share of the time a batch must save over running its prefills apart to be "
-            "worth forming; sets L_m (two prefills of L_m tokens cost 2 x (1 - gain) x one) and "
-            "the deepest short batch worth waiting for; 0.25 is halfway between memory-bound "
-            "(a second prompt is free) and compute-bound (it costs as much as the first)",
+            "pla: calibrate T_mem with the weights' read as a constant term (off: the "
+            "paper's T_mem = g_w L + g_r H as written, which puts L_m^prefill at 0 on GPUs)",
         ),
     )
-    wait_s: float = field(
-        default=0.0,
+    mode: str = field(
+        default="sla",
         metadata=_help(
             PLA,
-            "pla: initial waiting window W (s): short prefills wait up to this long after the "
-            "oldest one arrived for the batch to reach the target depth",
-        ),
-    )
-    depth: int = field(
-        default=1,
-        metadata=_help(
-            PLA, "pla: initial target depth D: short prefills go as soon as this many wait"
+            "pla: sla (W = min(W_SLA, W_GR) at every decision), awd (Algorithm 1's W and D "
+            "updates alone) or token-max (deadline-free: a short batch goes once its padded "
+            "tokens reach --pla-token-max-tokens)",
         ),
     )
     adaptive: bool = field(
         default=True,
         metadata=_help(
-            PLA,
-            "pla: re-estimate W and D after every short dispatch from the short arrival rate and "
-            "the predictor's bucket grid (off: W and D stay at --pla-wait-s and --pla-depth)",
+            PLA, "pla: adapt W and D (off: wait --pla-w-max-s for the deepest captured depth)"
         ),
     )
-    max_wait_s: float | None = field(
-        default=None,
+    slack_s: float = field(
+        default=0.01,
         metadata=_help(
-            PLA, "pla: longest adaptive waiting window W (s) (default: the iteration budget)"
+            PLA,
+            "pla: sigma, dispatch the short batch at once when its smallest slack "
+            "DDL - (t + S) falls to this (s; about one short batch)",
+        ),
+    )
+    delta_s: float = field(
+        default=0.01,
+        metadata=_help(PLA, "pla: delta, the safety margin of W_SLA (s)"),
+    )
+    w_min_s: float = field(default=0.0, metadata=_help(PLA, "pla: W_min (s)"))
+    w_max_s: float = field(
+        default=0.05,
+        metadata=_help(PLA, "pla: W_max (s): the longest waiting window (an eighth of 0.4 s)"),
+    )
+    t_max_s: float = field(
+        default=0.1,
+        metadata=_help(PLA, "pla: T_max, the longest head-of-line wait of a short request (s)"),
+    )
+    rate_floor: float = field(
+        default=1.0,
+        metadata=_help(PLA, "pla: epsilon, the least short arrival rate in W_GR (1/s)"),
+    )
+    memory_tokens: int = field(
+        default=16384,
+        metadata=_help(
+            PLA,
+            "pla: M, the token budget of a short batch padded to its graph shape (SGLang's "
+            "default max_prefill_tokens)",
+        ),
+    )
+    long_batch: str = field(
+        default="one",
+        metadata=_help(
+            PLA,
+            "pla: one (the paper: a long-prefill batch advances a single request, in chunks of "
+            "the packer's size) or all (long requests share a batch, as a unified queue's do)",
+        ),
+    )
+    token_max_tokens: int = field(
+        default=8192,
+        metadata=_help(
+            PLA,
+            "pla: M_s, token-max mode: a short batch goes once it holds this many padded "
+            "tokens (SGLang's default chunked prefill size)",
         ),
     )
 
     def __post_init__(self) -> None:
-        _positive_seconds(self, ("max_wait_s",), "pla_")
-        _positive_ints(self, ("boundary_tokens", "depth"), "pla_")
-        if not 0 < self.batching_gain < 1:
-            raise ValueError(f"pla_batching_gain must lie in (0, 1), got {self.batching_gain!r}")
-        wait = self.wait_s
-        if not (isinstance(wait, (int, float)) and math.isfinite(wait) and wait >= 0):
-            raise ValueError(f"pla_wait_s must be a number >= 0, got {wait!r}")
+        _positive_seconds(self, ("w_max_s", "t_max_s"), "pla_")
+        _positive_ints(self, ("boundary_tokens", "memory_tokens", "token_max_tokens"), "pla_")
+        if self.long_batch not in ("one", "all"):
+            raise unknown_name("pla_long_batch", self.long_batch, ("one", "all"))
+        if self.mode not in PLA_MODES:
+            raise unknown_name("pla_mode", self.mode, PLA_MODES)
+        for name in ("slack_s", "delta_s", "w_min_s"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise ValueError(f"pla_{name} must be a number >= 0, got {v!r}")
+        if self.w_min_s > self.w_max_s:
+            raise ValueError(f"pla_w_min_s ({self.w_min_s}) exceeds pla_w_max_s ({self.w_max_s})")
+        if not (isinstance(self.rate_floor, (int, float)) and self.rate_floor > 0):
+            raise ValueError(f"pla_rate_floor must be positive, got {self.rate_floor!r}")
 
 
 # SchedulerConfig's groups of one policy's settings, by field name

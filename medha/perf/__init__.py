@@ -13,7 +13,9 @@ PREDICTOR_HELP = (
     "batch-time model: roofline (analytic), roofline-padded (the same, with "
     "decode attention padded to the batch's longest context), roofline-cta[:GBPS] (the "
     "same, with decode attention no shorter than its longest thread block, one block "
-    "streaming at GBPS), profiled (fitted "
+    "streaming at GBPS), roofline-eager (the host's eager launch cost added), roofline-graph "
+    "(the same, with CUDA graphs for short prefill batches: PLA-Serve's cost model), "
+    "roofline-graph-min (graphs only where faster), profiled (fitted "
     "to the bundled profile of this model and hardware) or profiled:PATH (a "
     "profile written by `medha profile`, or a Vidur CSV table or directory)"
 )
@@ -53,6 +55,15 @@ def make_predictor(
                     f"predictor {spec!r}: roofline-cta:GBPS takes a positive number of GB/s"
                 )
         return CtaRooflinePredictor(model, hardware, parallel, gbps)
+    if kind in ("roofline-eager", "roofline-graph", "roofline-graph-min") and not path:
+        from medha.perf import graph_predictor as g
+
+        cls = {
+            "roofline-eager": g.EagerRooflinePredictor,
+            "roofline-graph": g.GraphRooflinePredictor,
+            "roofline-graph-min": g.CheaperGraphRooflinePredictor,
+        }[kind]
+        return cls(model, hardware, parallel)
     if kind == "profiled":
         from medha.perf.profile_data import bundled_profile, load_profile
         from medha.perf.profiled_predictor import ProfiledPredictor
@@ -61,6 +72,7 @@ def make_predictor(
         return ProfiledPredictor(model, hardware, parallel, profile)
     raise ValueError(
         f"unknown predictor {spec!r}; expected roofline, roofline-padded, roofline-cta, "
+        "roofline-eager, roofline-graph, roofline-graph-min, "
         "profiled or profiled:PATH"
     )
 

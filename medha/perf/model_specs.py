@@ -87,6 +87,17 @@ _SPECS = [
     ModelSpec(
         "llama-2-70b", 80, 8192, 64, 8, 128, 28672, 32000, 4096, hf_id="meta-llama/Llama-2-70b-hf"
     ),
+    # PLA-Serve's models (She et al.): Qwen2.5, from each checkpoint's config.json (QKV bias
+    # left out: one add per projection). 128K context with YaRN; 32K native.
+    ModelSpec(
+        "qwen2.5-7b", 28, 3584, 28, 4, 128, 18944, 152064, 32768, hf_id="Qwen/Qwen2.5-7B-Instruct"
+    ),
+    ModelSpec(
+        "qwen2.5-14b", 48, 5120, 40, 8, 128, 13824, 152064, 32768, hf_id="Qwen/Qwen2.5-14B-Instruct"
+    ),
+    ModelSpec(
+        "qwen2.5-32b", 64, 5120, 40, 8, 128, 27648, 152064, 32768, hf_id="Qwen/Qwen2.5-32B-Instruct"
+    ),
     ModelSpec(
         "smollm2-135m",
         30,

@@ -78,6 +78,7 @@ class ReplicaScheduler:
             self.stats,
         )
         self.requests.kv = self.kv
+        self.policy.bind_prefix_cache(self.kv.peek_cached)
         self._next_batch_id = 0
         self._inflight = 0  # batches scheduled and not yet updated
         # how much longer than predicted batches run, averaged over recent ones (1 in the

@@ -20,58 +20,91 @@ def _help(text: str) -> dict:
     return {"group": PLA_DISPATCHER, "help": text}
 
 
+PLA_AGGREGATORS = ("p90", "mean", "max")
+
+
 @dataclass
 class PlaDispatcherSettings:
-    """The pla dispatcher's settings (flags --pla-*; medha/sim/dispatchers/pla_dispatcher.py).
-    Its short/long boundary L_m is the pla policy's (SchedulerConfig.pla)."""
+    """The pla dispatcher's settings (flags --pla-*; medha/sim/dispatchers/pla_dispatcher.py):
+    the instance-pressure controller of PLA-Serve's Algorithm 2. The paper names the
+    parameters and the P90 aggregate, no values; the defaults are ours. Its short/long boundary
+    L_m is the pla policy's (SchedulerConfig.pla)."""
 
     long_instances: int | None = field(
         default=None,
         metadata=_help(
-            "pla dispatcher: replicas that start in the long-prefill pool, the rest serve short "
-            "prefills; each pool keeps at least one (default: max(1, replicas / 4))",
+            "pla dispatcher: instances that start in the long-prefill pool, the rest serve short "
+            "prefills (default: max(1, replicas / 4))",
         ),
     )
-    pressure_high: float = field(
+    queue_unit_s: float = field(
+        default=0.4,
+        metadata=_help(
+            "pla dispatcher: seconds of queued prefill work that make q = 1 (the paper's 0.4 s "
+            "TTFT SLO; a fixed unit, so that q still counts without deadlines)"
+        ),
+    )
+    weight_queue: float = field(
+        default=1.0,
+        metadata=_help(
+            "pla dispatcher: alpha, weight of the queue q (queued prefill work / queue unit) "
+            "in an instance's pressure psi = alpha q + beta e - gamma u"
+        ),
+    )
+    weight_slo: float = field(
+        default=1.0,
+        metadata=_help("pla dispatcher: beta, weight of the SLA deviation e (TTFT / deadline)"),
+    )
+    weight_util: float = field(
         default=0.5,
         metadata=_help(
-            "pla dispatcher: a pool whose P90 instance pressure reaches this may take an "
-            "instance from the other pool (pressure: mean of queued prefill work / TTFT "
-            "deadline, TTFT / deadline, KV-cache utilisation; about 1 at saturation)",
+            "pla dispatcher: gamma, weight of the GPU utilisation u (busy share), subtracted"
         ),
     )
-    pressure_low: float = field(
-        default=0.25,
+    aggregator: str = field(
+        default="p90",
+        metadata=_help("pla dispatcher: A, a pool's pressure from its instances': p90, mean, max"),
+    )
+    tau: float = field(
+        default=0.2,
         metadata=_help(
-            "pla dispatcher: a pool gives up an instance only while its P90 pressure is at most "
-            "this (hysteresis: between low and high nothing moves)",
+            "pla dispatcher: hysteresis tau: an instance moves to a pool whose pressure "
+            "exceeds (1 + tau) x the other's"
         ),
+    )
+    n_min: int = field(
+        default=1, metadata=_help("pla dispatcher: n_min, the fewest instances a pool keeps")
     )
     cooldown_s: float = field(
         default=5.0,
-        metadata=_help("pla dispatcher: least time (s) between two instance moves"),
+        metadata=_help("pla dispatcher: T_cool, least time (s) between two instance moves"),
+    )
+    period_s: float = field(
+        default=0.5, metadata=_help("pla dispatcher: the control period Delta t (s)")
     )
     window_s: float = field(
         default=2.0,
         metadata=_help(
             "pla dispatcher: requests dispatched this recently (s), or still waiting for their "
-            "first token, make up an instance's SLO deviation",
+            "first token, make up an instance's SLA deviation",
         ),
     )
 
     def __post_init__(self) -> None:
-        for name in ("cooldown_s", "window_s"):
+        for name in ("cooldown_s", "window_s", "period_s", "queue_unit_s"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ValueError(f"pla_{name} must be a positive number, got {value!r}")
-        n = self.long_instances
-        if n is not None and not (isinstance(n, int) and n >= 1):
-            raise ValueError(f"pla_long_instances must be a positive integer, got {n!r}")
-        if not 0 <= self.pressure_low < self.pressure_high:
-            raise ValueError(
-                f"pla_pressure_low ({self.pressure_low!r}) must be >= 0 and "
-                f"below pla_pressure_high ({self.pressure_high!r})"
-            )
+        for name in ("weight_queue", "weight_slo", "weight_util", "tau"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"pla_{name} must be a number >= 0, got {value!r}")
+        for name in ("long_instances", "n_min"):
+            n = getattr(self, name)
+            if n is not None and not (isinstance(n, int) and n >= 1):
+                raise ValueError(f"pla_{name} must be a positive integer, got {n!r}")
+        if self.aggregator not in PLA_AGGREGATORS:
+            raise unknown_name("pla_aggregator", self.aggregator, PLA_AGGREGATORS)
 
 
 @dataclass
@@ -84,7 +117,9 @@ class ClusterConfig:
             "help": (
                 "batch-time model: roofline, roofline-padded (decode attention padded to the "
                 "batch's longest context), roofline-cta (decode attention no shorter than its "
-                "longest thread block), profiled (bundled profile) or profiled:PATH"
+                "longest thread block), roofline-eager / roofline-graph (the host's eager "
+                "launch cost; -graph also CUDA graphs for short prefill batches), profiled "
+                "(bundled profile) or profiled:PATH"
             )
         },
     )

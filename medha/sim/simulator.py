@@ -6,6 +6,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tqdm import tqdm
@@ -118,7 +119,14 @@ class Simulator:
             for i in range(self.cluster.replicas)
         ]
 
-    def run(self, requests: list[Request], progress: bool = False) -> SimResult:
+    def run(
+        self,
+        requests: list[Request],
+        progress: bool = False,
+        on_finish: Callable[[Request, float], list[Request]] | None = None,
+    ) -> SimResult:
+        """`on_finish(request, now)`: the requests a closed-loop client sends once `request`
+        finishes (arriving at `now` or later); they join the run and its result."""
         t0 = time.perf_counter()
         replicas = self._replicas()
         dispatcher = DISPATCHERS.get(self.cluster.dispatcher)(
@@ -127,6 +135,8 @@ class Simulator:
         log = IterationLog()
         arrivals = sorted(requests, key=lambda r: r.arrival_s)
         heap: list[tuple[float, int, int, SimReplica, object]] = []
+        injected: list[tuple[float, int, Request]] = []  # closed-loop clients' next requests
+        sent: list[Request] = []
         seq = 0
         i, n = 0, len(arrivals)
         bar = tqdm(
@@ -138,8 +148,12 @@ class Simulator:
             leave=False,
         )
         inf = math.inf
-        while i < n or heap:
-            now = min(arrivals[i].arrival_s if i < n else inf, heap[0][0] if heap else inf)
+        while i < n or heap or injected:
+            now = min(
+                arrivals[i].arrival_s if i < n else inf,
+                injected[0][0] if injected else inf,
+                heap[0][0] if heap else inf,
+            )
             dirty: dict[int, SimReplica] = {}
             # Batches finishing now go first, so that their decodes can join the next batch.
             while heap and heap[0][0] <= now:
@@ -153,9 +167,17 @@ class Simulator:
                     finished = replica.finish_batch(batch, now)
                     if finished:
                         bar.update(len(finished))
-            while i < n and arrivals[i].arrival_s <= now:
-                r = arrivals[i]
-                i += 1
+                        for r in finished if on_finish else ():
+                            for new in on_finish(r, now):
+                                seq += 1
+                                heapq.heappush(injected, (max(now, new.arrival_s), seq, new))
+                                sent.append(new)
+            while (i < n and arrivals[i].arrival_s <= now) or (injected and injected[0][0] <= now):
+                if injected and injected[0][0] <= now:
+                    r = heapq.heappop(injected)[2]
+                else:
+                    r = arrivals[i]
+                    i += 1
                 replica = dispatcher.pick(r, now)
                 replica.add(r, now)
                 dirty[replica.replica_id] = replica
@@ -184,7 +206,7 @@ class Simulator:
             raise RuntimeError(f"simulation stalled with {stuck} unfinished requests")
         self.stored_walk.save()
         return SimResult(
-            requests,
+            [*requests, *sent] if sent else requests,
             log,
             self.cluster.replicas * self.parallel.world_size,
             self.predictor,

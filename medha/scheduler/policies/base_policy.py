@@ -56,6 +56,12 @@ class Policy(ABC):
         batches needs the cost model and the KV cache's size)."""
         return None
 
+    def bind_prefix_cache(self, peek_cached: Callable[[Request], int]) -> None:
+        """Called once by the scheduler with its prefix cache's look-up (prompt tokens the
+        cache holds for a request now, nothing taken), for a policy that classes requests by
+        their uncached work (PLA-Serve's re-prefills)."""
+        return None
+
     def select_decodes(self, decodes: list[Request], now: float) -> list[Request]:
         """The ready decodes (none in a running batch) that join this iteration: all of them by
         default, as in continuous batching. Must not return an empty list for a non-empty one,

@@ -1,31 +1,29 @@
-"""PLA-Serve's spatial disaggregation: replicas in a short-prefill and a long-prefill pool.
+"""PLA-Serve's spatial disaggregation: prefill instances in a short and a long pool, resized by
+the instance-pressure controller of the paper's Algorithm 2 (She et al., section 3.2).
 
-Each replica has a role. A request goes to the pool of its class (prompt below the boundary
-L_m: short; else long), and within the pool to the replica with the least outstanding work. An
-instance-pressure controller moves replicas between the pools. Only the paper's abstract was
-within reach; the controller below is our design from the issue's description:
+A request goes to the pool of its class (its uncached tokens L below L_m(H): short; the pla
+policy's boundary, H the longest prefix any instance's cache holds of it) and within the pool
+to the instance with the least outstanding work (the paper's instances pull from one queue per
+class; least work is what a pull would give). Every control period the controller:
 
-- Pressure of an instance: the mean of three terms, each about 1 at saturation (each capped at
-  `TERM_CAP` so that one runaway term cannot hide the others):
-  the weighted queue, its queued prefill work (predicted seconds, so a 4K-token prompt weighs
-  what it costs) over the TTFT deadline of a short request; the SLO deviation, the mean of
-  TTFT / deadline over the requests it received in the last `pla_window_s` and those still
-  waiting for their first token (a waiting one counts its wait so far, so a stalled instance
-  shows at once); and its utilisation, the larger of the shares of its KV cache and of its
-  batch slots (max_num_seqs) that running decodes hold. The last one is what fills up first on
-  an instance of short requests: their prefills are cheap and their TTFT stays low until the
-  decode batch is full, so without it a short pool looks idle right up to saturation.
-- Pressure of a pool: the P90 over its instances (a pool is as healthy as its worst instances,
-  and one outlier of ten does not move capacity).
-- Hysteresis: an instance moves only from a pool at or below `pla_pressure_low` to one at or
-  above `pla_pressure_high`; between the two nothing moves, so an instance that has just moved
-  does not bounce back once the pressures meet.
-- Cool-down: at most one move per `pla_cooldown_s`; the donor's least-pressured instance moves,
-  and each pool keeps at least one. A moved replica finishes the requests it holds.
+- measures each instance k: q_k, its queued prefill work (predicted seconds) over a fixed
+  unit (`queue_unit_s`, the paper's 0.4 s SLO: not the requests' deadlines, which
+  deadline-free runs set far away); e_k, its SLA deviation, the mean TTFT / deadline of the requests
+  it received within `window_s` and of those still waiting (counted with their wait so far);
+  u_k, its GPU utilisation, the share of arrivals (sampled at every dispatch) that found it busy
+  over the period;
+- psi_k = alpha q_k + beta e_k - gamma u_k (the paper's signs: a busy instance that keeps its
+  queue short is healthy);
+- pool pressures P_s, P_l: a robust aggregate of the pool's psi (P90, the paper's choice);
+- after a cool-down since the last move, moves one instance: long -> short when
+  P_s > (1 + tau) P_l and n_l > n_min, short -> long when P_l > (1 + tau) P_s and n_s > n_min.
+  The pool that gains must have pressure above 0 (our safeguard: with psi able to go negative,
+  (1 + tau) P of a calm pool would otherwise order two idle pools). The donor's least-pressured
+  instance moves; it finishes what it holds and takes the other class from then on.
 
-With one replica there are no pools: it serves both classes, and the `pla` policy separates them
-in time. The replicas may run any policy; `pla` also keeps the classes apart in time on an
-instance that is changing role.
+The paper gives no values for the weights, tau, n_min, the cool-down or the period; the
+defaults (medha/sim/config.py) are ours. With one instance there are no pools: it serves both
+classes, and the `pla` policy separates them in time.
 """
 
 from __future__ import annotations
@@ -39,19 +37,20 @@ import numpy as np
 
 from medha.core.config import SchedulerConfig
 from medha.core.request import Request
-from medha.scheduler.policies.pla_policy import LONG, SHORT, pla_boundary
+from medha.scheduler.policies.pla_policy import LONG, SHORT, calibrate
 from medha.sim.config import ClusterConfig
 from medha.sim.dispatchers.base_dispatcher import DISPATCHERS, Dispatcher
 
 if TYPE_CHECKING:
     from medha.sim.replica import SimReplica
 
-TERM_CAP = 2.0
-
 
 def p90(values: list[float]) -> float:
     """90th percentile, linear between order statistics."""
     return float(np.percentile(values, 90))
+
+
+AGGREGATORS = {"p90": p90, "mean": lambda v: float(np.mean(v)), "max": max}
 
 
 @dataclass
@@ -64,10 +63,10 @@ class Move:
 
 
 class PressureController:
-    """Decides when an instance moves: hysteresis between two thresholds, and a cool-down."""
+    """Algorithm 2's decision: hysteresis tau, a least allocation n_min and a cool-down."""
 
-    def __init__(self, high: float, low: float, cooldown_s: float) -> None:
-        self.high, self.low, self.cooldown_s = high, low, cooldown_s
+    def __init__(self, tau: float, n_min: int, cooldown_s: float) -> None:
+        self.tau, self.n_min, self.cooldown_s = tau, n_min, cooldown_s
         self.last_move_s = -math.inf
 
     def ready(self, now: float) -> bool:
@@ -79,45 +78,48 @@ class PressureController:
         """(source, target) pool of the one instance to move now, or None."""
         if not self.ready(now):
             return None
-        for source, target in ((LONG, SHORT), (SHORT, LONG)):
-            if pressure[target] >= self.high and pressure[source] <= self.low and sizes[source] > 1:
-                self.last_move_s = now
-                return source, target
+        s, lg = pressure[SHORT], pressure[LONG]
+        if s > (1 + self.tau) * lg and s > 0 and sizes[LONG] > self.n_min:
+            self.last_move_s = now
+            return LONG, SHORT
+        if lg > (1 + self.tau) * s and lg > 0 and sizes[SHORT] > self.n_min:
+            self.last_move_s = now
+            return SHORT, LONG
         return None
 
 
 @DISPATCHERS.register("pla")
 class PlaDispatcher(Dispatcher):
-    """Short and long prefill pools, routed by prompt length, resized by instance pressure."""
+    """Short and long prefill pools, routed by L_m(H), resized by instance pressure."""
 
     def __init__(
         self, replicas: list[SimReplica], cluster: ClusterConfig, scheduler: SchedulerConfig
     ) -> None:
         super().__init__(replicas, cluster, scheduler)
-        settings = cluster.pla
-        # the pla policy's L_m, from the same settings and cost model
-        self.boundary = pla_boundary(
-            scheduler.pla, replicas[0].scheduler.predictor, scheduler.max_model_len
-        )
+        settings = self.settings = cluster.pla
+        self.model = calibrate(replicas[0].scheduler.predictor, scheduler.pla.memory_intercept)
+        self.fixed_boundary = scheduler.pla.boundary_tokens
         n = len(replicas)
         n_long = min(n - 1, settings.long_instances or max(1, n // 4))
         # The last replicas start long, the first short.
         self.role = {
             r.replica_id: (LONG if i >= n - n_long else SHORT) for i, r in enumerate(replicas)
         }
-        self.controller = PressureController(
-            settings.pressure_high, settings.pressure_low, settings.cooldown_s
-        )
-        self.window_s = settings.window_s
-        # The TTFT deadline of a short request: the unit of the queue term.
-        self.deadline_s = scheduler.ttft_deadline_s or scheduler.min_ttft_deadline_s
-        self.max_num_seqs = scheduler.max_num_seqs
+        self.controller = PressureController(settings.tau, settings.n_min, settings.cooldown_s)
+        self.aggregate = AGGREGATORS[settings.aggregator]
         self._recent: dict[int, deque[Request]] = {r.replica_id: deque() for r in replicas}
+        self._busy = {r.replica_id: [0, 0] for r in replicas}  # (busy, samples) this period
         self.moves: list[Move] = []
-        self._next_check_s = -math.inf  # pressures are sampled a few times per window
+        self._next_check_s = -math.inf
+
+    def history(self, request: Request) -> int:
+        return max(r.scheduler.kv.peek_cached(request) for r in self.replicas)
 
     def classify(self, request: Request) -> str:
-        return SHORT if request.prompt_len < self.boundary else LONG
+        H = self.history(request) if self.replicas[0].scheduler.kv.prefix_caching else 0
+        L = request.prompt_len - H
+        bound = self.fixed_boundary or self.model.boundary(H)
+        return SHORT if L < bound else LONG
 
     def pool(self, role: str) -> list[SimReplica]:
         return [r for r in self.replicas if self.role[r.replica_id] == role]
@@ -125,8 +127,12 @@ class PlaDispatcher(Dispatcher):
     def pick(self, request: Request, now: float) -> SimReplica:
         if len(self.replicas) == 1:
             return self.replicas[0]  # one instance: the pla policy separates them in time
-        if self.controller.ready(now) and now >= self._next_check_s:
-            self._next_check_s = now + self.window_s / 4
+        for r in self.replicas:  # utilisation, sampled at arrivals
+            b = self._busy[r.replica_id]
+            b[0] += r.inflight > 0
+            b[1] += 1
+        if now >= self._next_check_s:
+            self._next_check_s = now + self.settings.period_s
             self._control(now)
         replica = min(
             self.pool(self.classify(request)), key=lambda r: (r.outstanding_work_s(), r.replica_id)
@@ -134,44 +140,44 @@ class PlaDispatcher(Dispatcher):
         self._recent[replica.replica_id].append(request)
         return replica
 
-    # ---- the instance-pressure controller ----------------------------------------------------
+    # ---- Algorithm 2 --------------------------------------------------------------------------
     def _control(self, now: float) -> None:
-        pressures = {r.replica_id: self.instance_pressure(r, now) for r in self.replicas}
+        psi = {r.replica_id: self.instance_pressure(r, now) for r in self.replicas}
+        for b in self._busy.values():
+            b[0] = b[1] = 0
         pools = {role: self.pool(role) for role in (SHORT, LONG)}
         pressure = {
-            role: p90([pressures[r.replica_id] for r in members]) for role, members in pools.items()
+            role: self.aggregate([psi[r.replica_id] for r in members])
+            for role, members in pools.items()
         }
         move = self.controller.decide(pressure, {k: len(v) for k, v in pools.items()}, now)
         if move is None:
             return
         source, target = move
-        replica = min(pools[source], key=lambda r: (pressures[r.replica_id], r.replica_id))
+        replica = min(pools[source], key=lambda r: (psi[r.replica_id], r.replica_id))
         self.role[replica.replica_id] = target
         self.moves.append(Move(now, replica.replica_id, source, target, pressure))
 
-    def instance_pressure(self, replica: SimReplica, now: float) -> float:
+    def signals(self, replica: SimReplica, now: float) -> tuple[float, float, float]:
+        """(q, e, u) of one instance."""
         sched = replica.scheduler
         queued = sum(r.remaining_work_s for r in sched.live_requests() if r.in_prefill)
-        queue = queued / self.deadline_s
-        blocks = sched.blocks
-        utilisation = max(
-            blocks.num_used / blocks.num_blocks, sched.num_decoding / self.max_num_seqs
-        )
-        return (
-            min(queue, TERM_CAP)
-            + min(self._slo_deviation(replica.replica_id, now), TERM_CAP)
-            + utilisation
-        ) / 3
+        busy, samples = self._busy[replica.replica_id]
+        u = busy / samples if samples else float(replica.inflight > 0)
+        return queued / self.settings.queue_unit_s, self._slo_deviation(replica.replica_id, now), u
+
+    def instance_pressure(self, replica: SimReplica, now: float) -> float:
+        q, e, u = self.signals(replica, now)
+        s = self.settings
+        return s.weight_queue * q + s.weight_slo * e - s.weight_util * u
 
     def _slo_deviation(self, replica_id: int, now: float) -> float:
         """Mean TTFT / deadline of the instance's recent requests; those still waiting count
         their wait so far. Requests that got their first token before the window leave."""
-        horizon = now - self.window_s
+        horizon = now - self.settings.window_s
         kept = deque(r for r in self._recent[replica_id] if r.arrival_s >= horizon or _waiting(r))
         self._recent[replica_id] = kept
-        ratios = [
-            _ttft_ratio(r, now) for r in kept if r.first_token_s is not None or _waiting(r)
-        ]  # not aborted unserved
+        ratios = [_ttft_ratio(r, now) for r in kept if r.first_token_s is not None or _waiting(r)]
         return sum(ratios) / len(ratios) if ratios else 0.0
 
 
