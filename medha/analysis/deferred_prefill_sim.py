@@ -9,6 +9,13 @@ Throughput is reported in requests/s as output tokens per second / mean output: 
 quantity as departures per second in steady state, with far less noise (the departures in a
 window fluctuate like a Poisson count, about 1.4% for 5,000 of them, while the tokens per
 second of a full batch barely move), and the curve is flat near its top.
+
+Completion times are the paper's (section 4.1): from a request's admission (its prefill's
+start; the time it waited in the backlog is left out, as the backlog is endless) to its last
+token, in seconds, and normalized, divided by its output tokens. They are taken over the
+requests admitted in the first half of the window: those all finish before the window ends
+(a geometric output with mean 201 outlives half a window of thousands of steps with
+negligible probability), so none is cut short and none finishes in the drained batch after it.
 """
 
 from __future__ import annotations
@@ -28,6 +35,9 @@ class SimPoint:
     requests_per_s: float  # output tokens/s / mean output
     departures_per_s: float  # finished requests / window (noisier)
     mean_group: float  # prompts per prefilling iteration (E[D] of the model)
+    mean_completion_s: float = float("nan")  # admission to last token
+    mean_normalized_s: float = float("nan")  # completion / output tokens, mean over requests
+    p95_normalized_s: float = float("nan")  # ... and its 95th percentile
 
 
 def scheduler_config(system: DeferredSystem, k: int) -> SchedulerConfig:
@@ -69,17 +79,45 @@ def simulate_point(
 ) -> SimPoint:
     sim = Simulator(cluster, parallel, scheduler_config(system, k), predictor=predictor)
     requests = build_requests(saturated_workload(system, num_requests, seed), sim.max_model_len)
-    return SimPoint(k, *saturated_throughput(sim.run(requests), system))
+    result = sim.run(requests)
+    return SimPoint(
+        k, *saturated_throughput(result, system), *completion_times(result, *window(result, system))
+    )
+
+
+def window(result: SimResult, system: DeferredSystem) -> tuple[float, float]:
+    """(the 2C-th departure, the last admission): the steady state of a full batch."""
+    finishes = sorted(r.finish_s for r in result.requests)
+    start = finishes[2 * system.cap]
+    end = max(r.first_scheduled_s for r in result.requests)
+    if end <= start:
+        raise ValueError("the backlog ran dry during warm-up: simulate more requests")
+    return start, end
+
+
+def completion_times(result: SimResult, start: float, end: float) -> tuple[float, float, float]:
+    """(mean completion s, mean and 95th percentile of completion s per output token) of the
+    requests admitted in the window's first half."""
+    import numpy as np
+
+    half = (start + end) / 2
+    done = [
+        r
+        for r in result.requests
+        if start <= r.first_scheduled_s < half and r.finish_s is not None and r.finish_s <= end
+    ]
+    if not done:
+        raise ValueError("no request was admitted and finished inside the window")
+    spans = np.array([r.finish_s - r.first_scheduled_s for r in done])
+    normalized = spans / np.array([r.max_tokens for r in done], float)
+    return float(spans.mean()), float(normalized.mean()), float(np.percentile(normalized, 95))
 
 
 def saturated_throughput(result: SimResult, system: DeferredSystem) -> tuple[float, float, float]:
     """(requests/s from output tokens, departures/s, prompts per prefilling iteration)
     between the 2C-th departure and the last admission."""
     finishes = sorted(r.finish_s for r in result.requests)
-    start = finishes[2 * system.cap]
-    end = max(r.first_scheduled_s for r in result.requests)
-    if end <= start:
-        raise ValueError("the backlog ran dry during warm-up: simulate more requests")
+    start, end = window(result, system)
     log = result.log
     rows = [
         (s, e, d, p)

@@ -87,6 +87,24 @@ _SPECS = [
     ModelSpec(
         "llama-2-70b", 80, 8192, 64, 8, 128, 28672, 32000, 4096, hf_id="meta-llama/Llama-2-70b-hf"
     ),
+    # IBM Granite 3.1 8B (the deferred-prefill paper's second model), from the published
+    # config.json of ibm-granite/granite-3.1-8b-instruct: 40 layers, hidden 4096, 32 heads,
+    # 8 KV heads, MLP 12800, vocabulary 49155, 128K context, tied embeddings (8.17B
+    # parameters, the paper's figure; untied would be 8.37B). Granite's scaling multipliers
+    # (embedding, residual, attention, logits) change no shape, so no cost.
+    ModelSpec(
+        "granite-3.1-8b",
+        40,
+        4096,
+        32,
+        8,
+        128,
+        12800,
+        49155,
+        131072,
+        tied_embeddings=True,
+        hf_id="ibm-granite/granite-3.1-8b-instruct",
+    ),
     ModelSpec(
         "smollm2-135m",
         30,
