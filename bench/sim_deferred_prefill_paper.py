@@ -19,7 +19,8 @@ Sections: table1 (K swept, simulated, with the renewal model and Proposition 1 b
 csweep (throughput over C at K = 1 and at the renewal model's K*), cp (one fixed cost raised
 and nothing else: a prefilling iteration's, or every iteration's; the renewal model over a
 range, the simulator at the value where the renewal model's gain is the paper's and at a
-published measurement of vLLM's per-prefill dispatch cost).
+published measurement of vLLM's per-prefill dispatch cost), sharegpt (not run by default:
+ShareGPT's own length pairs in the simulator, see `sharegpt`).
 """
 
 from __future__ import annotations
@@ -39,7 +40,11 @@ from medha.analysis.deferred_prefill import (
     renewal_throughput,
 )
 from medha.analysis.deferred_prefill_costs import vllm_predictor
-from medha.analysis.deferred_prefill_sim import simulate_point
+from medha.analysis.deferred_prefill_sim import (
+    simulate_point,
+    simulate_trace_point,
+    trace_requests,
+)
 from medha.perf import ParallelConfig, get_model
 from medha.sim.simulator import ClusterConfig
 
@@ -65,6 +70,7 @@ C_VALUES = (64, 128, 192, 256)
 CP_EXTRA_MS = (0, 5, 10, 20, 30, 40)
 CP_SIMULATED_MS = 20
 ITERATION_EXTRA_MS = (10, 20, 40)
+SHAREGPT_K_VALUES = (1, 4, 16, 32, 48, 64, 96, 128)
 
 
 def renewal_k_star(times: StepTimes) -> int:
@@ -217,6 +223,46 @@ def cp_trace(model: str, args) -> None:
         )
 
 
+def sharegpt(model: str, args) -> None:
+    """The deferred policy on ShareGPT's own length pairs (medha's bundled trace under vLLM's
+    benchmark filter), K swept in the simulator only: the model assumes geometric outputs."""
+    cap = PAPER[model]["cap"]
+    predictor = vllm_predictor(model)
+    requests = trace_requests("sharegpt", args.num_requests, args.seed)
+    prompts = [r.prompt_len for r in requests]
+    outputs = [r.max_tokens for r in requests]
+    print(
+        f"\n### ShareGPT lengths, {model}, C = {cap}: {len(requests)} pairs, mean prompt "
+        f"{sum(prompts) / len(prompts):.0f} and output {sum(outputs) / len(outputs):.0f} tokens "
+        f"(paper's ShareGPT: {PROMPT_TOKENS} and {MEAN_OUTPUT:g})\n"
+    )
+    print(
+        "| K | simulated req/s | prompts per prefill | mean completion s | "
+        "normalized mean s/token | normalized p95 s/token |"
+    )
+    print("|---|---|---|---|---|---|")
+    sim = {}
+    for k in SHAREGPT_K_VALUES:
+        t0 = time.time()
+        p = sim[k] = simulate_trace_point(
+            cap, k, requests, cluster(model), ParallelConfig(), predictor
+        )
+        log(f"sharegpt {model} K={k}: {p.requests_per_s:.3f} req/s ({time.time() - t0:.0f} s)")
+        print(
+            f"| {k} | {p.requests_per_s:.2f} | {p.mean_group:.2f} | {p.mean_completion_s:.2f} | "
+            f"{p.mean_normalized_s:.4f} | {p.p95_normalized_s:.4f} |",
+            flush=True,
+        )
+    k_sim = max(sim, key=lambda k: sim[k].requests_per_s)
+    best, one = sim[k_sim], sim[1]
+    print(
+        f"\nbest K = {k_sim}: {best.requests_per_s:.2f} req/s, "
+        f"{100 * (best.requests_per_s / one.requests_per_s - 1):+.1f}% over K = 1 "
+        f"({one.requests_per_s:.2f}); mean completion "
+        f"{100 * (1 - best.mean_completion_s / one.mean_completion_s):.1f}% lower"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -226,7 +272,7 @@ def main() -> None:
     ap.add_argument("--models", default="granite-3.1-8b,llama-3-8b")
     ap.add_argument("--sections", default="table1,csweep,cp")
     args = ap.parse_args()
-    sections = {"table1": table1, "csweep": csweep, "cp": cp_trace}
+    sections = {"table1": table1, "csweep": csweep, "cp": cp_trace, "sharegpt": sharegpt}
     print(
         f"deferred prefill, the paper's setting: d_0 = {PROMPT_TOKENS}, geometric outputs with "
         f"mean {MEAN_OUTPUT:g}, {args.num_requests} requests queued at t=0, seed {args.seed}"

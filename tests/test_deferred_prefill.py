@@ -342,3 +342,52 @@ def test_completion_times_obey_littles_law():
         assert p.mean_normalized_s <= p.p95_normalized_s
         # a request decodes at one token per step of at least 10 ms (the toy's fixed cost)
         assert p.mean_normalized_s > 0.01
+
+
+def test_analyze_with_vllm_cpu_time_slows_every_k_and_refuses_other_predictors(capsys):
+    args = ("analyze", "deferred-prefill", "--C", "64", "--k-values", "1,8", "--hardware", "a100")
+    code, plain, err = medha(capsys, *args)
+    assert code == 0, err
+    code, vllm, err = medha(capsys, *args, "--vllm-cpu")
+    assert code == 0, err
+    assert "vLLM's CPU time per iteration" in vllm
+
+    def renewal(out):
+        return {
+            int(r[0]): float(r[2])
+            for r in (ln.split() for ln in out.splitlines())
+            if r and r[0].isdigit()
+        }
+
+    # 0.17 ms per sequence per step on top of the GPU's time: every K is slower
+    assert all(renewal(vllm)[k] < renewal(plain)[k] for k in (1, 8))
+    code, _, err = medha(capsys, *args, "--vllm-cpu", "--predictor", "roofline-padded")
+    assert code == 2 and "roofline predictor" in err
+
+
+def test_trace_points_take_vllms_sharegpt_filter_and_match_the_synthetic_path():
+    from medha.analysis.deferred_prefill_sim import (
+        SHAREGPT_FILTER,
+        saturated_workload,
+        simulate_trace_point,
+        trace_requests,
+    )
+
+    least, longest_prompt, longest_total = SHAREGPT_FILTER
+    reqs = trace_requests("sharegpt", 500, seed=3)
+    assert [r.prompt_len for r in reqs] == [
+        r.prompt_len for r in trace_requests("sharegpt", 500, 3)
+    ]
+    assert all(least <= r.prompt_len <= longest_prompt for r in reqs)
+    assert all(r.max_tokens >= least and r.prompt_len + r.max_tokens <= longest_total for r in reqs)
+    # the same requests through both paths: the same schedule, so the same departures
+    system, predictor = toy_system()
+    cluster = ClusterConfig(model="llama-3-8b", hardware="h100")
+    synthetic = build_requests(saturated_workload(system, 2000, 0), 1 << 20)
+    a = simulate_point(system, 8, cluster, ParallelConfig(), predictor, 2000)
+    b = simulate_trace_point(system.cap, 8, synthetic, cluster, ParallelConfig(), predictor)
+    assert (a.departures_per_s, a.mean_group, a.mean_completion_s) == (
+        b.departures_per_s,
+        b.mean_group,
+        b.mean_completion_s,
+    )

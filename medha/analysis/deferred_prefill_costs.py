@@ -109,6 +109,19 @@ class VllmCpuPredictor(Predictor):
         )
 
 
+def with_vllm_cpu(predictor: Predictor) -> VllmCpuPredictor:
+    """A roofline predictor's model and GPU with vLLM's measured CPU time per iteration in
+    place of the roofline's own iteration overhead (other predictors carry an overhead that
+    cannot be taken out, so they are refused)."""
+    from medha.perf.roofline_predictor import RooflinePredictor
+
+    if type(predictor) is not RooflinePredictor:
+        raise ValueError(f"vLLM's CPU time goes on the roofline predictor, not {predictor.name}")
+    hw = dataclasses.replace(predictor.hardware, iteration_overhead_s=0.0)
+    inner = RooflinePredictor(predictor.model, hw, predictor.parallel)
+    return VllmCpuPredictor(inner, *vllm_cpu_line())
+
+
 def vllm_predictor(
     model: str, hardware: HardwareSpec | None = None, prefill_extra_s: float = 0.0
 ) -> VllmCpuPredictor:
