@@ -39,13 +39,13 @@ from medha.analysis.deferred_prefill import (
     fit_costs_at_optimum,
     renewal_throughput,
 )
-from medha.analysis.deferred_prefill_costs import vllm_predictor
+from medha.analysis.deferred_prefill_costs import a100_pcie_paper, vllm_predictor
 from medha.analysis.deferred_prefill_sim import (
     simulate_point,
     simulate_trace_point,
     trace_requests,
 )
-from medha.perf import ParallelConfig, get_model
+from medha.perf import ParallelConfig, get_model, make_predictor
 from medha.sim.simulator import ClusterConfig
 
 PROMPT_TOKENS, MEAN_OUTPUT = 285, 201.0
@@ -156,8 +156,8 @@ def table1(model: str, args) -> None:
         fmt = "d" if isinstance(ours, int) else ".4g"
         print(f"| {name} | {theirs} | {ours:{fmt}} | {ours / theirs:.2f} |")
     print(
-        f"\nProp. 1 predicts {prop1_gain:+.1f}% at K* = {k_prop}, the renewal model "
-        f"{ren_gain:+.1f}% at K* = {k_ren}; K* of the model lies "
+        f"\nProp. 1 predicts {prop1_gain:+.3f}% at K* = {k_prop}, the renewal model "
+        f"{ren_gain:+.3f}% at K* = {k_ren}; K* of the model lies "
         f"{distance(k_prop, k_sim):.0f}% (Prop. 1) and {distance(k_ren, k_sim):.0f}% (renewal) "
         f"from the simulated best (paper: K_num {paper['k_num']} vs K_exp {paper['k_exp']}, "
         f"{distance(paper['k_num'], paper['k_exp']):.0f}%; its throughputs "
@@ -180,7 +180,7 @@ def csweep(model: str, args) -> None:
         print(
             f"| {cap} | {k_ren} | {renewal_throughput(times, 1):.2f} | "
             f"{renewal_throughput(times, k_ren):.2f} | {one:.2f} | {best:.2f} | "
-            f"{100 * (best / one - 1):+.1f}% |",
+            f"{100 * (best / one - 1):+.2f}% |",
             flush=True,
         )
 
@@ -200,10 +200,13 @@ def cp_trace(model: str, args) -> None:
         "simulated K = 1 -> K*, req/s | gain |"
     )
     print("|---|---|---|---|---|---|---|---|")
-    rows = [("prefill", x) for x in sorted({*CP_EXTRA_MS, sourced})]
+    rows = [("no vLLM CPU time (roofline's 1 ms per iteration)", 0)]
+    rows += [("prefill", x) for x in sorted({*CP_EXTRA_MS, sourced})]
     rows += [("every iteration", x) for x in ITERATION_EXTRA_MS]
     for kind, extra in rows:
-        if kind == "prefill":
+        if kind.startswith("no vLLM"):
+            predictor = make_predictor("roofline", model, a100_pcie_paper())
+        elif kind == "prefill":
             predictor = vllm_predictor(model, prefill_extra_s=extra / 1e3)
         else:
             predictor = vllm_predictor(model)
@@ -215,10 +218,10 @@ def cp_trace(model: str, args) -> None:
         if (kind, extra) in (("prefill", CP_SIMULATED_MS), ("prefill", sourced)):
             s1 = simulate(model, cap, 1, predictor, args).requests_per_s
             sk = simulate(model, cap, k_ren, predictor, args).requests_per_s
-            simulated = f"{s1:.2f} -> {sk:.2f} | {100 * (sk / s1 - 1):+.1f}%"
+            simulated = f"{s1:.2f} -> {sk:.2f} | {100 * (sk / s1 - 1):+.2f}%"
         print(
             f"| {kind} | {extra:g} | {k_ren} | {one:.2f} | {best:.2f} | "
-            f"{100 * (best / one - 1):+.1f}% | {simulated} |",
+            f"{100 * (best / one - 1):+.2f}% | {simulated} |",
             flush=True,
         )
 
@@ -257,7 +260,7 @@ def sharegpt(model: str, args) -> None:
     best, one = sim[k_sim], sim[1]
     print(
         f"\nbest K = {k_sim}: {best.requests_per_s:.2f} req/s, "
-        f"{100 * (best.requests_per_s / one.requests_per_s - 1):+.1f}% over K = 1 "
+        f"{100 * (best.requests_per_s / one.requests_per_s - 1):+.3f}% over K = 1 "
         f"({one.requests_per_s:.2f}); mean completion "
         f"{100 * (1 - best.mean_completion_s / one.mean_completion_s):.1f}% lower"
     )
