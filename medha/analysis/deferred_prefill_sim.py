@@ -87,6 +87,7 @@ def simulate_point(
 
 
 def measure(sim: Simulator, system: DeferredSystem, k: int, requests: list[Request]) -> SimPoint:
+    """Run the requests and take throughput and completion times over the steady window."""
     result = sim.run(requests)
     return SimPoint(
         k, *saturated_throughput(result, system), *completion_times(result, *window(result, system))
