@@ -173,10 +173,10 @@ def table1(model: str, args) -> None:
     print(
         f"\nProp. 1 predicts {prop1_gain:+.3f}% at K* = {k_prop}, the renewal model "
         f"{ren_gain:+.3f}% at K* = {k_ren}; K* of the model lies "
-        f"{distance(k_prop, k_sim):.0f}% (Prop. 1) and {distance(k_ren, k_sim):.0f}% (renewal) "
+        f"{distance(k_prop, k_sim):.2f}% (Prop. 1) and {distance(k_ren, k_sim):.2f}% (renewal) "
         f"from the simulated best (paper: K_num {paper['k_num']} vs K_exp {paper['k_exp']}, "
-        f"{distance(paper['k_num'], paper['k_exp']):.0f}%; its throughputs "
-        f"{100 * abs(paper['tpt_num'] / paper['tpt_exp'] - 1):.1f}% apart)"
+        f"{distance(paper['k_num'], paper['k_exp']):.2f}%; Tpt(Exp) "
+        f"{100 * (1 - paper['tpt_exp'] / paper['tpt_num']):.2f}% below Tpt(Num))"
     )
 
 
