@@ -278,3 +278,116 @@ def test_analyze_help_explains_every_flag(capsys):
         "--hardware",
     ):
         assert flag in out
+
+
+# ---- the paper's setting (issue 31) ------------------------------------------------------------
+
+
+def test_the_papers_models_have_its_parameter_counts():
+    from medha.perf.model_specs import get_model
+
+    # section 4.1: LLaMA 8.03B, Granite 8.17B parameters
+    assert get_model("llama-3-8b").num_params / 1e9 == pytest.approx(8.03, abs=0.005)
+    granite = get_model("ibm-granite/granite-3.1-8b-instruct")
+    assert granite.num_params / 1e9 == pytest.approx(8.17, abs=0.005)
+    assert granite.kv_bytes_per_token(2) == 40 * 2 * 8 * 128 * 2
+
+
+def test_the_papers_a100_runs_at_its_fixed_clocks():
+    from medha.analysis.deferred_prefill_costs import a100_pcie_paper
+    from medha.perf import get_hardware
+
+    hw, sxm = a100_pcie_paper(), get_hardware("a100")
+    assert hw.peak_flops == pytest.approx(312e12 * 1380 / 1410)
+    assert hw.mem_bw == pytest.approx(1.935e12) and hw.mem_bw < sxm.mem_bw
+    assert hw.gemm_eff == sxm.gemm_eff
+
+
+def test_vllm_cpu_line_follows_vidurs_measurements():
+    from medha.analysis.deferred_prefill_costs import VIDUR_VLLM_CPU_MS, vllm_cpu_line
+
+    fixed, per_seq = vllm_cpu_line()
+    assert 0 < fixed < 5e-3 and 0 < per_seq < 1e-3
+    for n, *parts in VIDUR_VLLM_CPU_MS:
+        assert fixed + per_seq * n == pytest.approx(sum(parts) * 1e-3, abs=0.6e-3)
+
+
+def test_vllm_cpu_predictor_adds_cpu_time_once_per_iteration():
+    from medha.analysis.deferred_prefill_costs import VllmCpuPredictor, vllm_predictor
+
+    inner = FixedCostPredictor(token_s=1e-4, iteration_s=0.0)
+    p = VllmCpuPredictor(inner, fixed_s=2e-3, per_seq_s=1e-4, prefill_extra_s=5e-3)
+    decodes = [100] * 10
+    assert p.shape_time((), decodes) == pytest.approx(inner.shape_time((), decodes) + 3e-3)
+    # a prefill iteration of two prompts: the CPU line for 2 sequences plus the extra
+    prompts = [(50, 0), (50, 0)]
+    assert p.shape_time(prompts) == pytest.approx(inner.shape_time(prompts) + 2.2e-3 + 5e-3)
+    assert p.shape_time() == 0.0
+    # the roofline inside carries no iteration overhead of its own: it is the measured one
+    assert vllm_predictor("llama-3-8b").inner.hardware.iteration_overhead_s == 0.0
+
+
+def test_completion_times_obey_littles_law():
+    # with the batch full and refilled at once, mean completion x departures/s = mean occupancy:
+    # C at K = 1, lower once K departures are waited for
+    system, predictor = toy_system()
+    cluster = ClusterConfig(model="llama-3-8b", hardware="h100")
+    points = {
+        k: simulate_point(system, k, cluster, ParallelConfig(), predictor, 3000) for k in (1, 32)
+    }
+    occupancy = {k: p.mean_completion_s * p.departures_per_s for k, p in points.items()}
+    assert occupancy[1] == pytest.approx(system.cap, rel=0.06)
+    assert 0.6 * system.cap < occupancy[32] < 0.9 * system.cap
+    for p in points.values():
+        assert p.mean_normalized_s <= p.p95_normalized_s
+        # a request decodes at one token per step of at least 10 ms (the toy's fixed cost)
+        assert p.mean_normalized_s > 0.01
+
+
+def test_analyze_with_vllm_cpu_time_slows_every_k_and_refuses_other_predictors(capsys):
+    args = ("analyze", "deferred-prefill", "--C", "64", "--k-values", "1,8", "--hardware", "a100")
+    code, plain, err = medha(capsys, *args)
+    assert code == 0, err
+    code, vllm, err = medha(capsys, *args, "--vllm-cpu")
+    assert code == 0, err
+    assert "vLLM's CPU time per iteration" in vllm
+
+    def renewal(out):
+        return {
+            int(r[0]): float(r[2])
+            for r in (ln.split() for ln in out.splitlines())
+            if r and r[0].isdigit()
+        }
+
+    # 0.17 ms per sequence per step on top of the GPU's time: every K is slower
+    assert all(renewal(vllm)[k] < renewal(plain)[k] for k in (1, 8))
+    code, _, err = medha(capsys, *args, "--vllm-cpu", "--predictor", "roofline-padded")
+    assert code == 2 and "roofline predictor" in err
+
+
+def test_trace_points_take_vllms_sharegpt_filter_and_match_the_synthetic_path():
+    from medha.analysis.deferred_prefill_sim import (
+        SHAREGPT_FILTER,
+        saturated_workload,
+        simulate_trace_point,
+        trace_requests,
+    )
+
+    least, longest_prompt, longest_total = SHAREGPT_FILTER
+    reqs = trace_requests("sharegpt", 500, seed=3)
+    assert [r.prompt_len for r in reqs] == [
+        r.prompt_len for r in trace_requests("sharegpt", 500, 3)
+    ]
+    assert all(least <= r.prompt_len <= longest_prompt for r in reqs)
+    assert all(r.max_tokens >= least and r.prompt_len + r.max_tokens <= longest_total for r in reqs)
+    # the same requests through both paths: the same schedule, so the same departures
+    system, predictor = toy_system()
+    cluster = ClusterConfig(model="llama-3-8b", hardware="h100")
+    synthetic = build_requests(saturated_workload(system, 2000, 0), 1 << 20)
+    a = simulate_point(system, 8, cluster, ParallelConfig(), predictor, 2000)
+    b = simulate_trace_point(system.cap, 8, synthetic, cluster, ParallelConfig(), predictor)
+    assert (a.departures_per_s, a.mean_group, a.mean_completion_s) == (
+        b.departures_per_s,
+        b.mean_group,
+        b.mean_completion_s,
+    )

@@ -48,6 +48,17 @@ class DeferredPrefillArgs:
             )
         },
     )
+    vllm_cpu: bool = field(
+        default=False,
+        metadata={
+            "help": (
+                "add vLLM's CPU time per iteration (scheduling, inputs, sampling, outputs: "
+                "2.0 ms + 0.17 ms per sequence, Vidur's A100 measurement) to the roofline "
+                "predictor, in place of its own 1 ms per iteration; the cost model of "
+                "bench/sim_deferred_prefill_paper.py"
+            )
+        },
+    )
     k_values: str | None = field(
         default=None,
         metadata={
@@ -144,6 +155,15 @@ class Curve:
         return max(curve, key=curve.get)
 
 
+def cost_model(args: DeferredPrefillArgs, predictor: Predictor) -> Predictor:
+    """The predictor, with vLLM's CPU time added when --vllm-cpu asks for it (once)."""
+    if not args.vllm_cpu:
+        return predictor
+    from medha.analysis.deferred_prefill_costs import VllmCpuPredictor, with_vllm_cpu
+
+    return predictor if isinstance(predictor, VllmCpuPredictor) else with_vllm_cpu(predictor)
+
+
 def compute(
     args: DeferredPrefillArgs,
     predictor: Predictor,
@@ -159,6 +179,7 @@ def compute(
         renewal_throughput,
     )
 
+    predictor = cost_model(args, predictor)
     system = args.system()
     times = StepTimes(predictor, system)
     costs, k_approx = fit_costs_at_optimum(times)
@@ -183,6 +204,7 @@ def analyze(
     parallel: ParallelConfig | None = None,
 ) -> str:
     """The report of `medha analyze deferred-prefill` as text."""
+    predictor = cost_model(args, predictor)
     curve = compute(args, predictor, cluster, parallel)
     return "\n".join(header(args, predictor, curve.costs) + table(curve) + summary(curve))
 

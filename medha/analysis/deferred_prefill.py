@@ -3,8 +3,9 @@
 The system (Mohanty et al., EuroMLSys 2025): a batch of at most C requests, an endless backlog
 of prompts of d_0 tokens, outputs geometric with per-step finish probability alpha. After K or
 more requests have left, the departed slots are refilled by one prefill of all D >= K new
-prompts. We derived the model below ourselves (the paper's text was not available to us; its
-abstract and the issue's formula are what we had).
+prompts. The model below was first derived here from the paper's abstract alone; with its
+text at hand (issue 31) it is the paper's: `renewal_throughput` is its Theorem 1 evaluated
+exactly (its C - E[X_S] is our E[D]), `approx_throughput` its Proposition 1.
 
 Renewal argument. Remaining output lengths are memoryless, so every cycle starts in the same
 state (C requests, each leaving with probability alpha per step): cycles are independent and
@@ -12,9 +13,10 @@ alike, and throughput = E[D] / E[cycle time]. A cycle is a prefill of D prompts,
 then decode steps until K have left; a step with n requests costs f(n). Departures follow a
 Markov chain on j = requests gone so far (j < K): a step takes Binomial(C - j, alpha) more.
 `cycle_means` solves that chain for E[T] (steps), E[D] and E[sum f(n_t)], exactly
-(our Theorem 1: rho(K) = E[D] / (E[g(D)] + E[sum f(n_t)])).
+(Theorem 1: rho(K) = E[D] / (E[g(D)] + E[sum f(n_t)])). The paper evaluates E[X_S] and E[N]
+numerically too (its Remark 1) but does not say how; this is one exact way.
 
-Proposition 1 (the closed form the issue quotes). With linear costs g(D) = c_p + t_p d_0 D and
+Proposition 1 (the paper's closed form). With linear costs g(D) = c_p + t_p d_0 D and
 f(n) = c_d + t_d n, the decode tokens of a cycle are E[D] / alpha (each request-step ends a
 request with probability alpha), so
 
@@ -24,7 +26,8 @@ and the fluid limit (n_t = C (1 - alpha)^t, D = K) gives E[T] ~ ln(1 - K/C) / ln
 
     1 / rho(K) ~ (c_p + c_d ln(1 - K/C) / ln(1 - alpha)) / K + t_d / alpha + t_p d_0.
 
-The issue writes the last term t_p d_0 / N; our t_p is per prompt token, so N = 1 here. It does
+The paper writes the last term t_p d_0 / N (N tokens computed in parallel in t_p); our t_p is
+the time per prompt token, so N = 1 here. It does
 not depend on K and moves the curve, not K*. Deferring pays c_p once per K prompts instead of
 once per prompt, and costs c_d for each extra step the shrinking batch needs: K* balances the
 two. Without a fixed prefill cost (c_p = 0: prefills ride along in decode iterations) K = 1 is
@@ -178,7 +181,7 @@ def cycle_means(
 
 
 def renewal_throughput(times: StepTimes, k: int) -> float:
-    """Our Theorem 1 with the predictor's own step times: E[D] / E[cycle time]."""
+    """Theorem 1 with the predictor's own step times: E[D] / E[cycle time]."""
     s = times.system
     zero, one = np.zeros(s.cap + 1), np.arange(s.cap + 1, dtype=float)
     steps = np.column_stack([times.decode_table(), zero])  # decode time; no departures

@@ -98,6 +98,24 @@ _SPECS = [
     ModelSpec(
         "qwen2.5-32b", 64, 5120, 40, 8, 128, 27648, 152064, 32768, hf_id="Qwen/Qwen2.5-32B-Instruct"
     ),
+    # IBM Granite 3.1 8B (the deferred-prefill paper's second model), from the published
+    # config.json of ibm-granite/granite-3.1-8b-instruct: 40 layers, hidden 4096, 32 heads,
+    # 8 KV heads, MLP 12800, vocabulary 49155, 128K context, tied embeddings (8.17B
+    # parameters, the paper's figure; untied would be 8.37B). Granite's scaling multipliers
+    # (embedding, residual, attention, logits) change no shape, so no cost.
+    ModelSpec(
+        "granite-3.1-8b",
+        40,
+        4096,
+        32,
+        8,
+        128,
+        12800,
+        49155,
+        131072,
+        tied_embeddings=True,
+        hf_id="ibm-granite/granite-3.1-8b-instruct",
+    ),
     ModelSpec(
         "smollm2-135m",
         30,
