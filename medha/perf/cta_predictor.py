@@ -24,6 +24,7 @@ at hand to measure. Nothing here is fitted to AlignedServe's figures.
 
 from __future__ import annotations
 
+from medha.perf.padded_predictor import PaddedBatchTimer
 from medha.perf.predictor import BatchTimer, Predictor
 from medha.perf.roofline_predictor import RooflinePredictor
 
@@ -72,36 +73,22 @@ class CtaRooflinePredictor(RooflinePredictor):
         return CtaBatchTimer(self)
 
 
-class CtaBatchTimer(BatchTimer):
-    """Keeps the decodes' roofline sum, count and longest; their attention is the larger of the
-    sum and the longest CTA."""
+class CtaBatchTimer(PaddedBatchTimer):
+    """Keeps the decodes' roofline sum beside their count and longest (the padded timer's);
+    their attention is the larger of the sum and the longest CTA."""
 
-    __slots__ = ("_sum", "_decodes", "_longest")
+    __slots__ = ("_sum",)
 
     def __init__(self, predictor: Predictor) -> None:
         super().__init__(predictor)
         self._sum = 0.0
-        self._decodes = 0
-        self._longest = 0
-
-    def add_decode(self, kv_len: int) -> None:
-        self.add_decodes([kv_len])
 
     def add_decodes(self, kv_lens: list[int]) -> None:
+        super().add_decodes(kv_lens)
         if kv_lens:
-            self.num_tokens += len(kv_lens)
-            self.num_seqs += len(kv_lens)
-            self._decodes += len(kv_lens)
-            self._longest = max(self._longest, max(kv_lens))
             self._sum += RooflinePredictor.decode_attention_total(self._p, kv_lens)
 
     def _decode_s(self) -> float:
         if not self._decodes:
             return 0.0
         return max(self._sum, self._p.cta_tail(self._longest, self._decodes))
-
-    def time(self) -> float:
-        return super().time() + self._decode_s() if self.num_seqs else 0.0
-
-    def time_with_prefill(self, num_tokens: int, kv_offset: int) -> float:
-        return super().time_with_prefill(num_tokens, kv_offset) + self._decode_s()
