@@ -2,7 +2,7 @@ import random
 
 import pytest
 from conftest import toy_scheduler
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from medha.core.batch import BatchResult
@@ -220,6 +220,17 @@ def test_a_batch_carries_each_chunks_tokens_and_block_table():
         st.sampled_from([None, 0.0005]),
     ),
     st.booleans(),
+)
+# pla: the head of the line due at arrival + T_max, which arrival + T_max - arrival falls an
+# ulp short of, woke the executor at that time again and again to release nothing
+@example(
+    specs=[(0.0, 1, 1, None, "REALTIME"), (0.5, 1, 1, None, "REALTIME")],
+    policy="pla",
+    chunking="adaptive",
+    blocks=24,
+    deferral=(1, 2, False),
+    swapping=("recompute", 1, None),
+    kvp=False,
 )
 def test_every_request_ends_and_no_block_leaks(
     specs, policy, chunking, blocks, deferral, swapping, kvp

@@ -276,12 +276,14 @@ class AdaptiveWaitDepth:
         """(the batch, why it goes now or None, when it goes if nothing changes)."""
         batch = self.group(shorts)
         start = self._start(shorts)
-        waited = now - min(r.arrival_s for r in shorts)
+        # compared as times, not as a wait against T_max: the wake-up this returns is hol_at,
+        # and arrival + T_max - arrival can fall an ulp short of T_max, which would wake the
+        # executor at hol_at to release nothing, again and again
         hol_at = min(r.arrival_s for r in shorts) + self.s.t_max_s
         if self.mode == "token-max":
             if self.padded_tokens(batch) >= self.s.token_max_tokens or len(batch) < len(shorts):
                 return batch, "tokens", now
-            return batch, ("hol" if waited >= self.s.t_max_s else None), hol_at
+            return batch, ("hol" if now >= hol_at else None), hol_at
         if len(batch) < len(shorts):
             return batch, "backlog", now  # more wait than one batch holds: no reason to wait
         if len(batch) >= self.depth:
@@ -290,12 +292,30 @@ class AdaptiveWaitDepth:
         slack = min(r.deadline_s for r in batch) - (now + S)
         if slack <= self.s.slack_s:
             return batch, "slack", now
-        if waited >= self.s.t_max_s:
+        if now >= hol_at:
             return batch, "hol", now
         release = start + self.window(batch, shorts, now)
         if now >= release:
             return batch, "window", now
-        return batch, None, min(release, hol_at, now + slack - self.s.slack_s)
+        # Wake when a bound that does not move closes the window: the SLA mode's group-rate
+        # term counts from now and the rate changes only with arrivals (which wake the executor
+        # anyway), so a wake-up for it would release nothing and move it on again, by ever
+        # smaller steps when the rate is high.
+        wake = min(self._window_closes(batch, shorts, start), hol_at, now + slack - self.s.slack_s)
+        if wake <= now:  # a bound reached to within rounding: it goes now
+            return batch, "window", now
+        return batch, None, wake
+
+    def _window_closes(self, batch: list[Request], shorts: list[Request], start: float) -> float:
+        """When the window closes if no request arrives: W_max when not adaptive, Algorithm
+        1's W, or in the SLA mode where W_SLA reaches 0 (within [W_min, W_max])."""
+        s = self.s
+        if not s.adaptive:
+            return start + s.w_max_s
+        if self.mode == "sla":
+            latest = min(r.deadline_s for r in shorts) - self.service_s(batch) - s.delta_s
+            return start + _clip(latest - start, s.w_min_s, s.w_max_s)
+        return start + self.window_s
 
     def dispatched(self, batch: list[Request], shorts: list[Request], now: float, why: str) -> None:
         """Algorithm 1's update: W <- clip(tau) after a batch that reached D, else D <- d."""
