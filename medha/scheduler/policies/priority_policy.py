@@ -16,6 +16,7 @@ not come back only to be preempted again.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
@@ -150,9 +151,10 @@ class PriorityPolicy(Policy):
             holding = True
             # The fewest candidates, in victim order, whose preemption restores the resume
             # slack (all of them if none suffices): the slack only grows as decodes leave.
-            shed = _first(
-                len(candidates),
-                lambda k: slack(kept_lens + lens[k:]) > settings.slo_risk_resume_s,
+            shed = bisect_left(
+                range(len(candidates)),
+                True,
+                key=lambda k: slack(kept_lens + lens[k:]) > settings.slo_risk_resume_s,
             )
             victims, lens = candidates[:shed], lens[shed:]
         if victims:
@@ -167,7 +169,9 @@ class PriorityPolicy(Policy):
         back_lens = [r.num_scheduled for r in back]
         base = kept_lens + lens
         resume = settings.slo_risk_resume_s
-        fits = _first(len(back), lambda m: slack(base + back_lens[: m + 1]) < resume)
+        fits = bisect_left(
+            range(len(back)), True, key=lambda m: slack(base + back_lens[: m + 1]) < resume
+        )
         self._swap_room = max(0, fits - sum(r.priority_rank <= _GUARDED for r in back))
         self._holding = fits < len(back) or slack(base) < resume
         return victims
@@ -196,15 +200,3 @@ class PriorityPolicy(Policy):
 
 # REALTIME and HIGH decodes are protected by SLO-risk preemption; NORMAL and LOW are its victims.
 _GUARDED = PRIORITY_CLASSES.index("HIGH")
-
-
-def _first(n: int, done: Callable[[int], bool]) -> int:
-    """The smallest k in [0, n] with done(k), for done monotone in k (n when none is)."""
-    lo, hi = 0, n
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if done(mid):
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
