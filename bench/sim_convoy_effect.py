@@ -1,86 +1,102 @@
-"""Convoy effect (Medha Fig. 1, 9b): Llama-3-8B on 16 A100s, ShareGPT + 5% long requests.
+"""Convoy effect (the Medha paper's Figures 1, 9 and 10): Llama-3-8B on 16 A100s, ShareGPT with
+5% long requests (Medha-SWE lengths), medha against the paper's baselines.
 
-    python bench/sim_convoy_effect.py [--qps 0.25 0.5 ... 1.75] [--num-requests 500]
+    python bench/sim_convoy_effect.py [--qps 0.25 0.5 0.75] [--num-requests 500]
+                                      [--long-fraction 0.05] [--predictor profiled] [--quick]
 
-medha (TP8 x SPP2, lars + adaptive chunking + multi-prefill) against the same 16 GPUs in the
-same layout under non-preemptive FCFS and under Sarathi's static chunks of 512 and 2048, all on
-the identical request list at each rate. Prints one markdown table per rate and the ratios.
+Systems, every one on the identical request list at each rate (CONFIGS below):
+- medha: TP8 x SPP2, lars, adaptive chunking, multi-prefill (the paper's Medha);
+- medha-fcfs: the same mechanisms with FCFS order (the paper's "Medha-FCFS" of Figure 9b);
+- sarathi static:512 / static:2048: FCFS with Sarathi's static chunks on TP8 x PP2 (vLLM's
+  chunked-prefill scheduler, as the paper ran it);
+- non-preemptive fcfs, 2 x TP8: whole prompts, FCFS, two TP8 replicas.
+Prints one table per rate, then the convoy ratios (short-request TTFT of each baseline / medha's,
+p50 and p99), and whether each run is below saturation: a baseline's short TTFT p50 over the last
+third of the arrivals must stay within 2x (+1 s) of the first third's, else the ratio measures a
+growing queue rather than the convoy. --long-fraction 0 is Figure 9a (short requests only), 0.01
+the paper's 1%-long sensitivity.
 """
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
+
+import numpy as np
 
 from medha.core.config import SchedulerConfig
 from medha.perf import ParallelConfig
-from medha.sim.runner import RunSpec, compare_table, simulate
+from medha.sim.runner import RunOutcome, RunSpec, compare_table, simulate
 from medha.sim.simulator import ClusterConfig
 from medha.sim.workload.generator import WorkloadConfig
 
-# name, policy, chunking, (tp, spp, replicas)
+MODEL, HARDWARE = "llama-3-8b", "a100"
+
+
+@dataclass(frozen=True)
+class System:
+    name: str
+    policy: str = "lars"
+    chunking: str = "adaptive"
+    multi_prefill: bool = False
+    tp: int = 8
+    spp: int = 1
+    replicas: int = 1
+
+    def spec(self, predictor: str) -> RunSpec:
+        return RunSpec(
+            name=self.name,
+            cluster=ClusterConfig(
+                model=MODEL, hardware=HARDWARE, predictor=predictor, replicas=self.replicas
+            ),
+            parallel=ParallelConfig(tp=self.tp, spp=self.spp),
+            scheduler=SchedulerConfig(
+                policy=self.policy, chunking=self.chunking, multi_prefill=self.multi_prefill
+            ),
+        )
+
+
 CONFIGS = [
-    ("medha (lars, adaptive)", "lars", "adaptive", (8, 2, 1)),
-    ("non-preemptive fcfs", "fcfs", "none", (8, 2, 1)),
-    # a whole prompt is one batch, which SPP cannot overlap with anything: two TP8
+    System("medha", "lars", "adaptive", multi_prefill=True, spp=2),
+    System("medha-fcfs", "fcfs", "adaptive", spp=2),
+    System("sarathi static:512", "fcfs", "static:512", spp=2),
+    System("sarathi static:2048", "fcfs", "static:2048", spp=2),
+    # a whole prompt is one batch, which a pipeline cannot overlap with anything: two TP8
     # replicas are the fairer layout for a system without chunking
-    ("non-preemptive fcfs, 2 x TP8", "fcfs", "none", (8, 1, 2)),
-    ("sarathi static:512", "fcfs", "static:512", (8, 2, 1)),
-    ("sarathi static:2048", "fcfs", "static:2048", (8, 2, 1)),
+    System("non-preemptive fcfs, 2 x TP8", "fcfs", "none", replicas=2),
 ]
+BY_NAME = {c.name: c for c in CONFIGS}
 
 
-def run(qps: float, n: int, seed: int):
-    work = WorkloadConfig(trace="sharegpt", qps=qps, num_requests=n, long_fraction=0.05, seed=seed)
-    outcomes = []
-    for name, policy, chunking, (tp, spp, replicas) in CONFIGS:
-        spec = RunSpec(
-            name=name,
-            cluster=ClusterConfig(model="llama-3-8b", hardware="a100", replicas=replicas),
-            parallel=ParallelConfig(tp=tp, spp=spp),
-            scheduler=SchedulerConfig(policy=policy, chunking=chunking),
-        )
-        outcomes.append(simulate(spec, work))
-    return outcomes
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+def workload(qps: float, n: int, seed: int, long_fraction: float = 0.05) -> WorkloadConfig:
+    return WorkloadConfig(
+        trace="sharegpt", qps=qps, num_requests=n, long_fraction=long_fraction, seed=seed
     )
-    ap.add_argument("--qps", type=float, nargs="+", default=[0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75])
-    ap.add_argument("--num-requests", type=int, default=500)
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
-    ratios = []
-    for qps in args.qps:
-        outcomes = run(qps, args.num_requests, args.seed)
-        print(f"\n### {qps} QPS ({args.num_requests} requests, seed {args.seed})\n")
-        print(compare_table(outcomes)[0])
-        medha = outcomes[0]
-        # compare with the better of the two non-preemptive layouts, metric by metric
-        m = medha.summary["by_class"]["short"]["ttft_s"]
-        fcfs = [o.summary["by_class"]["short"]["ttft_s"] for o in outcomes[1:3]]
-        ratios.append(
-            (
-                qps,
-                min(f["p50"] for f in fcfs) / m["p50"],
-                min(f["p99"] for f in fcfs) / m["p99"],
-                long_done_by_last_arrival(medha),
-                max(long_done_by_last_arrival(o) for o in outcomes[1:3]),
-                medha.summary["by_class"]["long"]["count"],
-            )
-        )
-    print("\n### Short-request TTFT, non-preemptive FCFS (better layout) / medha\n")
-    print(
-        "| QPS | p50 ratio | p99 ratio | long requests done by the last arrival "
-        "(medha / best fcfs) | long requests in the run |"
+
+
+def run_config(
+    name: str, qps: float, n: int, seed: int, predictor: str, long_fraction: float = 0.05
+) -> RunOutcome:
+    return simulate(BY_NAME[name].spec(predictor), workload(qps, n, seed, long_fraction))
+
+
+def stationary(outcome: RunOutcome) -> tuple[bool, str]:
+    """Whether short requests' TTFT stays put over the run: p50 over the last third of the
+    arrivals within 2x (+1 s) of the first third's. A saturated system's queue grows with the
+    run, and so would any ratio taken against it."""
+    shorts = sorted(
+        (m.arrival_s, m.ttft_s) for m in outcome.rows if m.request_class == "short" and m.ttft_s
     )
-    print("|---|---|---|---|---|")
-    for qps, p50, p99, lm, lf, total in ratios:
-        print(f"| {qps} | {p50:.0f}x | {p99:.0f}x | {lm} / {lf} | {total} |")
+    if len(shorts) < 6:
+        return True, "-"
+    third = len(shorts) // 3
+    first = float(np.median([t for _, t in shorts[:third]]))
+    last = float(np.median([t for _, t in shorts[-third:]]))
+    ok = last <= 2 * first + 1.0
+    return ok, f"{first:.3g} -> {last:.3g} s"
 
 
-def long_done_by_last_arrival(outcome) -> int:
+def long_done_by_last_arrival(outcome: RunOutcome) -> int:
     """Long requests finished while requests were still arriving: a run always drains, so
     this is where a policy that starves long requests would show."""
     reqs = outcome.result.requests
@@ -88,6 +104,66 @@ def long_done_by_last_arrival(outcome) -> int:
     return sum(
         1 for m, r in zip(outcome.rows, reqs) if m.request_class == "long" and r.finish_s <= horizon
     )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--qps", type=float, nargs="+", default=[0.125, 0.25, 0.5, 0.75])
+    ap.add_argument("--num-requests", type=int, default=500)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--long-fraction", type=float, default=0.05)
+    ap.add_argument(
+        "--predictor",
+        default="profiled",
+        help="profiled (default: the bundled A100 Llama-3-8B profile; attention on the roofline) "
+        "or roofline",
+    )
+    ap.add_argument("--configs", nargs="+", default=[c.name for c in CONFIGS])
+    ap.add_argument("--quick", action="store_true", help="one rate, 60 requests (CI)")
+    args = ap.parse_args()
+    if args.quick:
+        args.qps, args.num_requests = [0.25], 60
+    ratios = []
+    for qps in args.qps:
+        outcomes = [
+            run_config(name, qps, args.num_requests, args.seed, args.predictor, args.long_fraction)
+            for name in args.configs
+        ]
+        print(
+            f"\n### {qps} QPS ({args.num_requests} requests, {args.long_fraction:.0%} long, "
+            f"seed {args.seed}, predictor {args.predictor})\n"
+        )
+        print(compare_table(outcomes)[0])
+        medha = outcomes[0].summary["by_class"]["short"]["ttft_s"]
+        for o in outcomes[1:]:
+            s = o.summary["by_class"]["short"]["ttft_s"]
+            ok, why = stationary(o)
+            ratios.append(
+                (
+                    qps,
+                    o.spec.name,
+                    s["p50"] / medha["p50"],
+                    s["p99"] / medha["p99"],
+                    ok,
+                    why,
+                    long_done_by_last_arrival(o),
+                    long_done_by_last_arrival(outcomes[0]),
+                    o.summary["by_class"].get("long", {}).get("count", 0),
+                )
+            )
+    print(f"\n### Short-request TTFT, baseline / {args.configs[0]}\n")
+    print(
+        "| QPS | baseline | p50 ratio | p99 ratio | below saturation | baseline short TTFT p50, "
+        "first -> last third | long done by the last arrival (baseline / medha) | long in run |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for qps, name, p50, p99, ok, why, lb, lm, total in ratios:
+        print(
+            f"| {qps} | {name} | {p50:.1f}x | {p99:.1f}x | {'yes' if ok else 'no'} | {why} "
+            f"| {lb} / {lm} | {total} |"
+        )
 
 
 if __name__ == "__main__":

@@ -71,6 +71,15 @@ class WorkloadConfig:
             )
         },
     )
+    long_scale: float = field(
+        default=1.0,
+        metadata={
+            "help": (
+                "multiply the long requests' prompt lengths (the Medha paper's 70B runs scale "
+                "Medha-SWE to 2M-token prompts: 2); the model context must hold them"
+            )
+        },
+    )
     prompt_len: int = field(default=512, metadata={"help": "prompt tokens for --trace synthetic"})
     output_len: int = field(
         default=128,
@@ -115,6 +124,7 @@ class WorkloadConfig:
             ("qps", self.qps, False),
             ("gamma_cv", self.gamma_cv, False),
             ("time_scale", self.time_scale, False),
+            ("long_scale", self.long_scale, False),
         ]
         for name, value, _ in checks:
             if value is not None and not (
@@ -164,8 +174,9 @@ def _assign_classes(requests: list[Request], mix: str, seed: int) -> None:
         r.priority_class = rng.choices(names, weights)[0]
 
 
-def sample_long(rng: random.Random, max_context: int) -> tuple[int, int]:
-    """One long-context request, (prompt tokens, output tokens), drawn like Medha-SWE."""
+def sample_long(rng: random.Random, max_context: int, scale: float = 1.0) -> tuple[int, int]:
+    """One long-context request, (prompt tokens, output tokens), drawn like Medha-SWE, its
+    prompt `scale` times as long (the draws, and so every other request, stay the same)."""
     (pm, ps), (dm, ds) = LONG_PREFILL_LOGNORMAL, LONG_DECODE_LOGNORMAL
 
     def draw(mu, s, low, high):
@@ -175,7 +186,7 @@ def sample_long(rng: random.Random, max_context: int) -> tuple[int, int]:
                 return int(x)
 
     output = draw(dm, ds, LONG_DECODE["low"], LONG_DECODE["high"])
-    prompt = draw(pm, ps, LONG_PREFILL["low"], LONG_PREFILL["high"])
+    prompt = int(draw(pm, ps, LONG_PREFILL["low"], LONG_PREFILL["high"]) * scale)
     return min(prompt, max_context - output), output
 
 
@@ -239,7 +250,7 @@ def build_requests(cfg: WorkloadConfig, max_context: int) -> list[Request]:
     for i, (e, at) in enumerate(zip(entries, arrivals)):
         prompt, output, hashes = e.prompt_len, e.output_len, e.hash_ids
         if cfg.long_fraction and rng.random() < cfg.long_fraction:
-            prompt, output = sample_long(rng, max_context)
+            prompt, output = sample_long(rng, max_context, cfg.long_scale)
             hashes = None
         if prompt + output > max_context:
             raise TraceError(

@@ -1,0 +1,105 @@
+"""Medha 2D against Medha 3D (the Medha paper's Figures 11 and 12): Llama-3-70B on 64 H100s.
+
+    python bench/sim_3d_parallel.py [--qps 0.25 0.75 1.25 1.75] [--num-requests 300] [--quick]
+
+Two layouts with the same 64 devices, both TP8: SPP8 (2D) and SPP4 x KVP2 (3D). ShareGPT with
+5% long requests whose prompts are Medha-SWE's scaled to 2M tokens (the paper's "5% long-context
+(2M token) requests, scaled from the Medha-SWE trace"), lars with adaptive chunking and
+multi-prefill. Prints per rate the TTFT (Figure 11) and TPOT (Figure 12) percentiles of both
+layouts and the 3D / 2D ratios; the paper reports similar TTFT, somewhat lower peak throughput
+for 3D at 1.25-1.75 QPS, and TPOT over 2x lower with 3D at 1.75 QPS (P50 and P90).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from medha.core.config import SchedulerConfig
+from medha.perf import ParallelConfig
+from medha.sim.runner import RunSpec, compare_table, simulate
+from medha.sim.simulator import ClusterConfig
+from medha.sim.workload.generator import WorkloadConfig
+
+LAYOUTS = [
+    ("Medha-2D (TP8 x SPP8)", ParallelConfig(tp=8, spp=8)),
+    ("Medha-3D (TP8 x SPP4 x KVP2)", ParallelConfig(tp=8, spp=4, kvp=2)),
+]
+# Medha-SWE's prompts (128K-1M) times two: up to 2M tokens, and the context to hold them
+LONG_SCALE = 2.0
+MAX_MODEL_LEN = 1 << 21
+
+
+def run(qps: float, n: int, seed: int, predictor: str):
+    work = WorkloadConfig(
+        trace="sharegpt",
+        qps=qps,
+        num_requests=n,
+        long_fraction=0.05,
+        long_scale=LONG_SCALE,
+        seed=seed,
+    )
+    return [
+        simulate(
+            RunSpec(
+                name=name,
+                cluster=ClusterConfig(model="llama-3-70b", hardware="h100", predictor=predictor),
+                parallel=parallel,
+                scheduler=SchedulerConfig(multi_prefill=True, max_model_len=MAX_MODEL_LEN),
+            ),
+            work,
+        )
+        for name, parallel in LAYOUTS
+    ]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--qps", type=float, nargs="+", default=[0.25, 0.75, 1.25, 1.75])
+    ap.add_argument("--num-requests", type=int, default=300)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--predictor",
+        default="roofline",
+        help="no H100 compute profile is bundled: roofline (default)",
+    )
+    ap.add_argument("--quick", action="store_true", help="one rate, 60 requests (CI)")
+    args = ap.parse_args()
+    if args.quick:
+        args.qps, args.num_requests = [0.25], 60
+    rows = []
+    for qps in args.qps:
+        two, three = run(qps, args.num_requests, args.seed, args.predictor)
+        print(f"\n### {qps} QPS ({args.num_requests} requests, seed {args.seed})\n")
+        print(compare_table([two, three])[0])
+        s2, s3 = two.summary, three.summary
+        rows.append(
+            (
+                qps,
+                s2["ttft_s"]["p50"],
+                s3["ttft_s"]["p50"],
+                s2["ttft_s"]["p90"],
+                s3["ttft_s"]["p90"],
+                s2["tpot_s"]["p50"],
+                s3["tpot_s"]["p50"],
+                s2["tpot_s"]["p90"],
+                s3["tpot_s"]["p90"],
+            )
+        )
+    print("\n### 3D / 2D\n")
+    print(
+        "| QPS | TTFT p50 2D | 3D | TTFT p90 2D | 3D | TPOT p50 2D | 3D | TPOT p90 2D | 3D "
+        "| TPOT p50 2D / 3D | TPOT p90 2D / 3D |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for q, a, b, c, d, e, f, g, h in rows:
+        print(
+            f"| {q} | {a:.2f} s | {b:.2f} s | {c:.2f} s | {d:.2f} s | {e * 1e3:.1f} ms "
+            f"| {f * 1e3:.1f} ms | {g * 1e3:.1f} ms | {h * 1e3:.1f} ms | {e / f:.2f}x "
+            f"| {g / h:.2f}x |"
+        )
+
+
+if __name__ == "__main__":
+    main()
