@@ -211,3 +211,20 @@ def test_jsonl_round_trip(tmp_path):
     path = write(tmp_path, "t.jsonl", "\n".join(json.dumps(r) for r in rows))
     reqs = build_requests(WorkloadConfig(trace=str(path)), 1 << 20)
     assert [r.arrival_s for r in reqs] == pytest.approx([0, 0.01, 0.02, 0.03])
+
+
+def test_long_scale_stretches_only_the_long_prompts():
+    base = WorkloadConfig(trace="sharegpt", qps=1.0, num_requests=400, long_fraction=0.1)
+    one = build_requests(base, 1 << 22)
+    two = build_requests(WorkloadConfig(**{**base.__dict__, "long_scale": 2.0}), 1 << 22)
+    longs = 0
+    for a, b in zip(one, two):
+        assert (a.arrival_s, a.max_tokens) == (b.arrival_s, b.max_tokens)
+        if a.prompt_len >= LONG_PREFILL["low"]:
+            longs += 1
+            assert b.prompt_len == 2 * a.prompt_len
+        else:
+            assert b.prompt_len == a.prompt_len
+    assert longs >= 20
+    with pytest.raises(ValueError, match="long_scale"):
+        WorkloadConfig(trace="sharegpt", qps=1.0, long_scale=0)
