@@ -31,7 +31,16 @@ def main() -> None:
     ap.add_argument("--num-requests", type=int, default=400)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--plot", default=None, help="write the trade-off plot here")
+    ap.add_argument(
+        "--predictor",
+        default="profiled",
+        help="profiled (default: the bundled A100 Llama-3-8B profile; attention on the roofline) "
+        "or roofline",
+    )
+    ap.add_argument("--quick", action="store_true", help="100 requests (CI)")
     args = ap.parse_args()
+    if args.quick:
+        args.num_requests = 100
     work = WorkloadConfig(
         trace="sharegpt",
         qps=args.qps,
@@ -51,7 +60,7 @@ def main() -> None:
         s = simulate(
             RunSpec(
                 name=name,
-                cluster=ClusterConfig(hardware="a100"),
+                cluster=ClusterConfig(hardware="a100", predictor=args.predictor),
                 parallel=ParallelConfig(tp=8, spp=2),
                 scheduler=sched,
             ),
@@ -68,8 +77,8 @@ def main() -> None:
             )
         )
     print(
-        f"{args.qps} QPS, {args.num_requests} requests; static runs keep the default 50 ms "
-        "TPOT target, adaptive runs name theirs\n"
+        f"{args.qps} QPS, {args.num_requests} requests, predictor {args.predictor}; static runs "
+        "keep the default 50 ms TPOT target, adaptive runs name theirs\n"
     )
     print("| chunking | TPOT p50 | TPOT p99 | TBT p99 | long TTFT p50 | short TTFT p99 |")
     print("|---|---|---|---|---|---|")
