@@ -85,7 +85,9 @@ def ring_prefill_time(
     if not isinstance(degree, int) or degree < 1:
         raise ValueError(f"degree must be a positive integer, got {degree!r}")
     if predictor.parallel.spp != 1 or predictor.parallel.kvp != 1:
-        raise ValueError("ring attention runs over TP groups: the predictor must have spp = kvp = 1")
+        raise ValueError(
+            "ring attention runs over TP groups: the predictor must have spp = kvp = 1"
+        )
     hw, layers = predictor.hardware, predictor.model.num_layers
     tokens = sum(lens)
     linear = predictor.linear_time(math.ceil(tokens / degree), len(lens))

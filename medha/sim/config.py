@@ -76,9 +76,7 @@ class LoongServeSettings:
     )
     short_threshold: int = field(
         default=8192,
-        metadata=_loong_help(
-            "loongserve: prompts shorter than this go to the reserved short pool"
-        ),
+        metadata=_loong_help("loongserve: prompts shorter than this go to the reserved short pool"),
     )
 
     def __post_init__(self) -> None:

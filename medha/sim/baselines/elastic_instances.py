@@ -97,8 +97,12 @@ class KVLedger:
         token's KV and runs the request's token-parallel work (its master), and each holder's
         cached tokens (those holding any)."""
         shares = self.shares[r.request_id]
-        parts = [(s.instance, min(s.tokens, kv_len - s.offset)) for s in shares if kv_len > s.offset]
-        master = next((s.instance for s in shares if kv_len < s.offset + s.tokens), shares[-1].instance)
+        parts = [
+            (s.instance, min(s.tokens, kv_len - s.offset)) for s in shares if kv_len > s.offset
+        ]
+        master = next(
+            (s.instance for s in shares if kv_len < s.offset + s.tokens), shares[-1].instance
+        )
         return master, parts
 
     def check(self, instances: Sequence[Instance]) -> None:

@@ -217,16 +217,27 @@ class LoongServeSimulator:
         arrivals = sorted(requests, key=lambda r: r.arrival_s)
         for r in arrivals:  # refuse what could never run before running anything
             self._validate(r)
-        bar = tqdm(total=len(arrivals), unit="req", desc="simulating", disable=not progress,
-                   mininterval=0.5, leave=False)
+        bar = tqdm(
+            total=len(arrivals),
+            unit="req",
+            desc="simulating",
+            disable=not progress,
+            mininterval=0.5,
+            leave=False,
+        )
         i, n = 0, len(arrivals)
         while i < n or self._heap:
-            now = min(arrivals[i].arrival_s if i < n else math.inf,
-                      self._heap[0][0] if self._heap else math.inf)
+            now = min(
+                arrivals[i].arrival_s if i < n else math.inf,
+                self._heap[0][0] if self._heap else math.inf,
+            )
             while self._heap and self._heap[0][0] <= now:
                 _, _, kind, payload = heapq.heappop(self._heap)
-                done = self._prefill_done(payload, now) if kind == _PREFILL_DONE else (
-                    self._decode_done(payload, now))
+                done = (
+                    self._prefill_done(payload, now)
+                    if kind == _PREFILL_DONE
+                    else (self._decode_done(payload, now))
+                )
                 bar.update(len(done))
             while i < n and arrivals[i].arrival_s <= now:
                 r = arrivals[i]
@@ -301,10 +312,12 @@ class LoongServeSimulator:
         return sets
 
     def _plan(self, pool: Pool, r: Request, now: float) -> _Plan | None:
-        avail = {i: (i.prefill.end if isinstance(i.prefill, Prefill) else now)
-                 for i in pool.instances}
-        if any(i.prefill is not None and not isinstance(i.prefill, Prefill)
-               for i in pool.instances):
+        avail = {
+            i: (i.prefill.end if isinstance(i.prefill, Prefill) else now) for i in pool.instances
+        }
+        if any(
+            i.prefill is not None and not isinstance(i.prefill, Prefill) for i in pool.instances
+        ):
             raise AssertionError("an instance is taken by something other than a prefill")
         need = r.prompt_len + r.max_tokens
         plans = []
@@ -367,7 +380,9 @@ class LoongServeSimulator:
         self.log.record(lead.index, batch, start, prefill.end)
         for inst in others:  # busy with the same iteration, its tokens logged once
             self.log.record(
-                inst.index, Batch(batch.batch_id, start, predicted_time_s=t.total_s), start,
+                inst.index,
+                Batch(batch.batch_id, start, predicted_time_s=t.total_s),
+                start,
                 prefill.end,
             )
         self._push(prefill.end, _PREFILL_DONE, prefill)
@@ -437,7 +452,10 @@ class LoongServeSimulator:
         for m in members:
             chunks = self.table.schedule_decodes(led[m])
             batch = Batch(
-                self._next_batch_id(), now, decodes=chunks, predicted_time_s=duration,
+                self._next_batch_id(),
+                now,
+                decodes=chunks,
+                predicted_time_s=duration,
                 decode_kv_sum=sum(c.start for c in chunks),
             )
             self.log.record(m.index, batch, now, end)
@@ -451,8 +469,11 @@ class LoongServeSimulator:
         when the group spans them."""
         p, m = self.predictor, self.predictor.model
         hw, tp = p.hardware, self.parallel.tp
-        bw, lat = ((hw.internode_bw, hw.internode_latency_s) if self._inter_node(members)
-                   else (hw.link_bw, hw.link_latency_s))
+        bw, lat = (
+            (hw.internode_bw, hw.internode_latency_s)
+            if self._inter_node(members)
+            else (hw.link_bw, hw.link_latency_s)
+        )
         q = math.ceil(m.num_heads / tp) * m.head_dim
         nbytes = len(reqs) * (2 * q * hw.dtype_bytes + math.ceil(m.num_heads / tp) * 4)
         return m.num_layers * (2 * lat + nbytes / bw)
