@@ -46,6 +46,19 @@ def test_more_instances_speed_up_a_long_prompt_with_the_transfer_hidden():
     assert t.attention_s == pytest.approx(4 * t.block_s + launches)
 
 
+def test_the_plain_ring_waits_for_its_unmasked_blocks():
+    p = tp_predictor("h100", tp=8)
+    one = ring_prefill_time(p, 500_000, 1, inter_node=True, striped=False)
+    assert one.total_s == ring_prefill_time(p, 500_000, 1, inter_node=True).total_s
+    striped = ring_prefill_time(p, 500_000, 4, inter_node=True)
+    plain = ring_prefill_time(p, 500_000, 4, inter_node=True, striped=False)
+    # three unmasked steps (each two causal blocks) and a causal one, against four causal
+    launches = 3 * p.model.num_layers * p.hardware.kernel_overhead_s
+    assert (plain.attention_s - launches) / (striped.attention_s - launches) == pytest.approx(
+        7 / 4, rel=0.01
+    )
+
+
 def test_a_ring_across_nodes_is_slower_when_the_transfer_shows():
     p = tp_predictor("h100", tp=8)
     intra = ring_prefill_time(p, 16_384, 8, inter_node=False)

@@ -29,6 +29,13 @@ layer count):
 - The transfer overlaps attention only: a layer's KV exists once its QKV projection ran, and
   the next layer's projections need this layer's attention output.
 
+`striped=False` prices the plain ring instead (contiguous partitioning, ring attention as first
+published): the instance holding the last slice attends, at every step after the first, to a
+whole earlier slice without a mask (twice a causal block's work, m queries over m keys, priced
+as the kernel of m queries after m / 2 cached tokens: the same FLOPs and nearly the same
+bytes), while the others skip the masked blocks and wait for it at the next step; so each
+step after the first lasts max(2 x block, transfer).
+
 At degree 1 this is exactly the predictor's own prefill time of the batch (no transfer, one
 block of the whole prompt). What is left out: load imbalance when tokens do not divide evenly
 (the busiest instance's ceil is taken for the linear part only), the merge of the partial
@@ -61,7 +68,7 @@ class RingPrefillTime:
 
     @property
     def exposed_transfer_s(self) -> float:
-        """Transfer time the attention compute did not hide."""
+        """Transfer time the attention compute did not hide (striped ring)."""
         return (self.degree - 1) * max(0.0, self.transfer_s - self.block_s)
 
 
@@ -76,9 +83,11 @@ def ring_prefill_time(
     prompt_lens: Sequence[int] | int,
     degree: int,
     inter_node: bool,
+    striped: bool = True,
 ) -> RingPrefillTime:
     """Time of one prefill of whole prompts (`prompt_lens`, or one length) split over `degree`
-    instances, each a TP group that `predictor` prices; `inter_node`: the ring crosses nodes."""
+    instances, each a TP group that `predictor` prices; `inter_node`: the ring crosses nodes;
+    `striped`: striped partitioning (balanced causal work) or the plain contiguous ring."""
     lens = [prompt_lens] if isinstance(prompt_lens, int) else list(prompt_lens)
     if not lens or any(not isinstance(n, int) or n < 1 for n in lens):
         raise ValueError(f"prompt lengths must be positive integers, got {prompt_lens!r}")
@@ -92,7 +101,10 @@ def ring_prefill_time(
     tokens = sum(lens)
     linear = predictor.linear_time(math.ceil(tokens / degree), len(lens))
     # one step's block per prompt: n/degree queries over n/degree keys, causal (striped)
-    block = sum(predictor.prefill_attention_time(max(1, round(n / degree)), 0) for n in lens)
+    slices = [max(1, round(n / degree)) for n in lens]
+    block = sum(predictor.prefill_attention_time(m, 0) for m in slices)
+    # the critical step: a causal block (striped), or an unmasked one on the last instance
+    step = block if striped else sum(predictor.prefill_attention_time(m, m // 2) for m in slices)
     if degree == 1:
         return RingPrefillTime(1, inter_node, linear, block, 0.0, block)
     bw, latency = (
@@ -101,16 +113,16 @@ def ring_prefill_time(
     slice_tokens = sum(n / degree for n in lens)
     transfer = layers * (latency + slice_tokens * ring_kv_bytes_per_token_layer(predictor) / bw)
     launches = layers * (degree - 1) * hw.kernel_overhead_s
-    attention = (degree - 1) * max(block, transfer) + block + launches
+    attention = (degree - 1) * max(step, transfer) + block + launches
     return RingPrefillTime(degree, inter_node, linear, block, transfer, attention)
 
 
 def context_parallel_prefill_time(
-    predictor: Predictor, prompt_lens: Sequence[int] | int, cp: int
+    predictor: Predictor, prompt_lens: Sequence[int] | int, cp: int, striped: bool = True
 ) -> RingPrefillTime:
     """Plain context parallelism: `cp` TP groups placed node by node (a group of tp devices
     never straddles a node when tp divides the node), so the ring stays inside one node only
     when all cp x tp devices fit in it."""
     hw = predictor.hardware
     inter = cp > 1 and cp * predictor.parallel.tp > hw.devices_per_node
-    return ring_prefill_time(predictor, prompt_lens, cp, inter)
+    return ring_prefill_time(predictor, prompt_lens, cp, inter, striped)
