@@ -36,8 +36,9 @@ def _loong_help(text: str) -> dict:
 class LoongServeSettings:
     """The LoongServe baseline's settings (flags --loong-*; medha/sim/baselines/loongserve.py):
     a pool of elastic instances, each one TP group of --tp devices, under LoongServe's global
-    manager. The defaults are the Medha paper's setting (8 instances of TP2 on 16 A100s, at
-    most 4 instances per prefill); the tolerance and the batch cap are ours (docs/simulator.md)."""
+    manager. The defaults, with --tp 2, are the Medha paper's setting (8 instances of TP2 on
+    16 A100s, at most 4 instances per prefill); the tolerance and the batch cap are ours
+    (docs/simulator.md)."""
 
     instances: int = field(
         default=8,
