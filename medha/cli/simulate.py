@@ -231,7 +231,22 @@ def run(args: argparse.Namespace) -> None:
         outcomes = []
         with output_dir(args.out, args.overwrite) as tmp:
             for spec in specs:
-                if not args.quiet:
+                if not args.quiet and spec.cluster.system == "loongserve":
+                    loong = spec.cluster.loong
+                    print(
+                        f"[{spec.name}] loongserve: {spec.cluster.model} on "
+                        f"{loong.instances} elastic instances of {spec.parallel.tp} "
+                        f"{spec.cluster.hardware} (prefills over up to {loong.max_degree}"
+                        + (
+                            f"; {loong.reserved_short} reserved for prompts under "
+                            f"{loong.short_threshold} tokens"
+                            if loong.reserved_short
+                            else ""
+                        )
+                        + ")",
+                        file=sys.stderr,
+                    )
+                elif not args.quiet:
                     print(
                         f"[{spec.name}] {spec.cluster.replicas} x {spec.cluster.model} on "
                         f"{spec.parallel.world_size} {spec.cluster.hardware} (tp "

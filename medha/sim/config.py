@@ -22,6 +22,79 @@ def _help(text: str) -> dict:
 
 PLA_AGGREGATORS = ("p90", "mean", "max")
 
+# The serving systems `medha simulate` models: medha's replicas (the scheduler under test), or
+# the LoongServe baseline (medha/sim/baselines/loongserve.py), each its own simulator.
+SYSTEM_NAMES = ("medha", "loongserve")
+LOONGSERVE = "loongserve baseline"
+
+
+def _loong_help(text: str) -> dict:
+    return {"group": LOONGSERVE, "help": text}
+
+
+@dataclass
+class LoongServeSettings:
+    """The LoongServe baseline's settings (flags --loong-*; medha/sim/baselines/loongserve.py):
+    a pool of elastic instances, each one TP group of --tp devices, under LoongServe's global
+    manager. The defaults, with --tp 2, are the Medha paper's setting (8 instances of TP2 on
+    16 A100s, at most 4 instances per prefill); the tolerance and the batch cap are ours
+    (docs/simulator.md)."""
+
+    instances: int = field(
+        default=8,
+        metadata=_loong_help(
+            "loongserve: elastic instances, each one TP group of --tp devices (instances x tp "
+            "devices in all, filling nodes of the hardware's devices per node in order)"
+        ),
+    )
+    max_degree: int = field(
+        default=4,
+        metadata=_loong_help(
+            "loongserve: most instances one prefill iteration spreads over (elastic sequence "
+            "parallelism; the paper's CP-4)"
+        ),
+    )
+    degree_tolerance: float = field(
+        default=0.1,
+        metadata=_loong_help(
+            "loongserve: a prefill takes the fewest instances whose predicted completion is "
+            "within this share of the best one the free instances allow"
+        ),
+    )
+    batch_tokens: int = field(
+        default=8192,
+        metadata=_loong_help(
+            "loongserve: queued prompts join the head's prefill iteration, in arrival order, "
+            "while the batch holds at most this many tokens (or the head's own, if more)"
+        ),
+    )
+    reserved_short: int = field(
+        default=0,
+        metadata=_loong_help(
+            "loongserve: instances reserved for short requests (Medha Fig. 14's +Reserv: 2); "
+            "0 keeps one pool"
+        ),
+    )
+    short_threshold: int = field(
+        default=8192,
+        metadata=_loong_help("loongserve: prompts shorter than this go to the reserved short pool"),
+    )
+
+    def __post_init__(self) -> None:
+        for name in ("instances", "max_degree", "batch_tokens", "short_threshold"):
+            n = getattr(self, name)
+            if not (isinstance(n, int) and not isinstance(n, bool) and n >= 1):
+                raise ValueError(f"loong_{name} must be a positive integer, got {n!r}")
+        t = self.degree_tolerance
+        if not (isinstance(t, (int, float)) and math.isfinite(t) and t >= 0):
+            raise ValueError(f"loong_degree_tolerance must be a number >= 0, got {t!r}")
+        k = self.reserved_short
+        if not (isinstance(k, int) and not isinstance(k, bool) and 0 <= k < self.instances):
+            raise ValueError(
+                f"loong_reserved_short must be an integer in [0, loong_instances = "
+                f"{self.instances}) (the long pool keeps at least one), got {k!r}"
+            )
+
 
 @dataclass
 class PlaDispatcherSettings:
@@ -152,6 +225,22 @@ class ClusterConfig:
     pla: PlaDispatcherSettings = field(
         default_factory=lambda: PlaDispatcherSettings(), metadata={"flag_prefix": "pla_"}
     )
+    system: str = field(
+        default="medha",
+        metadata={
+            "help": (
+                "the serving system simulated: medha (replicas running the scheduler above) or "
+                "loongserve (the LoongServe baseline: elastic sequence parallelism over "
+                "--loong-instances TP groups of --tp devices, non-preemptive FCFS; --loong-* "
+                "flags; the scheduler flags other than the TTFT deadline and TPOT target, and "
+                "--replicas, --dispatcher, --spp, --kvp, do not apply)"
+            ),
+            "choices": SYSTEM_NAMES,
+        },
+    )
+    loong: LoongServeSettings = field(
+        default_factory=lambda: LoongServeSettings(), metadata={"flag_prefix": "loong_"}
+    )
 
     @classmethod
     def from_flat(cls, **settings) -> ClusterConfig:
@@ -162,6 +251,21 @@ class ClusterConfig:
     def __post_init__(self) -> None:
         if isinstance(self.pla, dict):  # given as a mapping (from YAML, say)
             self.pla = PlaDispatcherSettings(**self.pla)
+        if isinstance(self.loong, dict):
+            self.loong = LoongServeSettings(**self.loong)
+        if self.system not in SYSTEM_NAMES:
+            raise unknown_name("system", self.system, SYSTEM_NAMES)
+        if self.system == "loongserve":
+            # LoongServe's global manager spreads requests itself over its instances
+            if self.replicas != 1:
+                raise ValueError(
+                    "replicas does not apply to the loongserve system: set loong_instances"
+                )
+            if self.dispatcher != "round_robin":
+                raise ValueError(
+                    "dispatcher does not apply to the loongserve system (its global manager "
+                    "places every request)"
+                )
         if not isinstance(self.replicas, int) or self.replicas < 1:
             raise ValueError(f"replicas must be a positive integer, got {self.replicas!r}")
         if self.dispatcher not in DISPATCHER_NAMES:

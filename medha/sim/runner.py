@@ -46,9 +46,16 @@ class RunSpec:
             raise ValueError(f"long_threshold must be a positive integer, got {t!r}")
 
     def to_json(self) -> dict:
+        cluster = to_flat(self.cluster)
+        if self.cluster.system == "medha":
+            # the baseline's settings do not apply to medha's runs, whose echoed config stays
+            # what it was before there was a baseline
+            cluster = {
+                k: v for k, v in cluster.items() if k != "system" and not k.startswith("loong_")
+            }
         return {
             "name": self.name,
-            "cluster": to_flat(self.cluster),
+            "cluster": cluster,
             "parallel": dataclasses.asdict(self.parallel),
             "scheduler": to_flat(self.scheduler),
             "long_threshold": self.long_threshold,
@@ -64,7 +71,15 @@ class RunOutcome:
 
 
 def simulate(spec: RunSpec, workload: WorkloadConfig, progress: bool = False) -> RunOutcome:
-    sim = Simulator(spec.cluster, spec.parallel, spec.scheduler)
+    if spec.cluster.system == "loongserve":
+        from medha.sim.baselines.loongserve import LoongServeSimulator
+
+        sim = LoongServeSimulator(spec.cluster, spec.parallel, spec.scheduler)
+        # each elastic instance logs its own iterations, as a replica does
+        num_replicas = spec.cluster.loong.instances
+    else:
+        sim = Simulator(spec.cluster, spec.parallel, spec.scheduler)
+        num_replicas = spec.cluster.replicas
     requests = build_requests(workload, sim.max_model_len)
     result = sim.run(requests, progress=progress)
     hw = sim.predictor.hardware
@@ -82,7 +97,7 @@ def simulate(spec: RunSpec, workload: WorkloadConfig, progress: bool = False) ->
         model=sim.predictor.model,
         dtype_bytes=hw.dtype_bytes,
         num_devices=result.num_devices,
-        num_replicas=spec.cluster.replicas,
+        num_replicas=num_replicas,
         spp=spec.parallel.spp,
         peak_flops=hw.peak_flops,
         mem_bw=hw.mem_bw,
