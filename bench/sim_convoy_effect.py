@@ -6,6 +6,8 @@
 
 Systems, every one on the identical request list at each rate (CONFIGS below):
 - medha: TP8 x SPP2, lars, adaptive chunking, multi-prefill (the paper's Medha);
+- loongserve: 8 elastic TP2 instances, prefills spread over up to 4 (the paper's "TP-2, CP-4"),
+  non-preemptive, FCFS; and "+reserv", 2 of the 8 kept for short prompts (Figure 14);
 - medha-fcfs: the same mechanisms with FCFS order (the paper's "Medha-FCFS" of Figure 9b);
 - sarathi static:512 / static:2048: FCFS with Sarathi's static chunks on TP8 x PP2 (vLLM's
   chunked-prefill scheduler, as the paper ran it);
@@ -28,6 +30,7 @@ import numpy as np
 
 from medha.core.config import SchedulerConfig
 from medha.perf import ParallelConfig
+from medha.sim.config import LoongServeSettings
 from medha.sim.runner import RunOutcome, RunSpec, compare_table, simulate
 from medha.sim.simulator import ClusterConfig
 from medha.sim.workload.generator import WorkloadConfig
@@ -44,12 +47,19 @@ class System:
     tp: int = 8
     spp: int = 1
     replicas: int = 1
+    system: str = "medha"
+    reserved_short: int = 0  # loongserve: instances kept for short prompts (Figure 14)
 
     def spec(self, predictor: str) -> RunSpec:
         return RunSpec(
             name=self.name,
             cluster=ClusterConfig(
-                model=MODEL, hardware=HARDWARE, predictor=predictor, replicas=self.replicas
+                model=MODEL,
+                hardware=HARDWARE,
+                predictor=predictor,
+                replicas=self.replicas,
+                system=self.system,
+                loong=LoongServeSettings(reserved_short=self.reserved_short),
             ),
             parallel=ParallelConfig(tp=self.tp, spp=self.spp),
             scheduler=SchedulerConfig(
@@ -60,6 +70,11 @@ class System:
 
 CONFIGS = [
     System("medha", "lars", "adaptive", multi_prefill=True, spp=2),
+    # the paper's LoongServe: 8 elastic instances of TP2, a prefill over up to 4 of them
+    # (medha/sim/baselines/loongserve.py), and its Figure 14 variant with 2 instances kept for
+    # prompts under 8192 tokens
+    System("loongserve", "fcfs", "none", tp=2, system="loongserve"),
+    System("loongserve +reserv", "fcfs", "none", tp=2, system="loongserve", reserved_short=2),
     System("medha-fcfs", "fcfs", "adaptive", spp=2),
     System("sarathi static:512", "fcfs", "static:512", spp=2),
     System("sarathi static:2048", "fcfs", "static:2048", spp=2),
