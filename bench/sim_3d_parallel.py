@@ -73,31 +73,30 @@ def main() -> None:
         two, three = run(qps, args.num_requests, args.seed, args.predictor)
         print(f"\n### {qps} QPS ({args.num_requests} requests, seed {args.seed})\n")
         print(compare_table([two, three])[0])
-        s2, s3 = two.summary, three.summary
-        rows.append(
-            (
-                qps,
-                s2["ttft_s"]["p50"],
-                s3["ttft_s"]["p50"],
-                s2["ttft_s"]["p90"],
-                s3["ttft_s"]["p90"],
-                s2["tpot_s"]["p50"],
-                s3["tpot_s"]["p50"],
-                s2["tpot_s"]["p90"],
-                s3["tpot_s"]["p90"],
-            )
-        )
+        rows.append((qps, two.summary, three.summary))
     print("\n### 3D / 2D\n")
     print(
-        "| QPS | TTFT p50 2D | 3D | TTFT p90 2D | 3D | TPOT p50 2D | 3D | TPOT p90 2D | 3D "
-        "| TPOT p50 2D / 3D | TPOT p90 2D / 3D |"
+        "| QPS | TTFT p50 2D / 3D | TTFT p90 2D / 3D | TPOT p50 2D / 3D | TPOT p90 2D / 3D "
+        "| long TPOT p50 2D / 3D | long TPOT p90 2D / 3D | TPOT p90 2D / 3D ratio |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for q, a, b, c, d, e, f, g, h in rows:
+    print("|---|---|---|---|---|---|---|---|")
+
+    def pair(a: dict, b: dict, path: tuple, scale: float = 1.0, unit: str = "s") -> str:
+        x, y = a, b
+        for k in path:
+            x, y = (x or {}).get(k), (y or {}).get(k)
+        if x is None or y is None:
+            return "-"
+        return f"{x * scale:.3g} / {y * scale:.3g} {unit}"
+
+    for q, a, b in rows:
         print(
-            f"| {q} | {a:.2f} s | {b:.2f} s | {c:.2f} s | {d:.2f} s | {e * 1e3:.1f} ms "
-            f"| {f * 1e3:.1f} ms | {g * 1e3:.1f} ms | {h * 1e3:.1f} ms | {e / f:.2f}x "
-            f"| {g / h:.2f}x |"
+            f"| {q} | {pair(a, b, ('ttft_s', 'p50'))} | {pair(a, b, ('ttft_s', 'p90'))} "
+            f"| {pair(a, b, ('tpot_s', 'p50'), 1e3, 'ms')} "
+            f"| {pair(a, b, ('tpot_s', 'p90'), 1e3, 'ms')} "
+            f"| {pair(a, b, ('by_class', 'long', 'tpot_s', 'p50'), 1e3, 'ms')} "
+            f"| {pair(a, b, ('by_class', 'long', 'tpot_s', 'p90'), 1e3, 'ms')} "
+            f"| {a['tpot_s']['p90'] / b['tpot_s']['p90']:.2f}x |"
         )
 
 
