@@ -147,6 +147,24 @@ def test_fcfs_a_short_behind_a_waiting_long_waits_too():
     assert s.first_token_s > b.first_token_s > a.first_token_s
 
 
+def test_backfill_lets_a_short_pass_a_waiting_long_without_delaying_it():
+    # 3 instances: long "a" takes 2 (max degree 2); longer "b" finishes soonest on 2 and waits
+    # for "a"'s rather than start alone on the third; the short behind it waits (FCFS) or
+    # starts on the third (backfill), and "b" starts when it would have
+    def run(backfill):
+        sim = loong(instances=3, max_degree=2, backfill=backfill)
+        a, b = Request("a", 0.0, 200_000, 1), Request("b", 0.1, 400_000, 1)
+        s = Request("s", 0.2, 100, 1)
+        sim.run([a, b, s])
+        return a, b, s
+
+    a, b, s = run(False)
+    assert s.first_token_s >= a.first_token_s  # it waited until "b" left the head
+    a2, b2, s2 = run(True)
+    assert s2.ttft_s < 0.5
+    assert (a2.first_token_s, b2.first_token_s) == (a.first_token_s, b.first_token_s)
+
+
 def test_decodes_stall_on_an_instance_taken_by_a_prefill():
     def run(instances):
         sim = loong(instances=instances, max_degree=1)

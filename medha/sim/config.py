@@ -79,6 +79,14 @@ class LoongServeSettings:
         default=8192,
         metadata=_loong_help("loongserve: prompts shorter than this go to the reserved short pool"),
     )
+    backfill: bool = field(
+        default=False,
+        metadata=_loong_help(
+            "loongserve: while the head of the queue waits for instances, later requests may "
+            "start on free ones its plan does not take or leaves idle until it starts (EASY "
+            "backfilling); off: strict FCFS, the queue waits with its head"
+        ),
+    )
 
     def __post_init__(self) -> None:
         for name in ("instances", "max_degree", "batch_tokens", "short_threshold"):
@@ -88,6 +96,8 @@ class LoongServeSettings:
         t = self.degree_tolerance
         if not (isinstance(t, (int, float)) and math.isfinite(t) and t >= 0):
             raise ValueError(f"loong_degree_tolerance must be a number >= 0, got {t!r}")
+        if not isinstance(self.backfill, bool):
+            raise ValueError(f"loong_backfill must be true or false, got {self.backfill!r}")
         k = self.reserved_short
         if not (isinstance(k, int) and not isinstance(k, bool) and 0 <= k < self.instances):
             raise ValueError(

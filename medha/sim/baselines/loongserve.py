@@ -10,6 +10,9 @@ prefill or of a decode iteration):
 
 1. Dispatching: requests wait in one FCFS queue per pool. The head of the queue is placed
    first; nobody overtakes it (non-preemptive FCFS: while the head waits, everyone waits).
+   [assumption; `backfill` relaxes it: while the head waits, a later request may start on
+   free instances the head's plan does not take or that it leaves before the head's planned
+   start, so the head is not delayed but for KV room (EASY backfilling)]
 2. Elastic instance allocation: for each degree d = 1 .. max_degree, the d instances that
    are free soonest (free: taking part in no prefill; an instance in a prefill is free when
    it ends, which is known, since prefills run to completion), preferring one node, then
@@ -295,7 +298,7 @@ class LoongServeSimulator:
         return self._batch_id - 1
 
     # ---- prefills --------------------------------------------------------------------------
-    def _candidates(self, pool: Pool, d: int, avail: dict) -> list[list[Instance]]:
+    def _candidates(self, among: list[Instance], d: int, avail: dict) -> list[list[Instance]]:
         """Sets of d instances worth pricing: the soonest free in one node (each node), and
         the soonest free anywhere; ties go to fewer stalled decodes, more free KV, lower
         index."""
@@ -303,7 +306,7 @@ class LoongServeSimulator:
         def key(i: Instance):
             return (avail[i], len(i.holds), -i.free, i.index)
 
-        ranked = sorted(pool.instances, key=key)
+        ranked = sorted(among, key=key)
         sets = [ranked[:d]]
         for node in sorted({i.node for i in ranked}):
             local = [i for i in ranked if i.node == node]
@@ -311,18 +314,18 @@ class LoongServeSimulator:
                 sets.append(local[:d])
         return sets
 
-    def _plan(self, pool: Pool, r: Request, now: float) -> _Plan | None:
-        avail = {
-            i: (i.prefill.end if isinstance(i.prefill, Prefill) else now) for i in pool.instances
-        }
-        if any(
-            i.prefill is not None and not isinstance(i.prefill, Prefill) for i in pool.instances
-        ):
+    def _plan(
+        self, pool: Pool, r: Request, now: float, among: list[Instance] | None = None
+    ) -> _Plan | None:
+        """The plan for `r` over the pool's instances, or over `among` (backfilling)."""
+        among = pool.instances if among is None else among
+        avail = {i: (i.prefill.end if isinstance(i.prefill, Prefill) else now) for i in among}
+        if any(i.prefill is not None and not isinstance(i.prefill, Prefill) for i in among):
             raise AssertionError("an instance is taken by something other than a prefill")
         need = r.prompt_len + r.max_tokens
         plans = []
-        for d in range(1, pool.max_degree + 1):
-            for s in self._candidates(pool, d, avail):
+        for d in range(1, min(pool.max_degree, len(among)) + 1):
+            for s in self._candidates(among, d, avail):
                 # instances in a prefill hold their batch's KV already: the ledger counts it
                 if self.kv.plan(need, s) is None:
                     continue
@@ -340,7 +343,10 @@ class LoongServeSimulator:
             head = pool.queue[0]
             plan = self._plan(pool, head, now)
             if plan is None or plan.start > now:
-                return  # KV or instances not free yet: the queue waits (FCFS)
+                # KV or instances not free yet: the queue waits (FCFS), or backfills
+                if plan is not None and self.settings.backfill:
+                    self._backfill(pool, plan, now)
+                return
             members = plan.instances
             batch_reqs = [head]
             taken: dict[Instance, int] = {}
@@ -363,6 +369,23 @@ class LoongServeSimulator:
             for _ in batch_reqs:
                 pool.queue.popleft()
             self._start_prefill(members, plan.degree, reserve, now)
+
+    def _backfill(self, pool: Pool, head: _Plan, now: float) -> None:
+        """Start later requests, in queue order, on instances free now, where they take none
+        of the head's plan or leave it before the head's planned start: the head starts when
+        it would have (EASY backfilling)."""
+        for r in list(pool.queue)[1:]:
+            spare = [i for i in pool.instances if i.prefill is None]
+            if not spare:
+                return
+            plan = self._plan(pool, r, now, spare)
+            if plan is None or plan.start > now:
+                continue
+            if plan.finish > head.start and set(plan.instances) & set(head.instances):
+                continue
+            placed = self.kv.plan(r.prompt_len + r.max_tokens, plan.instances)
+            pool.queue.remove(r)
+            self._start_prefill(plan.instances, plan.degree, [(r, placed)], now)
 
     def _start_prefill(self, members: list[Instance], degree: int, reserve, now: float) -> None:
         # the instances' decode iterations in progress finish first
