@@ -7,7 +7,8 @@
 Systems, every one on the identical request list at each rate (CONFIGS below):
 - medha: TP8 x SPP2, lars, adaptive chunking, multi-prefill (the paper's Medha);
 - loongserve: 8 elastic TP2 instances, prefills spread over up to 4 (the paper's "TP-2, CP-4"),
-  non-preemptive, FCFS; and "+reserv", 2 of the 8 kept for short prompts (Figure 14);
+  non-preemptive, FCFS; "+reserv", 2 of the 8 kept for short prompts (Figure 14); and
+  "backfill", later requests may start on instances a waiting head leaves idle;
 - medha-fcfs: the same mechanisms with FCFS order (the paper's "Medha-FCFS" of Figure 9b);
 - sarathi static:512 / static:2048: FCFS with Sarathi's static chunks on TP8 x PP2 (vLLM's
   chunked-prefill scheduler, as the paper ran it);
@@ -49,6 +50,7 @@ class System:
     replicas: int = 1
     system: str = "medha"
     reserved_short: int = 0  # loongserve: instances kept for short prompts (Figure 14)
+    backfill: bool = False  # loongserve: later requests may pass a waiting head
 
     def spec(self, predictor: str) -> RunSpec:
         return RunSpec(
@@ -59,7 +61,9 @@ class System:
                 predictor=predictor,
                 replicas=self.replicas,
                 system=self.system,
-                loong=LoongServeSettings(reserved_short=self.reserved_short),
+                loong=LoongServeSettings(
+                    reserved_short=self.reserved_short, backfill=self.backfill
+                ),
             ),
             parallel=ParallelConfig(tp=self.tp, spp=self.spp),
             scheduler=SchedulerConfig(
@@ -75,6 +79,8 @@ CONFIGS = [
     # prompts under 8192 tokens
     System("loongserve", "fcfs", "none", tp=2, system="loongserve"),
     System("loongserve +reserv", "fcfs", "none", tp=2, system="loongserve", reserved_short=2),
+    # the strict FCFS queue is our assumption: this run changes only it
+    System("loongserve, backfill", "fcfs", "none", tp=2, system="loongserve", backfill=True),
     System("medha-fcfs", "fcfs", "adaptive", spp=2),
     System("sarathi static:512", "fcfs", "static:512", spp=2),
     System("sarathi static:2048", "fcfs", "static:2048", spp=2),
