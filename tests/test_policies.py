@@ -31,7 +31,7 @@ def test_keys_follow_the_definitions():
     assert make_policy("fcfs").key(r, now) == 1.0
     assert make_policy("edf").key(r, now) == 9.0
     assert make_policy("lrs").key(r, now) == pytest.approx(9 - 2 - 3)
-    assert make_policy("lars").key(r, now) == pytest.approx((9 - 2 - 3) / 3)
+    assert make_policy("lars").key(r, now) == pytest.approx((9 - 2 - 3) / 4)  # w_total
     assert make_policy("srpt").key(r, now) == 3.0
 
 
@@ -48,7 +48,7 @@ def test_lars_and_edf_disagree_where_length_matters():
         "fcfs": "long",
         "edf": "short",
         "lrs": "short",
-        "lars": "short",
+        "lars": "long",  # rho 6/10 against 1.0 (per remaining work, 6/5: the short one first)
         "srpt": "short",
     }
     # Later, when the long one has burnt most of its slack, relative slack puts it first

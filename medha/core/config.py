@@ -440,14 +440,15 @@ class SchedulerConfig:
         ),
     )
     lars_slack: str = field(
-        default="remaining",
+        default="total",
         metadata=_help(
             SCHEDULER,
             "what LARS's relative slack rho = s / w divides the slack s by, in the lars key and "
-            "in space sharing's yield: remaining (w(t), the prefill work still ahead: a long "
-            "request grows less urgent as it is served) or total (w_total, the whole prefill's "
-            "work, the paper's formula: rho stays put while a request is served and falls while "
-            "it waits)",
+            "in space sharing's yield: total (w_total, the whole prefill's work, the paper's "
+            "formula: rho stays put while a request is served and falls while it waits) or "
+            "remaining (w(t), the prefill work still ahead: a request grows less urgent as it "
+            "is served; the paper's illustrative example needs it, Fig. 13 does a little worse "
+            "with it: docs/design.md)",
             choices=LARS_SLACK_MODES,
         ),
     )

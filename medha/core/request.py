@@ -239,7 +239,7 @@ class Request:
         packer's space sharing and the pla policy all read it here)."""
         return self.deadline_s - now - self.remaining_work_s
 
-    def relative_slack(self, now: float, per: str = "remaining") -> float:
+    def relative_slack(self, now: float, per: str) -> float:
         """LARS's rho_r: slack in units of the prefill work still ahead, s_r / w_r(t)
         (`per="remaining"`), or of the whole prefill's, s_r / w_r^total (`per="total"`, the
         paper's formula); SchedulerConfig.lars_slack chooses (docs/design.md compares them)."""

@@ -12,8 +12,8 @@ class LarsPolicy(Policy):
     """
 
     summary = (
-        "length-aware relative slack: key rho_r = s_r / w_r(t), or s_r / w_r^total with "
-        "--lars-slack total"
+        "length-aware relative slack: key rho_r = s_r / w_r^total, or s_r / w_r(t) with "
+        "--lars-slack remaining"
     )
 
     def sort_key(self, now: float) -> SortKey:
