@@ -633,8 +633,7 @@ class SchedulerConfig:
         )
         if self.lars_slack not in LARS_SLACK_MODES:
             raise ValueError(
-                f"lars_slack must be one of {', '.join(LARS_SLACK_MODES)}, "
-                f"got {self.lars_slack!r}"
+                f"lars_slack must be one of {', '.join(LARS_SLACK_MODES)}, got {self.lars_slack!r}"
             )
         if not 0 <= self.rho_max < 1:
             raise ValueError(f"rho_max must lie in [0, 1), got {self.rho_max!r}")
