@@ -207,7 +207,7 @@ def main() -> None:
                 settings = dict(
                     policy="lars", lars_slack=args.lars_slack, multi_prefill=multi, **extra
                 )
-                cap[multi], _ = capacity(
+                cap[multi] = capacity(
                     settings, args.num_requests, args.seed, args.target, args.steps, args.max_qps
                 )
             rows.append((floor, cap[False], cap[True]))
