@@ -73,7 +73,7 @@ def test_chunks_shrink_as_the_kv_grows():
 
 
 def test_space_sharing_leaves_room_while_a_long_prefill_has_slack():
-    sched = gpu_scheduler(long_prefill_threshold=32_768, multi_prefill=False)
+    sched = gpu_scheduler(long_prefill_threshold=32_768)
     sched.add_request(Request("long", 0.0, 200_000, 1, ttft_deadline_s=1000.0), 0.0)
     alone = sched.schedule(0.0)
     # nobody behind it: nothing to leave room for, it takes the whole budget
@@ -81,14 +81,41 @@ def test_space_sharing_leaves_room_while_a_long_prefill_has_slack():
     sched.update(alone, BatchResult(alone.predicted_time_s), alone.predicted_time_s)
     sched.add_request(Request("short", 0.05, 100, 1, ttft_deadline_s=1000.0), 0.05)
     batch = sched.schedule(0.05)
-    assert [c.request.request_id for c in batch.prefills] == ["long"]
-    # rho is far above rho_max, so it may use only (1 - 0.4) of the 50 ms budget
-    assert 0.5 * 0.05 < batch.predicted_time_s <= 0.6 * 0.05
+    long_chunk, short_chunk = batch.prefills
+    assert (long_chunk.request.request_id, short_chunk.request.request_id) == ("long", "short")
+    # rho is far above rho_max, so its own chunk may use only (1 - 0.4) of the 50 ms budget
+    own = H100_8B_TP8.shape_time([(long_chunk.num_tokens, long_chunk.start)])
+    assert 0.5 * 0.05 < own <= 0.6 * 0.05
 
-    urgent = gpu_scheduler(long_prefill_threshold=32_768)
-    urgent.add_request(Request("long", 0.0, 200_000, 1, ttft_deadline_s=0.5), 0.0)
-    batch = urgent.schedule(0.0)
-    assert batch.predicted_time_s > 0.95 * 0.05  # no slack left: it takes the whole budget
+
+def test_without_multi_prefill_a_long_prefill_yields_nothing():
+    # One prefill per batch: the share it would leave could carry no other prefill
+    sched = gpu_scheduler(long_prefill_threshold=32_768, multi_prefill=False)
+    sched.add_request(Request("long", 0.0, 200_000, 1, ttft_deadline_s=1000.0), 0.0)
+    sched.add_request(Request("short", 0.0, 100, 1, ttft_deadline_s=1000.0), 0.0)
+    batch = sched.schedule(0.0)
+    assert [c.request.request_id for c in batch.prefills] == ["long"]
+    assert batch.predicted_time_s > 0.95 * 0.05
+
+
+@pytest.mark.parametrize("per", ["remaining", "total"])
+def test_space_sharing_yields_by_the_lars_formula(per):
+    # A long prefill with 3/4 of its work left over (as if the rest were done) and slack
+    # 0.2 x w_total: rho is 0.2 over the whole prefill's work, 0.8 over the work left; the share
+    # it yields is the rho of --lars-slack (rho_max raised so that neither is clamped).
+    sched = gpu_scheduler(long_prefill_threshold=32_768, lars_slack=per, rho_max=0.9)
+    long_ = Request("long", 0.0, 200_000, 1)
+    sched.add_request(long_, 0.0)
+    sched.add_request(Request("short", 0.0, 100, 1, ttft_deadline_s=1000.0), 0.0)
+    long_.remaining_work_s = long_.total_work_s / 4
+    long_.deadline_s = long_.remaining_work_s + 0.2 * long_.total_work_s
+    rho = {"total": 0.2, "remaining": 0.8}[per]
+    assert long_.relative_slack(0.0, per) == pytest.approx(rho)
+    batch = sched.schedule(0.0)
+    long_chunk = batch.prefills[0]
+    assert long_chunk.request is long_
+    own = H100_8B_TP8.shape_time([(long_chunk.num_tokens, long_chunk.start)])
+    assert 0.95 * (1 - rho) * 0.05 < own <= (1 - rho) * 0.05
 
 
 def test_shorts_fill_what_a_long_prefill_leaves():

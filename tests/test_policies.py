@@ -1,6 +1,6 @@
 import pytest
 
-from medha.core.config import POLICY_NAMES
+from medha.core.config import POLICY_NAMES, SchedulerConfig
 from medha.core.request import Request
 from medha.scheduler.policies import POLICIES, make_policy
 
@@ -31,7 +31,7 @@ def test_keys_follow_the_definitions():
     assert make_policy("fcfs").key(r, now) == 1.0
     assert make_policy("edf").key(r, now) == 9.0
     assert make_policy("lrs").key(r, now) == pytest.approx(9 - 2 - 3)
-    assert make_policy("lars").key(r, now) == pytest.approx((9 - 2 - 3) / 3)
+    assert make_policy("lars").key(r, now) == pytest.approx((9 - 2 - 3) / 4)  # w_total
     assert make_policy("srpt").key(r, now) == 3.0
 
 
@@ -48,7 +48,7 @@ def test_lars_and_edf_disagree_where_length_matters():
         "fcfs": "long",
         "edf": "short",
         "lrs": "short",
-        "lars": "short",
+        "lars": "long",  # rho 6/10 against 1.0 (per remaining work, 6/5: the short one first)
         "srpt": "short",
     }
     # Later, when the long one has burnt most of its slack, relative slack puts it first
@@ -56,3 +56,42 @@ def test_lars_and_edf_disagree_where_length_matters():
     short2 = req("short2", 12.5, 13.5, 0.5, 0.5)
     assert sorted([long_, short2], key=make_policy("lars").sort_key(12.5))[0] is long_
     assert sorted([long_, short2], key=make_policy("edf").sort_key(12.5))[0] is short2
+
+
+def lars(per):
+    return make_policy("lars", SchedulerConfig(lars_slack=per))
+
+
+def test_lars_key_follows_its_formula():
+    # slack 9 - 2 - 3 = 4, over the 3 s of work left or the 4 s of the whole prefill
+    r = req("a", 1.0, 9.0, 4.0, 3.0)
+    assert lars("remaining").key(r, 2.0) == pytest.approx(4 / 3)
+    assert lars("total").key(r, 2.0) == pytest.approx(4 / 4)
+    assert make_policy("lars").key(r, 2.0) == lars(SchedulerConfig().lars_slack).key(r, 2.0)
+
+
+def test_the_two_lars_formulas_order_the_papers_example_differently():
+    # At t=5 r_L has run alone for 5 s: slack 16 - 5 - 5 = 6 s, so rho 6/5 = 1.2 over the work
+    # left and 6/10 = 0.6 over its total; a short request just arrived has rho 0.5/0.5 = 1.0
+    # either way. Per remaining work the short request goes first (as the paper's text says
+    # it should); per total work (the paper's formula) r_L does, and keeps its rho while it
+    # runs, until the short request's rho falls below 0.6, 0.2 s later.
+    long_ = req("long", 0.0, 16.0, 10.0, 5.0)
+    short = req("short", 5.0, 6.0, 0.5, 0.5)
+    assert lars("remaining").key(long_, 5.0) == pytest.approx(1.2)
+    assert lars("total").key(long_, 5.0) == pytest.approx(0.6)
+    assert lars("remaining").key(short, 5.0) == lars("total").key(short, 5.0) == 1.0
+    first = {
+        per: sorted([long_, short], key=lars(per).sort_key(now))[0].request_id
+        for per, now in (("remaining", 5.0), ("total", 5.0))
+    }
+    assert first == {"remaining": "short", "total": "long"}
+    running = req("long", 0.0, 16.0, 10.0, 4.75)  # r_L at t=5.25, having run on
+    assert lars("total").key(running, 5.25) == pytest.approx(0.6)
+    assert sorted([running, short], key=lars("total").sort_key(5.25))[0] is short
+
+
+def test_priority_over_lars_reads_the_same_formula():
+    r = req("a", 1.0, 9.0, 4.0, 3.0)
+    cfg = SchedulerConfig.from_flat(policy="priority", priority_base="lars", lars_slack="total")
+    assert make_policy("priority", cfg).base.key(r, 2.0) == pytest.approx(1.0)

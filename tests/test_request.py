@@ -117,4 +117,7 @@ def test_slack_definitions():
     r = Request("a", 1.0, 4, 4)
     r.deadline_s, r.total_work_s, r.remaining_work_s = 11.0, 4.0, 2.0
     assert r.slack(3.0) == pytest.approx(11 - 3 - 2)
-    assert r.relative_slack(3.0) == pytest.approx(6 / 2)
+    assert r.relative_slack(3.0, "remaining") == pytest.approx(6 / 2)
+    assert r.relative_slack(3.0, "total") == pytest.approx(6 / 4)
+    with pytest.raises(ValueError, match="remaining.*total"):
+        r.relative_slack(3.0, "left")

@@ -11,21 +11,29 @@ def test_illustrative_fcfs_without_chunking_misses_both_short_deadlines():
     assert ttft["r_S1"] > 1.0 and ttft["r_S2"] > 1.0  # both wait for r_L: 5 s and more
 
 
-@pytest.mark.parametrize("policy", ["edf", "lars"])
-def test_illustrative_edf_and_lars_meet_all_three(policy):
+@pytest.mark.parametrize("policy, config", [("edf", {}), ("lars", {"lars_slack": "remaining"})])
+def test_illustrative_edf_and_lars_meet_all_three(policy, config):
     # Space sharing off: the example is about order, and a long prefill running alone at a
     # reduced share would shift iteration boundaries off t = 5 s.
-    ttft = illustrative(policy, "adaptive", space_sharing=False)
+    ttft = illustrative(policy, "adaptive", space_sharing=False, **config)
     assert ttft["r_L"] <= 16.0
     assert ttft["r_S1"] <= 1.0 and ttft["r_S2"] <= 1.0
     assert ttft["r_L"] == 11.0  # r_L resumes after the short ones and loses exactly 1 s
 
 
-@pytest.mark.parametrize("policy", ["edf", "lars"])
-def test_illustrative_with_space_sharing_within_one_iteration(policy):
+def test_illustrative_lars_per_total_work_lets_the_second_short_request_miss():
+    # The paper's formula: at t=5 r_L's rho is 6/10 = 0.6 and stays there while it runs; the
+    # short requests (rho 1.0) wait until theirs falls below it (0.2 s, the next iteration
+    # boundary at 5.25 s), and then 1 s of short work is left for 0.75 s: r_S2 misses.
+    ttft = illustrative("lars", "adaptive", space_sharing=False, lars_slack="total")
+    assert ttft == {"r_L": 11.0, "r_S1": 0.75, "r_S2": 1.25}
+
+
+@pytest.mark.parametrize("policy, config", [("edf", {}), ("lars", {"lars_slack": "remaining"})])
+def test_illustrative_with_space_sharing_within_one_iteration(policy, config):
     # With space sharing r_L alone runs 0.6-budget iterations, so the short requests arrive in
     # the middle of one and wait for it: they meet their deadline up to that one iteration.
-    ttft = illustrative(policy, "adaptive")
+    ttft = illustrative(policy, "adaptive", **config)
     assert ttft["r_L"] <= 16.0
     assert ttft["r_S1"] <= 1.0 + BUDGET and ttft["r_S2"] <= 1.0 + BUDGET
 

@@ -83,6 +83,7 @@ def test_more_than_the_kv_cache_can_ever_hold():
         (dict(ttft_deadline_s=-1.0), "ttft_deadline_s"),
         (dict(iteration_budget_s=0.0), "iteration_budget_s"),
         (dict(rho_max=1.5), "rho_max"),
+        (dict(lars_slack="left"), "lars_slack"),
         (dict(max_num_seqs=0), "max_num_seqs"),
         (dict(long_prefill_threshold=-5), "long_prefill_threshold"),
     ],

@@ -53,16 +53,18 @@ def illustrative(policy, chunking, **config):
     return {r.request_id: r.ttft_s for r in reqs}
 
 
-def steady_stream(policy, gap=0.032, horizon=50.0):
+def steady_stream(policy, gap=0.032, horizon=50.0, **config):
     """A 500K-token prompt at t=0, then a 1500-token request every `gap` seconds.
 
     Llama-3-8B on 8 x H100 (TP8), 50 ms budget. At this gap the short requests need more of
     the machine than the long one can spare and still meet its deadline: no policy meets
     every deadline here (below this load EDF does, being optimal for a preemptive machine).
+    `config`: further SchedulerConfig settings by their flat names (lars_slack, say).
     """
     pred = make_predictor("roofline", "llama-3-8b", "h100", ParallelConfig(tp=8))
+    config.setdefault("iteration_budget_s", 0.05)
     sched = ReplicaScheduler(
-        SchedulerConfig(policy=policy, iteration_budget_s=0.05), pred, BlockManager(1 << 19)
+        SchedulerConfig.from_flat(policy=policy, **config), pred, BlockManager(1 << 19)
     )
     long_ = Request("long", 0.0, 500_000, 1)
     shorts = [Request(f"s{i}", 0.01 + i * gap, 1500, 100) for i in range(int(horizon / gap))]

@@ -13,6 +13,9 @@ PREEMPTION_MODES = ("recompute", "swap", "auto")
 # Prefix caching (medha/scheduler/prefix_cache.py): none, device KV only, or device KV with a
 # host-memory tier that blocks evicted from the device go to.
 PREFIX_CACHE_MODES = ("off", "device", "device+host")
+# What LARS divides a request's slack by (Request.relative_slack): the prefill work still ahead,
+# w(t), or the whole prefill's, w_total (the paper's formula).
+LARS_SLACK_MODES = ("remaining", "total")
 # The scheduler's policies and chunking modes, by name. Each is implemented by one module of
 # medha/scheduler/policies (or packers) that registers under that name; the names are listed
 # here, below the scheduler, so that a config is checked without importing what it configures
@@ -436,6 +439,19 @@ class SchedulerConfig:
             "target (the API's tpot_slo_s) gets at most that target, scaled the same way",
         ),
     )
+    lars_slack: str = field(
+        default="total",
+        metadata=_help(
+            SCHEDULER,
+            "what LARS's relative slack rho = s / w divides the slack s by, in the lars key and "
+            "in space sharing's yield: total (w_total, the whole prefill's work, the paper's "
+            "formula: rho stays put while a request is served and falls while it waits) or "
+            "remaining (w(t), the prefill work still ahead: a request grows less urgent as it "
+            "is served; the paper's illustrative example needs it, Fig. 13 does a little worse "
+            "with it: docs/design.md)",
+            choices=LARS_SLACK_MODES,
+        ),
+    )
     rho_max: float = field(
         default=0.4,
         metadata=_help(
@@ -615,6 +631,10 @@ class SchedulerConfig:
                 "max_model_len",
             ),
         )
+        if self.lars_slack not in LARS_SLACK_MODES:
+            raise ValueError(
+                f"lars_slack must be one of {', '.join(LARS_SLACK_MODES)}, got {self.lars_slack!r}"
+            )
         if not 0 <= self.rho_max < 1:
             raise ValueError(f"rho_max must lie in [0, 1), got {self.rho_max!r}")
         if not 0 <= self.watermark < 1:

@@ -239,9 +239,15 @@ class Request:
         packer's space sharing and the pla policy all read it here)."""
         return self.deadline_s - now - self.remaining_work_s
 
-    def relative_slack(self, now: float) -> float:
-        """rho_r = s_r / w_r(t): slack in units of the prefill work still ahead."""
-        return self.slack(now) / max(self.remaining_work_s, 1e-12)
+    def relative_slack(self, now: float, per: str) -> float:
+        """LARS's rho_r: slack in units of the prefill work still ahead, s_r / w_r(t)
+        (`per="remaining"`), or of the whole prefill's, s_r / w_r^total (`per="total"`, the
+        paper's formula); SchedulerConfig.lars_slack chooses (docs/design.md compares them)."""
+        if per == "remaining":
+            return self.slack(now) / max(self.remaining_work_s, 1e-12)
+        if per == "total":
+            return self.slack(now) / max(self.total_work_s, 1e-12)
+        raise ValueError(f"relative slack is per 'remaining' or 'total' work, got {per!r}")
 
     # ---- state machine -------------------------------------------------------------------
     def transition(self, new: RequestState) -> None:

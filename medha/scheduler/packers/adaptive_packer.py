@@ -30,12 +30,17 @@ class AdaptivePacker(Packer):
             if is_long and has_long:
                 continue  # two long prefills would split the budget and both fall behind
             limit = budget
-            if is_long and cfg.space_sharing and len(queue) > 1:
+            if is_long and cfg.space_sharing and cfg.multi_prefill and len(queue) > 1:
                 # A long prefill with slack to spare takes a smaller share of the iteration,
                 # leaving the rest to the requests behind it; one with no slack takes it all,
                 # and so does one with nobody behind it (an arrival joins the next iteration
-                # whatever this one holds, so a share kept free for nobody is only lost).
-                share = 1.0 - min(max(r.relative_slack(now), 0.0), cfg.rho_max)
+                # whatever this one holds, so a share kept free for nobody is only lost), or
+                # with multi-prefill off, where no other prefill may join its batch (the
+                # decodes are in already): yielding there only slowed the long prefill down.
+                # rho as the lars key reads it (--lars-slack): one notion of relative slack
+                # for order and share, as in the paper (Algorithm 2 with s / w_total)
+                rho = r.relative_slack(now, cfg.lars_slack)
+                share = 1.0 - min(max(rho, 0.0), cfg.rho_max)
                 limit = min(budget, builder.timer.time() + share * budget)
             n = self._largest_chunk(builder, r, limit)
             if n == 0:

@@ -11,7 +11,11 @@ class LarsPolicy(Policy):
     stream of short requests (as under EDF) without letting it convoy them (as under FCFS).
     """
 
-    summary = "length-aware relative slack: key rho_r = s_r / w_r(t)"
+    summary = (
+        "length-aware relative slack: key rho_r = s_r / w_r^total, or s_r / w_r(t) with "
+        "--lars-slack remaining"
+    )
 
     def sort_key(self, now: float) -> SortKey:
-        return lambda r: r.relative_slack(now)
+        per = self.config.lars_slack
+        return lambda r: r.relative_slack(now, per)
