@@ -38,6 +38,7 @@ def capacity(
     steps: int,
     predictor: str,
     log_rows: list,
+    halvings: int = 4,
 ) -> tuple[float, bool]:
     """The highest qps (a multiple of base_qps) at which config `name` meets `slos`."""
     log = ChainLog(simulated=[])
@@ -45,12 +46,16 @@ def capacity(
     def ok(outcome) -> bool:
         return meets(outcome.summary, slos) and stationary(outcome)[0]
 
-    chain = capacity_chain({"name": name}, ok, log, max_rate, steps)
-    # the chain assumes the SLOs hold at 1x: check it first
-    first = run_config(name, base_qps, n, seed, predictor)
-    log_rows.append((name, base_qps, first))
-    if not ok(first):
+    # the chain assumes the SLOs hold at 1x: halve the base until they do (or give up)
+    for _ in range(halvings + 1):
+        first = run_config(name, base_qps, n, seed, predictor)
+        log_rows.append((name, base_qps, first))
+        if ok(first):
+            break
+        base_qps /= 2
+    else:
         return 0.0, False
+    chain = capacity_chain({"name": name}, ok, log, max_rate, steps)
     point = next(chain)
     try:
         while True:
