@@ -89,10 +89,14 @@ def test_microbatched_pipeline_runs_one_batch_of_a_request_at_a_time():
     # a lone 1024-token prefill: 16 chunks. The stream pipeline starts chunk i+1 a stage behind
     # chunk i (8.5 chunk times); the microbatched one waits for each chunk to leave stage 2.
     stream, micro = Request("a", 0.0, 1024, 1), Request("a", 0.0, 1024, 1)
-    toy_pipeline_sim("stream").run([stream])
-    res = toy_pipeline_sim("microbatch").run([micro])
+    stream_sim, micro_sim = toy_pipeline_sim("stream"), toy_pipeline_sim("microbatch")
+    stream_sim.run([stream])
+    res = micro_sim.run([micro])
     assert stream.ttft_s == pytest.approx(8.5 * chunk)
     assert micro.ttft_s == pytest.approx(16 * chunk)
+    # the scheduler's own estimate of an isolated prefill (deadlines, remaining work) agrees
+    for sim, r in ((stream_sim, stream), (micro_sim, micro)):
+        assert sim.stored_walk.times.time(1024) == pytest.approx(r.ttft_s)
     log = res.log
     assert all(log.start_s[i + 1] >= log.end_s[i] for i in range(len(log) - 1))
     # two prefills together: their chunks fill each other's bubbles, each request still one
@@ -121,6 +125,17 @@ def test_microbatched_pipeline_holds_a_decode_until_its_batch_returns():
 def test_pipeline_mode_is_checked():
     with pytest.raises(ValueError, match="unknown pipeline 'gpipe'"):
         SchedulerConfig(pipeline="gpipe")
+
+
+def test_a_lone_decode_takes_its_batch_time_through_every_stage():
+    # what bench/sim_parallel_figures.py's decode figures read off the predictor: a decode joins
+    # the next batch only once its batch has left the last stage
+    par = ParallelConfig(tp=8, spp=4, kvp=2)
+    sim = Simulator(ClusterConfig(hardware="h100"), par, SchedulerConfig())
+    r = Request("a", 0.0, 2048, 6)
+    sim.run([r])
+    gaps = [b - a for a, b in zip(r.token_times_s, r.token_times_s[1:])]
+    assert gaps == pytest.approx([sim.predictor.shape_time((), [2048 + i]) for i in range(5)])
 
 
 def test_kv_parallelism_cuts_long_context_decode_time():

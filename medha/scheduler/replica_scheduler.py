@@ -60,7 +60,10 @@ class ReplicaScheduler:
         self.policy = make_policy(config.policy or self.packer.default_policy, config)
         self.max_model_len: int = config.max_model_len
         self.prefill_times = prefill_times or PrefillTimeCache(
-            predictor, self.packer.plan_isolated, self.max_model_len
+            predictor,
+            self.packer.plan_isolated,
+            self.max_model_len,
+            overlapped=config.pipeline == "stream",
         )
         self.policy.bind(predictor, blocks, self.max_model_len)
         self._max_batch_tokens = self.packer.max_batch_tokens(self.max_model_len)
