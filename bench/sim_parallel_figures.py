@@ -178,9 +178,7 @@ def fig_3b(b: Bench) -> str:
     b.note("3b", p)
     times = {}
     for c in chunks:
-        times[c] = sum(
-            p.prefill_attention_time(min(c, length - k), k) for k in range(0, length, c)
-        )
+        times[c] = sum(p.prefill_attention_time(min(c, length - k), k) for k in range(0, length, c))
     ref = times[2048]
     rows = [[str(c), f"{times[c]:.1f} s", f"{times[c] / ref - 1:+.1%}"] for c in chunks]
     return (
@@ -381,9 +379,7 @@ def fig_19(b: Bench) -> str:
         "caption, "
         "-40% with KVP4 in the text).\n\n"
         + _table(
-            ["model", "context"]
-            + [f"KVP{k}" for k in kvps]
-            + [f"KVP{k} vs 1" for k in kvps[1:]],
+            ["model", "context"] + [f"KVP{k}" for k in kvps] + [f"KVP{k} vs 1" for k in kvps[1:]],
             rows,
         )
     )
