@@ -6,6 +6,7 @@ SPP: TTFT of one 1M-token Llama-3-8B prefill at SPP 1, 2, 4, 8 (TP8 per stage, 5
 budget); scaling efficiency = T(1) / (p x T(p)).
 KVP: decode TPOT of one request at 1M to 10M tokens of context with KVP 1, 2, 4 (TP8 x SPP4 per
 group, so that 10M tokens of KV fit; groups join per million tokens of KV).
+bench/sim_parallel_figures.py has the paper's whole set (Fig. 3b, 15-20, up to SPP16 and 70B).
 """
 
 from __future__ import annotations

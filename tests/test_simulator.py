@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import subprocess
 import sys
@@ -8,7 +9,7 @@ from conftest import TOKEN_S
 from medha.core.config import SchedulerConfig
 from medha.core.request import Request
 from medha.perf import ParallelConfig
-from medha.perf.toy_predictor import FixedCostPredictor
+from medha.perf.toy_predictor import TOY_MODEL, FixedCostPredictor
 from medha.sim.metrics.summary import WALL_CLOCK_KEYS
 from medha.sim.runner import RunSpec, simulate
 from medha.sim.simulator import ClusterConfig, Simulator
@@ -68,6 +69,73 @@ def test_stream_pipeline_overlaps_chunks_of_one_prefill():
     # batch i+1 enters stage 1 while batch i is still in stage 2
     assert all(log.start_s[i + 1] < log.end_s[i] for i in range(len(log) - 1))
     assert 0.4 * t1 < t2 < 0.6 * t1
+
+
+def toy_pipeline_sim(pipeline, spp=2):
+    """The toy predictor on `spp` stages (a 2-layer toy model, so that the stages exist), static
+    64-token chunks: every chunk takes 64 tokens' time end to end, half of it per stage."""
+    predictor = FixedCostPredictor(TOKEN_S, model=dataclasses.replace(TOY_MODEL, num_layers=spp))
+    predictor.parallel = ParallelConfig(spp=spp)
+    return Simulator(
+        ClusterConfig(kv_memory_gb=1.0),
+        predictor.parallel,
+        SchedulerConfig(policy="fcfs", chunking="static:64", pipeline=pipeline),
+        predictor=predictor,
+    )
+
+
+def test_microbatched_pipeline_runs_one_batch_of_a_request_at_a_time():
+    chunk = 64 * TOKEN_S  # one 64-token chunk through both stages
+    # a lone 1024-token prefill: 16 chunks. The stream pipeline starts chunk i+1 a stage behind
+    # chunk i (8.5 chunk times); the microbatched one waits for each chunk to leave stage 2.
+    stream, micro = Request("a", 0.0, 1024, 1), Request("a", 0.0, 1024, 1)
+    stream_sim, micro_sim = toy_pipeline_sim("stream"), toy_pipeline_sim("microbatch")
+    stream_sim.run([stream])
+    res = micro_sim.run([micro])
+    assert stream.ttft_s == pytest.approx(8.5 * chunk)
+    assert micro.ttft_s == pytest.approx(16 * chunk)
+    # the scheduler's own estimate of an isolated prefill (deadlines, remaining work) agrees
+    for sim, r in ((stream_sim, stream), (micro_sim, micro)):
+        assert sim.stored_walk.times.time(1024) == pytest.approx(r.ttft_s)
+    log = res.log
+    assert all(log.start_s[i + 1] >= log.end_s[i] for i in range(len(log) - 1))
+    # two prefills together: their chunks fill each other's bubbles, each request still one
+    # batch at a time, so both finish about when the lone one did
+    a, b = Request("a", 0.0, 1024, 1), Request("b", 0.0, 1024, 1)
+    res = toy_pipeline_sim("microbatch").run([a, b])
+    assert a.ttft_s == pytest.approx(16 * chunk)
+    assert b.ttft_s == pytest.approx(16.5 * chunk)
+    log = res.log
+    assert all(log.start_s[i + 1] < log.end_s[i] for i in range(len(log) - 1))  # overlapped
+    for rid in ("a", "b"):
+        own = [log.chunk_iteration[i] for i, r in enumerate(log.chunk_request) if r == rid]
+        assert all(log.start_s[j] >= log.end_s[i] for i, j in zip(own, own[1:]))
+
+
+def test_microbatched_pipeline_holds_a_decode_until_its_batch_returns():
+    # A decode in flight is never rescheduled in either mode (it needs its token); a request
+    # that has just become a decode runs its first decode only once its last chunk returns.
+    for pipeline in ("stream", "microbatch"):
+        r = Request("a", 0.0, 64, 4)
+        res = toy_pipeline_sim(pipeline).run([r])
+        log = res.log
+        assert all(log.start_s[i + 1] >= log.end_s[i] for i in range(len(log) - 1))
+
+
+def test_pipeline_mode_is_checked():
+    with pytest.raises(ValueError, match="unknown pipeline 'gpipe'"):
+        SchedulerConfig(pipeline="gpipe")
+
+
+def test_a_lone_decode_takes_its_batch_time_through_every_stage():
+    # what bench/sim_parallel_figures.py's decode figures read off the predictor: a decode joins
+    # the next batch only once its batch has left the last stage
+    par = ParallelConfig(tp=8, spp=4, kvp=2)
+    sim = Simulator(ClusterConfig(hardware="h100"), par, SchedulerConfig())
+    r = Request("a", 0.0, 2048, 6)
+    sim.run([r])
+    gaps = [b - a for a, b in zip(r.token_times_s, r.token_times_s[1:])]
+    assert gaps == pytest.approx([sim.predictor.shape_time((), [2048 + i]) for i in range(5)])
 
 
 def test_kv_parallelism_cuts_long_context_decode_time():
@@ -203,6 +271,7 @@ def test_cli_compare_and_yaml(tmp_path):
         (["--compare", "policy=lars"], "give it a name"),
         (["--compare", "name=a,qps=3"], "cannot set qps per run"),
         (["--compare", "name=a,tp=two"], "tp='two' is not a valid int"),
+        (["--compare", "name=a,pipeline=gpipe"], "unknown pipeline 'gpipe'"),
     ],
 )
 def test_cli_bad_flags(tmp_path, args, message):

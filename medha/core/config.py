@@ -22,6 +22,11 @@ LARS_SLACK_MODES = ("remaining", "total")
 # (tests/test_policies.py and test_packer.py keep the lists and the registries equal).
 POLICY_NAMES = ("fcfs", "edf", "lrs", "lars", "srpt", "deferred", "aligned", "priority", "pla")
 CHUNKING_MODES = ("none", "static", "adaptive")
+# How a request's batches pass through the spp pipeline stages of a replica: stream (Medha's
+# SPP: the next chunk of a prefill follows the previous one a stage behind) or microbatch (vLLM's
+# and Sarathi's pipeline parallelism: a request waits until its batch leaves the last stage, and
+# other requests' batches fill the stages meanwhile).
+PIPELINE_MODES = ("stream", "microbatch")
 _CHUNKING_TAKES_ARGUMENT = ("static",)  # static:N, a token budget
 
 
@@ -406,6 +411,18 @@ class SchedulerConfig:
             "Sarathi) or none (whole prompt in one iteration, non-preemptive)",
         ),
     )
+    pipeline: str = field(
+        default="stream",
+        metadata=_help(
+            SCHEDULER,
+            "with spp stages, when a request may join another batch: stream (Medha's stream "
+            "pipeline: the next chunk of a prefill enters stage 1 while the previous chunk is "
+            "still in later stages) or microbatch (vLLM / Sarathi pipeline parallelism: a "
+            "request with a batch in flight, prefill chunk or decode, waits until that batch "
+            "leaves the last stage; only other requests fill the stages meanwhile)",
+            choices=PIPELINE_MODES,
+        ),
+    )
     multi_prefill: bool = field(
         default=True,
         metadata=_help(
@@ -611,6 +628,8 @@ class SchedulerConfig:
         if self.policy is not None and self.policy not in POLICY_NAMES:
             raise unknown_name("policy", self.policy, POLICY_NAMES)
         parse_chunking(self.chunking)
+        if self.pipeline not in PIPELINE_MODES:
+            raise unknown_name("pipeline", self.pipeline, PIPELINE_MODES)
         _positive_seconds(
             self,
             (

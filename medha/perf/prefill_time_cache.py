@@ -25,15 +25,24 @@ class PrefillTimeCache:
     Each step is the one the whole walk would take (the planner sees the same remaining
     length), so every answer is the same as after a walk to `max_len`."""
 
-    def __init__(self, predictor: Predictor, plan_chunk: ChunkPlanner, max_len: int) -> None:
+    def __init__(
+        self,
+        predictor: Predictor,
+        plan_chunk: ChunkPlanner,
+        max_len: int,
+        overlapped: bool = True,
+    ) -> None:
+        """`overlapped`: the chunks of one prefill overlap across pipeline stages (SPP); off
+        (a microbatched pipeline), each chunk waits for the previous one to leave the last."""
         if max_len < 1:
             raise ValueError(f"max_len must be positive, got {max_len}")
         self._p = predictor
         self._plan = plan_chunk
         self.max_len = max_len
-        spp = predictor.parallel.spp
+        spp = predictor.parallel.spp if overlapped else 1
         # With SPP the next chunk enters stage 1 as soon as the previous leaves it, so a chunk
         # costs one stage time; the last one also has to drain through the other stages.
+        # Without the overlap a chunk costs its whole time through all stages.
         self._stage_share = 1.0 / spp
         self.boundaries = [0]
         self.cumulative_s = [0.0]

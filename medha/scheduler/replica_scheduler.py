@@ -17,7 +17,7 @@ alone changes a request's state and progress and keeps the queues.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterable, Iterator
 
 from medha.core.batch import Batch, BatchResult, Chunk
 from medha.core.config import SchedulerConfig
@@ -60,7 +60,10 @@ class ReplicaScheduler:
         self.policy = make_policy(config.policy or self.packer.default_policy, config)
         self.max_model_len: int = config.max_model_len
         self.prefill_times = prefill_times or PrefillTimeCache(
-            predictor, self.packer.plan_isolated, self.max_model_len
+            predictor,
+            self.packer.plan_isolated,
+            self.max_model_len,
+            overlapped=config.pipeline == "stream",
         )
         self.policy.bind(predictor, blocks, self.max_model_len)
         self._max_batch_tokens = self.packer.max_batch_tokens(self.max_model_len)
@@ -81,6 +84,8 @@ class ReplicaScheduler:
         self.policy.bind_prefix_cache(self.kv.peek_cached)
         self._next_batch_id = 0
         self._inflight = 0  # batches scheduled and not yet updated
+        # microbatched pipeline (vLLM, Sarathi): a request runs in one batch at a time
+        self._one_batch_each = config.pipeline == "microbatch"
         # how much longer than predicted batches run, averaged over recent ones (1 in the
         # simulator, whose batches take their predicted time)
         self.step_scale = 1.0
@@ -173,7 +178,7 @@ class ReplicaScheduler:
         batch = Batch(self._next_batch_id, now)
         self._shed_for_slo(batch, now)
         if self.requests.swapped:
-            urgent = self.policy.urgent_prefill(self.requests.prefilling.values(), now)
+            urgent = self.policy.urgent_prefill(self._schedulable_prefills(), now)
             order = self.policy.swap_in_order(list(self.requests.swapped.values()), urgent)
             self.requests.swap_in(self.kv.swap_in(order), batch)  # their decodes join the batch
         builder = self._fill(batch, now)
@@ -221,7 +226,7 @@ class ReplicaScheduler:
         if self.config.prefill_only_iterations:
             return self._prefills_alone(batch, now)
         builder = self._builder(batch, now, self.config.max_num_seqs)
-        urgent = self.policy.urgent_prefill(self.requests.prefilling.values(), now)
+        urgent = self.policy.urgent_prefill(self._schedulable_prefills(), now)
         if urgent is not None:
             self._room_for(urgent, builder)
         self._add_decodes(builder)
@@ -261,15 +266,30 @@ class ReplicaScheduler:
         if self._inflight or batch.preempted:
             # Skip requests whose remaining chunks are all running (pipelined batches), and
             # those the arbiter recomputed for this batch so far (for its decodes, an urgent
-            # prefill, or a first try at it): memory is short, they wait a turn.
+            # prefill, or a first try at it): memory is short, they wait a turn. A microbatched
+            # pipeline also skips requests with a chunk still in any stage.
+            one_each = self._one_batch_each
             queue = [
-                r for r in queue if r.num_scheduled < r.num_tokens and r not in batch.preempted
+                r
+                for r in queue
+                if r.num_scheduled < r.num_tokens
+                and r not in batch.preempted
+                and not (one_each and r.num_inflight_batches)
             ]
         if queue:
             candidates = _Candidates(self._prefill_order(queue, now), self, builder)
             self.packer.pack(now, candidates, builder)
             for r in candidates.attached:  # a cached prefix taken by a request left out
                 requests.detach_cached(r)
+
+    def _schedulable_prefills(self) -> Iterable[Request]:
+        """The prefill-phase requests a chunk of this batch may come from: all of them in a
+        stream pipeline (a prefill with chunks in flight takes its next one), those with no
+        batch in flight in a microbatched one."""
+        prefilling = self.requests.prefilling.values()
+        if not (self._one_batch_each and self._inflight):
+            return prefilling
+        return [r for r in prefilling if not r.num_inflight_batches]
 
     def _prefills_alone(self, batch: Batch, now: float) -> BatchBuilder:
         """An iteration of prefills only, if any can run; else one of decodes. The prefills

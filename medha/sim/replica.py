@@ -5,7 +5,9 @@ each stage for `latency / spp` in turn. A new batch is formed as soon as stage 1
 fewer than `spp` batches are in flight, as the engine does, so the next chunk of a long prefill
 enters stage 1 while the previous chunk is still in the later stages (it needs that chunk's KV,
 not its output, and the KV of every layer of a stage is written before the chunk leaves the
-stage).
+stage). Under the scheduler's microbatched pipeline (`SchedulerConfig.pipeline`, vLLM's and
+Sarathi's) the scheduler offers no request with a batch in flight, so the stages fill with other
+requests' batches only; the replica's timing is the same for both.
 """
 
 from __future__ import annotations

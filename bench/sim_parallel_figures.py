@@ -1,0 +1,533 @@
+"""The Medha paper's parallelism figures (3b, 15-20) and its Sarathi-on-PP2 baseline, simulated.
+
+    python bench/sim_parallel_figures.py --figure 17a [--quick] [--predictor profiled]
+    python bench/sim_parallel_figures.py --figure all [--quick]
+
+Figures (H100 unless said; one request unless said):
+  3b          attention time of a 1M-token Llama-3-70B prefill on TP8, static chunks 32-2048
+  15          MFU of Llama-3-70B prefills, TP8 x SPP 1-16, over prompt lengths
+  16          MBU of one decode, TP8 x KVP 1/2/4, Llama-3-8B and 70B, 1M-10M context
+  17a / 17b   SPP scaling of one prefill, TP8 x SPP 1-16 (up to 128 GPUs), 8B / 70B
+  18          decode latency of one request against SPP degree, TP8, 8B and 70B
+  19          decode TPOT of one request (decode-only batches) against KVP degree: 8B on
+              TP8 x SPP4, 70B on TP8 x SPP8, 1M-10M context
+  20          TTFT of a long prefill and P95 TBT of 4 co-batched decodes, 8B on TP4 x SPP4,
+              KVP 1/2/4, static chunks 32-256, 1M/2M/4M context
+  sarathi-pp  TTFT of one 400K-token prefill, 8B on A100 TP8 x PP2, static:512 / static:2048,
+              stream pipeline (SPP) against microbatched PP (vLLM / Sarathi)
+
+--quick runs each at small lengths and few degrees (seconds; what tests/test_bench_parallel.py
+runs). The prefill figures run the simulator with Medha's default scheduler (lars, adaptive
+chunking) and a 50 ms iteration budget, as bench/sim_parallelism.py does; the decode figures
+(16, 18, 19) time a decode-only batch of one request with the predictor, which is what the
+simulator's TPOT of a lone decode is (its next decode joins only once its batch leaves the last
+stage). "+stage overhead" columns rerun with one modelling assumption changed: every pipeline
+stage pays the hardware's per-iteration host overhead (HardwareSpec.iteration_overhead_s, input
+preparation and launch) for every batch, instead of the batch paying it once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+from collections.abc import Callable
+
+from medha.core.config import SchedulerConfig
+from medha.core.request import Request
+from medha.perf import ParallelConfig, Predictor, get_model, make_predictor
+from medha.sim.metrics.summary import utilization
+from medha.sim.simulator import ClusterConfig, Simulator, kv_blocks_per_replica
+
+M = 1_000_000
+INFEASIBLE = "x (memory)"  # the paper's red crosses: weights + KV exceed device memory
+
+
+class StageOverhead(Predictor):
+    """`inner`, with every pipeline stage paying the per-iteration host overhead for every batch
+    (the roofline charges it once per batch, as if one host loop drove all stages). A batch's
+    time through all stages grows by (spp - 1) x the overhead, so each stage time becomes
+    (t - overhead) / spp + overhead."""
+
+    def __init__(self, inner: Predictor) -> None:
+        super().__init__(inner.model, inner.hardware, inner.parallel)
+        self.inner = inner
+        self.name = f"{inner.name}+stage-overhead"
+        self._extra = (inner.parallel.spp - 1) * inner.hardware.iteration_overhead_s
+
+    def linear_time(self, num_tokens: int, num_seqs: int) -> float:
+        t = self.inner.linear_time(num_tokens, num_seqs)
+        return t + self._extra if t > 0 else t
+
+    def prefill_attention_time(self, num_tokens: int, kv_offset: int) -> float:
+        return self.inner.prefill_attention_time(num_tokens, kv_offset)
+
+    def decode_attention_time(self, kv_len: int) -> float:
+        return self.inner.decode_attention_time(kv_len)
+
+    def decode_attention_total(self, kv_lens: list[int]) -> float:
+        return self.inner.decode_attention_total(kv_lens)
+
+
+class Bench:
+    def __init__(self, predictor: str, quick: bool, budget_s: float = 0.05) -> None:
+        self.predictor = predictor
+        self.quick = quick
+        self.budget_s = budget_s  # Medha's iteration budget in the prefill figures
+        self._prefills: dict[tuple, tuple[float, float] | None] = {}
+        self.used: dict[str, dict[str, str]] = {}  # per figure: model -> predictor
+
+    # ---- building blocks ---------------------------------------------------------------------
+    def make(
+        self, model: str, hardware: str, parallel: ParallelConfig, stage_overhead: bool = False
+    ) -> Predictor:
+        p = make_predictor(self.predictor, model, hardware, parallel)
+        return StageOverhead(p) if stage_overhead else p
+
+    def note(self, figure: str, p: Predictor) -> None:
+        inner = p.inner if isinstance(p, StageOverhead) else p
+        parts = getattr(inner, "fitted_components", None)
+        fitted = [k for k, v in parts().items() if v.startswith("fitted")] if parts else []
+        what = f"{inner.name} on {inner.hardware.name}" + (
+            f" (fitted: {', '.join(fitted)}; the rest roofline)" if fitted else ""
+        )
+        self.used.setdefault(figure, {}).setdefault(inner.model.name, what)
+
+    def capacity(self, model: str, hardware: str, parallel: ParallelConfig) -> int:
+        """KV tokens a replica holds (kvp groups together); 0 when the weights do not fit."""
+        p = make_predictor("roofline", model, hardware, parallel)
+        try:
+            return kv_blocks_per_replica(ClusterConfig(hardware=hardware), p).capacity_tokens
+        except ValueError:
+            return 0
+
+    def prefill(
+        self,
+        model: str,
+        length: int,
+        parallel: ParallelConfig,
+        stage_overhead: bool = False,
+        figure: str = "",
+    ) -> tuple[float, float] | None:
+        """(TTFT, MFU) of one prefill alone on H100 under Medha's default scheduler; None when
+        weights and KV do not fit (memoized: figures 15 and 17b share runs)."""
+        key = (model, length, parallel, stage_overhead)
+        if key not in self._prefills:
+            self._prefills[key] = self._prefill(model, length, parallel, stage_overhead, figure)
+        return self._prefills[key]
+
+    def _prefill(self, model, length, parallel, stage_overhead, figure):
+        if self.capacity(model, "h100", parallel) < length + 1:
+            return None
+        p = self.make(model, "h100", parallel, stage_overhead)
+        self.note(figure, p)
+        sim = Simulator(
+            ClusterConfig(model=model, hardware="h100"),
+            parallel,
+            SchedulerConfig(
+                iteration_budget_s=self.budget_s, max_model_len=max(length + 16, 1 << 20)
+            ),
+            predictor=p,
+        )
+        r = Request("long", 0.0, length, 1)
+        res = sim.run([r])
+        hw = p.hardware
+        u = utilization(
+            res.log,
+            p.model,
+            hw.dtype_bytes,
+            r.ttft_s,
+            parallel.world_size,
+            1,
+            parallel.spp,
+            hw.peak_flops,
+            hw.mem_bw,
+        )
+        return r.ttft_s, u["mfu"]
+
+    def decode_s(self, p: Predictor, context: int) -> float:
+        """Time of a decode-only batch of one request at `context` tokens, all stages."""
+        return p.shape_time((), [context])
+
+
+def _len(n: int) -> str:
+    return f"{n // M}M" if n % M == 0 else f"{n // 1000}K"
+
+
+def _ms(s: float) -> str:
+    return f"{s * 1e3:.1f} ms"
+
+
+def _s(s: float) -> str:
+    return f"{s:.0f} s" if s >= 100 else f"{s:.3g} s"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+# ---- figures -------------------------------------------------------------------------------------
+def fig_3b(b: Bench) -> str:
+    """Attention time of one prefill, summed over its static chunks."""
+    length = 128_000 if b.quick else M
+    chunks = [32, 2048] if b.quick else [32, 64, 128, 256, 512, 1024, 2048]
+    p = b.make("llama-3-70b", "h100", ParallelConfig(tp=8))
+    b.note("3b", p)
+    times = {}
+    for c in chunks:
+        times[c] = sum(p.prefill_attention_time(min(c, length - k), k) for k in range(0, length, c))
+    ref = times[2048]
+    rows = [[str(c), f"{times[c]:.1f} s", f"{times[c] / ref - 1:+.1%}"] for c in chunks]
+    return (
+        f"Fig. 3b: attention time of a {_len(length)}-token prefill, Llama-3-70B, TP8 on 8 "
+        "H100 (paper: 32-token chunks +11% over 2048)\n\n"
+        + _table(["chunk", "attention time", "vs 2048"], rows)
+    )
+
+
+def _spp_scaling(b: Bench, figure: str, model: str, lengths: list[int], spps: list[int]) -> str:
+    rows = []
+    for length in lengths:
+        base = None
+        for spp in spps:
+            par = ParallelConfig(tp=8, spp=spp)
+            out = b.prefill(model, length, par, figure=figure)
+            gpus = str(8 * spp)
+            if out is None:
+                rows.append([_len(length), str(spp), gpus, INFEASIBLE, "", "", ""])
+                continue
+            ttft = out[0]
+            base = base or (spp, ttft)
+            eff = base[0] * base[1] / (spp * ttft)
+            extra = ""
+            if length == lengths[0]:
+                slow = b.prefill(model, length, par, stage_overhead=True, figure=figure)
+                slow_base = b.prefill(
+                    model, length, ParallelConfig(tp=8, spp=base[0]), True, figure
+                )
+                slow_eff = base[0] * slow_base[0] / (spp * slow[0])
+                extra = f"{slow[0]:.1f} s, {slow_eff:.0%}"
+            rows.append(
+                [
+                    _len(length),
+                    str(spp),
+                    gpus,
+                    f"{ttft:.1f} s",
+                    f"{base[1] / ttft:.2f}x",
+                    f"{eff:.0%}",
+                    extra,
+                ]
+            )
+    return _table(
+        [
+            "prompt",
+            "SPP",
+            "GPUs",
+            "TTFT",
+            "speed-up",
+            "scaling efficiency",
+            "+stage overhead: TTFT, efficiency",
+        ],
+        rows,
+    )
+
+
+def fig_17a(b: Bench) -> str:
+    lengths = [128_000] if b.quick else [M, 2 * M, 4 * M]
+    spps = [1, 2, 16] if b.quick else [1, 2, 4, 8, 16]
+    return (
+        "Fig. 17a: SPP scaling of one prefill, Llama-3-8B, TP8 per stage, H100 (paper: near "
+        "linear, > 70% at SPP16 = 128 GPUs). Efficiency against the fewest stages that fit.\n\n"
+        + _spp_scaling(b, "17a", "llama-3-8b", lengths, spps)
+    )
+
+
+def fig_17b(b: Bench) -> str:
+    lengths = [128_000] if b.quick else [M, 2 * M]
+    spps = [1, 2, 16] if b.quick else [1, 2, 4, 8, 16]
+    return (
+        "Fig. 17b: SPP scaling of one prefill, Llama-3-70B, TP8 per stage, H100 (paper: 85% "
+        "at SPP8). Efficiency against the fewest stages that fit.\n\n"
+        + _spp_scaling(b, "17b", "llama-3-70b", lengths, spps)
+    )
+
+
+def fig_15(b: Bench) -> str:
+    """MFU = model FLOPs / (TTFT x peak x GPUs), FLOPs counted two ways."""
+    lengths = [64_000, 128_000] if b.quick else [256_000, 512_000, M, 2 * M]
+    spps = [1, 16] if b.quick else [1, 2, 4, 8, 16]
+    model = get_model("llama-3-70b")
+    rows = []
+    for length in lengths:
+        row = [_len(length)]
+        # the paper's count (Sec. 2: 2.8 EFLOPs for 1M tokens of 70B) takes attention over the
+        # whole L x L square; a causal kernel executes half of it
+        causal = model.prefill_flops(length)
+        square = model.linear_flops(length) + model.attention_flops(length) * 2 * length / (
+            length + 1
+        )
+        for spp in spps:
+            out = b.prefill("llama-3-70b", length, ParallelConfig(tp=8, spp=spp), figure="15")
+            if out is None:
+                row.append(INFEASIBLE)
+                continue
+            ttft, mfu = out
+            row.append(f"{mfu:.0%} / {mfu * square / causal:.0%}")
+        rows.append(row)
+    return (
+        "Fig. 15: MFU of one Llama-3-70B prefill, TP8 x SPP, H100 (paper: 50-60%, rising with "
+        "length, > 50% at 128 GPUs). Each cell: causal FLOPs (the work a flash kernel executes) "
+        "/ the paper's count (full L x L attention square).\n\n"
+        + _table(["prompt"] + [f"SPP{s} ({8 * s} GPUs)" for s in spps], rows)
+    )
+
+
+def fig_16(b: Bench) -> str:
+    """MBU = (weights + KV bytes read) / (TPOT x bandwidth x GPUs), one decode."""
+    contexts = [M, 2 * M] if b.quick else [M, 2 * M, 4 * M, 10 * M]
+    kvps = [1, 2] if b.quick else [1, 2, 4]
+    rows = []
+    for name in ("llama-3-8b", "llama-3-70b"):
+        model = get_model(name)
+        for ctx in contexts:
+            row = [name, _len(ctx)]
+            for kvp in kvps:
+                par = kvp_layout(8, 1, kvp, ctx)
+                if b.capacity(name, "h100", par) < ctx + 1:
+                    row.append(INFEASIBLE)
+                    continue
+                p = b.make(name, "h100", par)
+                b.note("16", p)
+                t = b.decode_s(p, ctx)
+                hw = p.hardware
+                nbytes = model.num_params * hw.dtype_bytes + ctx * model.kv_bytes_per_token(
+                    hw.dtype_bytes
+                )
+                row.append(f"{_ms(t)}, {nbytes / (t * hw.mem_bw * par.world_size):.0%}")
+            rows.append(row)
+    return (
+        "Fig. 16: MBU of one decode (decode-only batch), TP8 x KVP, H100, KVP groups of "
+        "context / kvp tokens "
+        "(paper: up to 92%). Each cell: TPOT, MBU over all tp x kvp GPUs.\n\n"
+        + _table(["model", "context"] + [f"KVP{k}" for k in kvps], rows)
+    )
+
+
+def kvp_layout(tp: int, spp: int, kvp: int, context: int) -> ParallelConfig:
+    """KVP groups of context / kvp tokens each, joining one after another as the KV grows: the
+    paper's Fig. 6 (2M tokens over KVP4: one group to start with, four at the end). An even
+    split is also where the block manager's placement (each group but the last holds a share,
+    the last the rest) and the predictor's timing (beyond kvp shares, an even spread) agree."""
+    return ParallelConfig(tp=tp, spp=spp, kvp=kvp, max_tokens_per_kvp_group=-(-context // kvp))
+
+
+def fig_18(b: Bench) -> str:
+    contexts = [4096] if b.quick else [4096, M]
+    spps = [1, 8] if b.quick else [1, 2, 4, 8, 16]
+    rows = []
+    for name in ("llama-3-8b", "llama-3-70b"):
+        for ctx in contexts:
+            base = slow_base = None
+            row = [name, _len(ctx) if ctx >= 1000 else str(ctx)]
+            for spp in spps:
+                par = ParallelConfig(tp=8, spp=spp)
+                if b.capacity(name, "h100", par) < ctx + 1:
+                    row.append(INFEASIBLE)
+                    continue
+                p = b.make(name, "h100", par)
+                b.note("18", p)
+                t = b.decode_s(p, ctx)
+                slow = b.decode_s(b.make(name, "h100", par, stage_overhead=True), ctx)
+                base, slow_base = base or t, slow_base or slow
+                row.append(f"{_ms(t)} ({t / base - 1:+.0%}); {slow / slow_base - 1:+.0%}")
+            rows.append(row)
+    return (
+        "Fig. 18: decode latency of one request (decode-only batch) against SPP degree, TP8, "
+        "H100 (paper: +16% at SPP8). Each cell: latency (change vs SPP1); change with every "
+        "stage paying the host overhead.\n\n"
+        + _table(["model", "context"] + [f"SPP{s}" for s in spps], rows)
+    )
+
+
+def fig_19(b: Bench) -> str:
+    contexts = [M, 2 * M] if b.quick else [M, 2 * M, 4 * M, 10 * M]
+    kvps = [1, 2] if b.quick else [1, 2, 4]
+    rows = []
+    for name, spp in (("llama-3-8b", 4), ("llama-3-70b", 8)):
+        for ctx in contexts:
+            row = [f"{name}, SPP{spp}", _len(ctx)]
+            times = {}
+            for kvp in kvps:
+                par = kvp_layout(8, spp, kvp, ctx)
+                if b.capacity(name, "h100", par) < ctx + 1:
+                    row.append(INFEASIBLE)
+                    continue
+                p = b.make(name, "h100", par)
+                b.note("19", p)
+                times[kvp] = b.decode_s(p, ctx)
+                row.append(_ms(times[kvp]))
+            for kvp in kvps[1:]:
+                ok = kvp in times and 1 in times
+                row.append(f"{times[kvp] / times[1] - 1:+.0%}" if ok else "")
+            rows.append(row)
+    return (
+        "Fig. 19: decode TPOT of one request in decode-only batches against KVP degree, TP8, "
+        "H100, KVP groups of context / kvp tokens (paper, 8B at 10M: about -40% with KVP2 in the "
+        "caption, "
+        "-40% with KVP4 in the text).\n\n"
+        + _table(
+            ["model", "context"] + [f"KVP{k}" for k in kvps] + [f"KVP{k} vs 1" for k in kvps[1:]],
+            rows,
+        )
+    )
+
+
+class _Stop(Exception):
+    """Ends a simulation once the request it watches has its first token."""
+
+
+DECODES = 4  # co-batched decodes in Fig. 20
+DECODE_CONTEXT = 4096
+
+
+def _fig20_point(b: Bench, length: int, kvp: int, chunk: int) -> tuple[float, float]:
+    """(prefill time of the long request from its first chunk, P95 TBT of the decodes while
+    it prefills), static:`chunk` chunking (Sarathi's budget: decodes count in it)."""
+    par = kvp_layout(4, 4, kvp, length)
+    p = b.make("llama-3-8b", "h100", par)
+    b.note("20", p)
+    sim = Simulator(
+        ClusterConfig(hardware="h100"),
+        par,
+        SchedulerConfig(chunking=f"static:{chunk}", max_model_len=length + 16),
+        predictor=p,
+    )
+    decodes = [Request(f"d{i}", 0.0, DECODE_CONTEXT, length // 2) for i in range(DECODES)]
+    long = Request("long", 0.0, length, 1)
+
+    def stop(r: Request, now: float) -> list[Request]:
+        if r is long:
+            raise _Stop
+        return []
+
+    try:
+        sim.run([*decodes, long], on_finish=stop)
+    except _Stop:
+        pass
+    else:
+        raise RuntimeError("the long request never finished")
+    start, end = long.first_scheduled_s, long.token_times_s[0]
+    gaps = [
+        b2 - a
+        for d in decodes
+        for a, b2 in zip(d.token_times_s, d.token_times_s[1:])
+        if a >= start and b2 <= end
+    ]
+    p95 = statistics.quantiles(gaps, n=20, method="inclusive")[-1] if len(gaps) > 1 else math.nan
+    return end - start, p95
+
+
+def fig_20(b: Bench) -> str:
+    lengths = [64_000] if b.quick else [M, 2 * M, 4 * M]
+    kvps = [1, 2] if b.quick else [1, 2, 4]
+    chunks = [128, 256] if b.quick else [32, 64, 128, 256]
+    rows = []
+    for length in lengths:
+        for kvp in kvps:
+            row = [_len(length), str(kvp)]
+            for chunk in chunks:
+                ttft, tbt = _fig20_point(b, length, kvp, chunk)
+                row.append(f"{_s(ttft)}, {_ms(tbt)}")
+            rows.append(row)
+    return (
+        f"Fig. 20: TTFT of one long prefill and P95 TBT of {DECODES} decodes at "
+        f"{DECODE_CONTEXT} tokens of context running beside it, Llama-3-8B, TP4 x SPP4, H100, "
+        "fcfs with static chunks (the budget counts the decodes), KVP groups of prompt / kvp "
+        "tokens. Each cell: TTFT (from its first chunk), P95 TBT while it prefills.\n\n"
+        + _table(["prompt", "KVP"] + [f"chunk {c}" for c in chunks], rows)
+    )
+
+
+def fig_sarathi_pp(b: Bench) -> str:
+    """One long prefill on Sarathi's TP8 x PP2: chunk i+1 overlapping chunk i (stream) or not
+    (microbatch), with PP1 on 8 GPUs for reference."""
+    length = 64_000 if b.quick else 400_000
+    rows = []
+    for chunk in (512, 2048):
+        times = {}
+        for label, spp, pipeline in (
+            ("PP1 (8 GPUs)", 1, "stream"),
+            ("PP2 stream", 2, "stream"),
+            ("PP2 microbatch", 2, "microbatch"),
+        ):
+            par = ParallelConfig(tp=8, spp=spp)
+            p = b.make("llama-3-8b", "a100", par)
+            b.note("sarathi-pp", p)
+            sim = Simulator(
+                ClusterConfig(hardware="a100"),
+                par,
+                SchedulerConfig(policy="fcfs", chunking=f"static:{chunk}", pipeline=pipeline),
+                predictor=p,
+            )
+            r = Request("long", 0.0, length, 1)
+            sim.run([r])
+            times[label] = r.ttft_s
+        ref = times["PP2 stream"]
+        rows += [
+            [f"static:{chunk}", label, f"{t:.1f} s", f"{t / ref:.2f}x"]
+            for label, t in times.items()
+        ]
+    return (
+        f"Sarathi on TP8 x PP2: TTFT of one {_len(length)}-token prefill, Llama-3-8B, A100, "
+        "fcfs, static chunks\n\n" + _table(["chunking", "pipeline", "TTFT", "vs PP2 stream"], rows)
+    )
+
+
+FIGURES: dict[str, Callable[[Bench], str]] = {
+    "3b": fig_3b,
+    "15": fig_15,
+    "16": fig_16,
+    "17a": fig_17a,
+    "17b": fig_17b,
+    "18": fig_18,
+    "19": fig_19,
+    "20": fig_20,
+    "sarathi-pp": fig_sarathi_pp,
+}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--figure", choices=[*FIGURES, "all"], default="all")
+    ap.add_argument("--quick", action="store_true", help="small lengths and degrees (seconds)")
+    ap.add_argument(
+        "--predictor",
+        default="profiled",
+        help="batch-time model (default: profiled, the bundled fits where they cover the model "
+        "and GPU: A100 MLPs of Llama-3-8B/70B, A100 and H100 collectives; roofline elsewhere)",
+    )
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=0.05,
+        help="Medha's iteration budget in the prefill figures (15, 17a, 17b; default 0.05 s, "
+        "bench/sim_parallelism.py's)",
+    )
+    args = ap.parse_args(argv)
+    b = Bench(args.predictor, args.quick, args.budget_s)
+    for name in FIGURES if args.figure == "all" else [args.figure]:
+        print(FIGURES[name](b))
+        used = b.used.get(name, {})
+        for what in sorted(set(used.values())):
+            models = ", ".join(m for m, w in used.items() if w == what)
+            print(f"\npredictor: {what}; {models}")
+        print(flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
