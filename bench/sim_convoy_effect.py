@@ -10,8 +10,9 @@ Systems, every one on the identical request list at each rate (CONFIGS below):
   non-preemptive, FCFS; "+reserv", 2 of the 8 kept for short prompts (Figure 14); and
   "backfill", later requests may start on instances a waiting head leaves idle;
 - medha-fcfs: the same mechanisms with FCFS order (the paper's "Medha-FCFS" of Figure 9b);
-- sarathi static:512 / static:2048: FCFS with Sarathi's static chunks on TP8 x PP2 (vLLM's
-  chunked-prefill scheduler, as the paper ran it);
+- sarathi static:512 / static:2048: FCFS with Sarathi's static chunks on TP8 x PP2 with
+  microbatched pipelining (vLLM's chunked-prefill scheduler and pipeline, as the paper ran it:
+  a request's next chunk waits for its previous one to leave the last stage);
 - non-preemptive fcfs, 2 x TP8: whole prompts, FCFS, two TP8 replicas.
 Prints one table per rate, then the convoy ratios (short-request TTFT of each baseline / medha's,
 p50 and p99), and whether each run is below saturation: a baseline's short TTFT p50 over the last
@@ -51,6 +52,7 @@ class System:
     system: str = "medha"
     reserved_short: int = 0  # loongserve: instances kept for short prompts (Figure 14)
     backfill: bool = False  # loongserve: later requests may pass a waiting head
+    pipeline: str = "stream"  # microbatch: vLLM's / Sarathi's pipeline parallelism
 
     def spec(self, predictor: str) -> RunSpec:
         return RunSpec(
@@ -67,7 +69,10 @@ class System:
             ),
             parallel=ParallelConfig(tp=self.tp, spp=self.spp),
             scheduler=SchedulerConfig(
-                policy=self.policy, chunking=self.chunking, multi_prefill=self.multi_prefill
+                policy=self.policy,
+                chunking=self.chunking,
+                multi_prefill=self.multi_prefill,
+                pipeline=self.pipeline,
             ),
         )
 
@@ -82,8 +87,8 @@ CONFIGS = [
     # the strict FCFS queue is our assumption: this run changes only it
     System("loongserve, backfill", "fcfs", "none", tp=2, system="loongserve", backfill=True),
     System("medha-fcfs", "fcfs", "adaptive", spp=2),
-    System("sarathi static:512", "fcfs", "static:512", spp=2),
-    System("sarathi static:2048", "fcfs", "static:2048", spp=2),
+    System("sarathi static:512", "fcfs", "static:512", spp=2, pipeline="microbatch"),
+    System("sarathi static:2048", "fcfs", "static:2048", spp=2, pipeline="microbatch"),
     # a whole prompt is one batch, which a pipeline cannot overlap with anything: two TP8
     # replicas are the fairer layout for a system without chunking
     System("non-preemptive fcfs, 2 x TP8", "fcfs", "none", replicas=2),
