@@ -41,6 +41,10 @@ NO_FLOOR = dict(min_ttft_deadline_s=1e-3)
 FLOOR_S = SchedulerConfig().min_ttft_deadline_s  # what every row is scored against
 
 
+# the bundled A100 profile covers Llama-3-8B: the fitted predictor (--predictor)
+PREDICTOR = "profiled"
+
+
 def starvation() -> None:
     print("Starvation stream: a 500K-token prompt at t=0, then a 1500-token request (100")
     print("output tokens) every 32 ms for 50 s; Llama-3-8B, 8xH100 TP8, 50 ms budget.\n")
@@ -79,7 +83,7 @@ def run(qps: float, num_requests: int, seed: int, **settings) -> dict:
         trace="sharegpt", qps=qps, num_requests=num_requests, long_fraction=0.05, seed=seed
     )
     spec = RunSpec(
-        cluster=ClusterConfig(hardware="a100"),
+        cluster=ClusterConfig(hardware="a100", predictor=PREDICTOR),
         parallel=ParallelConfig(tp=8, spp=2),
         scheduler=SchedulerConfig.from_flat(**settings),
     )
@@ -185,6 +189,12 @@ def main() -> None:
     ap.add_argument("--qps", type=float, nargs="+", default=[0.25, 1.75])
     ap.add_argument("--num-requests", type=int, default=500)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--predictor",
+        default=PREDICTOR,
+        help="profiled (default: the bundled A100 Llama-3-8B profile, attention on the "
+        "roofline) or roofline",
+    )
     ap.add_argument("--target", type=float, default=0.9, help="capacity: SLO attainment kept")
     ap.add_argument("--steps", type=int, default=3, help="capacity: bisection steps")
     ap.add_argument("--max-qps", type=float, default=8.0, help="capacity: highest rate tried")
@@ -195,6 +205,8 @@ def main() -> None:
         help="capacity: the lars formula",
     )
     args = ap.parse_args()
+    global PREDICTOR
+    PREDICTOR = args.predictor
     if args.what == "starvation":
         starvation()
     elif args.what == "causes":

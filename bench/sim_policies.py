@@ -18,6 +18,9 @@ from medha.sim.runner import RunSpec, compare_table, simulate
 from medha.sim.simulator import ClusterConfig
 from medha.sim.workload.generator import WorkloadConfig
 
+# the bundled A100 profile covers Llama-3-8B: the fitted predictor (--predictor)
+PREDICTOR = "profiled"
+
 
 def configs(formulas: list[str]) -> list[tuple[str, dict]]:
     """(row name, scheduler settings) of every row."""
@@ -58,12 +61,20 @@ def main() -> None:
     ap.add_argument("--num-requests", type=int, default=500)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
+        "--predictor",
+        default=PREDICTOR,
+        help="profiled (default: the bundled A100 Llama-3-8B profile, attention on the "
+        "roofline) or roofline",
+    )
+    ap.add_argument(
         "--lars-slack",
         choices=[*LARS_SLACK_MODES, "both"],
         default="both",
         help="the lars rows' relative-slack formula (both: a row for each)",
     )
     args = ap.parse_args()
+    global PREDICTOR
+    PREDICTOR = args.predictor
     formulas = list(LARS_SLACK_MODES) if args.lars_slack == "both" else [args.lars_slack]
     rows = configs(formulas)
     for qps in args.qps:
@@ -78,7 +89,7 @@ def main() -> None:
             name: simulate(
                 RunSpec(
                     name=name,
-                    cluster=ClusterConfig(hardware="a100"),
+                    cluster=ClusterConfig(hardware="a100", predictor=PREDICTOR),
                     parallel=ParallelConfig(tp=8, spp=2),
                     scheduler=SchedulerConfig.from_flat(**settings),
                 ),
@@ -86,7 +97,9 @@ def main() -> None:
             )
             for name, settings in rows
         }
-        print(f"\n### {qps} QPS ({args.num_requests} requests, seed {args.seed})\n")
+        print(
+            f"\n### {qps} QPS ({args.num_requests} requests, seed {args.seed}, predictor {PREDICTOR})\n"
+        )
         print(compare_table(list(outcomes.values()))[0])
         print()
         print(by_class_table(list(outcomes.values())))
