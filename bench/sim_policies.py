@@ -98,7 +98,8 @@ def main() -> None:
             for name, settings in rows
         }
         print(
-            f"\n### {qps} QPS ({args.num_requests} requests, seed {args.seed}, predictor {PREDICTOR})\n"
+            f"\n### {qps} QPS ({args.num_requests} requests, seed {args.seed}, "
+            f"predictor {PREDICTOR})\n"
         )
         print(compare_table(list(outcomes.values()))[0])
         print()
