@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from sim_convoy_effect import CONFIGS, run_config, stationary  # noqa: E402
 
-from medha.plan.search import ChainLog, capacity_chain, meets  # noqa: E402
+from medha.plan.search import capacity_search, meets  # noqa: E402
 from medha.plan.slo import parse_slos  # noqa: E402
 
 
@@ -40,31 +40,17 @@ def capacity(
     log_rows: list,
     halvings: int = 4,
 ) -> tuple[float, bool]:
-    """The highest qps (a multiple of base_qps) at which config `name` meets `slos`."""
-    log = ChainLog(simulated=[])
+    """The highest qps at which config `name` meets `slos` (and stays stationary)."""
+
+    def run_at(qps: float):
+        outcome = run_config(name, qps, n, seed, predictor)
+        log_rows.append((name, qps, outcome))
+        return outcome
 
     def ok(outcome) -> bool:
         return meets(outcome.summary, slos) and stationary(outcome)[0]
 
-    # the chain assumes the SLOs hold at 1x: halve the base until they do (or give up)
-    for _ in range(halvings + 1):
-        first = run_config(name, base_qps, n, seed, predictor)
-        log_rows.append((name, base_qps, first))
-        if ok(first):
-            break
-        base_qps /= 2
-    else:
-        return 0.0, False
-    chain = capacity_chain({"name": name}, ok, log, max_rate, steps)
-    point = next(chain)
-    try:
-        while True:
-            outcome = run_config(name, base_qps * point["rate"], n, seed, predictor)
-            log_rows.append((name, base_qps * point["rate"], outcome))
-            point = chain.send(outcome)
-    except StopIteration:
-        pass
-    return base_qps * log.capacity, log.capacity_capped
+    return capacity_search(run_at, ok, base_qps, base_qps * max_rate, steps, halvings)
 
 
 def main() -> None:

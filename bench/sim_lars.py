@@ -32,7 +32,7 @@ import numpy as np
 from medha.benchmark.scenarios import steady_stream
 from medha.core.config import LARS_SLACK_MODES, SchedulerConfig
 from medha.perf import ParallelConfig
-from medha.plan.search import ChainLog, capacity_chain
+from medha.plan.search import capacity_search
 from medha.sim.runner import RunSpec, simulate
 from medha.sim.simulator import ClusterConfig
 from medha.sim.workload.generator import WorkloadConfig
@@ -165,20 +165,7 @@ def capacity(
         print(f"  {settings} at {qps:.4g} QPS: {a:.1%}", flush=True)
         return a
 
-    base = 0.25
-    while attained(base) < target:
-        base /= 2
-        if base < 0.25 / 16:
-            return 0.0, False
-    log = ChainLog([])
-    chain = capacity_chain({}, lambda a: a >= target, log, max_qps / base, steps)
-    try:
-        point = next(chain)
-        while True:
-            point = chain.send(attained(base * point["rate"]))
-    except StopIteration:
-        pass
-    return base * log.capacity, log.capacity_capped
+    return capacity_search(attained, lambda a: a >= target, 0.25, max_qps, steps)
 
 
 def main() -> None:

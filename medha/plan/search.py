@@ -177,6 +177,35 @@ def capacity_chain(
     log.capacity = lo
 
 
+def capacity_search(
+    run_at: Callable[[float], Result],
+    ok: Callable[[Result], bool],
+    base: float,
+    max_rate: float,
+    steps: int,
+    halvings: int = 4,
+) -> tuple[float, bool]:
+    """The highest rate (of requests per second, or any other scale) at which `ok(run_at(rate))`
+    holds, outside `medha plan`'s grid: the base is halved up to `halvings` times until it
+    holds (0.0 if it never does), then `capacity_chain` doubles and bisects from there, up to
+    `max_rate`. Returns the rate and whether it still held at `max_rate` (then "at least")."""
+    for _ in range(halvings + 1):
+        if ok(run_at(base)):
+            break
+        base /= 2
+    else:
+        return 0.0, False
+    log = ChainLog(simulated=[])
+    chain = capacity_chain({}, ok, log, max_rate / base, steps)
+    try:
+        point = next(chain)
+        while True:
+            point = chain.send(run_at(base * point["rate"]))
+    except StopIteration:
+        pass
+    return base * log.capacity, log.capacity_capped
+
+
 def _round(x: float) -> float:
     return float(f"{x:.4g}")  # one key per rate, whatever the float arithmetic gave
 
