@@ -169,6 +169,7 @@ def capacity(
 
 
 def main() -> None:
+    global PREDICTOR
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -192,7 +193,6 @@ def main() -> None:
         help="capacity: the lars formula",
     )
     args = ap.parse_args()
-    global PREDICTOR
     PREDICTOR = args.predictor
     if args.what == "starvation":
         starvation()

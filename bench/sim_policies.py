@@ -54,6 +54,7 @@ def by_class_table(outcomes) -> str:
 
 
 def main() -> None:
+    global PREDICTOR
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -73,7 +74,6 @@ def main() -> None:
         help="the lars rows' relative-slack formula (both: a row for each)",
     )
     args = ap.parse_args()
-    global PREDICTOR
     PREDICTOR = args.predictor
     formulas = list(LARS_SLACK_MODES) if args.lars_slack == "both" else [args.lars_slack]
     rows = configs(formulas)
