@@ -18,7 +18,7 @@ from medha.core.config import SchedulerConfig
 from medha.perf import ParallelConfig
 from medha.sim.runner import RunSpec, compare_table, simulate
 from medha.sim.simulator import ClusterConfig
-from medha.sim.workload.generator import WorkloadConfig
+from medha.sim.workload.generator import LONG_PREFILL, WorkloadConfig
 
 LAYOUTS = [
     ("Medha-2D (TP8 x SPP8)", ParallelConfig(tp=8, spp=8)),
@@ -29,13 +29,13 @@ LONG_SCALE = 2.0
 MAX_MODEL_LEN = 1 << 21
 
 
-def run(qps: float, n: int, seed: int, predictor: str):
+def run(qps: float, n: int, seed: int, predictor: str, long_scale: float = LONG_SCALE):
     work = WorkloadConfig(
         trace="sharegpt",
         qps=qps,
         num_requests=n,
         long_fraction=0.05,
-        long_scale=LONG_SCALE,
+        long_scale=long_scale,
         seed=seed,
     )
     return [
@@ -44,7 +44,10 @@ def run(qps: float, n: int, seed: int, predictor: str):
                 name=name,
                 cluster=ClusterConfig(model="llama-3-70b", hardware="h100", predictor=predictor),
                 parallel=parallel,
-                scheduler=SchedulerConfig(multi_prefill=True, max_model_len=MAX_MODEL_LEN),
+                scheduler=SchedulerConfig(
+                    multi_prefill=True,
+                    max_model_len=max(MAX_MODEL_LEN, int(LONG_PREFILL["high"] * long_scale)),
+                ),
             ),
             work,
         )
@@ -64,14 +67,24 @@ def main() -> None:
         default="roofline",
         help="no H100 compute profile is bundled: roofline (default)",
     )
+    ap.add_argument(
+        "--long-scale",
+        type=float,
+        default=LONG_SCALE,
+        help="long prompts as Medha-SWE's times this (default 2: up to 2M tokens; 4 puts the "
+        "longest decodes past SPP8's iteration budget, where KVP has something to gain)",
+    )
     ap.add_argument("--quick", action="store_true", help="one rate, 60 requests (CI)")
     args = ap.parse_args()
     if args.quick:
         args.qps, args.num_requests = [0.25], 60
     rows = []
     for qps in args.qps:
-        two, three = run(qps, args.num_requests, args.seed, args.predictor)
-        print(f"\n### {qps} QPS ({args.num_requests} requests, seed {args.seed})\n")
+        two, three = run(qps, args.num_requests, args.seed, args.predictor, args.long_scale)
+        print(
+            f"\n### {qps} QPS ({args.num_requests} requests, seed {args.seed}, long prompts "
+            f"x{args.long_scale:g})\n"
+        )
         print(compare_table([two, three])[0])
         rows.append((qps, two.summary, three.summary))
     print("\n### 3D / 2D\n")
