@@ -37,6 +37,7 @@ from collections.abc import Callable
 from medha.core.config import SchedulerConfig
 from medha.core.request import Request
 from medha.perf import ParallelConfig, Predictor, get_model, make_predictor
+from medha.perf.predictor import WrappedPredictor
 from medha.sim.metrics.summary import utilization
 from medha.sim.simulator import ClusterConfig, Simulator, kv_blocks_per_replica
 
@@ -44,30 +45,20 @@ M = 1_000_000
 INFEASIBLE = "x (memory)"  # the paper's red crosses: weights + KV exceed device memory
 
 
-class StageOverhead(Predictor):
+class StageOverhead(WrappedPredictor):
     """`inner`, with every pipeline stage paying the per-iteration host overhead for every batch
     (the roofline charges it once per batch, as if one host loop drove all stages). A batch's
     time through all stages grows by (spp - 1) x the overhead, so each stage time becomes
     (t - overhead) / spp + overhead."""
 
     def __init__(self, inner: Predictor) -> None:
-        super().__init__(inner.model, inner.hardware, inner.parallel)
-        self.inner = inner
+        super().__init__(inner)
         self.name = f"{inner.name}+stage-overhead"
         self._extra = (inner.parallel.spp - 1) * inner.hardware.iteration_overhead_s
 
     def linear_time(self, num_tokens: int, num_seqs: int) -> float:
         t = self.inner.linear_time(num_tokens, num_seqs)
         return t + self._extra if t > 0 else t
-
-    def prefill_attention_time(self, num_tokens: int, kv_offset: int) -> float:
-        return self.inner.prefill_attention_time(num_tokens, kv_offset)
-
-    def decode_attention_time(self, kv_len: int) -> float:
-        return self.inner.decode_attention_time(kv_len)
-
-    def decode_attention_total(self, kv_lens: list[int]) -> float:
-        return self.inner.decode_attention_total(kv_lens)
 
 
 class Bench:

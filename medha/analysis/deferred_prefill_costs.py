@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 
 from medha.perf import HardwareSpec, Predictor, get_hardware
+from medha.perf.predictor import WrappedPredictor
 
 # Vidur's published vLLM CPU overheads on an A100 (github.com/microsoft/vidur,
 # data/profiling/a100/cpu_overheads.csv, commit 0633efae, MIT licence as
@@ -60,7 +61,7 @@ def a100_pcie_paper() -> HardwareSpec:
     )
 
 
-class VllmCpuPredictor(Predictor):
+class VllmCpuPredictor(WrappedPredictor):
     """Another predictor's GPU time plus vLLM's CPU time per iteration, fixed_s + per_seq_s
     times the sequences the iteration runs. The inner predictor should carry no iteration
     overhead of its own (see `vllm_predictor`), or it is counted twice.
@@ -74,8 +75,8 @@ class VllmCpuPredictor(Predictor):
     def __init__(
         self, inner: Predictor, fixed_s: float, per_seq_s: float, prefill_extra_s: float = 0.0
     ) -> None:
-        super().__init__(inner.model, inner.hardware, inner.parallel)
-        self.inner, self.fixed_s, self.per_seq_s = inner, fixed_s, per_seq_s
+        super().__init__(inner)
+        self.fixed_s, self.per_seq_s = fixed_s, per_seq_s
         self.prefill_extra_s = prefill_extra_s
         self.name = f"{inner.name}+vllm-cpu"
 
@@ -86,15 +87,6 @@ class VllmCpuPredictor(Predictor):
         if num_tokens > num_seqs:
             cpu += self.prefill_extra_s
         return self.inner.linear_time(num_tokens, num_seqs) + cpu
-
-    def prefill_attention_time(self, num_tokens: int, kv_offset: int) -> float:
-        return self.inner.prefill_attention_time(num_tokens, kv_offset)
-
-    def decode_attention_time(self, kv_len: int) -> float:
-        return self.inner.decode_attention_time(kv_len)
-
-    def decode_attention_total(self, kv_lens: list[int]) -> float:
-        return self.inner.decode_attention_total(kv_lens)
 
     def describe(self) -> str:
         extra = (

@@ -76,6 +76,27 @@ class Predictor(ABC):
         )
 
 
+class WrappedPredictor(Predictor):
+    """`inner`'s times, for a predictor that changes some of them (a subclass overrides what it
+    changes, typically `linear_time` for a cost paid once per iteration) and keeps the rest."""
+
+    def __init__(self, inner: Predictor) -> None:
+        super().__init__(inner.model, inner.hardware, inner.parallel)
+        self.inner = inner
+
+    def linear_time(self, num_tokens: int, num_seqs: int) -> float:
+        return self.inner.linear_time(num_tokens, num_seqs)
+
+    def prefill_attention_time(self, num_tokens: int, kv_offset: int) -> float:
+        return self.inner.prefill_attention_time(num_tokens, kv_offset)
+
+    def decode_attention_time(self, kv_len: int) -> float:
+        return self.inner.decode_attention_time(kv_len)
+
+    def decode_attention_total(self, kv_lens: list[int]) -> float:
+        return self.inner.decode_attention_total(kv_lens)
+
+
 class BatchTimer:
     """A batch under construction, with its predicted time kept up to date."""
 
