@@ -14,6 +14,7 @@ from tqdm import tqdm
 from medha.core.config import SchedulerConfig
 from medha.core.request import Request
 from medha.perf import ParallelConfig, Predictor, make_predictor
+from medha.perf.model_specs import ModelSpec
 from medha.perf.prefill_time_cache import PrefillTimeCache
 from medha.perf.setup_cache import StoredWalk
 from medha.scheduler.block_manager import BlockManager
@@ -66,6 +67,19 @@ def kv_blocks_per_replica(
     return BlockManager.from_memory(kv_bytes, model, par, hw.dtype_bytes, block_size)
 
 
+def check_layout(model: ModelSpec, parallel: ParallelConfig) -> None:
+    """Refuse a layout no engine could run: tensor parallelism splits the attention heads, the
+    stream pipeline splits the layers."""
+    if model.num_heads % parallel.tp:
+        raise ValueError(
+            f"tp {parallel.tp} does not divide {model.name}'s {model.num_heads} attention heads"
+        )
+    if parallel.spp > model.num_layers:
+        raise ValueError(
+            f"spp {parallel.spp} is more stages than {model.name}'s {model.num_layers} layers"
+        )
+
+
 class Simulator:
     def __init__(
         self,
@@ -80,17 +94,7 @@ class Simulator:
         self.predictor = predictor or make_predictor(
             cluster.predictor, cluster.model, cluster.hardware, parallel
         )
-        model = self.predictor.model
-        # a layout no engine could run: tensor parallelism splits the attention heads, the
-        # stream pipeline splits the layers
-        if model.num_heads % parallel.tp:
-            raise ValueError(
-                f"tp {parallel.tp} does not divide {model.name}'s {model.num_heads} attention heads"
-            )
-        if parallel.spp > model.num_layers:
-            raise ValueError(
-                f"spp {parallel.spp} is more stages than {model.name}'s {model.num_layers} layers"
-            )
+        check_layout(self.predictor.model, parallel)
         # Building one scheduler validates the whole configuration. Its prefill-time cache,
         # which every replica of every run then shares, starts from the walk an earlier run
         # with the same inputs left on disk.

@@ -77,7 +77,7 @@ from medha.scheduler.request_table import RequestTable, SchedulerStats
 from medha.sim.baselines.elastic_instances import Instance, KVLedger
 from medha.sim.config import ClusterConfig
 from medha.sim.metrics.iteration_log import IterationLog
-from medha.sim.simulator import KV_BLOCK_SIZE, SimResult, kv_blocks_per_replica
+from medha.sim.simulator import KV_BLOCK_SIZE, SimResult, check_layout, kv_blocks_per_replica
 
 _PREFILL_DONE, _DECODE_DONE = 0, 1
 
@@ -136,11 +136,8 @@ class LoongServeSimulator:
         self.predictor = predictor or make_predictor(
             cluster.predictor, cluster.model, cluster.hardware, parallel
         )
-        model, hw = self.predictor.model, self.predictor.hardware
-        if model.num_heads % parallel.tp:
-            raise ValueError(
-                f"tp {parallel.tp} does not divide {model.name}'s {model.num_heads} attention heads"
-            )
+        hw = self.predictor.hardware
+        check_layout(self.predictor.model, parallel)
         self.scheduler_config = scheduler.resolve(self.predictor)
         self.max_model_len = self.scheduler_config.max_model_len
         self.check = check
