@@ -14,6 +14,9 @@ Systems, every one on the identical request list at each rate (CONFIGS below):
   microbatched pipelining (vLLM's chunked-prefill scheduler and pipeline, as the paper ran it:
   a request's next chunk waits for its previous one to leave the last stage);
 - non-preemptive fcfs, 2 x TP8: whole prompts, FCFS, two TP8 replicas.
+One-change runs, by --configs only: "loongserve, macro" and "loongserve +reserv, macro" start
+prefills in macro iterations every 10 decode iterations, as LoongServe's released server does;
+"medha, s / w(t)" orders by LARS's other formula (relative slack over the remaining work).
 Prints one table per rate, then the convoy ratios (short-request TTFT of each baseline / medha's,
 p50 and p99), and whether each run is below saturation: a baseline's short TTFT p50 over the last
 third of the arrivals must stay within 2x (+1 s) of the first third's, else the ratio measures a
@@ -52,7 +55,9 @@ class System:
     system: str = "medha"
     reserved_short: int = 0  # loongserve: instances kept for short prompts (Figure 14)
     backfill: bool = False  # loongserve: later requests may pass a waiting head
+    prefill_every: int = 0  # loongserve: macro iterations, as its released server runs
     pipeline: str = "stream"  # microbatch: vLLM's / Sarathi's pipeline parallelism
+    lars_slack: str = SchedulerConfig().lars_slack
 
     def spec(self, predictor: str) -> RunSpec:
         return RunSpec(
@@ -64,7 +69,9 @@ class System:
                 replicas=self.replicas,
                 system=self.system,
                 loong=LoongServeSettings(
-                    reserved_short=self.reserved_short, backfill=self.backfill
+                    reserved_short=self.reserved_short,
+                    backfill=self.backfill,
+                    prefill_every=self.prefill_every,
                 ),
             ),
             parallel=ParallelConfig(tp=self.tp, spp=self.spp),
@@ -73,6 +80,7 @@ class System:
                 chunking=self.chunking,
                 multi_prefill=self.multi_prefill,
                 pipeline=self.pipeline,
+                lars_slack=self.lars_slack,
             ),
         )
 
@@ -93,7 +101,26 @@ CONFIGS = [
     # replicas are the fairer layout for a system without chunking
     System("non-preemptive fcfs, 2 x TP8", "fcfs", "none", replicas=2),
 ]
-BY_NAME = {c.name: c for c in CONFIGS}
+# one-change runs, by name only (--configs): each changes one assumption of a system above
+ONE_CHANGE = [
+    # a prefill starting whenever instances are free is ours: LoongServe's released server
+    # starts them in macro iterations, every 10 decode iterations (its max_wait_tokens)
+    System("loongserve, macro", "fcfs", "none", tp=2, system="loongserve", prefill_every=10),
+    System(
+        "loongserve +reserv, macro",
+        "fcfs",
+        "none",
+        tp=2,
+        system="loongserve",
+        reserved_short=2,
+        prefill_every=10,
+    ),
+    # medha with LARS's other formula, relative slack over the remaining work
+    System(
+        "medha, s / w(t)", "lars", "adaptive", multi_prefill=True, spp=2, lars_slack="remaining"
+    ),
+]
+BY_NAME = {c.name: c for c in CONFIGS + ONE_CHANGE}
 
 
 def workload(qps: float, n: int, seed: int, long_fraction: float = 0.05) -> WorkloadConfig:
@@ -165,7 +192,15 @@ def main() -> None:
         help="profiled (default: the bundled A100 Llama-3-8B profile; attention on the roofline) "
         "or roofline",
     )
-    ap.add_argument("--configs", nargs="+", default=[c.name for c in CONFIGS])
+    ap.add_argument(
+        "--configs",
+        nargs="+",
+        default=[c.name for c in CONFIGS],
+        choices=list(BY_NAME),
+        metavar="NAME",
+        help="systems to run, the first the reference of the ratios (default: all but the "
+        f"one-change runs; those: {', '.join(repr(c.name) for c in ONE_CHANGE)})",
+    )
     ap.add_argument(
         "--window",
         type=float,

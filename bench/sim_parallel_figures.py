@@ -24,11 +24,18 @@ simulator's TPOT of a lone decode is (its next decode joins only once its batch 
 stage). "+stage overhead" columns rerun with one modelling assumption changed: every pipeline
 stage pays the hardware's per-iteration host overhead (HardwareSpec.iteration_overhead_s, input
 preparation and launch) for every batch, instead of the batch paying it once.
+
+Two more one-change runs: --hardware-set KEY=VALUE replaces one field of the H100's spec
+(medha/perf/hardware_specs.py; e.g. mem_eff=1.0, the peak bandwidth instead of the 0.8 of it
+long reads sustain, for Figure 16's MBU); --kvp-merge-us X adds X microseconds to every layer's
+KVP merge (queries out to the groups, partial outputs back), on top of the two inter-node
+latencies it costs otherwise, for Figures 19 and 20.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import statistics
 import sys
@@ -37,6 +44,7 @@ from collections.abc import Callable
 from medha.core.config import SchedulerConfig
 from medha.core.request import Request
 from medha.perf import ParallelConfig, Predictor, get_model, make_predictor
+from medha.perf.hardware_specs import HardwareSpec, get_hardware
 from medha.perf.predictor import WrappedPredictor
 from medha.sim.metrics.summary import utilization
 from medha.sim.simulator import ClusterConfig, Simulator, kv_blocks_per_replica
@@ -61,11 +69,45 @@ class StageOverhead(WrappedPredictor):
         return t + self._extra if t > 0 else t
 
 
+class KvpMerge(WrappedPredictor):
+    """`inner`, with every layer's KVP merge costing `extra_s` more wherever the request's KV
+    spans several groups (the one-change run on the merge's cost)."""
+
+    def __init__(self, inner: Predictor, extra_s: float) -> None:
+        super().__init__(inner)
+        self.name = f"{inner.name}+kvp-merge-{extra_s * 1e6:g}us"
+        self._extra = inner.model.num_layers * extra_s
+
+    def _merge(self, kv_len: int, new: int) -> float:
+        return self._extra if self.parallel.kvp_groups(kv_len + new) > 1 else 0.0
+
+    def prefill_attention_time(self, num_tokens: int, kv_offset: int) -> float:
+        t = self.inner.prefill_attention_time(num_tokens, kv_offset)
+        return t + self._merge(kv_offset, num_tokens)
+
+    def decode_attention_time(self, kv_len: int) -> float:
+        return self.inner.decode_attention_time(kv_len) + self._merge(kv_len, 1)
+
+    def decode_attention_total(self, kv_lens: list[int]) -> float:
+        # the decodes of a batch merge together: one exchange per layer for all of them
+        extra = max((self._merge(k, 1) for k in kv_lens), default=0.0)
+        return self.inner.decode_attention_total(kv_lens) + extra
+
+
 class Bench:
-    def __init__(self, predictor: str, quick: bool, budget_s: float = 0.05) -> None:
+    def __init__(
+        self,
+        predictor: str,
+        quick: bool,
+        budget_s: float = 0.05,
+        hardware_set: dict | None = None,
+        kvp_merge_s: float = 0.0,
+    ) -> None:
         self.predictor = predictor
         self.quick = quick
         self.budget_s = budget_s  # Medha's iteration budget in the prefill figures
+        self.hardware_set = hardware_set or {}  # spec fields replaced (one-change runs)
+        self.kvp_merge_s = kvp_merge_s
         self._prefills: dict[tuple, tuple[float, float] | None] = {}
         self.used: dict[str, dict[str, str]] = {}  # per figure: model -> predictor
 
@@ -73,15 +115,23 @@ class Bench:
     def make(
         self, model: str, hardware: str, parallel: ParallelConfig, stage_overhead: bool = False
     ) -> Predictor:
-        p = make_predictor(self.predictor, model, hardware, parallel)
+        hw = dataclasses.replace(get_hardware(hardware), **self.hardware_set)
+        p = make_predictor(self.predictor, model, hw, parallel)
+        if self.kvp_merge_s:
+            p = KvpMerge(p, self.kvp_merge_s)
         return StageOverhead(p) if stage_overhead else p
 
     def note(self, figure: str, p: Predictor) -> None:
-        inner = p.inner if isinstance(p, StageOverhead) else p
+        inner = p
+        while isinstance(inner, WrappedPredictor):
+            inner = inner.inner
         parts = getattr(inner, "fitted_components", None)
         fitted = [k for k, v in parts().items() if v.startswith("fitted")] if parts else []
-        what = f"{inner.name} on {inner.hardware.name}" + (
-            f" (fitted: {', '.join(fitted)}; the rest roofline)" if fitted else ""
+        changed = ", ".join(f"{k}={v:g}" for k, v in self.hardware_set.items())
+        what = (
+            f"{inner.name} on {inner.hardware.name}"
+            + (f" ({changed})" if changed else "")
+            + (f" (fitted: {', '.join(fitted)}; the rest roofline)" if fitted else "")
         )
         self.used.setdefault(figure, {}).setdefault(inner.model.name, what)
 
@@ -509,8 +559,31 @@ def main(argv: list[str] | None = None) -> None:
         help="Medha's iteration budget in the prefill figures (15, 17a, 17b; default 0.05 s, "
         "bench/sim_parallelism.py's)",
     )
+    ap.add_argument(
+        "--hardware-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="replace one field of the hardware spec (a one-change run; e.g. mem_eff=1.0)",
+    )
+    ap.add_argument(
+        "--kvp-merge-us",
+        type=float,
+        default=0.0,
+        help="microseconds added to every layer's KVP merge (a one-change run; default 0)",
+    )
     args = ap.parse_args(argv)
-    b = Bench(args.predictor, args.quick, args.budget_s)
+    fields = {f.name: f.type for f in dataclasses.fields(HardwareSpec)}
+    hardware_set = {}
+    for item in args.hardware_set:
+        key, sep, value = item.partition("=")
+        if not sep or key not in fields or key == "name":
+            ap.error(f"--hardware-set wants FIELD=NUMBER, a field of HardwareSpec, got {item!r}")
+        try:
+            hardware_set[key] = float(value) if "float" in str(fields[key]) else int(value)
+        except ValueError:
+            ap.error(f"--hardware-set {key}: not a number: {value!r}")
+    b = Bench(args.predictor, args.quick, args.budget_s, hardware_set, args.kvp_merge_us * 1e-6)
     for name in FIGURES if args.figure == "all" else [args.figure]:
         print(FIGURES[name](b))
         used = b.used.get(name, {})

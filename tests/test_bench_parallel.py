@@ -66,3 +66,33 @@ def test_microbatched_pp2_runs_a_lone_prefill_at_pp1_speed(tables):
         micro = float(cells(text, f"{chunking} | PP2 microbatch")[3].rstrip("x"))
         pp1 = float(cells(text, f"{chunking} | PP1")[3].rstrip("x"))
         assert 1.8 < micro and abs(micro - pp1) < 0.1
+
+
+def run_figure(figure: str, *flags: str) -> str:
+    res = subprocess.run(
+        [sys.executable, str(FIGURES), "--quick", "--figure", figure, *flags],
+        capture_output=True,
+        text=True,
+    )
+    assert res.returncode == 0, res.stderr
+    return res.stdout
+
+
+def test_one_change_runs_move_only_what_they_change(tables):
+    # the peak bandwidth instead of 0.8 of it: a decode's MBU rises by up to 1 / 0.8
+    def mbu(text):
+        return int(cells(text, "llama-3-8b | 1M")[2].split(", ")[1].rstrip("%"))
+
+    base, peak = run_figure("16"), run_figure("16", "--hardware-set", "mem_eff=1.0")
+    assert "(mem_eff=1)" in peak
+    assert mbu(base) < mbu(peak) <= round(mbu(base) / 0.8) + 1
+    # a costlier KVP merge slows the KVP2 decode and leaves KVP1's alone
+    merged = run_figure("19", "--kvp-merge-us", "100")
+    one, two = cells(tables["19"], "llama-3-8b, SPP4 | 2M"), cells(merged, "llama-3-8b, SPP4 | 2M")
+    assert one[2] == two[2] and float(two[3].split()[0]) > float(one[3].split()[0])
+    bad = subprocess.run(
+        [sys.executable, str(FIGURES), "--figure", "16", "--hardware-set", "mem_eff"],
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 2 and "FIELD=NUMBER" in bad.stderr

@@ -165,6 +165,45 @@ def test_backfill_lets_a_short_pass_a_waiting_long_without_delaying_it():
     assert (a2.first_token_s, b2.first_token_s) == (a.first_token_s, b.first_token_s)
 
 
+def test_macro_iterations_start_prefills_only_every_n_decode_iterations():
+    # one instance decodes "d"; "s" arrives on another, free instance. Without macro
+    # iterations it starts at once; with them, only after 10 decode iterations of "d" since
+    # "d"'s own prefill began, and a prefill arriving during another's runs only if it ends
+    # before it (the released server's greedy fill).
+    def run(every):
+        sim = loong(instances=4, max_degree=1, prefill_every=every)
+        d = Request("d", 0.0, 100, 400)
+        s = Request("s", 0.03, 100, 1)
+        sim.run([d, s])
+        return d, s
+
+    d, s = run(0)
+    assert s.ttft_s < 0.05
+    d, s = run(10)
+    # "d"'s iterations since its prefill ended (none ran during it): s's prefill starts at
+    # the 10th's end, its TTFT one prefill later
+    tenth = d.token_times_s[10]
+    assert d.token_times_s[1] < s.arrival_s < tenth
+    assert s.first_token_s == pytest.approx(tenth + ring_s(loong(), 100, 1), rel=1e-9)
+    assert s.first_token_s > d.token_times_s[9]
+
+    # inside a macro iteration: a long prefill runs; a short arriving during it starts on a
+    # free instance since it ends first, a second long does not
+    def inside(every):
+        sim = loong(instances=4, max_degree=1, prefill_every=every)
+        big = Request("big", 0.0, 60_000, 1)
+        s = Request("s", 0.5, 100, 1)
+        big2 = Request("big2", 0.6, 60_000, 1)
+        sim.run([big, s, big2])
+        return big, s, big2
+
+    big, s, big2 = inside(10)
+    assert s.ttft_s < 0.05
+    assert big2.first_token_s > big.first_token_s  # waited for the macro iteration's end
+    _, _, big2_free = inside(0)
+    assert big2_free.ttft_s < big2.ttft_s
+
+
 def test_decodes_stall_on_an_instance_taken_by_a_prefill():
     def run(instances):
         sim = loong(instances=instances, max_degree=1)

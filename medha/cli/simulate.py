@@ -243,6 +243,11 @@ def run(args: argparse.Namespace) -> None:
                             if loong.reserved_short
                             else ""
                         )
+                        + (
+                            f"; prefills start every {loong.prefill_every} decode iterations"
+                            if loong.prefill_every
+                            else ""
+                        )
                         + ")",
                         file=sys.stderr,
                     )

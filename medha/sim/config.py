@@ -87,8 +87,21 @@ class LoongServeSettings:
             "backfilling); off: strict FCFS, the queue waits with its head"
         ),
     )
+    prefill_every: int = field(
+        default=0,
+        metadata=_loong_help(
+            "loongserve: start new prefills only in macro iterations, as LoongServe's released "
+            "server does: one begins when no request decodes or after this many decode "
+            "iterations since the last began (its --max_wait_tokens, 10 in its launch "
+            "scripts), and while its prefills run, others start only on free instances and "
+            "end before them; 0: a prefill starts whenever its instances are free"
+        ),
+    )
 
     def __post_init__(self) -> None:
+        p = self.prefill_every
+        if not (isinstance(p, int) and not isinstance(p, bool) and p >= 0):
+            raise ValueError(f"loong_prefill_every must be an integer >= 0, got {p!r}")
         for name in ("instances", "max_degree", "batch_tokens", "short_threshold"):
             n = getattr(self, name)
             if not (isinstance(n, int) and not isinstance(n, bool) and n >= 1):

@@ -43,7 +43,14 @@ prefill or of a decode iteration):
    exchange per layer). Instances linked by such requests run their decode iterations in
    lockstep, as one group; an iteration lasts its slowest member's time (token-parallel
    work of the requests it leads plus its attention) plus the merge.
-7. Reserved pool (Medha Fig. 14's "+Reserv"): the last `reserved_short` instances serve
+7. Macro iterations (`prefill_every` > 0; off by default): LoongServe's released server
+   (its router's step loop) starts new prefills only at the start of a macro iteration, when
+   nothing decodes or after `max_wait_tokens` decode iterations since the last one began;
+   while that iteration's prefills run, it starts others only on instances free now whose
+   prefill ends before them (its greedy fill), and the decode iterations in it do not count.
+   We count a decode iteration of the instance that has run the most since (the server
+   steps every instance in lockstep, at the slowest one's pace, which would count slower).
+8. Reserved pool (Medha Fig. 14's "+Reserv"): the last `reserved_short` instances serve
    prompts shorter than `short_threshold` only, the others the rest; each pool has its
    own queue and the same scheduler; a request stays in its pool.
 
@@ -210,6 +217,10 @@ class LoongServeSimulator:
         )
         self.table.kv = self.kv
         self.log = IterationLog()
+        # macro iterations (settings.prefill_every): the current one's start and end, and the
+        # decode iterations each instance has run outside one since the last began
+        self._macro: tuple[float, float] | None = None
+        self._steps: dict[Instance, int] = {}
         self._heap: list = []
         self._seq = 0
         self._batch_id = 0
@@ -339,7 +350,7 @@ class LoongServeSimulator:
         while pool.queue:
             head = pool.queue[0]
             plan = self._plan(pool, head, now)
-            if plan is None or plan.start > now:
+            if plan is None or plan.start > now or not self._may_start(plan.finish, now):
                 # KV or instances not free yet: the queue waits (FCFS), or backfills
                 if plan is not None and self.settings.backfill:
                     self._backfill(pool, plan, now)
@@ -376,13 +387,27 @@ class LoongServeSimulator:
             if not spare:
                 return
             plan = self._plan(pool, r, now, spare)
-            if plan is None or plan.start > now:
+            if plan is None or plan.start > now or not self._may_start(plan.finish, now):
                 continue
             if plan.finish > head.start and set(plan.instances) & set(head.instances):
                 continue
             placed = self.kv.plan(r.prompt_len + r.max_tokens, plan.instances)
             pool.queue.remove(r)
             self._start_prefill(plan.instances, plan.degree, [(r, placed)], now)
+
+    def _in_macro(self, now: float) -> bool:
+        m = self._macro
+        return m is not None and (now == m[0] or now < m[1])
+
+    def _may_start(self, finish: float, now: float) -> bool:
+        """Whether a prefill planned to end at `finish` may start now (macro iterations,
+        assumption 7; always, with prefill_every 0)."""
+        n = self.settings.prefill_every
+        if not n:
+            return True
+        if self._in_macro(now):
+            return now == self._macro[0] or finish <= self._macro[1]
+        return not self.table.decoding or max(self._steps.values(), default=0) >= n
 
     def _start_prefill(self, members: list[Instance], degree: int, reserve, now: float) -> None:
         # the instances' decode iterations in progress finish first
@@ -394,6 +419,12 @@ class LoongServeSimulator:
             batch.prefills.append(self.table.schedule_chunk(r, r.prompt_len))
             self.table.begin_prefill(r, start)
         prefill = Prefill(members, batch, start, start + t.total_s, t)
+        if self.settings.prefill_every:
+            if self._in_macro(now):
+                self._macro = (self._macro[0], max(self._macro[1], prefill.end))
+            else:
+                self._macro = (now, prefill.end)
+                self._steps.clear()
         for inst in members:
             inst.prefill = prefill
         lead, *others = members
@@ -500,8 +531,11 @@ class LoongServeSimulator:
 
     def _decode_done(self, payload, now: float) -> list[Request]:
         members, batches, duration = payload
+        counts = self.settings.prefill_every and not self._in_macro(now)
         for m in members:
             m.decode_end = None
+            if counts:
+                self._steps[m] = self._steps.get(m, 0) + 1
         done = []
         for batch in batches:
             done += self.table.complete(batch, BatchResult(duration), now)
