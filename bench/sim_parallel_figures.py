@@ -25,7 +25,7 @@ stage). "+stage overhead" columns rerun with one modelling assumption changed: e
 stage pays the hardware's per-iteration host overhead (HardwareSpec.iteration_overhead_s, input
 preparation and launch) for every batch, instead of the batch paying it once.
 
-Two more one-change runs: --hardware-set KEY=VALUE replaces one field of the H100's spec
+Two more one-change runs: --hardware-set KEY=VALUE replaces one field of the device's spec
 (medha/perf/hardware_specs.py; e.g. mem_eff=1.0, the peak bandwidth instead of the 0.8 of it
 long reads sustain, for Figure 16's MBU); --kvp-merge-us X adds X microseconds to every layer's
 KVP merge (queries out to the groups, partial outputs back), on top of the two inter-node
