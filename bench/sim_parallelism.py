@@ -5,7 +5,8 @@
 SPP: TTFT of one 1M-token Llama-3-8B prefill at SPP 1, 2, 4, 8 (TP8 per stage, 50 ms batch
 budget); scaling efficiency = T(1) / (p x T(p)).
 KVP: decode TPOT of one request at 1M to 10M tokens of context with KVP 1, 2, 4 (TP8 x SPP4 per
-group, so that 10M tokens of KV fit; groups join per million tokens of KV).
+group, so that 10M tokens of KV fit; groups of context / kvp tokens each, joining as the KV grows:
+the paper's Fig. 6 layout, where the block manager's placement and the predictor's timing agree).
 bench/sim_parallel_figures.py has the paper's whole set (Fig. 3b, 15-20, up to SPP16 and 70B).
 """
 
@@ -33,7 +34,7 @@ def ttft_1m(hardware: str, spp: int) -> float:
 def tpot(hardware: str, context: int, kvp: int) -> float:
     sim = Simulator(
         ClusterConfig(hardware=hardware),
-        ParallelConfig(tp=8, spp=4, kvp=kvp, max_tokens_per_kvp_group=1 << 20),
+        ParallelConfig(tp=8, spp=4, kvp=kvp, max_tokens_per_kvp_group=-(-context // kvp)),
         SchedulerConfig(max_model_len=context + 64, iteration_budget_s=0.2),
     )
     r = Request("long", 0.0, context, 17)
