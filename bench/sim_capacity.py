@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sim_convoy_effect import BY_NAME, CONFIGS, run_config, stationary  # noqa: E402
+from sim_convoy_effect import add_configs_argument, run_config, stationary  # noqa: E402
 
 from medha.plan.search import capacity_search, meets  # noqa: E402
 from medha.plan.slo import parse_slos  # noqa: E402
@@ -66,14 +66,7 @@ def main() -> None:
     ap.add_argument("--num-requests", type=int, default=300)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--predictor", default="profiled")
-    ap.add_argument(
-        "--configs",
-        nargs="+",
-        default=[c.name for c in CONFIGS],
-        choices=list(BY_NAME),
-        metavar="NAME",
-        help="systems (default: those of bench/sim_convoy_effect.py but its one-change runs)",
-    )
+    add_configs_argument(ap, "systems, as bench/sim_convoy_effect.py names them")
     ap.add_argument("--quick", action="store_true", help="two systems, 60 requests, 1 step")
     args = ap.parse_args()
     if args.quick:

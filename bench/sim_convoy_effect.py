@@ -123,6 +123,19 @@ ONE_CHANGE = [
 BY_NAME = {c.name: c for c in CONFIGS + ONE_CHANGE}
 
 
+def add_configs_argument(ap: argparse.ArgumentParser, what: str) -> None:
+    """--configs: systems by name (this bench's and bench/sim_capacity.py's)."""
+    ap.add_argument(
+        "--configs",
+        nargs="+",
+        default=[c.name for c in CONFIGS],
+        choices=list(BY_NAME),
+        metavar="NAME",
+        help=f"{what} (default: all but the one-change runs; those: "
+        f"{', '.join(repr(c.name) for c in ONE_CHANGE)})",
+    )
+
+
 def workload(qps: float, n: int, seed: int, long_fraction: float = 0.05) -> WorkloadConfig:
     return WorkloadConfig(
         trace="sharegpt", qps=qps, num_requests=n, long_fraction=long_fraction, seed=seed
@@ -192,15 +205,7 @@ def main() -> None:
         help="profiled (default: the bundled A100 Llama-3-8B profile; attention on the roofline) "
         "or roofline",
     )
-    ap.add_argument(
-        "--configs",
-        nargs="+",
-        default=[c.name for c in CONFIGS],
-        choices=list(BY_NAME),
-        metavar="NAME",
-        help="systems to run, the first the reference of the ratios (default: all but the "
-        f"one-change runs; those: {', '.join(repr(c.name) for c in ONE_CHANGE)})",
-    )
+    add_configs_argument(ap, "systems to run, the first the reference of the ratios")
     ap.add_argument(
         "--window",
         type=float,
