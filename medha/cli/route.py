@@ -120,5 +120,10 @@ def _serve(config: RouteConfig, urls: list[str], keys: list[str]) -> None:
             pass
         return server.started
 
-    if not asyncio.run(serve()):
+    # uvicorn picks uvloop only in its own run(); serve() runs on the loop it is given
+    try:
+        from uvloop import run as run_loop
+    except ImportError:
+        run_loop = asyncio.run
+    if not run_loop(serve()):
         raise CliError(f"could not serve on {config.host}:{config.port} (see the log above)")

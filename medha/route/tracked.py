@@ -16,6 +16,7 @@ its chained block keys kept in an LRU of the cache's capacity.
 
 from __future__ import annotations
 
+import bisect
 import math
 import time
 from collections import OrderedDict
@@ -96,6 +97,7 @@ class TrackedReplica:
         self._decode_token_s = decode_token_s(predictor)
         self._fcfs = config.policy == "fcfs"
         self._live: dict[str, Routed] = {}
+        self._queue: list[Routed] = []  # those without a first token, in policy order
         self._ended: OrderedDict[str, Routed] = OrderedDict()
         self._anchor = clock()
 
@@ -105,9 +107,11 @@ class TrackedReplica:
         self._drain(now)
         work = self.prefill_work_s(request, self.cached_tokens(request))
         order = (request.arrival_s,) if self._fcfs else (deadline_s, request.arrival_s)
-        self._live[request.request_id] = Routed(
+        routed = Routed(
             request, deadline_s, work, expected_tokens, order=(*order, request.request_id)
         )
+        self._live[request.request_id] = routed
+        bisect.insort(self._queue, routed, key=lambda r: r.order)
         keys, _, _ = cacheable_pages(request, self.block_size)
         self.index.add(keys)
 
@@ -117,6 +121,7 @@ class TrackedReplica:
             now = self.clock()
             self._drain(now)
             r.first_token_s, r.work_s, r.tokens = now, 0.0, 1
+            self._queue.remove(r)
 
     def on_tokens(self, request_id: str, n: int) -> None:
         r = self._live.get(request_id)
@@ -129,6 +134,8 @@ class TrackedReplica:
         self._drain(now)
         r = self._live.pop(request_id, None)
         if r is not None:
+            if r.first_token_s is None:
+                self._queue.remove(r)
             r.ended_s = now
             self._ended[request_id] = r
         while self._ended and next(iter(self._ended.values())).ended_s < now - _KEEP_ENDED_S:
@@ -140,15 +147,12 @@ class TrackedReplica:
         dt, self._anchor = now - self._anchor, now
         if dt <= 0:
             return
-        for r in sorted(self._waiting(), key=lambda r: r.order):
+        for r in self._queue:
             take = min(r.work_s, dt)
             r.work_s -= take
             dt -= take
             if dt <= 0:
                 break
-
-    def _waiting(self):
-        return (r for r in self._live.values() if r.first_token_s is None)
 
     # ---- ReplicaView -------------------------------------------------------------------------
     def outstanding_work_s(self) -> float:
@@ -162,11 +166,11 @@ class TrackedReplica:
         self._drain(now)
         return [
             Pending(r.request.request_id, r.request.arrival_s, r.deadline_s, r.work_s)
-            for r in self._waiting()
+            for r in self._queue
         ]
 
     def num_decoding(self) -> int:
-        return sum(r.first_token_s is not None for r in self._live.values())
+        return len(self._live) - len(self._queue)
 
     def busy(self) -> bool:
         return bool(self._live)

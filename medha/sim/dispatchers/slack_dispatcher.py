@@ -48,28 +48,25 @@ class SlackDispatcher(Dispatcher):
         super().__init__(replicas, cluster, scheduler)
         self.config = scheduler
         self.in_arrival_order = scheduler.policy == "fcfs"
+        self._budget_s = scheduler.iteration_budget_s or math.inf
+        self._decode_s = {r.replica_id: decode_token_s(r.predictor) for r in replicas}
 
     def predicted_first_tokens(
         self, replica: ReplicaView, pending: list[Pending], now: float
-    ) -> list[tuple[Pending, float]]:
-        """Each of `pending` with its predicted first-token time on `replica`."""
+    ) -> tuple[list[tuple[Pending, float]], float]:
+        """Each of `pending` with its predicted first-token time on `replica`, in the order
+        the replica serves them; and the stretch its decodes give prefill work."""
         if self.in_arrival_order:
             order = sorted(pending, key=lambda p: (p.arrival_s, p.request_id))
         else:
             order = sorted(pending, key=lambda p: (p.deadline_s, p.arrival_s, p.request_id))
-        budget = self.config.iteration_budget_s or math.inf
-        decodes = replica.num_decoding() * decode_token_s(replica.predictor)
-        share = min(_MAX_DECODE_SHARE, decodes / budget)
-        stretch = 1.0 / (1.0 - share)
+        decodes = replica.num_decoding() * self._decode_s[replica.replica_id]
+        stretch = 1.0 / (1.0 - min(_MAX_DECODE_SHARE, decodes / self._budget_s))
         out, t = [], now
         for p in order:
             t += p.work_s * stretch
             out.append((p, t))
-        return out
-
-    def _smallest(self, replica: ReplicaView, pending: list[Pending], now: float) -> float:
-        firsts = self.predicted_first_tokens(replica, pending, now)
-        return min((relative_slack(p, t) for p, t in firsts), default=math.inf)
+        return out, stretch
 
     def deadline_s(self, request: Request, replica: ReplicaView) -> float:
         alone = replica.prefill_work_s(request, 0)
@@ -80,13 +77,22 @@ class SlackDispatcher(Dispatcher):
         deadline = self.deadline_s(request, candidates[0])
         before, after, ttft = {}, {}, {}
         for r in candidates:
-            rid, pending = r.replica_id, r.pending(now)
+            rid = r.replica_id
             work = r.prefill_work_s(request, r.cached_tokens(request))
             new = Pending(request.request_id, request.arrival_s, deadline, work)
-            firsts = self.predicted_first_tokens(r, [*pending, new], now)
-            after[rid] = min(relative_slack(p, t) for p, t in firsts)
-            ttft[rid] = next(t for p, t in firsts if p is new)
-            before[rid] = self._smallest(r, pending, now)
+            firsts, stretch = self.predicted_first_tokens(r, [*r.pending(now), new], now)
+            # the smallest relative slack with the new request (after) and without it
+            # (before: those it would go ahead of get their first token its work sooner)
+            lowest_with = lowest_without = math.inf
+            shift = 0.0
+            for p, t in firsts:
+                slack = relative_slack(p, t)
+                lowest_with = min(lowest_with, slack)
+                if p is new:
+                    ttft[rid], shift = t, work * stretch
+                else:
+                    lowest_without = min(lowest_without, relative_slack(p, t - shift))
+            after[rid], before[rid] = lowest_with, lowest_without
 
         def cluster_min(r: ReplicaView) -> float:
             others = (before[o.replica_id] for o in candidates if o is not r)
