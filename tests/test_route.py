@@ -189,3 +189,23 @@ def test_the_openai_client_through_the_router_gets_what_the_replica_gives(two_re
         assert routed.chat.completions.create(**kw).choices[0].message.content == want
         streamed = routed.chat.completions.create(**kw, stream=True)
         assert "".join(c.choices[0].delta.content or "" for c in streamed) == want
+
+
+def test_a_frozen_replica_is_taken_out_and_its_waiting_requests_go_elsewhere():
+    """SIGSTOP: connections stay open and nothing answers. The health checks take it out, the
+    router cuts what it held, and a request that had streamed nothing is answered elsewhere."""
+    import signal
+
+    with ExitStack() as stack:
+        a, proc = stack.enter_context(stub_backend(with_process=True))
+        b = stack.enter_context(stub_backend())
+        with router([a, b], "--dispatcher", "round_robin") as url:
+            proc.send_signal(signal.SIGSTOP)
+            try:
+                t0 = time.monotonic()
+                rs = [complete(url, stream=s) for s in (False, True)]  # the first goes to a
+                assert [r.status_code for r in rs] == [200, 200]
+                assert time.monotonic() - t0 < 5
+                assert served(b) == 2
+            finally:
+                proc.send_signal(signal.SIGCONT)
