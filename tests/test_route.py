@@ -13,7 +13,6 @@ import pytest
 from medha.benchmark.local_server import local_server
 from medha.benchmark.stub_backend import stub_backend
 
-
 FAST = ["--health-interval-s", "0.2", "--health-timeout-s", "0.5", "--predictor", "roofline"]
 
 
@@ -82,7 +81,7 @@ def test_a_failed_replica_is_retried_elsewhere_before_any_token_and_never_twice(
         r = complete(url)  # each replica once: the client gets the last answer
         assert r.status_code == 503 and "error" in r.json()
         assert (served(a), served(b)) == (3, 3)  # a refused all three; b, the third
-        assert 'medha_router_retries_total 3.0' in httpx.get(url + "/metrics").text
+        assert "medha_router_retries_total 3.0" in httpx.get(url + "/metrics").text
 
 
 def test_a_stream_cut_after_its_first_token_ends_with_an_error_event_and_is_not_retried(two_stubs):
@@ -177,7 +176,7 @@ def test_the_openai_client_through_the_router_gets_what_the_replica_gives(two_re
         direct = openai.OpenAI(base_url=two_replicas[0] + "/v1", api_key="none")
         model = direct.models.list().data[0].id
         assert [m.id for m in routed.models.list().data] == [model]
-        for i, prompt in enumerate(["The capital of France is", "def add(a, b):", "1, 2, 3,"]):
+        for prompt in ["The capital of France is", "def add(a, b):", "1, 2, 3,"]:
             kw = dict(model=model, prompt=prompt, max_tokens=8, temperature=0)
             want = direct.completions.create(**kw).choices[0].text
             assert routed.completions.create(**kw).choices[0].text == want
