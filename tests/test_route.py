@@ -208,3 +208,27 @@ def test_a_frozen_replica_is_taken_out_and_its_waiting_requests_go_elsewhere():
                 assert served(b) == 2
             finally:
                 proc.send_signal(signal.SIGCONT)
+
+
+@pytest.mark.parametrize("dispatcher", ["round_robin", "least_work", "prefix", "slack", "pla"])
+def test_every_dispatcher_routes(two_stubs, dispatcher):
+    from medha.sim.config import DISPATCHER_NAMES
+
+    assert dispatcher in DISPATCHER_NAMES
+    with router(two_stubs, "--dispatcher", dispatcher) as url:
+
+        async def many():
+            async with httpx.AsyncClient(timeout=30) as client:
+                body = {"model": "stub", "max_tokens": 4}
+                return await asyncio.gather(
+                    *(
+                        client.post(
+                            url + "/v1/completions",
+                            json={**body, "prompt": f"request {i} " * (1 + 40 * (i % 3))},
+                        )
+                        for i in range(12)
+                    )
+                )
+
+        assert all(r.status_code == 200 for r in asyncio.run(many()))
+        assert sum(served(s) for s in two_stubs) == 12
