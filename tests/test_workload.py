@@ -213,6 +213,21 @@ def test_jsonl_round_trip(tmp_path):
     assert [r.arrival_s for r in reqs] == pytest.approx([0, 0.01, 0.02, 0.03])
 
 
+def test_a_jsonl_trace_may_carry_token_ids_for_the_prefix_cache(tmp_path):
+    rows = [
+        {"timestamp": 0, "input_length": 4, "output_length": 2, "token_ids": [5, 6, 7, 8]},
+        {"timestamp": 5, "input_length": 2, "output_length": 2},
+    ]
+    path = write(tmp_path, "t.jsonl", "\n".join(json.dumps(r) for r in rows))
+    reqs = build_requests(WorkloadConfig(trace=str(path)), 1 << 20)
+    assert [r.prompt_token_ids for r in reqs] == [[5, 6, 7, 8], None]
+    for bad in ([5, 6, 7], [5, 6, 7, -1], [5, 6, 7, True], "5 6 7 8"):
+        rows[0]["token_ids"] = bad
+        path = write(tmp_path, "bad.jsonl", json.dumps(rows[0]))
+        with pytest.raises(TraceError, match="token_ids"):
+            load_trace(str(path))
+
+
 def test_long_scale_stretches_only_the_long_prompts():
     base = WorkloadConfig(trace="sharegpt", qps=1.0, num_requests=400, long_fraction=0.1)
     one = build_requests(base, 1 << 22)

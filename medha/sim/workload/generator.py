@@ -248,10 +248,10 @@ def build_requests(cfg: WorkloadConfig, max_context: int) -> list[Request]:
     )
     requests = []
     for i, (e, at) in enumerate(zip(entries, arrivals)):
-        prompt, output, hashes = e.prompt_len, e.output_len, e.hash_ids
+        prompt, output, hashes, tokens = e.prompt_len, e.output_len, e.hash_ids, e.token_ids
         if cfg.long_fraction and rng.random() < cfg.long_fraction:
             prompt, output = sample_long(rng, max_context, cfg.long_scale)
-            hashes = None
+            hashes = tokens = None
         if prompt + output > max_context:
             raise TraceError(
                 f"request {i} of {cfg.trace}: {prompt} prompt + {output} output "
@@ -263,6 +263,7 @@ def build_requests(cfg: WorkloadConfig, max_context: int) -> list[Request]:
                 at,
                 prompt,
                 output,
+                prompt_token_ids=None if tokens is None else list(tokens),
                 prefix_hash_ids=None if hashes is None else list(hashes),
             )
         )

@@ -7,7 +7,9 @@ Formats, told apart by their columns:
 - Mooncake CSV: `timestamp` (ms), `input_length`, `output_length`, and optionally `hash_ids`
   (the ids separated by spaces)
 - JSONL (Mooncake's format; `.jsonl.gz` too), one object per line: `timestamp` (ms),
-  `input_length`, `output_length`, and optionally `hash_ids`
+  `input_length`, `output_length`, and optionally `hash_ids` or `token_ids` (the prompt's
+  token ids, input_length of them: the prefix cache keys them in its own blocks, as the
+  engine's; what a recorded run through the API writes for its digital twin)
 
 `hash_ids` are a prompt's prefix block hashes: one id per 512 tokens (the last block partial),
 prefix-chained, so that an id stands for its block and every token before it. Two prompts
@@ -48,6 +50,7 @@ class TraceEntry:
     prompt_len: int
     output_len: int
     hash_ids: tuple[int, ...] | None = None  # prefix block hashes (see the module)
+    token_ids: tuple[int, ...] | None = None  # the prompt's tokens (JSONL only)
 
 
 def resolve_trace(name: str | Path) -> Path:
@@ -81,6 +84,17 @@ def _time(value, column: str, where: str) -> float:
     if not math.isfinite(number) or number < 0:
         raise TraceError(f"{where}: {column}={value!r} must be a non-negative time")
     return number
+
+
+def _token_ids(value, prompt_len: int, where: str) -> tuple[int, ...]:
+    """A prompt's token ids: input_length non-negative integers."""
+
+    def token(t) -> bool:
+        return isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 1 << 63
+
+    if not isinstance(value, list) or len(value) != prompt_len or not all(map(token, value)):
+        raise TraceError(f"{where}: token_ids must be input_length = {prompt_len} token ids")
+    return tuple(value)
 
 
 def _hash_ids(value, prompt_len: int, where: str) -> tuple[int, ...]:
@@ -206,13 +220,14 @@ def _load_jsonl(path: Path, limit: int | None) -> list[TraceEntry]:
                         "timestamp (ms), input_length, output_length)"
                     )
             prompt_len = _length(obj["input_length"], "input_length", where)
-            hashes = obj.get("hash_ids")
+            hashes, tokens = obj.get("hash_ids"), obj.get("token_ids")
             entries.append(
                 TraceEntry(
                     _time(obj["timestamp"], "timestamp", where) / 1e3,
                     prompt_len,
                     _length(obj["output_length"], "output_length", where),
                     None if hashes is None else _hash_ids(hashes, prompt_len, where),
+                    None if tokens is None else _token_ids(tokens, prompt_len, where),
                 )
             )
     return entries
@@ -228,6 +243,7 @@ def load_trace(name: str | Path, limit: int | None = None) -> list[TraceEntry]:
     if entries[0].arrival_s is not None:
         start = min(e.arrival_s for e in entries)
         entries = [
-            TraceEntry(e.arrival_s - start, e.prompt_len, e.output_len, e.hash_ids) for e in entries
+            TraceEntry(e.arrival_s - start, e.prompt_len, e.output_len, e.hash_ids, e.token_ids)
+            for e in entries
         ]
     return entries
