@@ -92,6 +92,7 @@ MODULE_TIERS = {
     "test_parallel_schedule.py": ("engine",),
     "test_server.py": ("server",),
     "test_server_fuzz.py": ("server",),
+    "test_route.py": ("server",),
     "test_startup.py": ("core", "engine"),  # one test loads the engine
     "test_swap_engine.py": ("engine",),
     "test_tiers.py": ("engine",),

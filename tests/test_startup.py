@@ -35,11 +35,25 @@ import contextlib, io
 from medha.cli import main
 from medha.core.config import SchedulerConfig
 for argv in (["--help"], ["simulate", "--help"], ["serve", "--help"], ["bench", "--help"],
-             ["analyze", "deferred-prefill", "--help"], ["demo", "--help"]):
+             ["analyze", "deferred-prefill", "--help"], ["demo", "--help"], ["route", "--help"]):
     with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):
         main(argv)
 """
     assert imported(code) & HEAVY == set()
+
+
+def test_the_router_imports_no_engine():
+    """`medha route` runs beside replicas on any machine: no torch, transformers or engine (torch
+    made unimportable: the CPU's measurement falls back to numpy)."""
+    code = """
+import sys
+sys.modules["torch"] = None
+from medha.route.app import Router
+from medha.route.config import RouteConfig
+Router(RouteConfig(predictor="roofline"), ["http://127.0.0.1:9"])
+assert not [m for m in sys.modules if m.startswith("medha.engine")], "the engine"
+"""
+    assert "transformers" not in imported(code)
 
 
 def test_import_medha_is_light():

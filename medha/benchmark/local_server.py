@@ -29,11 +29,12 @@ def local_server(
     startup_s: float = 300.0,
     with_process: bool = False,
     log=None,
+    port: int | None = None,
 ) -> Iterator:
     """Run `command(port)`, wait until its /health answers 200, yield its base URL (with
     `with_process`, the pair (URL, Popen)); SIGTERM (then kill) on the way out. `log`: an
-    open file that gets the server's stdout and stderr."""
-    port = free_port()
+    open file that gets the server's stdout and stderr. `port`: this one rather than a free one."""
+    port = port or free_port()
     out = log if log is not None else subprocess.DEVNULL if quiet else None
     proc = subprocess.Popen(command(port), stdout=out, stderr=subprocess.STDOUT if log else out)
     url = f"http://127.0.0.1:{port}"

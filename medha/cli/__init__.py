@@ -21,6 +21,7 @@ from medha.cli import (
     plan,
     predict,
     profile,
+    route,
     serve,
     simulate,
     trace,
@@ -28,8 +29,8 @@ from medha.cli import (
 from medha.cli.common import CliError
 
 COMMANDS = (
-    demo, chunks, predict, generate, profile, serve, bench, simulate, plan, analyze, hardware,
-    trace,
+    demo, chunks, predict, generate, profile, serve, route, bench, simulate, plan, analyze,
+    hardware, trace,
 )  # fmt: skip
 
 

@@ -44,7 +44,11 @@ AXIS_FLAGS = {
         "--iteration-budget-s",
         "iteration budgets in seconds; 'default' for the scheduler's (default: default)",
     ),
-    "dispatcher": ("--dispatchers", "round_robin, least_work, pla (default: round_robin)"),
+    "dispatcher": (
+        "--dispatchers",
+        "round_robin, least_work, prefix, slack, pla: the classes `medha route --dispatcher` "
+        "runs (default: round_robin)",
+    ),
     "kv_memory_gb": (
         "--kv-memory-gb",
         "KV memory per device in GiB; 'default' for what the device has left (default: default)",
@@ -364,8 +368,8 @@ def _summary(plan: dict, slos, counts: dict, best, capacity: dict) -> str:
         f"{saved} ({saved / c['grid']:.0%}): {c['pruned_more_replicas_than_needed']} with more "
         f"replicas than needed, {c['pruned_over_budget']} over budget, "
         f"{c['pruned_cannot_run']} that cannot run, {c['pruned_over_max_devices']} over max "
-        f"devices, {c['same_as_another_point']} the same as another (one replica: round_robin "
-        f"and least_work alike). Capacity search: {c['capacity_simulations']} simulations. "
+        f"devices, {c['same_as_another_point']} the same as another (one replica: every "
+        f"dispatcher alike). Capacity search: {c['capacity_simulations']} simulations. "
         f"{c['simulations_run']} simulations run, {c['simulations_reused']} taken from an "
         "earlier run or another point.",
         "",
@@ -379,6 +383,12 @@ def _summary(plan: dict, slos, counts: dict, best, capacity: dict) -> str:
             + (f"; capacity {cap} the trace's rate" if cap else "")
             + "."
         )
+        point = best["point"]
+        if point["replicas"] > 1:  # the dispatcher the router runs as the simulation did
+            lines.append(
+                f"Route its {point['replicas']} replicas with `medha route --dispatcher "
+                f"{point['dispatcher']} --replica URL ...` (the same dispatcher class)."
+            )
     else:
         inf = plan["infeasible"]
         lines.append("No deployment meets every SLO.")

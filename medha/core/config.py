@@ -703,6 +703,16 @@ class SchedulerConfig:
         """C: most requests admitted at once under the deferred policy."""
         return self.deferred.batch_cap or self.max_num_seqs
 
+    def ttft_allowed_s(self, own_s: float | None, work_s: float) -> float:
+        """The TTFT (s after arrival) a request is allowed: its own target `own_s`, else the
+        configured one, else max(factor x `work_s`, the least), `work_s` its predicted prefill
+        time alone. The scheduler admits by it; the dispatchers predict by it."""
+        return (
+            own_s
+            or self.ttft_deadline_s
+            or max(self.ttft_deadline_factor * work_s, self.min_ttft_deadline_s)
+        )
+
     @property
     def is_resolved(self) -> bool:
         """Whether `resolve` has filled in the hardware-dependent defaults."""

@@ -64,9 +64,9 @@ def _digest(obj) -> str:
 
 
 def point_key(point: dict) -> str:
-    """One key per distinct simulation: with one replica, round_robin and least_work send
-    every request to it alike, so those points are one."""
-    if point["replicas"] == 1 and point["dispatcher"] in ("round_robin", "least_work"):
+    """One key per distinct simulation: with one replica every dispatcher sends every request
+    to it (pla too: a lone replica has no pools), so those points are one."""
+    if point["replicas"] == 1:
         point = {**point, "dispatcher": "round_robin"}
     return _digest(point)
 

@@ -114,11 +114,7 @@ class ReplicaScheduler:
             )
         # the work still to do: what the prefix cache holds of the prompt now is not
         work = self.prefill_times.remaining(request.prompt_len, self.kv.peek_cached(request))
-        deadline = (
-            request.ttft_deadline_s
-            or self.config.ttft_deadline_s
-            or max(self.config.ttft_deadline_factor * work, self.config.min_ttft_deadline_s)
-        )
+        deadline = self.config.ttft_allowed_s(request.ttft_deadline_s, work)
         self.requests.admit(request, deadline, work)
 
     def abort(self, request_id: str, now: float, reason: str = "abort") -> Request | None:

@@ -39,7 +39,7 @@ def build_app(
     the async engine's `start()` (medha's: its loop on a thread of its own); without, the
     caller runs `app.state.engine.run()` on the thread it chooses."""
     config = config or ServerConfig()
-    metrics = ServerMetrics(engine.num_kv_blocks, engine.stats)
+    metrics = ServerMetrics(engine.num_kv_blocks, engine.stats, engine.kv_capacity_tokens)
     async_engine = async_engine_cls(engine, metrics, config.max_waiting)
 
     @asynccontextmanager

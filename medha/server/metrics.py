@@ -48,7 +48,9 @@ _STATS_GAUGES = (
 
 
 class ServerMetrics:
-    def __init__(self, kv_blocks_total: int, stats: Callable[[], EngineStats]) -> None:
+    def __init__(
+        self, kv_blocks_total: int, stats: Callable[[], EngineStats], kv_capacity_tokens: int = 0
+    ) -> None:
         """`stats`: the engine's, which the gauges read at scrape time (on the HTTP thread)."""
         r = self.registry = CollectorRegistry()
         self.requests = Counter(
@@ -91,6 +93,10 @@ class ServerMetrics:
         for name, doc, field in _STATS_GAUGES:
             Gauge(name, doc, registry=r).set_function(lambda field=field: getattr(stats(), field))
         Gauge("medha_kv_blocks_total", "KV cache blocks", registry=r).set(kv_blocks_total)
+        # what a router in front takes this replica's prefix cache to hold at most
+        Gauge("medha_kv_capacity_tokens", "Tokens the KV cache holds", registry=r).set(
+            kv_capacity_tokens
+        )
         Gauge(
             "medha_prefix_cache_hit_rate",
             "Prefix cache hits over lookups, in tokens, since start (0 before any lookup)",

@@ -12,7 +12,7 @@ from medha.utils.registry import unknown_name
 # The dispatchers by name, each implemented by one module of medha/sim/dispatchers that registers
 # under it: listed here so that a config is checked without importing the dispatchers (and the
 # scheduler and numpy they bring); tests/test_simulator.py keeps the list and the registry equal.
-DISPATCHER_NAMES = ("round_robin", "least_work", "pla")
+DISPATCHER_NAMES = ("round_robin", "least_work", "prefix", "slack", "pla")
 PLA_DISPATCHER = "pla dispatcher"
 
 
@@ -227,10 +227,14 @@ class ClusterConfig:
         default="round_robin",
         metadata={
             "help": (
-                "how requests are spread over replicas: round_robin, least_work, or pla "
-                "(PLA-Serve: replicas in a short- and a long-prefill pool, requests routed by "
-                "prompt length, an instance-pressure controller moving replicas between the pools; "
-                "--pla-* flags)"
+                "how requests are spread over replicas (the same classes as `medha route "
+                "--dispatcher`): round_robin; least_work (least outstanding predicted work); "
+                "prefix (the longest cached prefix among replicas within one least TTFT "
+                "deadline of the least work); slack (the replica that keeps the smallest "
+                "relative TTFT slack of all waiting requests highest, cache and queue "
+                "predicted); pla (PLA-Serve: replicas in a short- and a long-prefill pool, "
+                "requests routed by prompt length, an instance-pressure controller moving "
+                "replicas between the pools; --pla-* flags)"
             )
         },
     )

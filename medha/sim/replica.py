@@ -15,21 +15,25 @@ from __future__ import annotations
 from medha.core.batch import Batch, BatchResult
 from medha.core.request import Request
 from medha.scheduler.replica_scheduler import ReplicaScheduler
+from medha.sim.dispatchers.base_dispatcher import Pending, decode_token_s
 
 
 class SimReplica:
+    """A replica and, for the dispatchers, its `ReplicaView`: read from its scheduler, exact."""
+
     def __init__(self, replica_id: int, scheduler: ReplicaScheduler) -> None:
         self.replica_id = replica_id
         self.scheduler = scheduler
+        self.predictor = scheduler.predictor
+        self.scheduler_config = scheduler.config
+        self.prefix_caching = scheduler.kv.prefix_caching
         self.spp = scheduler.predictor.parallel.spp
         self._stage_free_at = [0.0] * self.spp
         self.stage1_free = True
         self.inflight = 0
         self.stage_times: list[tuple[int, int, float, float]] = []  # spp > 1: (batch, stage,
         # start, end), as the engine's pipeline records them
-        # Work of one decode token in a typical batch (32 decodes at 4K context).
-        p = scheduler.predictor
-        self._decode_token_s = p.shape_time((), [4096] * 32) / 32
+        self._decode_token_s = decode_token_s(scheduler.predictor)
 
     def add(self, request: Request, now: float) -> None:
         self.scheduler.add_request(request, now)
@@ -68,3 +72,26 @@ class SimReplica:
             r.remaining_work_s + (r.max_tokens - r.num_output_tokens) * self._decode_token_s
             for r in self.scheduler.live_requests()
         )
+
+    # ---- ReplicaView -------------------------------------------------------------------------
+    def pending(self, now: float) -> list[Pending]:
+        return [
+            Pending(r.request_id, r.arrival_s, r.deadline_s, r.remaining_work_s)
+            for r in self.scheduler.live_requests()
+            if r.first_token_s is None
+        ]
+
+    def num_decoding(self) -> int:
+        return sum(r.first_token_s is not None for r in self.scheduler.live_requests())
+
+    def busy(self) -> bool:
+        return self.inflight > 0
+
+    def cached_tokens(self, request: Request) -> int:
+        return self.scheduler.kv.peek_cached(request)
+
+    def prefill_work_s(self, request: Request, cached: int) -> float:
+        return self.scheduler.prefill_times.remaining(request.prompt_len, cached)
+
+    def progress(self, request: Request) -> tuple[float | None, float, bool]:
+        return request.first_token_s, request.deadline_s, request.state.is_done

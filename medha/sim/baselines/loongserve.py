@@ -254,12 +254,7 @@ class LoongServeSimulator:
                 r = arrivals[i]
                 i += 1
                 work = self.isolated_prefill_s(r.prompt_len)
-                deadline = (
-                    r.ttft_deadline_s
-                    or cfg.ttft_deadline_s
-                    or max(cfg.ttft_deadline_factor * work, cfg.min_ttft_deadline_s)
-                )
-                self.table.admit(r, deadline, work)
+                self.table.admit(r, cfg.ttft_allowed_s(r.ttft_deadline_s, work), work)
                 self._pool_of(r, self.pools).queue.append(r)
             for pool in self.pools:
                 self._schedule_prefills(pool, now)

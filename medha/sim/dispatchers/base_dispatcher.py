@@ -1,24 +1,79 @@
-"""Global dispatch: which replica a new request goes to."""
+"""Global dispatch: which replica a new request goes to.
+
+One dispatcher class serves two fronts: `medha simulate --replicas N --dispatcher X`, where each
+replica is a SimReplica over the real scheduler, and `medha route --dispatcher X`, where each is
+the router's model of a real server (medha/route/tracked.py), fed by what the router sees: the
+requests it sent, their first tokens and ends, the prefix blocks it sent each replica. Both
+implement `ReplicaView`, all a dispatcher reads; neither front's internals reach a dispatcher.
+"""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, ClassVar
+from dataclasses import dataclass
+from typing import ClassVar, Protocol
 
 from medha.core.config import SchedulerConfig
 from medha.core.request import Request
+from medha.perf.predictor import Predictor
 from medha.sim.config import ClusterConfig
 from medha.utils.registry import Registry
 
-if TYPE_CHECKING:
-    from medha.sim.replica import SimReplica
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """A request a replica holds that has not had its first token: what its TTFT still waits
+    for. `deadline_s` is absolute; `work_s` the predicted prefill time still ahead of it."""
+
+    request_id: str
+    arrival_s: float
+    deadline_s: float
+    work_s: float
+
+
+class ReplicaView(Protocol):
+    """What a dispatcher knows of one replica."""
+
+    replica_id: int
+    predictor: Predictor
+    prefix_caching: bool
+    # The replica's resolved scheduler config (its policy and deadline rule).
+    scheduler_config: SchedulerConfig
+
+    def outstanding_work_s(self) -> float:
+        """Predicted prefill work still ahead plus the decode tokens still to generate."""
+
+    def pending(self, now: float) -> list[Pending]:
+        """Its requests still waiting for their first token, with their work left at `now`."""
+
+    def num_decoding(self) -> int:
+        """Its requests past their first token."""
+
+    def busy(self) -> bool:
+        """Whether it is computing anything now."""
+
+    def cached_tokens(self, request: Request) -> int:
+        """Prompt tokens of `request` its prefix cache holds (as far as is known)."""
+
+    def prefill_work_s(self, request: Request, cached: int) -> float:
+        """Predicted prefill time of `request` with `cached` prompt tokens already cached."""
+
+    def progress(self, request: Request) -> tuple[float | None, float, bool]:
+        """Of `request`, which this replica was given: when it got its first token (None: not
+        yet), its absolute TTFT deadline, and whether it has ended."""
+
+
+def decode_token_s(predictor: Predictor) -> float:
+    """Work of one decode token in a typical batch (32 decodes at 4K context): what a token
+    still to generate adds to a replica's outstanding work."""
+    return predictor.shape_time((), [4096] * 32) / 32
 
 
 class Dispatcher(ABC):
     name: ClassVar[str]
 
     def __init__(
-        self, replicas: list[SimReplica], cluster: ClusterConfig, scheduler: SchedulerConfig
+        self, replicas: list[ReplicaView], cluster: ClusterConfig, scheduler: SchedulerConfig
     ) -> None:
         """`cluster` carries the dispatcher's own settings; `scheduler` is the deployment's
         (resolved) scheduler config, what every replica runs, for the settings a dispatcher
@@ -26,8 +81,16 @@ class Dispatcher(ABC):
         self.replicas = replicas
 
     @abstractmethod
-    def pick(self, request: Request, now: float) -> SimReplica:
-        """The replica that admits `request`."""
+    def pick(
+        self, request: Request, now: float, candidates: list[ReplicaView] | None = None
+    ) -> ReplicaView:
+        """The replica that admits `request`, one of `candidates` (default: every replica;
+        the router leaves out the unhealthy ones and those a retry has tried)."""
+
+
+def least_work(candidates: list[ReplicaView]) -> ReplicaView:
+    """The replica with the least outstanding predicted work (ties: the lowest id)."""
+    return min(candidates, key=lambda r: (r.outstanding_work_s(), r.replica_id))
 
 
 DISPATCHERS: Registry[Dispatcher] = Registry("dispatcher", __package__, suffix="_dispatcher")

@@ -31,7 +31,6 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -39,10 +38,7 @@ from medha.core.config import SchedulerConfig
 from medha.core.request import Request
 from medha.scheduler.policies.pla_policy import LONG, SHORT, calibrate
 from medha.sim.config import ClusterConfig
-from medha.sim.dispatchers.base_dispatcher import DISPATCHERS, Dispatcher
-
-if TYPE_CHECKING:
-    from medha.sim.replica import SimReplica
+from medha.sim.dispatchers.base_dispatcher import DISPATCHERS, Dispatcher, ReplicaView, least_work
 
 
 def p90(values: list[float]) -> float:
@@ -93,11 +89,11 @@ class PlaDispatcher(Dispatcher):
     """Short and long prefill pools, routed by L_m(H), resized by instance pressure."""
 
     def __init__(
-        self, replicas: list[SimReplica], cluster: ClusterConfig, scheduler: SchedulerConfig
+        self, replicas: list[ReplicaView], cluster: ClusterConfig, scheduler: SchedulerConfig
     ) -> None:
         super().__init__(replicas, cluster, scheduler)
         settings = self.settings = cluster.pla
-        self.model = calibrate(replicas[0].scheduler.predictor, scheduler.pla.memory_intercept)
+        self.model = calibrate(replicas[0].predictor, scheduler.pla.memory_intercept)
         self.fixed_boundary = scheduler.pla.boundary_tokens
         n = len(replicas)
         n_long = min(n - 1, settings.long_instances or max(1, n // 4))
@@ -113,30 +109,34 @@ class PlaDispatcher(Dispatcher):
         self._next_check_s = -math.inf
 
     def history(self, request: Request) -> int:
-        return max(r.scheduler.kv.peek_cached(request) for r in self.replicas)
+        return max(r.cached_tokens(request) for r in self.replicas)
 
     def classify(self, request: Request) -> str:
-        H = self.history(request) if self.replicas[0].scheduler.kv.prefix_caching else 0
+        H = self.history(request) if self.replicas[0].prefix_caching else 0
         L = request.prompt_len - H
         bound = self.fixed_boundary or self.model.boundary(H)
         return SHORT if L < bound else LONG
 
-    def pool(self, role: str) -> list[SimReplica]:
+    def pool(self, role: str) -> list[ReplicaView]:
         return [r for r in self.replicas if self.role[r.replica_id] == role]
 
-    def pick(self, request: Request, now: float) -> SimReplica:
+    def pick(
+        self, request: Request, now: float, candidates: list[ReplicaView] | None = None
+    ) -> ReplicaView:
         if len(self.replicas) == 1:
             return self.replicas[0]  # one instance: the pla policy separates them in time
         for r in self.replicas:  # utilisation, sampled at arrivals
             b = self._busy[r.replica_id]
-            b[0] += r.inflight > 0
+            b[0] += r.busy()
             b[1] += 1
         if now >= self._next_check_s:
             self._next_check_s = now + self.settings.period_s
             self._control(now)
-        replica = min(
-            self.pool(self.classify(request)), key=lambda r: (r.outstanding_work_s(), r.replica_id)
-        )
+        pool = self.pool(self.classify(request))
+        if candidates is not None:  # the router's: a pool with none left falls back on all
+            allowed = {r.replica_id for r in candidates}
+            pool = [r for r in pool if r.replica_id in allowed] or candidates
+        replica = least_work(pool)
         self._recent[replica.replica_id].append(request)
         return replica
 
@@ -158,34 +158,37 @@ class PlaDispatcher(Dispatcher):
         self.role[replica.replica_id] = target
         self.moves.append(Move(now, replica.replica_id, source, target, pressure))
 
-    def signals(self, replica: SimReplica, now: float) -> tuple[float, float, float]:
+    def signals(self, replica: ReplicaView, now: float) -> tuple[float, float, float]:
         """(q, e, u) of one instance."""
-        sched = replica.scheduler
-        queued = sum(r.remaining_work_s for r in sched.live_requests() if r.in_prefill)
+        queued = sum(p.work_s for p in replica.pending(now))
         busy, samples = self._busy[replica.replica_id]
-        u = busy / samples if samples else float(replica.inflight > 0)
-        return queued / self.settings.queue_unit_s, self._slo_deviation(replica.replica_id, now), u
+        u = busy / samples if samples else float(replica.busy())
+        return queued / self.settings.queue_unit_s, self._slo_deviation(replica, now), u
 
-    def instance_pressure(self, replica: SimReplica, now: float) -> float:
+    def instance_pressure(self, replica: ReplicaView, now: float) -> float:
         q, e, u = self.signals(replica, now)
         s = self.settings
         return s.weight_queue * q + s.weight_slo * e - s.weight_util * u
 
-    def _slo_deviation(self, replica_id: int, now: float) -> float:
+    def _slo_deviation(self, replica: ReplicaView, now: float) -> float:
         """Mean TTFT / deadline of the instance's recent requests; those still waiting count
         their wait so far. Requests that got their first token before the window leave."""
         horizon = now - self.settings.window_s
-        kept = deque(r for r in self._recent[replica_id] if r.arrival_s >= horizon or _waiting(r))
-        self._recent[replica_id] = kept
-        ratios = [_ttft_ratio(r, now) for r in kept if r.first_token_s is not None or _waiting(r)]
+        rid = replica.replica_id
+        seen = {r.request_id: replica.progress(r) for r in self._recent[rid]}
+
+        def waiting(r: Request) -> bool:
+            first, _, done = seen[r.request_id]
+            return first is None and not done
+
+        kept = deque(r for r in self._recent[rid] if r.arrival_s >= horizon or waiting(r))
+        self._recent[rid] = kept
+        ratios = []
+        for r in kept:
+            first, deadline, _ = seen[r.request_id]
+            if first is None and not waiting(r):
+                continue
+            allowed = deadline - r.arrival_s
+            end = first if first is not None else now
+            ratios.append((end - r.arrival_s) / allowed if 0 < allowed < math.inf else 0.0)
         return sum(ratios) / len(ratios) if ratios else 0.0
-
-
-def _waiting(r: Request) -> bool:
-    return r.first_token_s is None and not r.state.is_done
-
-
-def _ttft_ratio(r: Request, now: float) -> float:
-    first = r.first_token_s if r.first_token_s is not None else now
-    allowed = r.deadline_s - r.arrival_s
-    return (first - r.arrival_s) / allowed if 0 < allowed < math.inf else 0.0

@@ -1,0 +1,723 @@
+"""`medha route`'s proxy: an ASGI app (no framework on the request path: its cost is the router's
+overhead) in front of OpenAI-compatible replicas.
+
+A generation request is read once for routing (medha/route/prompt.py), given to the dispatcher
+(the class `medha simulate` runs, over the router's TrackedReplica models), and its body sent to
+the replica unchanged. Faults:
+
+- A replica is out after `unhealthy_after` failed health checks, or at once when it refuses a
+  connection; back after `healthy_after` passed ones. Requests it holds are cut when it goes
+  out, so a replica that hangs cannot hold a stream open.
+- A request that has streamed nothing to its client is tried again on another replica (each
+  replica once, `max_attempts` in all) after a refused or cut connection or a 429/5xx answer.
+  A stream is held back until its first token (the role-only chunk a chat stream opens with
+  included), so "nothing sent" is exact.
+- A stream cut after its first token ends with an error event (`data: {"error": ...}`) and
+  `data: [DONE]`: the client learns it at once and never hangs.
+- A replica's circuit breaker opens after `breaker_failures` failed requests in a row and lets
+  one trial request through after `breaker_open_s`.
+- A client that disconnects cancels its request, which closes the connection to the replica
+  (medha serve aborts the request then).
+- Body limits as `medha serve` (413 before reading; 429 past the bytes of all bodies the router
+  holds, which it holds until a request's first token, for its retries), and admission: 429
+  with Retry-After past `max_waiting` requests waiting for their first token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import aiohttp
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from medha.route.backend import Backend
+from medha.route.config import RouteConfig
+from medha.route.prompt import Routing, load_tokenizer, read_request
+from medha.route.tracked import TrackedReplica
+from medha.server.body_guard import BodyGuard
+from medha.server.errors import RequestError
+
+log = logging.getLogger("medha.route")
+
+GENERATION_PATHS = {"/v1/completions": False, "/v1/chat/completions": True}
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+DEFAULT_CACHE_TOKENS = 256 * 1024  # a replica's prefix cache when its /metrics does not say
+_ERROR_BODY_LIMIT = 1 << 16  # bytes of a replica's error answer passed on
+_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+# The message of the cancellation `_went_down` sends the requests a replica held when it went out
+# (a client's disconnect cancels with none).
+_REPLICA_DOWN = "replica down"
+
+
+@dataclass
+class _Failed:
+    """One attempt that may be tried elsewhere: what to tell the client if none is left."""
+
+    status: int
+    body: bytes
+    headers: list[tuple[bytes, bytes]]
+
+
+class RouterMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "medha_router_requests",
+            "Requests by outcome: ok, failed (no replica could serve it, or cut mid-stream), "
+            "invalid (4xx from the router or a replica), rejected (429), cancelled (client gone)",
+            ["outcome"],
+            registry=r,
+        )
+        self.retries = Counter(
+            "medha_router_retries", "Attempts tried again on another replica", registry=r
+        )
+        self.dispatched = Counter(
+            "medha_router_dispatched", "Attempts sent to each replica", ["replica"], registry=r
+        )
+        self.up = Gauge(
+            "medha_router_replica_up", "1 while a replica is in", ["replica"], registry=r
+        )
+        self.live = Gauge(
+            "medha_router_replica_requests",
+            "Requests each replica holds now",
+            ["replica"],
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "medha_router_time_to_first_token_seconds",
+            "Arrival at the router to the first token passed on (streams)",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        for outcome in ("ok", "failed", "invalid", "rejected", "cancelled"):
+            self.requests.labels(outcome)
+
+
+def auto_predictor(model: str, hardware: str) -> str:
+    """The profile `medha profile` wrote for `model` on `hardware` in medha's cache (the newest),
+    else the roofline: what the replicas plan with by default on this machine."""
+    from medha.perf.hardware_specs import cache_dir
+
+    root = cache_dir() / "profiles"
+    found = sorted(root.glob(f"{model}-{hardware}-*.json"), key=lambda p: p.stat().st_mtime)
+    return f"profiled:{found[-1]}" if found else "roofline"
+
+
+class Router:
+    def __init__(
+        self,
+        config: RouteConfig,
+        urls: list[str],
+        replica_keys: list[str | None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        from medha.core.config import SchedulerConfig
+        from medha.perf import make_predictor
+        from medha.scheduler.block_manager import BlockManager
+        from medha.scheduler.replica_scheduler import ReplicaScheduler
+        from medha.sim.config import ClusterConfig
+        from medha.sim.dispatchers import DISPATCHERS
+
+        if not urls:
+            raise ValueError("no replicas: give --replica URL (or --spawn N)")
+        keys = list(replica_keys or [])
+        if len(keys) == 1:
+            keys = keys * len(urls)
+        if keys and len(keys) != len(urls):
+            raise ValueError(
+                f"{len(keys)} replica keys for {len(urls)} replicas: give one for all or one each"
+            )
+        self.config, self.clock = config, clock
+        spec = config.predictor
+        if spec == "auto":
+            spec = auto_predictor(config.model, config.hardware)
+        self.predictor = make_predictor(spec, config.model, config.hardware)
+        template = ReplicaScheduler(
+            SchedulerConfig(policy=config.policy), self.predictor, BlockManager(1 << 20, 16)
+        )
+        self.scheduler_config = template.config
+        self.backends = [
+            Backend(i, u.rstrip("/").removesuffix("/v1"), keys[i] if keys else None, clock=clock)
+            for i, u in enumerate(urls)
+        ]
+        cache = config.replica_cache_tokens or DEFAULT_CACHE_TOKENS
+        self.tracked = [
+            TrackedReplica(
+                i,
+                self.predictor,
+                template.config,
+                template.prefill_times,
+                config.block_size,
+                cache,
+                clock,
+            )
+            for i in range(len(urls))
+        ]
+        cluster = ClusterConfig(
+            model=config.model,
+            hardware=config.hardware,
+            replicas=len(urls),
+            dispatcher=config.dispatcher,
+        )
+        self.dispatcher = DISPATCHERS.get(config.dispatcher)(self.tracked, cluster, template.config)
+        self.tokenizer = load_tokenizer(config.tokenizer)
+        self.max_request_bytes = config.max_request_bytes or (
+            64 * self.scheduler_config.max_model_len + (1 << 20)
+        )
+        self.max_held_bytes = config.max_buffered_bytes or 16 * self.max_request_bytes
+        if self.max_held_bytes < self.max_request_bytes:
+            raise ValueError(
+                f"--max-buffered-bytes ({self.max_held_bytes}) is below the body limit "
+                f"({self.max_request_bytes}): every large body would get 429"
+            )
+        self.metrics = RouterMetrics()
+        self.waiting = 0  # requests without their first token
+        self.held_bytes = 0  # bodies the router holds
+        self._running: dict[int, set[asyncio.Task]] = {b.replica_id: set() for b in self.backends}
+        self._client: aiohttp.ClientSession | None = None
+        self._health_task: asyncio.Task | None = None
+        self._api_key = config.api_key.encode() if config.api_key else None
+
+    # ---- life --------------------------------------------------------------------------------
+    async def start(self) -> None:
+        # aiohttp, not httpx: forwarding one request costs 0.8 ms of CPU with it against 2 ms
+        # (measured on this 2-core machine; docs/route.md), and that is the router's overhead
+        self._client = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.config.connect_timeout_s),
+            auto_decompress=False,
+        )
+        await self._check_all()
+        self._health_task = asyncio.create_task(self._health_loop())
+
+    async def stop(self) -> None:
+        if self._health_task is not None:
+            self._health_task.cancel()
+        if self._client is not None:
+            await self._client.close()
+
+    def asgi(self):
+        """The app: this router behind the body guard."""
+        return BodyGuard(self, self.max_request_bytes, self.max_held_bytes)
+
+    # ---- health ------------------------------------------------------------------------------
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.health_interval_s)
+            try:
+                await self._check_all()
+            except Exception:  # a bug here must not stop the checks
+                log.exception("health check round failed")
+
+    async def _check_all(self) -> None:
+        await asyncio.gather(*(self._check(b) for b in self.backends))
+
+    async def _check(self, b: Backend) -> None:
+        c = self.config
+        ok = False
+        try:
+            status = await self._get(b.url + "/health", None)
+            if status == 404:  # not every server has one
+                status = await self._get(b.url + "/v1/models", b.headers())
+            ok = status == 200
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            ok = False
+        if ok:
+            if b.health_passed(c.healthy_after):
+                log.info("replica %d (%s) is in", b.replica_id, b.url)
+            if not b.models:
+                await self._learn(b)
+        elif b.health_failed(c.unhealthy_after):
+            self._went_down(b, "health checks failed")
+        self.metrics.up.labels(str(b.replica_id)).set(1.0 if b.up else 0.0)
+
+    async def _get(self, url: str, headers: dict | None, read: bool = False):
+        """GET within the health timeout: the status, or with `read` (status, body text)."""
+        timeout = aiohttp.ClientTimeout(total=self.config.health_timeout_s)
+        async with self._client.get(url, headers=headers, timeout=timeout) as r:
+            if not read:
+                return r.status
+            return r.status, await r.text()
+
+    async def _learn(self, b: Backend) -> None:
+        """The replica's models, and its prefix cache's size when its /metrics says."""
+        try:
+            status, text = await self._get(b.url + "/v1/models", b.headers(), read=True)
+            data = json.loads(text).get("data") if status == 200 else None
+            if isinstance(data, list):
+                b.models = [m for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
+            if not self.config.replica_cache_tokens:
+                status, text = await self._get(b.url + "/metrics", None, read=True)
+                tokens = _capacity_tokens(text) if status == 200 else None
+                if tokens:
+                    t = self.tracked[b.replica_id]
+                    t.index.capacity_blocks = max(1, tokens // t.block_size)
+        except (TimeoutError, aiohttp.ClientError, OSError, ValueError, AttributeError):
+            pass
+
+    def _went_down(self, b: Backend, why: str) -> None:
+        log.warning("replica %d (%s) is out: %s", b.replica_id, b.url, why)
+        self.metrics.up.labels(str(b.replica_id)).set(0.0)
+        for task in list(self._running[b.replica_id]):
+            task.cancel(_REPLICA_DOWN)
+
+    # ---- ASGI --------------------------------------------------------------------------------
+    async def __call__(self, scope, receive, send) -> None:
+        kind = scope["type"]
+        if kind == "lifespan":
+            return await self._lifespan(receive, send)
+        if kind != "http":
+            return
+        path, method = scope["path"], scope["method"]
+        if path == "/health" and method in ("GET", "HEAD"):
+            n = sum(b.up for b in self.backends)
+            status = 200 if n else 503
+            body = {"healthy_replicas": n, "replicas": len(self.backends)}
+            return await _json(send, status, body)
+        if path == "/metrics" and method == "GET":
+            for t in self.tracked:
+                self.metrics.live.labels(str(t.replica_id)).set(t.num_live)
+            return await _raw(send, 200, generate_latest(self.metrics.registry), b"text/plain")
+        if path in GENERATION_PATHS or path == "/v1/models":
+            if not self._authorized(scope):
+                return await _error(
+                    send,
+                    RequestError(
+                        "invalid or missing API key (Authorization: Bearer KEY)",
+                        None,
+                        401,
+                        "authentication_error",
+                    ),
+                )
+            if path == "/v1/models" and method == "GET":
+                return await _json(send, 200, {"object": "list", "data": self._models()})
+            if method == "POST" and path in GENERATION_PATHS:
+                return await self._generate(scope, receive, send, GENERATION_PATHS[path])
+            return await _error(send, RequestError("method not allowed", None, 405))
+        return await _error(send, RequestError(f"no route {path}", None, 404, "not_found_error"))
+
+    async def _lifespan(self, receive, send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await self.start()
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.stop()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    def _authorized(self, scope) -> bool:
+        if self._api_key is None:
+            return True
+        given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+        return secrets.compare_digest(given, b"Bearer " + self._api_key)
+
+    def _models(self) -> list[dict]:
+        seen: dict[str, dict] = {}
+        for b in self.backends:
+            if b.up:
+                for m in b.models:
+                    seen.setdefault(m["id"], m)
+        return list(seen.values())
+
+    # ---- generation --------------------------------------------------------------------------
+    async def _generate(self, scope, receive, send, chat: bool) -> None:
+        body = await _read_body(receive)
+        try:
+            payload = json.loads(body)
+        except (ValueError, RecursionError):
+            payload = None
+        if not isinstance(payload, dict):
+            self.metrics.requests.labels("invalid").inc()
+            return await _error(send, RequestError("the request body must be a JSON object"))
+        if self.waiting >= self.config.max_waiting:
+            self.metrics.requests.labels("rejected").inc()
+            return await _error(
+                send,
+                RequestError(
+                    f"{self.waiting} requests are waiting for their first token (medha route "
+                    "--max-waiting); retry later",
+                    None,
+                    429,
+                    "rate_limit_error",
+                ),
+                retry_after=True,
+            )
+        if self.held_bytes + len(body) > self.max_held_bytes:
+            self.metrics.requests.labels("rejected").inc()
+            return await _error(
+                send,
+                RequestError(
+                    "the request bodies the router holds exceed its limit of "
+                    f"{self.max_held_bytes} bytes in all (medha route --max-buffered-bytes); "
+                    "retry later",
+                    None,
+                    429,
+                    "rate_limit_error",
+                ),
+                retry_after=True,
+            )
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        now = self.clock()
+        routing = read_request(
+            payload,
+            chat,
+            uuid.uuid4().hex,
+            now,
+            self.tokenizer,
+            headers,
+            default_tokens=self._default_tokens(),
+        )
+        exchange = _Exchange(self, scope, receive, send, body, routing, headers)
+        await exchange.run()
+
+    def _default_tokens(self) -> int:
+        return 128  # a request without max_tokens: a typical answer's length
+
+
+class _Exchange:
+    """One client request through its attempts."""
+
+    def __init__(self, router: Router, scope, receive, send, body, routing: Routing, headers):
+        self.router, self.scope, self.receive, self._send = router, scope, receive, send
+        self.answered = False  # the last byte went out: a disconnect now is the normal end
+        self.body, self.routing = body, routing
+        self.path = scope["path"]
+        self.sent = False  # whether anything went to the client
+        self.client_gone = False
+        self.forward_headers = {
+            "content-type": "application/json",
+            **{k: v for k, v in headers.items() if k.startswith("x-") or k == "accept"},
+        }
+        # the client's key goes on only where the router has none of its own (a transparent
+        # proxy); otherwise each replica gets the router's key for it
+        self.client_auth = headers.get("authorization") if router._api_key is None else None
+        r = routing.request
+        alone = router.tracked[0].prefill_work_s(r, 0)
+        self.deadline_s = r.arrival_s + router.scheduler_config.ttft_allowed_s(
+            r.ttft_deadline_s, alone
+        )
+
+    async def run(self) -> None:
+        router = self.router
+        router.waiting += 1
+        router.held_bytes += len(self.body)
+        self.holding = True
+        task = asyncio.current_task()
+        watcher = asyncio.create_task(self._watch_disconnect(task))
+        try:
+            await self._attempts()
+        except asyncio.CancelledError:
+            if not self.client_gone:
+                raise
+            router.metrics.requests.labels("cancelled").inc()
+        finally:
+            watcher.cancel()
+            self._release()
+
+    def _release(self) -> None:
+        if self.holding:
+            self.holding = False
+            self.router.waiting -= 1
+            self.router.held_bytes -= len(self.body)
+
+    async def send(self, message) -> None:
+        if message["type"] == "http.response.body" and not message.get("more_body"):
+            self.answered = True
+        await self._send(message)
+
+    async def _watch_disconnect(self, task: asyncio.Task) -> None:
+        while True:
+            message = await self.receive()
+            if message["type"] == "http.disconnect":
+                if not self.answered:
+                    self.client_gone = True
+                    task.cancel()
+                return
+
+    async def _attempts(self) -> None:
+        router, request = self.router, self.routing.request
+        tried: set[int] = set()
+        failed: _Failed | None = None
+        for attempt in range(router.config.max_attempts):
+            candidates = [
+                router.tracked[b.replica_id]
+                for b in router.backends
+                if b.replica_id not in tried and b.available()
+            ]
+            if not candidates:
+                break
+            view = router.dispatcher.pick(request, router.clock(), candidates)
+            backend = router.backends[view.replica_id]
+            tried.add(backend.replica_id)
+            if attempt:
+                router.metrics.retries.inc()
+            failed = await self._attempt(backend, view)
+            if failed is None:
+                return
+        outcome = "rejected" if failed and failed.status == 429 else "failed"
+        router.metrics.requests.labels(outcome).inc()
+        if failed is None:
+            return await _error(
+                self.send,
+                RequestError(
+                    "no replica is available (all are out or their circuit breakers open)",
+                    None,
+                    503,
+                    "server_error",
+                ),
+                retry_after=True,
+            )
+        await _raw(self.send, failed.status, failed.body, None, failed.headers)
+
+    async def _attempt(self, b: Backend, view: TrackedReplica) -> _Failed | None:
+        """One replica's try: None when the request is answered (or cut mid-stream: the client
+        had its error event), else what failed."""
+        router, rid = self.router, self.routing.request.request_id
+        c = router.config
+        view.on_dispatch(self.routing.request, self.deadline_s, self.routing.expected_tokens)
+        router.metrics.dispatched.labels(str(b.replica_id)).inc()
+        b.on_sent()
+        task = asyncio.current_task()
+        running = router._running[b.replica_id]
+        running.add(task)
+        response: aiohttp.ClientResponse | None = None
+        try:
+            headers = dict(self.forward_headers)
+            if b.api_key:
+                headers["authorization"] = f"Bearer {b.api_key}"
+            elif self.client_auth:
+                headers["authorization"] = self.client_auth
+            try:
+                response = await router._client.post(
+                    b.url + self.path, data=self.body, headers=headers
+                )
+            except aiohttp.ClientConnectorError as e:
+                running.discard(task)  # not cancelled with the others it held
+                b.mark_down()
+                router._went_down(b, f"connection refused ({e})")
+                b.on_failure(c.breaker_failures, c.breaker_open_s)
+                message = f"replica {b.replica_id} refused the connection"
+                return _Failed(502, _error_body(message, 502), [])
+            if response.status != 200:
+                data = await response.content.read(_ERROR_BODY_LIMIT)
+                if response.status in RETRY_STATUSES:
+                    if response.status != 429:  # a full replica is not a broken one
+                        b.on_failure(c.breaker_failures, c.breaker_open_s)
+                    passed = [
+                        (k.encode(), v.encode())
+                        for k, v in response.headers.items()
+                        if k.lower() in ("content-type", "retry-after")
+                    ]
+                    return _Failed(response.status, data, passed)
+                b.on_success()  # the replica works: the request is the client's problem
+                router.metrics.requests.labels("invalid").inc()
+                kind = response.headers.get("content-type", "application/json").encode()
+                await _raw(self.send, response.status, data, kind)
+                return None
+            if self.routing.stream:
+                return await self._stream(b, view, response)
+            data = await response.read()
+            b.on_success()
+            view.on_first_token(rid)
+            self._release()
+            kind = response.headers.get("content-type", "application/json").encode()
+            await _raw(self.send, 200, data, kind)
+            router.metrics.requests.labels("ok").inc()
+            return None
+        except asyncio.CancelledError as e:
+            if not self._replica_down(e):
+                raise
+            return self._cut(b, "the replica went out")
+        except (TimeoutError, aiohttp.ClientError, OSError) as e:
+            return self._cut(b, f"the connection to the replica failed ({type(e).__name__})")
+        finally:
+            running.discard(task)
+            view.on_end(rid)
+            if response is not None:
+                # an answer read to its end leaves its connection to the pool; one cut short
+                # (the client left, the replica failed) closes it: the replica aborts then
+                response.close() if not response.content.at_eof() else response.release()
+
+    def _replica_down(self, e: asyncio.CancelledError) -> bool:
+        """Whether `e` is `_went_down`'s, and not the client's: then it is taken back, so
+        that the request goes on (elsewhere, or to its error event)."""
+        if self.client_gone or not e.args or e.args[0] != _REPLICA_DOWN:
+            return False
+        asyncio.current_task().uncancel()
+        return True
+
+    def _cut(self, b: Backend, why: str) -> _Failed | None:
+        c = self.router.config
+        b.on_failure(c.breaker_failures, c.breaker_open_s)
+        if not self.sent:
+            return _Failed(502, _error_body(f"replica {b.replica_id}: {why}", 502), [])
+        self._cut_stream = why
+        return None
+
+    async def _stream(self, b: Backend, view: TrackedReplica, response: aiohttp.ClientResponse):
+        """Hold the stream until its first token, then pass every byte on as it comes."""
+        router, rid = self.router, self.routing.request.request_id
+        held = bytearray()
+        self._cut_stream = None
+        try:
+            async for chunk in response.content.iter_any():
+                if not self.sent:
+                    held += chunk
+                    if not _has_token(held):
+                        continue
+                    view.on_first_token(rid)
+                    b.on_success()
+                    self._release()
+                    router.metrics.ttft.observe(router.clock() - self.routing.request.arrival_s)
+                    await self._start_stream()
+                    chunk, held = bytes(held), bytearray()
+                view.on_tokens(rid, chunk.count(b"data:"))
+                await self.send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except (TimeoutError, aiohttp.ClientError, OSError) as e:
+            failed = self._cut(b, f"the stream from the replica broke ({type(e).__name__})")
+            if failed is not None:
+                return failed
+        except asyncio.CancelledError as e:
+            if not self._replica_down(e):
+                raise
+            failed = self._cut(b, "the replica went out")
+            if failed is not None:
+                return failed
+        if not self.sent:  # ended before any token: an empty answer, passed on whole
+            if not held:
+                return self._cut(b, "the replica closed the stream before any token")
+            b.on_success()
+            self._release()
+            await self._start_stream()
+            await self.send({"type": "http.response.body", "body": bytes(held), "more_body": True})
+        if self._cut_stream is not None:
+            router.metrics.requests.labels("failed").inc()
+            error = {
+                "error": {
+                    "message": f"stream cut: {self._cut_stream}",
+                    "type": "server_error",
+                    "param": None,
+                    "code": 502,
+                }
+            }
+            tail = b"data: " + json.dumps(error).encode() + b"\n\ndata: [DONE]\n\n"
+            await self.send({"type": "http.response.body", "body": tail, "more_body": False})
+            return None
+        router.metrics.requests.labels("ok").inc()
+        await self.send({"type": "http.response.body", "body": b"", "more_body": False})
+        return None
+
+    async def _start_stream(self) -> None:
+        self.sent = True
+        await self.send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-type", b"text/event-stream; charset=utf-8"),
+                    (b"cache-control", b"no-cache"),
+                ],
+            }
+        )
+
+
+def _has_token(held: bytearray) -> bool:
+    """Whether the SSE events held so far carry a token (text, a content delta, or an end)."""
+    for event in bytes(held).split(b"\n\n")[:-1]:
+        for line in event.split(b"\n"):
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                return True
+            try:
+                obj = json.loads(data)
+            except ValueError:
+                return True  # not ours to judge: pass it on
+            if not isinstance(obj, dict) or "error" in obj:
+                return True
+            for choice in obj.get("choices") or ():
+                if not isinstance(choice, dict):
+                    return True
+                delta = choice.get("delta")
+                if choice.get("text") or choice.get("finish_reason"):
+                    return True
+                if isinstance(delta, dict) and (delta.get("content") or delta.get("tool_calls")):
+                    return True
+    return False
+
+
+def _capacity_tokens(metrics_text: str) -> int | None:
+    """A replica's KV capacity in tokens from its /metrics: medha serve's gauge, or vLLM's
+    cache_config_info (num_gpu_blocks x block_size)."""
+    for line in metrics_text.splitlines():
+        if line.startswith("medha_kv_capacity_tokens "):
+            return int(float(line.split()[1]))
+        if line.startswith("vllm:cache_config_info{"):
+            labels = dict(
+                kv.split("=", 1)
+                for kv in line[line.index("{") + 1 : line.index("}")].split(",")
+                if "=" in kv
+            )
+            try:
+                blocks = int(labels["num_gpu_blocks"].strip('"'))
+                return blocks * int(labels["block_size"].strip('"'))
+            except (KeyError, ValueError):
+                return None
+    return None
+
+
+async def _read_body(receive) -> bytes:
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            break
+    return b"".join(chunks)
+
+
+def _error_body(message: str, code: int) -> bytes:
+    return json.dumps(
+        {"error": {"message": message, "type": "server_error", "param": None, "code": code}}
+    ).encode()
+
+
+async def _raw(
+    send,
+    status: int,
+    body: bytes,
+    content_type: bytes | None = b"application/json",
+    headers: list[tuple[bytes, bytes]] | None = None,
+) -> None:
+    out = list(headers or [])
+    if content_type is not None:
+        out.append((b"content-type", content_type))
+    elif not any(k.lower() == b"content-type" for k, _ in out):
+        out.append((b"content-type", b"application/json"))
+    out.append((b"content-length", str(len(body)).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": out})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _json(send, status: int, obj) -> None:
+    await _raw(send, status, json.dumps(obj, ensure_ascii=True, allow_nan=False).encode())
+
+
+async def _error(send, error: RequestError, retry_after: bool = False) -> None:
+    headers = [(b"retry-after", b"1")] if retry_after else []
+    body = json.dumps(error.body(), ensure_ascii=True).encode()
+    await _raw(send, error.status, body, b"application/json", headers)

@@ -1,0 +1,86 @@
+"""One replica as a network peer: its URL, its key, whether it is up (active health checks and
+refused connections) and its circuit breaker. Whether the router may send it a request now is
+`available`; everything about its load is the TrackedReplica's."""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+class Breaker(enum.Enum):
+    CLOSED = "closed"  # requests flow
+    OPEN = "open"  # refused until `open_until`
+    HALF_OPEN = "half_open"  # one trial request is out; its outcome closes or reopens
+
+
+@dataclass
+class Backend:
+    replica_id: int
+    url: str  # base URL, no trailing slash, no /v1
+    api_key: str | None = field(default=None, repr=False)  # the router's key for this replica
+    up: bool = False  # starts out until its first health check passes
+    passes: int = 0  # health checks passed in a row
+    fails: int = 0  # health checks failed in a row
+    breaker: Breaker = Breaker.CLOSED
+    failures: int = 0  # requests failed in a row (the breaker's count)
+    open_until: float = 0.0
+    trial_out: bool = False
+    down_since: float | None = None
+    models: list[dict] = field(default_factory=list)  # its /v1/models data, last seen
+    clock: Callable[[], float] = field(default=time.monotonic, repr=False)
+
+    def headers(self) -> dict[str, str]:
+        return {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    # ---- health ------------------------------------------------------------------------------
+    def health_passed(self, healthy_after: int) -> bool:
+        """Record a passed check; True when this brings the replica back."""
+        self.fails = 0
+        self.passes += 1
+        if not self.up and self.passes >= healthy_after:
+            self.up, self.down_since = True, None
+            return True
+        return False
+
+    def health_failed(self, unhealthy_after: int) -> bool:
+        """Record a failed check; True when this takes the replica out."""
+        self.passes = 0
+        self.fails += 1
+        if self.up and self.fails >= unhealthy_after:
+            self.mark_down()
+            return True
+        return False
+
+    def mark_down(self) -> None:
+        """Out now (a check, or a connection the replica refused)."""
+        if self.up or self.down_since is None:
+            self.down_since = self.clock()
+        self.up, self.passes = False, 0
+
+    # ---- circuit breaker ---------------------------------------------------------------------
+    def available(self) -> bool:
+        """Whether a request may be sent now: up, and its breaker lets one through."""
+        if not self.up:
+            return False
+        if self.breaker is Breaker.OPEN and self.clock() >= self.open_until:
+            self.breaker, self.trial_out = Breaker.HALF_OPEN, False
+        if self.breaker is Breaker.HALF_OPEN:
+            return not self.trial_out
+        return self.breaker is Breaker.CLOSED
+
+    def on_sent(self) -> None:
+        if self.breaker is Breaker.HALF_OPEN:
+            self.trial_out = True
+
+    def on_success(self) -> None:
+        self.failures = 0
+        self.breaker, self.trial_out = Breaker.CLOSED, False
+
+    def on_failure(self, breaker_failures: int, open_s: float) -> None:
+        self.failures += 1
+        if self.breaker is Breaker.HALF_OPEN or self.failures >= breaker_failures:
+            self.breaker, self.trial_out = Breaker.OPEN, False
+            self.open_until = self.clock() + open_s

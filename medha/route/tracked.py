@@ -1,0 +1,197 @@
+"""The router's model of one replica: the `ReplicaView` the dispatchers read, built from what the
+router itself sees of that replica.
+
+Every request reaches a replica through the router, so the router knows exactly which requests
+each replica holds, when each got its first token (the first token event of its stream) and when
+it ended. What it cannot see is how far a replica has got with the prefills still waiting for
+their first token: it predicts that with the replica's own profile (the prefill-time walk its
+scheduler uses), draining the waiting requests' predicted work in the replica's policy order as
+time passes, and lets each first token correct it (the request leaves the waiting set whatever
+the prediction said). A request that is never streamed shows no first token: it waits, its
+work drained to nothing, until it ends.
+
+What a replica's prefix cache holds is predicted the same way: every prompt the router sent it,
+its chained block keys kept in an LRU of the cache's capacity.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+
+from medha.core.config import SchedulerConfig
+from medha.core.request import Request
+from medha.perf.predictor import Predictor
+from medha.perf.prefill_time_cache import PrefillTimeCache
+from medha.scheduler.prefix_cache import cacheable_pages
+from medha.sim.dispatchers.base_dispatcher import Pending, decode_token_s
+
+# How long an ended request's record stays for the dispatchers that look back (pla's window).
+_KEEP_ENDED_S = 120.0
+
+
+class PrefixIndex:
+    """The chained block keys a replica is taken to cache, least recently sent first out."""
+
+    def __init__(self, capacity_blocks: int) -> None:
+        self.capacity_blocks = max(1, capacity_blocks)
+        self._keys: OrderedDict[Hashable, None] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def match(self, keys: list[Hashable], limit: int) -> int:
+        """How many of `keys` (at most `limit`), from the first, are held."""
+        n = 0
+        while n < limit and keys[n] in self._keys:
+            n += 1
+        return n
+
+    def add(self, keys: list[Hashable]) -> None:
+        for k in keys:
+            self._keys[k] = None
+            self._keys.move_to_end(k)
+        while len(self._keys) > self.capacity_blocks:
+            self._keys.popitem(last=False)
+
+
+@dataclass(slots=True)
+class Routed:
+    """One request the router sent a replica, as the router sees it."""
+
+    request: Request
+    deadline_s: float  # absolute TTFT deadline
+    work_s: float  # predicted prefill work left (drained as time passes)
+    expected_tokens: int
+    first_token_s: float | None = None
+    tokens: int = 0
+    ended_s: float | None = None
+    order: tuple = field(default=())
+
+
+class TrackedReplica:
+    """A replica as the router sees it (a `ReplicaView`); `events` come from the proxy."""
+
+    def __init__(
+        self,
+        replica_id: int,
+        predictor: Predictor,
+        config: SchedulerConfig,
+        prefill_times: PrefillTimeCache,
+        block_size: int,
+        cache_tokens: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.replica_id = replica_id
+        self.predictor = predictor
+        self.scheduler_config = config
+        self.prefix_caching = True
+        self.prefill_times = prefill_times
+        self.block_size = block_size
+        self.index = PrefixIndex(cache_tokens // block_size)
+        self.clock = clock
+        self._decode_token_s = decode_token_s(predictor)
+        self._fcfs = config.policy == "fcfs"
+        self._live: dict[str, Routed] = {}
+        self._queue: list[Routed] = []  # those without a first token, in policy order
+        self._ended: OrderedDict[str, Routed] = OrderedDict()
+        self._anchor = clock()
+
+    # ---- events (the proxy's) ----------------------------------------------------------------
+    def on_dispatch(self, request: Request, deadline_s: float, expected_tokens: int) -> None:
+        now = self.clock()
+        self._drain(now)
+        work = self.prefill_work_s(request, self.cached_tokens(request))
+        order = (request.arrival_s,) if self._fcfs else (deadline_s, request.arrival_s)
+        routed = Routed(
+            request, deadline_s, work, expected_tokens, order=(*order, request.request_id)
+        )
+        self._live[request.request_id] = routed
+        bisect.insort(self._queue, routed, key=lambda r: r.order)
+        keys, _, _ = cacheable_pages(request, self.block_size)
+        self.index.add(keys)
+
+    def on_first_token(self, request_id: str) -> None:
+        r = self._live.get(request_id)
+        if r is not None and r.first_token_s is None:
+            now = self.clock()
+            self._drain(now)
+            r.first_token_s, r.work_s, r.tokens = now, 0.0, 1
+            self._queue.remove(r)
+
+    def on_tokens(self, request_id: str, n: int) -> None:
+        r = self._live.get(request_id)
+        if r is not None:
+            r.tokens += n
+
+    def on_end(self, request_id: str) -> None:
+        """The request finished, failed or was cancelled: the replica holds it no more."""
+        now = self.clock()
+        self._drain(now)
+        r = self._live.pop(request_id, None)
+        if r is not None:
+            if r.first_token_s is None:
+                self._queue.remove(r)
+            r.ended_s = now
+            self._ended[request_id] = r
+        while self._ended and next(iter(self._ended.values())).ended_s < now - _KEEP_ENDED_S:
+            self._ended.popitem(last=False)
+
+    # ---- the prediction ----------------------------------------------------------------------
+    def _drain(self, now: float) -> None:
+        """Spend the time since the last call on the waiting requests' work, in policy order."""
+        dt, self._anchor = now - self._anchor, now
+        if dt <= 0:
+            return
+        for r in self._queue:
+            take = min(r.work_s, dt)
+            r.work_s -= take
+            dt -= take
+            if dt <= 0:
+                break
+
+    # ---- ReplicaView -------------------------------------------------------------------------
+    def outstanding_work_s(self) -> float:
+        self._drain(self.clock())
+        return sum(
+            r.work_s + max(0, r.expected_tokens - r.tokens) * self._decode_token_s
+            for r in self._live.values()
+        )
+
+    def pending(self, now: float) -> list[Pending]:
+        self._drain(now)
+        return [
+            Pending(r.request.request_id, r.request.arrival_s, r.deadline_s, r.work_s)
+            for r in self._queue
+        ]
+
+    def num_decoding(self) -> int:
+        return len(self._live) - len(self._queue)
+
+    def busy(self) -> bool:
+        return bool(self._live)
+
+    def cached_tokens(self, request: Request) -> int:
+        keys, per, limit = cacheable_pages(request, self.block_size)
+        return self.index.match(keys, limit) * per * self.block_size
+
+    def prefill_work_s(self, request: Request, cached: int) -> float:
+        return self.prefill_times.remaining(request.prompt_len, cached)
+
+    def progress(self, request: Request) -> tuple[float | None, float, bool]:
+        rid = request.request_id
+        r = self._live.get(rid)
+        if r is not None:
+            return r.first_token_s, r.deadline_s, False
+        r = self._ended.get(rid)
+        if r is not None:
+            return r.first_token_s, r.deadline_s, True
+        return None, math.inf, True
+
+    @property
+    def num_live(self) -> int:
+        return len(self._live)

@@ -1,0 +1,109 @@
+"""No request left behind, across the cluster: the replica that keeps the smallest relative slack
+of every request still waiting for its first token highest.
+
+For each candidate replica the dispatcher predicts when each request it holds that has no first
+token yet, and the new one, would get its first token: the replica works through their
+remaining prefill work in its policy's order (earliest deadline first for the deadline-aware
+policies, arrival order for fcfs), slowed by the share of each iteration its decodes take. A
+request's relative slack is the part of its TTFT allowance left at its predicted first token,
+(deadline - first token) / (deadline - arrival): 1 for one served at once, 0 at its deadline,
+negative past it. Sending the new request to a replica changes only that replica's requests,
+so the cluster's smallest relative slack if it goes to replica A is min(A's smallest with it,
+every other replica's smallest without it); the dispatcher takes the replica that maximises
+this. When a request already late elsewhere decides that minimum for every choice, the
+new request's own predicted TTFT decides (then the least outstanding work).
+
+The new request's work on a replica is the prefill of what that replica's prefix cache does not
+hold, so cache affinity, queue length and the policy's order meet in one number, with no weight
+to tune per workload. Its deadline is the one the replicas would give it (its own TTFT target,
+else the scheduler's rule on its whole prefill), the same on every replica.
+"""
+
+from __future__ import annotations
+
+import math
+
+from medha.core.request import Request
+from medha.sim.dispatchers.base_dispatcher import (
+    DISPATCHERS,
+    Dispatcher,
+    Pending,
+    ReplicaView,
+    decode_token_s,
+)
+
+# A decode share of an iteration above this is not believed: a replica whose decodes would take
+# more of every iteration still gives prefills at least the rest.
+_MAX_DECODE_SHARE = 0.5
+
+
+def relative_slack(p: Pending, first_token_s: float) -> float:
+    allowed = p.deadline_s - p.arrival_s
+    return (p.deadline_s - first_token_s) / allowed if allowed > 0 else -math.inf
+
+
+@DISPATCHERS.register("slack")
+class SlackDispatcher(Dispatcher):
+    def __init__(self, replicas, cluster, scheduler) -> None:
+        super().__init__(replicas, cluster, scheduler)
+        self.config = scheduler
+        self.in_arrival_order = scheduler.policy == "fcfs"
+        self._budget_s = scheduler.iteration_budget_s or math.inf
+        self._decode_s = {r.replica_id: decode_token_s(r.predictor) for r in replicas}
+
+    def predicted_first_tokens(
+        self, replica: ReplicaView, pending: list[Pending], now: float
+    ) -> tuple[list[tuple[Pending, float]], float]:
+        """Each of `pending` with its predicted first-token time on `replica`, in the order
+        the replica serves them; and the stretch its decodes give prefill work."""
+        if self.in_arrival_order:
+            order = sorted(pending, key=lambda p: (p.arrival_s, p.request_id))
+        else:
+            order = sorted(pending, key=lambda p: (p.deadline_s, p.arrival_s, p.request_id))
+        decodes = replica.num_decoding() * self._decode_s[replica.replica_id]
+        stretch = 1.0 / (1.0 - min(_MAX_DECODE_SHARE, decodes / self._budget_s))
+        out, t = [], now
+        for p in order:
+            t += p.work_s * stretch
+            out.append((p, t))
+        return out, stretch
+
+    def deadline_s(self, request: Request, replica: ReplicaView) -> float:
+        alone = replica.prefill_work_s(request, 0)
+        return request.arrival_s + self.config.ttft_allowed_s(request.ttft_deadline_s, alone)
+
+    def pick(self, request, now, candidates=None):
+        candidates = candidates or self.replicas
+        deadline = self.deadline_s(request, candidates[0])
+        before, after, ttft = {}, {}, {}
+        for r in candidates:
+            rid = r.replica_id
+            work = r.prefill_work_s(request, r.cached_tokens(request))
+            new = Pending(request.request_id, request.arrival_s, deadline, work)
+            firsts, stretch = self.predicted_first_tokens(r, [*r.pending(now), new], now)
+            # the smallest relative slack with the new request (after) and without it
+            # (before: those it would go ahead of get their first token its work sooner)
+            lowest_with = lowest_without = math.inf
+            shift = 0.0
+            for p, t in firsts:
+                slack = relative_slack(p, t)
+                lowest_with = min(lowest_with, slack)
+                if p is new:
+                    ttft[rid], shift = t, work * stretch
+                else:
+                    lowest_without = min(lowest_without, relative_slack(p, t - shift))
+            after[rid], before[rid] = lowest_with, lowest_without
+
+        def cluster_min(r: ReplicaView) -> float:
+            others = (before[o.replica_id] for o in candidates if o is not r)
+            return min(after[r.replica_id], min(others, default=math.inf))
+
+        return max(
+            candidates,
+            key=lambda r: (
+                cluster_min(r),
+                -ttft[r.replica_id],
+                -r.outstanding_work_s(),
+                -r.replica_id,
+            ),
+        )

@@ -1,0 +1,172 @@
+"""The dispatchers over both fronts: SimReplica (the simulator's, read from the real scheduler)
+and TrackedReplica (the router's model of a server, fed the router's events). Toy timing: a
+token costs TOKEN_S, so a prompt of n tokens is n / 1024 s of prefill work."""
+
+import pytest
+from conftest import TOKEN_S
+
+from medha.core.config import SchedulerConfig
+from medha.core.request import Request
+from medha.perf import ParallelConfig
+from medha.perf.toy_predictor import FixedCostPredictor
+from medha.route.tracked import PrefixIndex, TrackedReplica
+from medha.scheduler.block_manager import BlockManager
+from medha.scheduler.replica_scheduler import ReplicaScheduler
+from medha.sim.config import ClusterConfig
+from medha.sim.dispatchers import DISPATCHERS
+from medha.sim.simulator import Simulator
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def tracked_cluster(n=2, policy=None, cache_tokens=1 << 20, **sched):
+    sched.setdefault("iteration_budget_s", 1 / 16)
+    config = SchedulerConfig.from_flat(policy=policy, **sched)
+    template = ReplicaScheduler(config, FixedCostPredictor(TOKEN_S), BlockManager(1 << 16, 16))
+    clock = Clock()
+    replicas = [
+        TrackedReplica(
+            i, template.predictor, template.config, template.prefill_times, 16, cache_tokens, clock
+        )
+        for i in range(n)
+    ]
+    return replicas, template.config, clock
+
+
+def dispatcher(name, replicas, config):
+    return DISPATCHERS.get(name)(replicas, ClusterConfig(replicas=len(replicas)), config)
+
+
+def tokens(prefix: int, n: int, seed: int = 0) -> list[int]:
+    """A prompt of n tokens whose first `prefix` are shared by every prompt of that prefix."""
+    return [7] * prefix + [1000 + seed * 7919 + i for i in range(n - prefix)]
+
+
+def send(replica, d_config, request, expected=4):
+    allowed = d_config.ttft_allowed_s(request.ttft_deadline_s, replica.prefill_work_s(request, 0))
+    replica.on_dispatch(request, request.arrival_s + allowed, expected)
+
+
+def test_the_tracked_replica_drains_waiting_work_in_deadline_order_and_learns_first_tokens():
+    (r,), config, clock = tracked_cluster(1)
+    long = Request.from_tokens("long", 0.0, tokens(0, 2048), 4)  # 2 s of work, deadline 3 s
+    short = Request.from_tokens("short", 0.0, tokens(0, 256, 1), 4)  # 0.25 s, deadline 0.5 s
+    send(r, config, long)
+    send(r, config, short)
+    assert sorted(p.work_s for p in r.pending(0.0)) == pytest.approx([0.25, 2.0])
+    clock.t = 0.5  # the short one (earlier deadline) is done, the long one has 1.75 s left
+    assert {p.request_id: p.work_s for p in r.pending(0.5)} == pytest.approx(
+        {"short": 0.0, "long": 1.75}
+    )
+    r.on_first_token("short")
+    assert [p.request_id for p in r.pending(0.5)] == ["long"]
+    assert r.num_decoding() == 1
+    r.on_end("short")
+    r.on_end("long")
+    assert r.pending(1.0) == [] and not r.busy() and r.outstanding_work_s() == 0
+    assert r.progress(short)[0] == 0.5 and r.progress(short)[2]
+
+
+def test_the_prefix_index_matches_chained_keys_and_forgets_the_least_recently_sent():
+    (r,), config, clock = tracked_cluster(1, cache_tokens=64)  # 4 blocks of 16
+    a = Request.from_tokens("a", 0.0, tokens(48, 64), 4)
+    send(r, config, a)
+    b = Request.from_tokens("b", 0.0, tokens(48, 80, 2), 4)
+    assert r.cached_tokens(b) == 48  # three shared blocks; the fourth differs
+    send(r, config, b)  # five blocks: the oldest of a's go first
+    assert r.cached_tokens(Request.from_tokens("c", 0.0, tokens(48, 64), 4)) == 0
+    index = PrefixIndex(2)
+    index.add(["x", "y"])
+    index.add(["z"])
+    assert index.match(["x"], 1) == 0 and index.match(["y", "z"], 2) == 2
+
+
+def test_round_robin_passes_over_replicas_left_out():
+    replicas, config, _ = tracked_cluster(3)
+    rr = dispatcher("round_robin", replicas, config)
+    r = Request("x", 0.0, 8, 1)
+    picks = [rr.pick(r, 0.0, [replicas[0], replicas[2]]).replica_id for _ in range(4)]
+    assert picks == [0, 2, 0, 2]
+
+
+def test_prefix_affinity_holds_only_within_the_load_bound():
+    replicas, config, clock = tracked_cluster(2)
+    prefix = dispatcher("prefix", replicas, config)
+    warm = Request.from_tokens("warm", 0.0, tokens(512, 600), 4)
+    send(replicas[0], config, warm)
+    replicas[0].on_first_token("warm")
+    replicas[0].on_end("warm")
+    hit = Request.from_tokens("hit", 0.0, tokens(512, 600, 1), 4)
+    assert prefix.pick(hit, 0.0).replica_id == 0  # the cache, both idle
+    # replica 0 busy past the bound (one least deadline, 0.5 s, of work above replica 1's)
+    send(replicas[0], config, Request.from_tokens("big", 0.0, tokens(0, 1024, 3), 4))
+    assert replicas[0].outstanding_work_s() > config.min_ttft_deadline_s
+    assert prefix.pick(hit, 0.0).replica_id == 1
+
+
+def test_slack_takes_the_cache_unless_the_queue_behind_it_costs_more():
+    replicas, config, clock = tracked_cluster(2)
+    slack = dispatcher("slack", replicas, config)
+    warm = Request.from_tokens("warm", 0.0, tokens(2048, 2100), 4)
+    send(replicas[0], config, warm)
+    replicas[0].on_first_token("warm")
+    replicas[0].on_end("warm")
+    hit = Request.from_tokens("hit", 0.0, tokens(2048, 2100, 1), 4)
+    assert replicas[0].cached_tokens(hit) == 2048
+    assert slack.pick(hit, 0.0).replica_id == 0  # 0.05 s of work there, 2 s on replica 1
+    # a queue of 3 s of prefill ahead on replica 0 (earlier deadlines): replica 1 is sooner
+    for i in range(3):
+        send(replicas[0], config, Request.from_tokens(f"q{i}", 0.0, tokens(0, 1024, 10 + i), 4))
+    assert slack.pick(hit, 0.0).replica_id == 1
+
+
+def test_slack_keeps_a_waiting_request_within_its_deadline_rather_than_the_new_one_fastest():
+    # replica 0 holds a short request with 0.3 s of its 0.5 s allowance left to wait; replica 1
+    # holds a long prefill with plenty of slack. A new short request with an earlier deadline
+    # on replica 0 would push the waiting one past its deadline; on replica 1 it goes first
+    # and the long one keeps most of its slack.
+    replicas, config, clock = tracked_cluster(2)
+    slack = dispatcher("slack", replicas, config)
+    send(replicas[0], config, Request.from_tokens("s", 0.0, tokens(0, 400, 1), 4))
+    send(replicas[1], config, Request.from_tokens("L", 0.0, tokens(0, 8000, 2), 4))
+    clock.t = 0.01
+    new = Request.from_tokens("n", 0.01, tokens(0, 200, 3), 4, ttft_deadline_s=0.3)
+    assert slack.pick(new, 0.01).replica_id == 1
+    lw = dispatcher("least_work", replicas, config)
+    assert lw.pick(new, 0.01).replica_id == 0  # what least work would do
+
+
+@pytest.mark.parametrize("name", ["round_robin", "least_work", "prefix", "slack"])
+def test_one_dispatcher_picks_the_same_over_the_simulator_and_the_router(name):
+    """The same arrivals, at the same times, to a simulated cluster and to the router's model
+    of one: while no batch has run, both fronts see the same queues and caches."""
+    sim = Simulator(
+        ClusterConfig(replicas=2, dispatcher=name, kv_memory_gb=1.0),
+        ParallelConfig(),
+        SchedulerConfig.from_flat(iteration_budget_s=1 / 16),
+        predictor=FixedCostPredictor(TOKEN_S),
+    )
+    sim_replicas = sim._replicas()
+    sim_d = DISPATCHERS.get(name)(sim_replicas, sim.cluster, sim.scheduler_config)
+    tracked, config, _ = tracked_cluster(2)
+    route_d = dispatcher(name, tracked, config)
+    lengths = [900, 64, 300, 2000, 128, 700, 50, 1200]
+    for i, n in enumerate(lengths):
+        a = Request.from_tokens(f"r{i}", 0.0, tokens(0, n, i), 8)
+        b = Request.from_tokens(f"r{i}", 0.0, tokens(0, n, i), 8)
+        s = sim_d.pick(a, 0.0)
+        t = route_d.pick(b, 0.0)
+        assert s.replica_id == t.replica_id, i
+        s.add(a, 0.0)
+        send(t, config, b, expected=8)
+    for s, t in zip(sim_replicas, tracked):
+        assert sorted(p.work_s for p in s.pending(0.0)) == pytest.approx(
+            sorted(p.work_s for p in t.pending(0.0))
+        )
+        assert s.outstanding_work_s() == pytest.approx(t.outstanding_work_s())

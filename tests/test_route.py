@@ -1,0 +1,191 @@
+"""`medha route` in front of stub replicas that fail on demand (medha/benchmark/stub_backend.py),
+and in front of two real `medha serve` replicas through the official openai client."""
+
+import asyncio
+import json
+import sys
+import time
+from contextlib import ExitStack
+
+import httpx
+import pytest
+
+from medha.benchmark.local_server import local_server
+from medha.benchmark.stub_backend import stub_backend
+
+
+FAST = ["--health-interval-s", "0.2", "--health-timeout-s", "0.5", "--predictor", "roofline"]
+
+
+def router(urls, *flags, with_process=False):
+    def command(port):
+        replicas = [a for u in urls for a in ("--replica", u)]
+        return [sys.executable, "-m", "medha", "route", "--port", str(port), *replicas, *FAST,
+                "--log-level", "warning", *flags]  # fmt: skip
+
+    return local_server(command, startup_s=60, with_process=with_process)
+
+
+def configure(url, **knobs):
+    httpx.post(url + "/stub/config", json=knobs).raise_for_status()
+
+
+def served(url) -> int:
+    return httpx.get(url + "/stub/stats").json()["requests"]
+
+
+def complete(url, stream=False, **extra):
+    body = {"model": "stub", "prompt": "hello there", "max_tokens": 4, "stream": stream, **extra}
+    return httpx.post(url + "/v1/completions", json=body, timeout=30)
+
+
+def events(response) -> list:
+    out = []
+    for line in response.text.splitlines():
+        if line.startswith("data: ") and line != "data: [DONE]":
+            out.append(json.loads(line[6:]))
+    return out
+
+
+@pytest.fixture
+def two_stubs():
+    with ExitStack() as stack:
+        yield [stack.enter_context(stub_backend(n_tokens=4)) for _ in range(2)]
+
+
+def test_requests_pass_through_streamed_and_not(two_stubs):
+    with router(two_stubs, "--dispatcher", "round_robin") as url:
+        assert httpx.get(url + "/health").json() == {"healthy_replicas": 2, "replicas": 2}
+        assert [m["id"] for m in httpx.get(url + "/v1/models").json()["data"]] == ["stub"]
+        r = complete(url)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+        r = complete(url, stream=True)
+        assert r.status_code == 200 and r.text.rstrip().endswith("data: [DONE]")
+        assert len(events(r)) >= 4 and not any("error" in e for e in events(r))
+        body = {"model": "stub", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+        r = httpx.post(url + "/v1/chat/completions", json=body, timeout=30)
+        assert r.status_code == 200 and "[DONE]" in r.text
+        assert [served(s) for s in two_stubs] == [2, 1]  # in turn
+        metrics = httpx.get(url + "/metrics").text
+        assert 'medha_router_requests_total{outcome="ok"} 3.0' in metrics
+
+
+def test_a_failed_replica_is_retried_elsewhere_before_any_token_and_never_twice(two_stubs):
+    a, b = two_stubs
+    with router(two_stubs, "--dispatcher", "round_robin") as url:
+        configure(a, status=503)
+        for stream in (False, True):
+            r = complete(url, stream=stream)
+            assert r.status_code == 200, r.text
+        assert served(b) == 2  # both answered by b, after a's 503
+        configure(b, status=503)
+        r = complete(url)  # each replica once: the client gets the last answer
+        assert r.status_code == 503 and "error" in r.json()
+        assert (served(a), served(b)) == (3, 3)  # a refused all three; b, the third
+        assert 'medha_router_retries_total 3.0' in httpx.get(url + "/metrics").text
+
+
+def test_a_stream_cut_after_its_first_token_ends_with_an_error_event_and_is_not_retried(two_stubs):
+    a, b = two_stubs
+    configure(a, die_after_tokens=2)
+    with router(two_stubs, "--dispatcher", "round_robin") as url:
+        t0 = time.monotonic()
+        r = complete(url, stream=True)
+        assert time.monotonic() - t0 < 5
+        got = events(r)
+        assert r.status_code == 200 and "error" in got[-1], r.text
+        assert sum(1 for e in got if "choices" in e) == 2
+        assert served(b) == 0  # never retried once a token went out
+
+
+def test_a_killed_replica_is_out_within_2_s_and_back_when_healthy():
+    with ExitStack() as stack:
+        a, proc = stack.enter_context(stub_backend(with_process=True))
+        b = stack.enter_context(stub_backend())
+        with router([a, b], "--dispatcher", "round_robin") as url:
+            proc.kill()
+            t0 = time.monotonic()
+            while httpx.get(url + "/health").json()["healthy_replicas"] != 1:
+                assert time.monotonic() - t0 < 2.0
+                time.sleep(0.05)
+            # every request now goes to b, none fails
+            assert all(complete(url).status_code == 200 for _ in range(6))
+            port = int(a.rsplit(":", 1)[1])
+            with stub_backend(port=port):
+                t0 = time.monotonic()
+                while httpx.get(url + "/health").json()["healthy_replicas"] != 2:
+                    assert time.monotonic() - t0 < 3.0
+                    time.sleep(0.05)
+
+
+def test_the_circuit_breaker_stops_sending_to_a_failing_replica(two_stubs):
+    a, b = two_stubs
+    configure(a, status=500)
+    flags = ["--dispatcher", "round_robin", "--breaker-failures", "2", "--breaker-open-s", "30"]
+    with router(two_stubs, *flags) as url:
+        for _ in range(8):
+            assert complete(url).status_code == 200
+        assert served(a) == 2  # two failures opened it; then no more tries there
+
+
+def test_admission_and_body_limits(two_stubs):
+    for s in two_stubs:
+        configure(s, delay_s=1.0)
+    flags = ["--max-waiting", "1", "--max-request-bytes", "2000"]
+    with router(two_stubs, *flags) as url:
+
+        async def two_at_once():
+            async with httpx.AsyncClient(timeout=30) as client:
+                body = {"model": "stub", "prompt": "x", "max_tokens": 1}
+                send = lambda: client.post(url + "/v1/completions", json=body)  # noqa: E731
+                return await asyncio.gather(send(), send())
+
+        statuses = sorted(r.status_code for r in asyncio.run(two_at_once()))
+        assert statuses == [200, 429]
+        r = complete(url, prompt="y" * 5000)
+        assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+        r = httpx.post(url + "/v1/completions", content=b"[1, 2", timeout=10)
+        assert r.status_code == 400 and "error" in r.json()
+
+
+def test_the_api_key_is_required_and_never_logged(two_stubs, tmp_path):
+    with router(two_stubs, "--api-key", "s3cret-key") as url:
+        assert complete(url).status_code == 401
+        ok = httpx.post(
+            url + "/v1/completions",
+            json={"model": "stub", "prompt": "hi", "max_tokens": 1},
+            headers={"authorization": "Bearer s3cret-key"},
+        )
+        assert ok.status_code == 200
+        assert httpx.get(url + "/health").status_code == 200  # open, as medha serve's
+
+
+@pytest.fixture(scope="module")
+def two_replicas(tiny_model):
+    def command(port):
+        return [sys.executable, "-m", "medha", "serve", "--model", str(tiny_model),
+                "--port", str(port), "--dtype", "float32", "--prefix-cache", "device"]  # fmt: skip
+
+    with ExitStack() as stack:
+        yield [stack.enter_context(local_server(command, quiet=True)) for _ in range(2)]
+
+
+def test_the_openai_client_through_the_router_gets_what_the_replica_gives(two_replicas):
+    openai = pytest.importorskip("openai")
+    with router(two_replicas, "--dispatcher", "slack") as url:
+        routed = openai.OpenAI(base_url=url + "/v1", api_key="none")
+        direct = openai.OpenAI(base_url=two_replicas[0] + "/v1", api_key="none")
+        model = direct.models.list().data[0].id
+        assert [m.id for m in routed.models.list().data] == [model]
+        for i, prompt in enumerate(["The capital of France is", "def add(a, b):", "1, 2, 3,"]):
+            kw = dict(model=model, prompt=prompt, max_tokens=8, temperature=0)
+            want = direct.completions.create(**kw).choices[0].text
+            assert routed.completions.create(**kw).choices[0].text == want
+            streamed = routed.completions.create(**kw, stream=True)
+            assert "".join(c.choices[0].text for c in streamed) == want
+        messages = [{"role": "user", "content": "Name a colour."}]
+        kw = dict(model=model, messages=messages, max_tokens=8, temperature=0)
+        want = direct.chat.completions.create(**kw).choices[0].message.content
+        assert routed.chat.completions.create(**kw).choices[0].message.content == want
+        streamed = routed.chat.completions.create(**kw, stream=True)
+        assert "".join(c.choices[0].delta.content or "" for c in streamed) == want
