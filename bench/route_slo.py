@@ -85,6 +85,7 @@ from medha.benchmark.routers import (
     CONTENDERS,
     Missing,
     check_installed,
+    contender,
     install_peers,
     running_router,
     serving_replicas,
@@ -574,6 +575,11 @@ def main() -> None:
     ap.add_argument("--out", default="runs/route_slo")
     args = ap.parse_args()
     names = CONTENDERS if args.contenders == "all" else args.contenders.split(",")
+    for name in names:
+        try:
+            contender(name)
+        except ValueError as e:
+            ap.error(str(e))
     workloads = args.workloads.split(",")
     for w in workloads:
         if w not in WORKLOADS:
@@ -582,6 +588,15 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     if args.install_peers:
         print(f"peers installed in {install_peers()}")
+    skipped: dict[str, str] = {}
+    for name in names:
+        try:
+            check_installed(name)
+        except Missing as e:
+            skipped[name] = str(e)
+            print(f"{name}: skipped: {e}")
+    if len(skipped) == len(names):
+        return
     with open(out / "servers.log", "a") as log:
         if args.calibration:
             calib = json.loads(Path(args.calibration).read_text())["calibration"]
@@ -594,13 +609,6 @@ def main() -> None:
         )
         slo = Slo(calib, args.ttft_slo_s)
         cells: list[dict] = []
-        skipped: dict[str, str] = {}
-        for name in names:
-            try:
-                check_installed(name)
-            except Missing as e:
-                skipped[name] = str(e)
-                print(f"{name}: skipped: {e}")
         for rnd, name in alternated([n for n in names if n not in skipped], args.rounds):
             for workload in workloads:
                 t = time.perf_counter()

@@ -138,7 +138,10 @@ def _ready(c: Contender, url: str, replicas: int) -> bool:
         if httpx.get(url + "/health", timeout=2).status_code != 200:
             return False
         if c.router == "medha":
-            return True
+            # /health is 200 once one replica is in: every replica's up gauge says all are
+            metrics = httpx.get(url + "/metrics", timeout=2).text.splitlines()
+            up = [m for m in metrics if m.startswith("medha_router_replica_up{")]
+            return sum(float(m.split()[-1]) == 1 for m in up) == replicas
         # the peers' /health is the router's own; their worker list says who is registered
         workers = httpx.get(url + "/workers", timeout=2).json().get("workers", [])
     except (httpx.HTTPError, ValueError):
