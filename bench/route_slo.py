@@ -1,0 +1,672 @@
+"""Routers in front of two `medha serve` replicas: TTFT SLO attainment, prefix hits, hot spots.
+
+    python bench/route_slo.py [--contenders all] [--workloads multi_turn,mixed,sharegpt]
+        [--rounds 1] [--qps 0.5] [--num-requests 20] [--install-peers] [--out runs/route_slo]
+
+Contenders (medha/benchmark/routers.py): `medha route` with each dispatcher (medha-slack,
+medha-round_robin, medha-least_work, medha-prefix, medha-pla), SGLang's router with
+cache_aware, vLLM's router with cache_aware and with consistent_hash. A peer that is not
+installed is reported as "skipped: <why>" (--install-peers installs both into their own
+virtual environment first). One contender runs at a time, in the order
+`local_server.alternated` gives (flipped every round: a 2-core machine drifts over minutes),
+and every (round, contender, workload) gets two freshly started replicas, `medha serve
+--prefix-cache device` bound to one core each (taskset -c 0, -c 1), and a fresh router: every
+contender starts with empty prefix caches, zeroed counters and an empty routing state.
+
+Workloads, all real text through the OpenAI API, streamed:
+
+- multi_turn: conversations as `medha trace generate` builds them (ConversationTraceConfig:
+  a few system prompts shared by most conversations, geometric turn counts, log-normal user
+  messages, answers and think times), sized for SmolLM2 on one core per replica (--multi-turn
+  changes any field). Each turn goes to /v1/chat/completions with the whole history: the
+  system prompt, every earlier user message and the answer the server actually gave, then the
+  new message; so prompts share the system prompt's text across conversations and the
+  conversation's own history across turns, which is what a prefix-aware router can exploit.
+  Conversations start at Poisson times (rate --qps / mean turns, so about --qps requests a
+  second) and each runs closed-loop: the next turn leaves a think time after the previous
+  answer ended. Replaying the trace's timestamps open-loop would not be faithful here: its
+  turn times assume 30 ms a token, and a turn sent before the previous answer has arrived
+  could not contain it. Every turn carries X-Session-ID: its conversation (the key
+  vllm-router's consistent_hash is documented to take; the others ignore it).
+- mixed: bench/server_mixed_load.py's mix (95% prompts of 32-256 tokens, 5% of 3,000-6,000,
+  16-48 output tokens), Poisson at --qps, lengths and arrival times from `medha bench`'s
+  build_requests, random words to /v1/completions.
+- sharegpt: the control with little sharing: lengths from the bundled ShareGPT trace (Llama-2
+  tokenizer counts), prompts clipped to --sharegpt-max-prompt and outputs to
+  --sharegpt-max-output tokens (its median prompt of 1,730 tokens and answer of 415 would
+  take ~8 s and ~25 s on one of these cores: the clipped mix keeps the replicas below
+  saturation at the smoke rate), Poisson at --qps, random words to /v1/completions.
+
+Every request asks for exactly its output length (ignore_eos, temperature 0). Prompts are
+words that SmolLM2 tokenizes one token each (the calibration checks it), so the client knows a
+prompt's length before sending it.
+
+The TTFT target of each request is medha's default deadline, max(1.5 x its isolated prefill
+time, 0.5 s), the one a medha replica gives a request that names none; here "isolated prefill
+time" is measured, not predicted: before the first contender, one replica (one core, as in the
+runs) answers prompts of 16 to 2,048 tokens alone, and the time to first token through HTTP is
+fitted with a + b L + c L^2 (non-negative terms) over the prompt length L (the whole prompt:
+the target does not shrink with a cache hit, so a router that lands a turn on the replica
+holding its history meets the target with room to spare, and one that does not pays the full
+prefill). The measured time is what a client sees of a lone request on this machine; medha's
+own profile was taken on both cores and would make every target ~2x too tight for one core.
+--ttft-slo-s sets one fixed target instead. Each request carries its target as
+`medha: {"ttft_slo_s": ...}` in the body (the replica's deadline; SGLang's router drops it on
+chat requests, see routers.py, and the replica then applies its default, the same formula
+over its own prediction) and as the header x-slo-ttft-ms (for a router that reads it).
+
+Reported per contender and workload (pooled over rounds): short-request TTFT p50/p99 (prompt
+below 1,024 tokens, server_mixed_load's long threshold), SLO attainment (share of requests
+with a first token within target; failures count as misses) and misses, the cluster's prefix
+hit rate (prefix_cache_hits_tokens over prefix_cache_queries_tokens, both replicas' /metrics,
+read before and after the run), the hot-spot index (replicas x the busiest replica's share of
+the requests, from each replica's medha_requests_total; 1.0 is perfectly even, 2.0 all on
+one), throughput (completed requests and output tokens a second of wall time). The JSON at
+--out/summary.json holds every round, every request and the calibration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import random
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import httpx
+import numpy as np
+from scipy.optimize import nnls
+
+from medha.benchmark.local_server import alternated
+from medha.benchmark.routers import (
+    CONTENDERS,
+    Missing,
+    check_installed,
+    contender,
+    install_peers,
+    running_router,
+    serving_replicas,
+)
+from medha.benchmark.workload import build_requests
+from medha.sim.workload.prefix_trace import ConversationTraceConfig
+
+WORKLOADS = ("multi_turn", "mixed", "sharegpt")
+MIXED = "prompt=32-256,output=16-48,long_fraction=0.05,long_prompt=3000-6000"
+SHAREGPT = Path(__file__).resolve().parents[1] / (
+    "medha/data/traces/sharegpt_8k_filtered_stats_llama2_tokenizer.csv"
+)
+LONG_THRESHOLD = 1024
+# ConversationTraceConfig's defaults describe GPU-scale chats (2,000-token system prompts,
+# 300-token messages, 250-token answers); one core of this CPU prefills ~250 tokens a second
+MULTI_TURN = dict(
+    system_prompts=4,
+    system_prompt_share=0.8,
+    system_prompt_tokens=512,
+    mean_turns=4.0,
+    user_tokens=48,
+    output_tokens=32,
+    think_s=3.0,
+    max_context=2048,
+)
+# single tokens for SmolLM2 with their leading space
+WORDS = (
+    "the cat sat on a mat and we ran to see it go by while you read this line of text "
+    "about time space light sound water fire earth wind rain snow day night sun moon "
+    "star tree leaf root seed bird fish road city town house door room wall"
+).split()
+CALIBRATION_LENGTHS = (16, 128, 512, 1024, 2048)
+
+
+def words(rng: random.Random, n: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+# --- workloads -------------------------------------------------------------------------------
+
+
+@dataclass
+class Turn:
+    user: str
+    user_tokens: int
+    max_tokens: int
+    think_s: float  # after this turn's answer, before the next turn
+
+
+@dataclass
+class Conversation:
+    index: int
+    start_s: float
+    system: str | None
+    system_tokens: int
+    turns: list[Turn]
+
+
+@dataclass
+class OneShot:
+    index: int
+    arrival_s: float
+    prompt: str
+    prompt_tokens: int
+    max_tokens: int
+
+
+def conversations(cfg: ConversationTraceConfig, num_requests: int, qps: float, seed: int):
+    """`cfg`'s conversations, sampled as generate_conversations samples them (the same
+    distributions), with text, until `num_requests` turns; Poisson starts at qps / mean_turns."""
+    rng = random.Random(seed)
+    text = random.Random(seed + 1)
+    systems = [words(text, cfg.system_prompt_tokens) for _ in range(cfg.system_prompts)]
+    out, total, start = [], 0, 0.0
+
+    def lognormal(median: float, sigma: float) -> int:
+        return max(1, int(rng.lognormvariate(math.log(median), sigma)))
+
+    while total < num_requests:
+        start += rng.expovariate(qps / cfg.mean_turns)
+        system = None
+        if cfg.system_prompts and rng.random() < cfg.system_prompt_share:
+            system = rng.randrange(cfg.system_prompts)
+        history = cfg.system_prompt_tokens if system is not None else 0
+        n = 1
+        if cfg.mean_turns > 1:
+            n += int(math.log(1.0 - rng.random()) / math.log(1.0 - 1.0 / cfg.mean_turns))
+        turns = []
+        for _ in range(min(n, num_requests - total)):
+            user, answer = lognormal(cfg.user_tokens, 1.0), lognormal(cfg.output_tokens, 0.7)
+            if history + user + answer > cfg.max_context:
+                break
+            think = rng.lognormvariate(math.log(cfg.think_s), 1.0)
+            turns.append(Turn(words(text, user), user, answer, think))
+            history += user + answer
+        if turns:
+            out.append(
+                Conversation(
+                    len(out),
+                    start,
+                    systems[system] if system is not None else None,
+                    cfg.system_prompt_tokens if system is not None else 0,
+                    turns,
+                )
+            )
+            total += len(turns)
+    return out
+
+
+def one_shots(name: str, args) -> list[OneShot]:
+    if name == "mixed":
+        reqs = build_requests(
+            trace=None, workload=MIXED, qps=args.qps, num_requests=args.num_requests, seed=args.seed
+        )
+    else:
+        reqs = build_requests(
+            trace=str(SHAREGPT),
+            workload=None,
+            qps=args.qps,
+            num_requests=args.num_requests,
+            seed=args.seed,
+        )
+        reqs = [
+            replace(
+                r,
+                prompt_len=min(r.prompt_len, args.sharegpt_max_prompt),
+                output_len=min(r.output_len, args.sharegpt_max_output),
+            )
+            for r in reqs
+        ]
+    text = random.Random(args.seed + 2)
+    return [
+        OneShot(r.index, r.arrival_s, words(text, r.prompt_len), r.prompt_len, r.output_len)
+        for r in reqs
+    ]
+
+
+# --- sending ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    workload: str
+    index: int  # request (one-shot) or conversation
+    turn: int | None
+    target_s: float
+    est_prompt_tokens: int
+    sent_s: float = 0.0
+    status: str = "ok"
+    error: str = ""
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    completion_tokens: int | None = None
+    text: str = field(default="", repr=False)
+
+
+class Slo:
+    """The TTFT target of a prompt of L tokens: max(1.5 x isolated TTFT(L), 0.5 s), isolated
+    TTFT = a + b L + c L^2 from the calibration; or one fixed target."""
+
+    def __init__(self, calibration: dict | None, fixed_s: float | None) -> None:
+        self.calibration, self.fixed_s = calibration, fixed_s
+
+    def target(self, tokens: int) -> float:
+        if self.fixed_s is not None:
+            return self.fixed_s
+        a, b, c = self.calibration["fit"]
+        return max(1.5 * (a + b * tokens + c * tokens**2), 0.5)
+
+
+async def _send(client, url: str, body: dict, headers: dict, res: Result, t0: float) -> None:
+    res.sent_s = time.perf_counter() - t0
+    start = time.perf_counter()
+    chunks = []
+    try:
+        async with client.stream("POST", url, json=body, headers=headers) as resp:
+            if resp.status_code != 200:
+                text = (await resp.aread()).decode(errors="replace")[:300]
+                res.status, res.error = "error", f"HTTP {resp.status_code}: {text}"
+                return
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                event = json.loads(line[6:])
+                if "error" in event:
+                    res.status, res.error = "error", str(event["error"].get("message"))[:300]
+                    return
+                for choice in event.get("choices") or []:
+                    piece = choice.get("text") or (choice.get("delta") or {}).get("content")
+                    if piece:
+                        if res.ttft_s is None:
+                            res.ttft_s = time.perf_counter() - start
+                        chunks.append(piece)
+                if usage := event.get("usage"):
+                    res.prompt_tokens = usage.get("prompt_tokens")
+                    res.completion_tokens = usage.get("completion_tokens")
+                    details = usage.get("prompt_tokens_details") or {}
+                    res.cached_tokens = details.get("cached_tokens")
+        res.e2e_s = time.perf_counter() - start
+        res.text = "".join(chunks)
+        if res.ttft_s is None:
+            res.status, res.error = "error", "no text"
+    except (httpx.HTTPError, json.JSONDecodeError) as e:
+        res.status, res.error = "error", f"{type(e).__name__}: {e}"
+
+
+def _body(model: str, max_tokens: int, target_s: float) -> dict:
+    return {
+        "model": model,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "medha": {"ttft_slo_s": round(target_s, 4)},
+    }
+
+
+def _slo_header(target_s: float) -> dict:
+    return {"x-slo-ttft-ms": str(round(target_s * 1000))}
+
+
+async def run_workload(base: str, model: str, workload, slo: Slo, chat_overhead: dict) -> tuple:
+    """Send `workload` (one-shots or conversations) to `base`; (results, wall seconds)."""
+    results: list[Result] = []
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+    async with httpx.AsyncClient(timeout=900, limits=limits) as client:
+        t0 = time.perf_counter()
+
+        async def one_shot(r: OneShot) -> None:
+            target = slo.target(r.prompt_tokens)
+            res = Result("oneshot", r.index, None, target, r.prompt_tokens)
+            results.append(res)
+            await asyncio.sleep(max(0.0, t0 + r.arrival_s - time.perf_counter()))
+            body = _body(model, r.max_tokens, target) | {"prompt": r.prompt}
+            await _send(client, base + "/v1/completions", body, _slo_header(target), res, t0)
+
+        async def conversation(c: Conversation) -> None:
+            await asyncio.sleep(max(0.0, t0 + c.start_s - time.perf_counter()))
+            messages = [{"role": "system", "content": c.system}] if c.system else []
+            tokens = c.system_tokens + (0 if c.system else chat_overhead["default_system"])
+            for k, turn in enumerate(c.turns):
+                messages.append({"role": "user", "content": turn.user})
+                tokens += turn.user_tokens
+                est = tokens + chat_overhead["per_message"] * len(messages) + 3
+                target = slo.target(est)
+                res = Result("conversation", c.index, k, target, est)
+                results.append(res)
+                headers = _slo_header(target) | {"x-session-id": f"conversation-{c.index}"}
+                body = _body(model, turn.max_tokens, target) | {"messages": list(messages)}
+                await _send(client, base + "/v1/chat/completions", body, headers, res, t0)
+                if res.status != "ok":
+                    # later turns would need this answer: they count as failed, unsent
+                    for j in range(k + 1, len(c.turns)):
+                        results.append(
+                            Result("conversation", c.index, j, 0.0, 0, status="not sent")
+                        )
+                    return
+                messages.append({"role": "assistant", "content": res.text})
+                tokens += res.completion_tokens or turn.max_tokens
+                await asyncio.sleep(turn.think_s)
+
+        tasks = [conversation(w) if isinstance(w, Conversation) else one_shot(w) for w in workload]
+        await asyncio.gather(*tasks)
+        return results, time.perf_counter() - t0
+
+
+# --- replicas' counters ----------------------------------------------------------------------
+
+
+def replica_counters(url: str) -> dict:
+    out = {"requests": 0.0, "prefix_queries": 0.0, "prefix_hits": 0.0}
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith("medha_requests_total{"):
+            out["requests"] += float(line.split()[-1])
+        elif line.startswith("medha_prefix_cache_queries_tokens "):
+            out["prefix_queries"] = float(line.split()[-1])
+        elif line.startswith("medha_prefix_cache_hits_tokens "):
+            out["prefix_hits"] = float(line.split()[-1])
+    return out
+
+
+def served_model(replica: str) -> str:
+    """The replica's model name: what clients must send (SGLang's router lists "unknown")."""
+    return httpx.get(replica + "/v1/models", timeout=10).json()["data"][0]["id"]
+
+
+def slo_field_forwarded(base: str, model: str) -> dict:
+    """Whether the router passes the body's `medha` object on to the replica, per endpoint:
+    an invalid target is a 400 from a medha replica, a 200 means it never got there."""
+    out = {}
+    for ep, extra in (
+        ("completions", {"prompt": "route check"}),
+        ("chat/completions", {"messages": [{"role": "system", "content": "route check"}]}),
+    ):
+        body = {"model": model, "max_tokens": 1, "medha": {"ttft_slo_s": -1}} | extra
+        status = httpx.post(f"{base}/v1/{ep}", json=body, timeout=60).status_code
+        out[ep] = status == 400
+    return out
+
+
+# --- one cell: fresh replicas, a router, a workload ------------------------------------------
+
+
+def run_cell(name: str, workload: str, args, slo: Slo, calib: dict, log) -> dict:
+    flags = ["--prefix-cache", "device", *args.replica_flags.split()]
+    with serving_replicas(2, flags, pin=not args.no_pin, log=log) as replicas:
+        model = served_model(replicas[0])
+        t = time.perf_counter()
+        with running_router(name, replicas, log=log) as (base, cmd):
+            startup = time.perf_counter() - t
+            forwarded = slo_field_forwarded(base, model)
+            before = [replica_counters(u) for u in replicas]
+            if workload == "multi_turn":
+                cfg = ConversationTraceConfig(**(MULTI_TURN | args.multi_turn))
+                load = conversations(cfg, args.num_requests, args.qps, args.seed)
+            else:
+                load = one_shots(workload, args)
+            results, wall = asyncio.run(run_workload(base, model, load, slo, calib["chat"]))
+            after = [replica_counters(u) for u in replicas]
+    delta = [{k: a[k] - b[k] for k in a} for a, b in zip(after, before)]
+    return {
+        "contender": name,
+        "workload": workload,
+        "router_command": cmd,
+        "router_startup_s": startup,
+        "slo_field_forwarded": forwarded,
+        "wall_s": wall,
+        "replicas": delta,
+        "requests": [asdict(r) | {"text": None} for r in results],
+    }
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if values else None
+
+
+def summarize(cells: list[dict]) -> dict:
+    """One contender's rounds of one workload, pooled: percentiles and attainment over every
+    request, hit rate over the summed counters, hot-spot index and throughput averaged over
+    rounds."""
+    reqs = [r for c in cells for r in c["requests"]]
+    ok = [r for r in reqs if r["status"] == "ok"]
+
+    def length(r):
+        return r["prompt_tokens"] if r["prompt_tokens"] is not None else r["est_prompt_tokens"]
+
+    short = [r["ttft_s"] for r in ok if length(r) < LONG_THRESHOLD]
+    met = sum(1 for r in ok if r["ttft_s"] <= r["target_s"])
+    queries = sum(d["prefix_queries"] for c in cells for d in c["replicas"])
+    hits = sum(d["prefix_hits"] for c in cells for d in c["replicas"])
+    hot = []
+    for c in cells:
+        counts = [d["requests"] for d in c["replicas"]]
+        if sum(counts):
+            hot.append(len(counts) * max(counts) / sum(counts))
+    return {
+        "requests": len(reqs),
+        "errors": len(reqs) - len(ok),
+        "short": len(short),
+        "short_ttft_p50_s": _pct(short, 50),
+        "short_ttft_p99_s": _pct(short, 99),
+        "ttft_p50_s": _pct([r["ttft_s"] for r in ok], 50),
+        "slo_attainment": met / len(reqs) if reqs else None,
+        "slo_misses": len(reqs) - met,
+        "prefix_hit_rate": hits / queries if queries else None,
+        "hot_spot_index": float(np.mean(hot)) if hot else None,
+        "per_replica_requests": [[d["requests"] for d in c["replicas"]] for c in cells],
+        "requests_per_s": float(
+            np.mean([sum(r["status"] == "ok" for r in c["requests"]) / c["wall_s"] for c in cells])
+        ),
+        "output_tokens_per_s": float(
+            np.mean(
+                [
+                    sum(r["completion_tokens"] or 0 for r in c["requests"]) / c["wall_s"]
+                    for c in cells
+                ]
+            )
+        ),
+        "slo_field_forwarded": cells[0]["slo_field_forwarded"],
+    }
+
+
+# --- calibration -----------------------------------------------------------------------------
+
+
+def _ttft_alone(url: str, model: str, body: dict, endpoint: str) -> tuple[float, int]:
+    res = Result("calibration", 0, None, 0.0, 0)
+    body = {"model": model, "max_tokens": 1, "stream": True, "temperature": 0} | body
+    body["stream_options"] = {"include_usage": True}
+
+    async def go():
+        async with httpx.AsyncClient(timeout=600) as client:
+            await _send(client, f"{url}/v1/{endpoint}", body, {}, res, time.perf_counter())
+
+    asyncio.run(go())
+    if res.status != "ok":
+        raise RuntimeError(f"calibration request failed: {res.error}")
+    return res.ttft_s, res.prompt_tokens
+
+
+def calibrate(args, log) -> dict:
+    """Time to first token of prompts alone on one fresh replica (one core), fitted with
+    non-negative a + b L + c L^2; and how many tokens the chat template adds."""
+    rng = random.Random(args.seed + 3)
+    flags = ["--prefix-cache", "device", *args.replica_flags.split()]
+    with serving_replicas(1, flags, pin=not args.no_pin, log=log) as (url,):
+        model = served_model(url)
+        _ttft_alone(url, model, {"prompt": words(rng, 64)}, "completions")  # warm-up
+        points = []
+        for n in CALIBRATION_LENGTHS:
+            ttft, tokens = _ttft_alone(url, model, {"prompt": words(rng, n)}, "completions")
+            points.append((tokens, ttft, n))
+        _, one = _ttft_alone(
+            url,
+            model,
+            {"messages": [{"role": "user", "content": words(rng, 8)}]},
+            "chat/completions",
+        )
+        _, two = _ttft_alone(
+            url,
+            model,
+            {
+                "messages": [
+                    {"role": "system", "content": words(rng, 8)},
+                    {"role": "user", "content": words(rng, 8)},
+                ]
+            },
+            "chat/completions",
+        )
+    lengths = np.array([p[0] for p in points], dtype=float)
+    times = np.array([p[1] for p in points])
+    basis = np.stack([np.ones_like(lengths), lengths, lengths**2], axis=1)
+    fit, _ = nnls(basis, times)
+    per_message = max(0, round((two - 16 - 3) / 2))
+    return {
+        "points": [{"words": n, "tokens": t, "ttft_s": s} for t, s, n in points],
+        "tokens_per_word": float(np.mean([p[0] / p[2] for p in points])),
+        "fit": [float(x) for x in fit],
+        "chat": {
+            "per_message": per_message,
+            "default_system": max(0, one - 8 - 3 - per_message),
+        },
+    }
+
+
+# --- main ------------------------------------------------------------------------------------
+
+
+def _kv(text: str) -> dict:
+    out = {}
+    for item in filter(None, text.split(",")):
+        key, _, value = item.partition("=")
+        if key not in MULTI_TURN:
+            raise argparse.ArgumentTypeError(f"--multi-turn: unknown key {key!r}")
+        out[key] = type(MULTI_TURN[key])(value)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--contenders", default="all", help=f"comma-separated, or all: {CONTENDERS}")
+    ap.add_argument("--workloads", default=",".join(WORKLOADS))
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--qps", type=float, default=0.5, help="requests a second (default 0.5)")
+    ap.add_argument("--num-requests", type=int, default=20, help="per workload (default 20)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--multi-turn",
+        type=_kv,
+        default={},
+        help=f"ConversationTraceConfig fields, k=v,...: {MULTI_TURN}",
+    )
+    ap.add_argument("--sharegpt-max-prompt", type=int, default=512)
+    ap.add_argument("--sharegpt-max-output", type=int, default=64)
+    ap.add_argument("--ttft-slo-s", type=float, default=None, help="one fixed TTFT target")
+    ap.add_argument(
+        "--calibration", default=None, help="reuse the calibration of an earlier summary.json"
+    )
+    ap.add_argument("--replica-flags", default="", help="more `medha serve` flags, one string")
+    ap.add_argument("--no-pin", action="store_true", help="no taskset: replicas share the cores")
+    ap.add_argument("--install-peers", action="store_true", help="pip-install the peer routers")
+    ap.add_argument("--out", default="runs/route_slo")
+    args = ap.parse_args()
+    names = CONTENDERS if args.contenders == "all" else args.contenders.split(",")
+    for name in names:
+        try:
+            contender(name)
+        except ValueError as e:
+            ap.error(str(e))
+    workloads = args.workloads.split(",")
+    for w in workloads:
+        if w not in WORKLOADS:
+            ap.error(f"unknown workload {w!r}; known: {', '.join(WORKLOADS)}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.install_peers:
+        print(f"peers installed in {install_peers()}")
+    skipped: dict[str, str] = {}
+    for name in names:
+        try:
+            check_installed(name)
+        except Missing as e:
+            skipped[name] = str(e)
+            print(f"{name}: skipped: {e}")
+    if len(skipped) == len(names):
+        return
+    with open(out / "servers.log", "a") as log:
+        if args.calibration:
+            calib = json.loads(Path(args.calibration).read_text())["calibration"]
+        else:
+            calib = calibrate(args, log)
+        a, b, c = calib["fit"]
+        print(
+            f"isolated TTFT(L) = {a:.3f} + {b * 1e3:.3f} ms x L + {c * 1e6:.4f} us x L^2; "
+            f"{calib['tokens_per_word']:.2f} tokens a word"
+        )
+        slo = Slo(calib, args.ttft_slo_s)
+        cells: list[dict] = []
+        for rnd, name in alternated([n for n in names if n not in skipped], args.rounds):
+            for workload in workloads:
+                t = time.perf_counter()
+                cell = run_cell(name, workload, args, slo, calib, log)
+                cell["round"] = rnd
+                cells.append(cell)
+                s = summarize([cell])
+                print(
+                    f"round {rnd} {name} {workload}: {s['requests']} requests, "
+                    f"{s['errors']} errors, SLO {_fmt(s['slo_attainment'], '.0%')}, "
+                    f"hits {_fmt(s['prefix_hit_rate'], '.0%')}, "
+                    f"hot spot {_fmt(s['hot_spot_index'], '.2f')}, router up in "
+                    f"{cell['router_startup_s']:.1f} s ({time.perf_counter() - t:.0f} s)"
+                )
+    table = {
+        w: {
+            n: summarize([c for c in cells if c["contender"] == n and c["workload"] == w])
+            for n in names
+            if n not in skipped
+        }
+        for w in workloads
+    }
+    summary = {
+        "config": {k: v for k, v in vars(args).items()}
+        | {"multi_turn_config": MULTI_TURN | args.multi_turn, "mixed": MIXED},
+        "calibration": calib,
+        "skipped": skipped,
+        "summary": table,
+        "cells": cells,
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    _print(table, skipped, args)
+    print(f"\n{out / 'summary.json'}")
+
+
+def _fmt(x, spec):
+    return "-" if x is None else format(x, spec)
+
+
+def _print(table: dict, skipped: dict, args) -> None:
+    for w, rows in table.items():
+        print(f"\n{w}: {args.num_requests} requests x {args.rounds} rounds, {args.qps} req/s\n")
+        print(
+            "| contender | short TTFT p50 | short TTFT p99 | SLO met | misses | prefix hits | "
+            "hot spot | req/s | out tok/s | errors |"
+        )
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        for name, s in rows.items():
+            print(
+                f"| {name} | {_fmt(s['short_ttft_p50_s'], '.3f')} s | "
+                f"{_fmt(s['short_ttft_p99_s'], '.3f')} s | {_fmt(s['slo_attainment'], '.0%')} | "
+                f"{s['slo_misses']} | {_fmt(s['prefix_hit_rate'], '.1%')} | "
+                f"{_fmt(s['hot_spot_index'], '.2f')} | {s['requests_per_s']:.3f} | "
+                f"{s['output_tokens_per_s']:.1f} | {s['errors']} |"
+            )
+    for name, why in skipped.items():
+        print(f"{name}: skipped: {why}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""The contenders of bench/route_slo.py (medha/benchmark/routers.py): names, the command lines
+that start them, and the Missing error a bench turns into a skipped line. Starting real
+routers is the bench's job (it needs the peers' wheels and two model replicas)."""
+
+import os
+import stat
+
+import pytest
+
+from medha.benchmark import routers
+from medha.benchmark.routers import CONTENDERS, Missing, contender, router_command
+
+REPLICAS = ["http://127.0.0.1:9001", "http://127.0.0.1:9002"]
+
+
+def _fake_venv(tmp_path, *names):
+    (tmp_path / "bin").mkdir(parents=True)
+    for name in names:
+        exe = tmp_path / "bin" / name
+        exe.write_text("#!/bin/sh\n")
+        exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+    return tmp_path
+
+
+def test_every_contender_parses_and_unknown_ones_are_refused():
+    kinds = {contender(n).router for n in CONTENDERS}
+    assert kinds == {"sglang", "vllm-router", "medha"}
+    assert contender("medha-slack").policy == "slack"
+    assert contender("vllm-router-consistent_hash").policy == "consistent_hash"
+    for bad in ("medha-fcfs", "sglang-round_robin", "nginx"):
+        with pytest.raises(ValueError, match="unknown contender"):
+            contender(bad)
+
+
+def test_peer_commands_from_the_venv(tmp_path, monkeypatch):
+    venv = _fake_venv(tmp_path, "sglang-router", "vllm-router")
+    monkeypatch.setenv("MEDHA_ROUTERS_VENV", str(venv))
+    sg = router_command(contender("sglang-cache_aware"), REPLICAS, 7000, 7001)
+    assert sg[:2] == [str(venv / "bin" / "sglang-router"), "launch"]
+    assert sg[sg.index("--worker-urls") + 1 : sg.index("--worker-urls") + 3] == REPLICAS
+    # a Prometheus port of its own: the default 29000 would collide between routers
+    assert sg[sg.index("--prometheus-port") + 1] == "7001"
+    vr = router_command(contender("vllm-router-consistent_hash"), REPLICAS, 7000, 7001)
+    assert vr[0] == str(venv / "bin" / "vllm-router")
+    assert vr[vr.index("--policy") + 1] == "consistent_hash"
+    assert vr[vr.index("--port") + 1] == "7000"
+
+
+def test_medha_route_command():
+    cmd = router_command(contender("medha-least_work"), REPLICAS, 7000, 7001)
+    assert cmd[1:4] == ["-m", "medha", "route"]
+    assert [cmd[i + 1] for i, a in enumerate(cmd) if a == "--replica"] == REPLICAS
+    assert cmd[cmd.index("--dispatcher") + 1] == "least_work"
+    assert "--prometheus-port" not in cmd
+
+
+def test_a_missing_peer_raises_missing(tmp_path, monkeypatch):
+    monkeypatch.setenv("MEDHA_ROUTERS_VENV", str(_fake_venv(tmp_path)))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(Missing, match="vllm-router is not installed"):
+        routers.check_installed("vllm-router-cache_aware")
+    # found on PATH when the venv lacks it
+    path_dir = tmp_path / "elsewhere"
+    _fake_venv(path_dir, "vllm-router")
+    monkeypatch.setenv("PATH", str(path_dir / "bin") + os.pathsep + str(tmp_path))
+    routers.check_installed("vllm-router-cache_aware")
