@@ -72,6 +72,8 @@ import asyncio
 import json
 import math
 import random
+import subprocess
+import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -242,6 +244,7 @@ class Result:
     cached_tokens: int | None = None
     completion_tokens: int | None = None
     text: str = field(default="", repr=False)
+    payload: object = field(default=None, repr=False)  # the prompt or messages (the twin's)
 
 
 class Slo:
@@ -323,6 +326,7 @@ async def run_workload(base: str, model: str, workload, slo: Slo, chat_overhead:
             results.append(res)
             await asyncio.sleep(max(0.0, t0 + r.arrival_s - time.perf_counter()))
             body = _body(model, r.max_tokens, target) | {"prompt": r.prompt}
+            res.payload = r.prompt
             await _send(client, base + "/v1/completions", body, _slo_header(target), res, t0)
 
         async def conversation(c: Conversation) -> None:
@@ -338,6 +342,7 @@ async def run_workload(base: str, model: str, workload, slo: Slo, chat_overhead:
                 results.append(res)
                 headers = _slo_header(target) | {"x-session-id": f"conversation-{c.index}"}
                 body = _body(model, turn.max_tokens, target) | {"messages": list(messages)}
+                res.payload = list(messages)
                 await _send(client, base + "/v1/chat/completions", body, headers, res, t0)
                 if res.status != "ok":
                     # later turns would need this answer: they count as failed, unsent
@@ -370,6 +375,83 @@ def replica_counters(url: str) -> dict:
     return out
 
 
+def replica_kv_tokens(url: str) -> int:
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith("medha_kv_capacity_tokens "):
+            return int(float(line.split()[-1]))
+    raise RuntimeError(f"{url}/metrics has no medha_kv_capacity_tokens")
+
+
+# --- the digital twin and the one-cache reference ---------------------------------------------
+
+_TOKENIZER = None
+
+
+def _tokens(payload) -> list[int]:
+    """The token ids a medha replica computes for a request's prompt or messages (its own
+    tokenizer and chat template)."""
+    global _TOKENIZER
+    if _TOKENIZER is None:
+        from medha.engine.tokenizer import Tokenizer
+        from medha.perf.hardware_specs import cache_dir
+
+        _TOKENIZER = Tokenizer(cache_dir() / "models" / "smollm2-135m-instruct")
+    if isinstance(payload, str):
+        return _TOKENIZER.encode(payload)
+    return _TOKENIZER.apply_chat_template(payload)
+
+
+def twin_trace(results: list) -> list[dict]:
+    """The run's requests as a JSONL trace (Mooncake's fields plus token_ids): sent times,
+    prompt tokens, output lengths, for `medha simulate` to replay."""
+    rows = []
+    for r in sorted((r for r in results if r.payload is not None), key=lambda r: r.sent_s):
+        ids = _tokens(r.payload)
+        out = r.completion_tokens or 1
+        rows.append(
+            {"timestamp": round(r.sent_s * 1e3, 3), "input_length": len(ids),
+             "output_length": out, "token_ids": ids, "ok": r.status == "ok"}
+        )  # fmt: skip
+    return rows
+
+
+def one_cache_hit_rate(rows: list[dict], capacity_tokens: int, block: int = 16) -> float | None:
+    """The prefix hit rate of one cache holding both replicas' (an LRU of `capacity_tokens`,
+    16-token chained block keys, every earlier prompt in it): the reference a router's
+    cluster hit rate is held to."""
+    from medha.core.request import Request
+    from medha.route.tracked import PrefixIndex
+    from medha.scheduler.prefix_cache import cacheable_pages
+
+    index = PrefixIndex(capacity_tokens // block)
+    hits = total = 0
+    for i, row in enumerate(rows):
+        r = Request.from_tokens(f"r{i}", 0.0, row["token_ids"], row["output_length"])
+        keys, per, limit = cacheable_pages(r, block)
+        hits += index.match(keys, limit) * per * block
+        total += r.prompt_len
+        index.add(keys)
+    return hits / total if total else None
+
+
+def simulate_twin(cell: dict, profile: str) -> float | None:
+    """`medha simulate` of the cell's requests on two replicas under the contender's
+    dispatcher and the replicas' profile: its short-request TTFT p50."""
+    dispatcher = cell["contender"].removeprefix("medha-")
+    trace = Path(cell["twin_trace"])
+    sim_out = trace.with_suffix("")
+    subprocess.run(
+        [sys.executable, "-m", "medha", "simulate", "--model", "smollm2-135m", "--hardware",
+         "cpu", "--predictor", f"profiled:{profile}", "--trace", str(trace), "--replicas", "2",
+         "--dispatcher", dispatcher, "--prefix-cache", "device", "--kv-memory-gb", "2",
+         "--long-threshold", str(LONG_THRESHOLD), "--out", str(sim_out), "--no-plots",
+         "--overwrite"],
+        check=True, stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    summary = json.loads((sim_out / "summary.json").read_text())
+    return summary["short_ttft_s"]["p50"]
+
+
 def served_model(replica: str) -> str:
     """The replica's model name: what clients must send (SGLang's router lists "unknown")."""
     return httpx.get(replica + "/v1/models", timeout=10).json()["data"][0]["id"]
@@ -394,10 +476,15 @@ def slo_field_forwarded(base: str, model: str) -> dict:
 
 def run_cell(name: str, workload: str, args, slo: Slo, calib: dict, log) -> dict:
     flags = ["--prefix-cache", "device", *args.replica_flags.split()]
+    router_flags = []
+    if args.profile:  # replicas and router plan with the same (one-core) profile
+        flags += ["--predictor", f"profiled:{args.profile}"]
+        router_flags += ["--predictor", f"profiled:{args.profile}"]
     with serving_replicas(2, flags, pin=not args.no_pin, log=log) as replicas:
         model = served_model(replicas[0])
+        kv_tokens = replica_kv_tokens(replicas[0])
         t = time.perf_counter()
-        with running_router(name, replicas, log=log) as (base, cmd):
+        with running_router(name, replicas, log=log, medha_flags=router_flags) as (base, cmd):
             startup = time.perf_counter() - t
             forwarded = slo_field_forwarded(base, model)
             before = [replica_counters(u) for u in replicas]
@@ -409,7 +496,13 @@ def run_cell(name: str, workload: str, args, slo: Slo, calib: dict, log) -> dict
             results, wall = asyncio.run(run_workload(base, model, load, slo, calib["chat"]))
             after = [replica_counters(u) for u in replicas]
     delta = [{k: a[k] - b[k] for k in a} for a, b in zip(after, before)]
+    twin = twin_trace(results)
+    trace = Path(args.out) / f"twin-{name}-{workload}-{args.seed}-{time.time_ns()}.jsonl"
+    trace.write_text("".join(json.dumps(r) + "\n" for r in twin))
     return {
+        "twin_trace": str(trace),
+        "kv_tokens_per_replica": kv_tokens,
+        "one_cache_hit_rate": one_cache_hit_rate(twin, 2 * kv_tokens),
         "contender": name,
         "workload": workload,
         "router_command": cmd,
@@ -417,8 +510,13 @@ def run_cell(name: str, workload: str, args, slo: Slo, calib: dict, log) -> dict
         "slo_field_forwarded": forwarded,
         "wall_s": wall,
         "replicas": delta,
-        "requests": [asdict(r) | {"text": None} for r in results],
+        "requests": [asdict(r) | {"text": None, "payload": None} for r in results],
     }
+
+
+def _mean(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return float(np.mean(values)) if values else None
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -455,6 +553,7 @@ def summarize(cells: list[dict]) -> dict:
         "slo_misses": len(reqs) - met,
         "prefix_hit_rate": hits / queries if queries else None,
         "hot_spot_index": float(np.mean(hot)) if hot else None,
+        "one_cache_hit_rate": _mean([c.get("one_cache_hit_rate") for c in cells]),
         "per_replica_requests": [[d["requests"] for d in c["replicas"]] for c in cells],
         "requests_per_s": float(
             np.mean([sum(r["status"] == "ok" for r in c["requests"]) / c["wall_s"] for c in cells])
@@ -572,6 +671,13 @@ def main() -> None:
     ap.add_argument("--replica-flags", default="", help="more `medha serve` flags, one string")
     ap.add_argument("--no-pin", action="store_true", help="no taskset: replicas share the cores")
     ap.add_argument("--install-peers", action="store_true", help="pip-install the peer routers")
+    ap.add_argument(
+        "--profile",
+        default=None,
+        help="a profile of one replica's core (`taskset -c 0 medha profile --out PATH`): the "
+        "replicas and medha's router plan with it, and the digital twin replays each medha "
+        "contender's run in `medha simulate` with it",
+    )
     ap.add_argument("--out", default="runs/route_slo")
     args = ap.parse_args()
     names = CONTENDERS if args.contenders == "all" else args.contenders.split(",")
@@ -639,9 +745,36 @@ def main() -> None:
         "summary": table,
         "cells": cells,
     }
+    if args.profile:
+        summary["twin"] = twins(cells, args.profile)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     _print(table, skipped, args)
+    if args.profile:
+        print("\n| contender | workload | round | short TTFT p50 measured | simulated | error |")
+        print("|---|---|---|---|---|---|")
+        for t in summary["twin"]:
+            print(
+                f"| {t['contender']} | {t['workload']} | {t['round']} | "
+                f"{t['measured_s']:.3f} s | {t['simulated_s']:.3f} s | {t['error']:+.0%} |"
+            )
     print(f"\n{out / 'summary.json'}")
+
+
+def twins(cells: list[dict], profile: str) -> list[dict]:
+    """Each medha contender's run against its twin: short-request TTFT p50."""
+    out = []
+    for cell in cells:
+        if not cell["contender"].startswith("medha-"):
+            continue
+        measured = summarize([cell])["short_ttft_p50_s"]
+        simulated = simulate_twin(cell, profile)
+        if measured and simulated is not None:
+            out.append(
+                {"contender": cell["contender"], "workload": cell["workload"],
+                 "round": cell["round"], "measured_s": measured, "simulated_s": simulated,
+                 "error": (simulated - measured) / measured}
+            )  # fmt: skip
+    return out
 
 
 def _fmt(x, spec):
@@ -652,15 +785,16 @@ def _print(table: dict, skipped: dict, args) -> None:
     for w, rows in table.items():
         print(f"\n{w}: {args.num_requests} requests x {args.rounds} rounds, {args.qps} req/s\n")
         print(
-            "| contender | short TTFT p50 | short TTFT p99 | SLO met | misses | prefix hits | "
-            "hot spot | req/s | out tok/s | errors |"
+            "| contender | short TTFT p50 | short TTFT p99 | SLO met | misses | prefix hits "
+            "(one cache) | hot spot | req/s | out tok/s | errors |"
         )
         print("|---|---|---|---|---|---|---|---|---|---|")
         for name, s in rows.items():
             print(
                 f"| {name} | {_fmt(s['short_ttft_p50_s'], '.3f')} s | "
                 f"{_fmt(s['short_ttft_p99_s'], '.3f')} s | {_fmt(s['slo_attainment'], '.0%')} | "
-                f"{s['slo_misses']} | {_fmt(s['prefix_hit_rate'], '.1%')} | "
+                f"{s['slo_misses']} | {_fmt(s['prefix_hit_rate'], '.1%')} "
+                f"({_fmt(s['one_cache_hit_rate'], '.1%')}) | "
                 f"{_fmt(s['hot_spot_index'], '.2f')} | {s['requests_per_s']:.3f} | "
                 f"{s['output_tokens_per_s']:.1f} | {s['errors']} |"
             )

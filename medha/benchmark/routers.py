@@ -5,7 +5,8 @@ two peers, SGLang's router and vLLM's router, with their prefix-aware policies.
 The peers are Rust binaries in PyPI wheels (sglang-router, vllm-router). They live in a virtual
 environment of their own, never medha's: they are benchmark contenders, not dependencies, and
 their wheels bring packages medha does not pin. Found in `$MEDHA_ROUTERS_VENV`, else
-/work/venvs/routers, else on PATH; `install_peers` creates that environment (`--install-peers`).
+~/.cache/medha/routers-venv, else on PATH; `install_peers` creates that environment
+(`--install-peers`).
 
 What the peers do with medha's replicas, checked at sglang-router 0.3.2 and vllm-router 0.1.17
 (both route /v1/completions and /v1/chat/completions, streamed or not):
@@ -49,7 +50,6 @@ import httpx
 from medha.utils.net import free_port
 
 PEER_PACKAGES = ("sglang-router==0.3.2", "vllm-router==0.1.17")
-DEFAULT_VENV = "/work/venvs/routers"
 MEDHA_DISPATCHERS = ("slack", "round_robin", "least_work", "prefix", "pla")
 # contender name -> (router, policy or dispatcher)
 PEERS = {
@@ -82,7 +82,9 @@ def contender(name: str) -> Contender:
 
 
 def routers_venv() -> Path:
-    return Path(os.environ.get("MEDHA_ROUTERS_VENV") or DEFAULT_VENV)
+    from medha.perf.hardware_specs import cache_dir
+
+    return Path(os.environ.get("MEDHA_ROUTERS_VENV") or cache_dir() / "routers-venv")
 
 
 def install_peers(venv: Path | None = None) -> Path:
@@ -119,13 +121,17 @@ def check_installed(name: str) -> None:
         raise Missing("`medha route` (the medha.route package) is not in this checkout")
 
 
-def router_command(c: Contender, replicas: list[str], port: int, metrics_port: int) -> list[str]:
-    """The command line that puts contender `c` on 127.0.0.1:`port` in front of `replicas`."""
+def router_command(
+    c: Contender, replicas: list[str], port: int, metrics_port: int, medha_flags=()
+) -> list[str]:
+    """The command line that puts contender `c` on 127.0.0.1:`port` in front of `replicas`
+    (`medha_flags`: more `medha route` flags, for medha's contenders)."""
     if c.router == "medha":
         cmd = [sys.executable, "-m", "medha", "route"]
         for url in replicas:
             cmd += ["--replica", url]
-        return cmd + ["--host", "127.0.0.1", "--port", str(port), "--dispatcher", c.policy]
+        cmd += ["--host", "127.0.0.1", "--port", str(port), "--dispatcher", c.policy]
+        return cmd + list(medha_flags)
     cmd = _peer_program(c.router)
     cmd += ["--worker-urls", *replicas, "--policy", c.policy]
     cmd += ["--host", "127.0.0.1", "--port", str(port)]
@@ -165,14 +171,14 @@ def _stop(procs: list[subprocess.Popen], timeout_s: float) -> None:
 
 @contextmanager
 def running_router(
-    name: str, replicas: list[str], log=None, startup_s: float = 60.0
+    name: str, replicas: list[str], log=None, startup_s: float = 60.0, medha_flags=()
 ) -> Iterator[tuple[str, list[str]]]:
     """Start contender `name` in front of `replicas` (base URLs), wait until it routes to all
     of them, yield (its base URL, its command line); SIGTERM (then kill) on the way out.
     Raises Missing when its router is not installed. `log`: an open file for its output."""
     c = contender(name)
     port = free_port()
-    cmd = router_command(c, replicas, port, free_port())
+    cmd = router_command(c, replicas, port, free_port(), medha_flags)
     out = log if log is not None else subprocess.DEVNULL
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
