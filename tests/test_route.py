@@ -232,3 +232,26 @@ def test_every_dispatcher_routes(two_stubs, dispatcher):
 
         assert all(r.status_code == 200 for r in asyncio.run(many()))
         assert sum(served(s) for s in two_stubs) == 12
+
+
+def test_hostile_bodies_and_headers_end_their_own_request_only(two_stubs):
+    hostile = [
+        b"[]", b'"text"', b"null", b"{", b"[" * 20000 + b"]" * 20000, b'{"prompt": "\\ud800"}',
+        b'{"prompt": null}', b'{"prompt": [[1, 2], [3]]}', b'{"prompt": [true, 1, -5, 1e400]}',
+        b'{"prompt": {"a": 1}}', b'{"messages": "x"}', b'{"messages": [1, {"content": [5]}]}',
+        b'{"messages": [{"role": 3, "content": [{"text": 5}, {"text": "ok"}]}]}',
+        b'{"prompt": "x", "max_tokens": "9"}', b'{"prompt": "x", "max_tokens": 1e308}',
+        b'{"prompt": "x", "max_tokens": NaN}', b'{"prompt": "x", "medha": {"ttft_slo_s": "x"}}',
+        b'{"prompt": "x", "medha": []}', b'{"prompt": "x", "medha": {"ttft_slo_s": 1e-300}}',
+        b'{"prompt": "x", "stream": "yes"}',
+    ]  # fmt: skip
+    headers = [{}, {"x-slo-ttft-ms": "nan"}, {"x-slo-ttft-ms": "-5"}, {"x-slo-tpot-ms": "1e999"}]
+    with router(two_stubs) as url:
+        for i, body in enumerate(hostile):
+            h = {"content-type": "application/json", **headers[i % len(headers)]}
+            r = httpx.post(url + "/v1/completions", content=body, headers=h, timeout=30)
+            assert r.status_code < 500, (body[:60], r.status_code, r.text)
+            assert "error" in r.json() or r.status_code == 200
+        assert complete(url).status_code == 200
+        metrics = httpx.get(url + "/metrics").text
+        assert 'medha_router_requests_total{outcome="failed"} 0.0' in metrics

@@ -98,12 +98,17 @@ def _prompt_tokens(body: dict) -> int:
     plausible number in `usage`."""
     if "messages" in body:
         chars = 0
-        for msg in body.get("messages") or ():
+        messages = body.get("messages")
+        for msg in messages if isinstance(messages, list) else ():
             content = msg.get("content") if isinstance(msg, dict) else None
             if isinstance(content, str):
                 chars += len(content)
             elif isinstance(content, list):
-                chars += sum(len(p.get("text", "")) for p in content if isinstance(p, dict))
+                chars += sum(
+                    len(p["text"])
+                    for p in content
+                    if isinstance(p, dict) and isinstance(p.get("text"), str)
+                )
         return max(1, chars // 4)
     prompt = body.get("prompt", "")
     if isinstance(prompt, str):
