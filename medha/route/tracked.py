@@ -59,7 +59,7 @@ class PrefixIndex:
             self._keys.popitem(last=False)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # one per dispatch: identity, not field equality
 class Routed:
     """One request the router sent a replica, as the router sees it."""
 
