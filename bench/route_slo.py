@@ -410,7 +410,8 @@ def twin_trace(results: list) -> list[dict]:
         out = r.completion_tokens or 1
         rows.append(
             {"timestamp": round(r.sent_s * 1e3, 3), "input_length": len(ids),
-             "output_length": out, "token_ids": ids, "ok": r.status == "ok"}
+             "output_length": out, "token_ids": ids, "ok": r.status == "ok",
+             "ttft_s": r.ttft_s}
         )  # fmt: skip
     return rows
 
@@ -449,7 +450,7 @@ def simulate_twin(cell: dict, profile: str) -> float | None:
         check=True, stdout=subprocess.DEVNULL,
     )  # fmt: skip
     summary = json.loads((sim_out / "summary.json").read_text())
-    return summary["short_ttft_s"]["p50"]
+    return summary["by_class"]["short"]["ttft_s"]["p50"]
 
 
 def served_model(replica: str) -> str:
@@ -708,6 +709,7 @@ def main() -> None:
             calib = json.loads(Path(args.calibration).read_text())["calibration"]
         else:
             calib = calibrate(args, log)
+            (out / "calibration.json").write_text(json.dumps({"calibration": calib}))
         a, b, c = calib["fit"]
         print(
             f"isolated TTFT(L) = {a:.3f} + {b * 1e3:.3f} ms x L + {c * 1e6:.4f} us x L^2; "
@@ -721,6 +723,8 @@ def main() -> None:
                 cell = run_cell(name, workload, args, slo, calib, log)
                 cell["round"] = rnd
                 cells.append(cell)
+                # every cell kept as it ends: a later failure loses none
+                (out / "cells.json").write_text(json.dumps(cells, indent=1))
                 s = summarize([cell])
                 print(
                     f"round {rnd} {name} {workload}: {s['requests']} requests, "
@@ -745,10 +749,11 @@ def main() -> None:
         "summary": table,
         "cells": cells,
     }
-    if args.profile:
-        summary["twin"] = twins(cells, args.profile)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     _print(table, skipped, args)
+    if args.profile:
+        summary["twin"] = twins(cells, args.profile)
+        (out / "summary.json").write_text(json.dumps(summary, indent=1))
     if args.profile:
         print("\n| contender | workload | round | short TTFT p50 measured | simulated | error |")
         print("|---|---|---|---|---|---|")

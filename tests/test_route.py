@@ -255,3 +255,28 @@ def test_hostile_bodies_and_headers_end_their_own_request_only(two_stubs):
         assert complete(url).status_code == 200
         metrics = httpx.get(url + "/metrics").text
         assert 'medha_router_requests_total{outcome="failed"} 0.0' in metrics
+
+
+def test_core_groups_split_the_cores_evenly():
+    from medha.route.spawn import core_groups
+
+    assert core_groups(2, [0, 1, 2, 3, 4]) == [[0, 1, 2], [3, 4]]
+    assert core_groups(3, [0, 1]) == [[0], [1], [0]]  # more replicas than cores: shared
+
+
+def test_spawn_starts_local_replicas_and_routes_over_them(tiny_model):
+    """`medha route --spawn 2`: two `medha serve` of the given model, each on its share of the
+    cores, behind the router; stopped with it."""
+    flags = ["--spawn", "2"]
+    for a in ("--model", str(tiny_model), "--dtype", "float32", "--log-level", "warning"):
+        flags.append(f"--spawn-arg={a}")
+
+    def command(port):
+        return [sys.executable, "-m", "medha", "route", "--port", str(port), *FAST, *flags]
+
+    with local_server(command, startup_s=300, with_process=True) as (url, proc):
+        assert httpx.get(url + "/health").json() == {"healthy_replicas": 2, "replicas": 2}
+        model = httpx.get(url + "/v1/models").json()["data"][0]["id"]
+        body = {"model": model, "prompt": "Hello", "max_tokens": 3, "temperature": 0}
+        r = httpx.post(url + "/v1/completions", json=body, timeout=60)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
