@@ -35,7 +35,7 @@ import os
 import signal
 import sys
 import time
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,10 +58,13 @@ def medha_router(urls: list[str], dispatcher: str):
     return local_server(command, startup_s=120)
 
 
+@contextmanager
 def peer_router(name: str, urls: list[str]):
-    from medha.benchmark.routers import launch_router
+    from medha.benchmark.routers import check_installed, running_router
 
-    return launch_router(name, urls)
+    check_installed(name)
+    with running_router(name, urls) as (url, _):
+        yield url
 
 
 async def one(session, url: str, model: str, record: dict) -> None:
