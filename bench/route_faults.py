@@ -32,6 +32,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import signal
 import sys
 import time
@@ -68,7 +69,9 @@ def peer_router(name: str, urls: list[str]):
 
 
 async def one(session, url: str, model: str, record: dict) -> None:
-    body = {"model": model, "prompt": "Tell me a story about a router.", "stream": True,
+    # a prompt of its own: a cache-aware router would send one repeated prompt to one replica
+    prompt = f"Tell me story number {random.randrange(10**9)} about a router."
+    body = {"model": model, "prompt": prompt, "stream": True,
             "max_tokens": OUTPUT_TOKENS, "temperature": 0}  # fmt: skip
     record["sent"] = time.monotonic()
     try:
