@@ -32,6 +32,19 @@ def core_groups(n: int, cores: list[int]) -> list[list[int]]:
     return [[cores[i % len(cores)]] for i in range(n)]
 
 
+def _child_setup(cores: list[int]) -> None:
+    """In the replica's process before it starts: its cores, and SIGTERM when the router dies
+    (uvicorn re-raises the SIGTERM it caught once it has shut down, which ends the router
+    before the `finally` below runs; Linux's parent-death signal stops the replicas anyway)."""
+    os.sched_setaffinity(0, cores)
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the finally below is all there is
+        pass
+
+
 @contextmanager
 def spawned_replicas(n: int, extra_args: list[str]) -> Iterator[list[str]]:
     """Start `n` replicas (none: yields []), wait until each answers /health, yield their URLs;
@@ -45,9 +58,7 @@ def spawned_replicas(n: int, extra_args: list[str]) -> Iterator[list[str]]:
         for group in core_groups(n, cores):
             port = free_port()
             cmd = [sys.executable, "-m", "medha", "serve", "--port", str(port), *extra_args]
-            proc = subprocess.Popen(
-                cmd, preexec_fn=lambda group=group: os.sched_setaffinity(0, group)
-            )
+            proc = subprocess.Popen(cmd, preexec_fn=lambda group=group: _child_setup(group))
             url = f"http://127.0.0.1:{port}"
             procs.append((proc, url))
             print(f"medha route: replica {url} on cores {group}", file=sys.stderr, flush=True)
