@@ -9,9 +9,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-import httpx
-
-from medha.utils.net import free_port
+from medha.utils.net import free_port, wait_healthy
 
 
 def alternated(names: list[str], rounds: int) -> Iterator[tuple[int, str]]:
@@ -39,17 +37,7 @@ def local_server(
     proc = subprocess.Popen(command(port), stdout=out, stderr=subprocess.STDOUT if log else out)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + startup_s
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{command(port)[:3]} exited with {proc.returncode}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"no /health answer from {url} within {startup_s:.0f} s")
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.5)
+        wait_healthy(proc, url, time.monotonic() + startup_s, str(command(port)[:3]))
         yield (url, proc) if with_process else url
     finally:
         proc.send_signal(signal.SIGTERM)

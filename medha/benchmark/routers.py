@@ -36,7 +36,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -47,7 +46,7 @@ from pathlib import Path
 
 import httpx
 
-from medha.utils.net import free_port
+from medha.utils.net import free_port, stop_processes, wait_healthy
 
 PEER_PACKAGES = ("sglang-router==0.3.2", "vllm-router==0.1.17")
 MEDHA_DISPATCHERS = ("slack", "round_robin", "least_work", "prefix", "pla")
@@ -155,20 +154,6 @@ def _ready(c: Contender, url: str, replicas: int) -> bool:
     return len(workers) == replicas and all(w.get("is_healthy") for w in workers)
 
 
-def _stop(procs: list[subprocess.Popen], timeout_s: float) -> None:
-    """SIGTERM to all first (they drain side by side), then wait; kill what outlives it."""
-    for proc in procs:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    for proc in procs:
-        try:
-            proc.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 @contextmanager
 def running_router(
     name: str, replicas: list[str], log=None, startup_s: float = 60.0, medha_flags=()
@@ -194,7 +179,7 @@ def running_router(
             time.sleep(0.2)
         yield url, cmd
     finally:
-        _stop([proc], 15.0)
+        stop_processes([proc], 15.0)
 
 
 def replica_command(port: int, flags: list[str], core: int | None) -> list[str]:
@@ -227,17 +212,7 @@ def serving_replicas(
             urls.append(f"http://127.0.0.1:{port}")
         deadline = time.monotonic() + startup_s
         for proc, url in zip(procs, urls):
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"replica {url} exited with {proc.returncode}")
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"no /health answer from {url} within {startup_s:.0f} s")
-                try:
-                    if httpx.get(url + "/health", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                time.sleep(0.5)
+            wait_healthy(proc, url, deadline, f"replica {url}")
         yield urls
     finally:
-        _stop(procs, 120.0)  # a replica drains in-flight requests for up to 30 s
+        stop_processes(procs, 120.0)  # a replica drains in-flight requests for up to 30 s

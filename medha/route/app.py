@@ -43,11 +43,13 @@ from medha.route.prompt import Routing, load_tokenizer, read_request
 from medha.route.tracked import TrackedReplica
 from medha.server.body_guard import BodyGuard
 from medha.server.errors import RequestError
+from medha.sim.dispatchers.base_dispatcher import ttft_deadline_s
 
 log = logging.getLogger("medha.route")
 
 GENERATION_PATHS = {"/v1/completions": False, "/v1/chat/completions": True}
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+DEFAULT_OUTPUT_TOKENS = 128  # a request without max_tokens: a typical answer's length
 DEFAULT_CACHE_TOKENS = 256 * 1024  # a replica's prefix cache when its /metrics does not say
 _ERROR_BODY_LIMIT = 1 << 16  # bytes of a replica's error answer passed on
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -376,13 +378,10 @@ class Router:
             now,
             self.tokenizer,
             headers,
-            default_tokens=self._default_tokens(),
+            default_tokens=DEFAULT_OUTPUT_TOKENS,
         )
         exchange = _Exchange(self, scope, receive, send, body, routing, headers)
         await exchange.run()
-
-    def _default_tokens(self) -> int:
-        return 128  # a request without max_tokens: a typical answer's length
 
 
 class _Exchange:
@@ -402,10 +401,8 @@ class _Exchange:
         # the client's key goes on only where the router has none of its own (a transparent
         # proxy); otherwise each replica gets the router's key for it
         self.client_auth = headers.get("authorization") if router._api_key is None else None
-        r = routing.request
-        alone = router.tracked[0].prefill_work_s(r, 0)
-        self.deadline_s = r.arrival_s + router.scheduler_config.ttft_allowed_s(
-            r.ttft_deadline_s, alone
+        self.deadline_s = ttft_deadline_s(
+            router.scheduler_config, routing.request, router.tracked[0]
         )
 
     async def run(self) -> None:
@@ -547,7 +544,10 @@ class _Exchange:
             if response is not None:
                 # an answer read to its end leaves its connection to the pool; one cut short
                 # (the client left, the replica failed) closes it: the replica aborts then
-                response.close() if not response.content.at_eof() else response.release()
+                if response.content.at_eof():
+                    response.release()
+                else:
+                    response.close()
 
     def _replica_down(self, e: asyncio.CancelledError) -> bool:
         """Whether `e` is `_went_down`'s, and not the client's: then it is taken back, so

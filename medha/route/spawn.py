@@ -11,9 +11,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import httpx
-
-from medha.utils.net import free_port
+from medha.utils.net import free_port, stop_processes, wait_healthy
 
 STARTUP_S = 600.0  # a first start converts the embedded model
 
@@ -64,24 +62,7 @@ def spawned_replicas(n: int, extra_args: list[str]) -> Iterator[list[str]]:
             print(f"medha route: replica {url} on cores {group}", file=sys.stderr, flush=True)
         deadline = time.monotonic() + STARTUP_S
         for proc, url in procs:
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"the replica on {url} exited with {proc.returncode}")
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"the replica on {url} did not start in {STARTUP_S:.0f} s")
-                try:
-                    if httpx.get(url + "/health", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                time.sleep(0.5)
+            wait_healthy(proc, url, deadline, f"the replica on {url}")
         yield [url for _, url in procs]
     finally:
-        for proc, _ in procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc, _ in procs:
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_processes([proc for proc, _ in procs], 60.0)

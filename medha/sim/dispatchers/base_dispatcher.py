@@ -88,6 +88,13 @@ class Dispatcher(ABC):
         the router leaves out the unhealthy ones and those a retry has tried)."""
 
 
+def ttft_deadline_s(config: SchedulerConfig, request: Request, replica: ReplicaView) -> float:
+    """`request`'s absolute TTFT deadline as the replicas set it: its own target, else the
+    scheduler's rule over its whole prefill alone (the same on every replica)."""
+    alone = replica.prefill_work_s(request, 0)
+    return request.arrival_s + config.ttft_allowed_s(request.ttft_deadline_s, alone)
+
+
 def least_work(candidates: list[ReplicaView]) -> ReplicaView:
     """The replica with the least outstanding predicted work (ties: the lowest id)."""
     return min(candidates, key=lambda r: (r.outstanding_work_s(), r.replica_id))

@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import math
 
-from medha.core.request import Request
 from medha.sim.dispatchers.base_dispatcher import (
     DISPATCHERS,
     Dispatcher,
     Pending,
     ReplicaView,
     decode_token_s,
+    ttft_deadline_s,
 )
 
 # A decode share of an iteration above this is not believed: a replica whose decodes would take
@@ -68,13 +68,9 @@ class SlackDispatcher(Dispatcher):
             out.append((p, t))
         return out, stretch
 
-    def deadline_s(self, request: Request, replica: ReplicaView) -> float:
-        alone = replica.prefill_work_s(request, 0)
-        return request.arrival_s + self.config.ttft_allowed_s(request.ttft_deadline_s, alone)
-
     def pick(self, request, now, candidates=None):
         candidates = candidates or self.replicas
-        deadline = self.deadline_s(request, candidates[0])
+        deadline = ttft_deadline_s(self.config, request, candidates[0])
         before, after, ttft = {}, {}, {}
         for r in candidates:
             rid = r.replica_id
