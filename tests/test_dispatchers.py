@@ -14,6 +14,7 @@ from medha.scheduler.block_manager import BlockManager
 from medha.scheduler.replica_scheduler import ReplicaScheduler
 from medha.sim.config import ClusterConfig
 from medha.sim.dispatchers import DISPATCHERS
+from medha.sim.dispatchers.base_dispatcher import DecodeShare
 from medha.sim.simulator import Simulator
 
 
@@ -71,6 +72,40 @@ def test_the_tracked_replica_drains_waiting_work_in_deadline_order_and_learns_fi
     r.on_end("long")
     assert r.pending(1.0) == [] and not r.busy() and r.outstanding_work_s() == 0
     assert r.progress(short)[0] == 0.5 and r.progress(short)[2]
+
+
+def test_the_tracked_replica_learns_its_slowdown_from_requests_served_alone():
+    (r,), config, clock = tracked_cluster(1)
+    solo = Request.from_tokens("solo", 0.0, tokens(0, 1024), 4)  # 1 s predicted, alone
+    send(r, config, solo)
+    clock.t = 1.5  # the replica took 1.5x its profile
+    r.on_first_token("solo")
+    assert r.slowdown == pytest.approx(1.1)  # one sample moves the average a fifth of the way
+    # a request that shared the prefill with another is no sample
+    a = Request.from_tokens("a", 1.5, tokens(0, 1024, 1), 4)
+    b = Request.from_tokens("b", 1.5, tokens(0, 1024, 2), 4)
+    send(r, config, a)
+    send(r, config, b)
+    clock.t = 6.0
+    r.on_first_token("a")
+    r.on_first_token("b")
+    assert r.slowdown == pytest.approx(1.1)
+    # the slowdown (and the decodes now running) stretch the drain and the prediction
+    c = Request.from_tokens("c", 6.0, tokens(0, 1024, 3), 4)
+    send(r, config, c)
+    stretch = r.prefill_stretch()
+    assert stretch > 1.1
+    clock.t = 6.5
+    assert r.pending(6.5)[0].work_s == pytest.approx(1.0 - 0.5 / stretch)
+
+
+def test_decodes_stretch_prefill_by_their_marginal_share_of_the_budget():
+    predictor = FixedCostPredictor(TOKEN_S)
+    share = DecodeShare(predictor, 1 / 16)
+    assert share.stretch([]) == 1.0
+    few, many = share.stretch([512] * 2), share.stretch([512] * 64)
+    assert 1.0 < few < many <= 1 / (1 - DecodeShare.MAX_SHARE)
+    assert DecodeShare(predictor, None).stretch([512] * 8) == 1.0
 
 
 def test_the_prefix_index_matches_chained_keys_and_forgets_the_least_recently_sent():

@@ -10,6 +10,13 @@ time passes, and lets each first token correct it (the request leaves the waitin
 the prediction said). A request that is never streamed shows no first token: it waits, its
 work drained to nothing, until it ends.
 
+The profile prices a replica alone on its hardware; a served replica is slower (its HTTP and
+tokenization, a neighbour replica on the same memory bus: 1.2-1.5x on issue 33's 2-core
+machine). The model measures that: each request that had the replica's prefill to itself from
+dispatch to first token (no other waiting request beside it) is a sample of its time to first
+token against the prediction, and `slowdown`, their moving average, stretches every prediction
+and the drain.
+
 What a replica's prefix cache holds is predicted the same way: every prompt the router sent it,
 its chained block keys kept in an LRU of the cache's capacity.
 """
@@ -28,10 +35,16 @@ from medha.core.request import Request
 from medha.perf.predictor import Predictor
 from medha.perf.prefill_time_cache import PrefillTimeCache
 from medha.scheduler.prefix_cache import cacheable_pages
-from medha.sim.dispatchers.base_dispatcher import Pending, decode_token_s
+from medha.sim.dispatchers.base_dispatcher import DecodeShare, Pending, decode_token_s
 
 # How long an ended request's record stays for the dispatchers that look back (pla's window).
 _KEEP_ENDED_S = 120.0
+# The slowdown's samples: requests predicted to take at least this long (below it the HTTP
+# round trip, not the replica's speed, is what they measure), each moving the average this far,
+# each clipped to this range (one stalled or cut request must not throw the model off).
+_SAMPLE_MIN_S = 0.25
+_SAMPLE_WEIGHT = 0.2
+_SAMPLE_RANGE = (0.5, 3.0)
 
 
 class PrefixIndex:
@@ -71,6 +84,10 @@ class Routed:
     tokens: int = 0
     ended_s: float | None = None
     order: tuple = field(default=())
+    # a sample of the replica's speed while it had the prefill to itself: when it was sent, its
+    # predicted time to first token alone (None: it shared the prefill, no sample)
+    sent_s: float = 0.0
+    alone_s: float | None = None
 
 
 class TrackedReplica:
@@ -95,6 +112,8 @@ class TrackedReplica:
         self.index = PrefixIndex(cache_tokens // block_size)
         self.clock = clock
         self._decode_token_s = decode_token_s(predictor)
+        self._decode_share = DecodeShare(predictor, config.iteration_budget_s)
+        self.slowdown = 1.0  # measured time to first token / predicted (see the module)
         self._fcfs = config.policy == "fcfs"
         self._live: dict[str, Routed] = {}
         self._queue: list[Routed] = []  # those without a first token, in policy order
@@ -110,6 +129,13 @@ class TrackedReplica:
         routed = Routed(
             request, deadline_s, work, expected_tokens, order=(*order, request.request_id)
         )
+        routed.sent_s = now
+        if self._queue:  # they share the prefill from now on: none of them is a sample
+            for other in self._queue:
+                other.alone_s = None
+        else:
+            alone = work * self._decode_share.stretch(self._decode_contexts())
+            routed.alone_s = alone if alone >= _SAMPLE_MIN_S else None
         self._live[request.request_id] = routed
         bisect.insort(self._queue, routed, key=lambda r: r.order)
         keys, _, _ = cacheable_pages(request, self.block_size)
@@ -120,6 +146,10 @@ class TrackedReplica:
         if r is not None and r.first_token_s is None:
             now = self.clock()
             self._drain(now)
+            if r.alone_s is not None:
+                lo, hi = _SAMPLE_RANGE
+                ratio = min(hi, max(lo, (now - r.sent_s) / r.alone_s))
+                self.slowdown += _SAMPLE_WEIGHT * (ratio - self.slowdown)
             r.first_token_s, r.work_s, r.tokens = now, 0.0, 1
             self._queue.remove(r)
 
@@ -143,10 +173,12 @@ class TrackedReplica:
 
     # ---- the prediction ----------------------------------------------------------------------
     def _drain(self, now: float) -> None:
-        """Spend the time since the last call on the waiting requests' work, in policy order."""
+        """Spend the time since the last call on the waiting requests' work, in policy order
+        (the decodes and the measured slowdown as they are now: every event drains first)."""
         dt, self._anchor = now - self._anchor, now
-        if dt <= 0:
+        if dt <= 0 or not self._queue:
             return
+        dt /= self.prefill_stretch()
         for r in self._queue:
             take = min(r.work_s, dt)
             r.work_s -= take
@@ -171,6 +203,16 @@ class TrackedReplica:
 
     def num_decoding(self) -> int:
         return len(self._live) - len(self._queue)
+
+    def _decode_contexts(self) -> list[int]:
+        return [
+            r.request.prompt_len + r.tokens
+            for r in self._live.values()
+            if r.first_token_s is not None
+        ]
+
+    def prefill_stretch(self) -> float:
+        return self.slowdown * self._decode_share.stretch(self._decode_contexts())
 
     def busy(self) -> bool:
         return bool(self._live)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from medha.core.batch import Batch, BatchResult
 from medha.core.request import Request
 from medha.scheduler.replica_scheduler import ReplicaScheduler
-from medha.sim.dispatchers.base_dispatcher import Pending, decode_token_s
+from medha.sim.dispatchers.base_dispatcher import DecodeShare, Pending, decode_token_s
 
 
 class SimReplica:
@@ -34,6 +34,7 @@ class SimReplica:
         self.stage_times: list[tuple[int, int, float, float]] = []  # spp > 1: (batch, stage,
         # start, end), as the engine's pipeline records them
         self._decode_token_s = decode_token_s(scheduler.predictor)
+        self._decode_share = DecodeShare(scheduler.predictor, scheduler.config.iteration_budget_s)
 
     def add(self, request: Request, now: float) -> None:
         self.scheduler.add_request(request, now)
@@ -83,6 +84,15 @@ class SimReplica:
 
     def num_decoding(self) -> int:
         return sum(r.first_token_s is not None for r in self.scheduler.live_requests())
+
+    def prefill_stretch(self) -> float:
+        return self._decode_share.stretch(
+            [
+                r.prompt_len + r.num_output_tokens
+                for r in self.scheduler.live_requests()
+                if r.first_token_s is not None
+            ]
+        )
 
     def busy(self) -> bool:
         return self.inflight > 0

@@ -49,6 +49,11 @@ class ReplicaView(Protocol):
     def num_decoding(self) -> int:
         """Its requests past their first token."""
 
+    def prefill_stretch(self) -> float:
+        """Wall seconds a second of its predicted prefill work takes now: its decodes' share
+        of each iteration (`DecodeShare`), and on the router what it has measured of the
+        replica against its profile (1 in the simulator, where the profile is the truth)."""
+
     def busy(self) -> bool:
         """Whether it is computing anything now."""
 
@@ -67,6 +72,48 @@ def decode_token_s(predictor: Predictor) -> float:
     """Work of one decode token in a typical batch (32 decodes at 4K context): what a token
     still to generate adds to a replica's outstanding work."""
     return predictor.shape_time((), [4096] * 32) / 32
+
+
+class DecodeShare:
+    """How much slower prefill work goes while decodes share the iterations.
+
+    The replica's packer fills each iteration up to its time budget: its decodes, then as much
+    of a prefill chunk as fits. A decode beside a chunk costs only its marginal time (the
+    weights are read once for the whole batch; its own attention and token), so the stretch is
+    budget / (budget - marginal time of the decodes beside a chunk that fills the budget
+    alone), never more than 1 / (1 - `MAX_SHARE`): whatever the decodes, a replica's packer
+    keeps room for prefill. Priced at the decodes' mean context, by count and context rounded
+    to 256 tokens (cached: the router asks at every dispatch)."""
+
+    MAX_SHARE = 0.5
+
+    def __init__(self, predictor: Predictor, budget_s: float | None) -> None:
+        self.predictor = predictor
+        self.budget_s = budget_s if budget_s and budget_s > 0 else None
+        self._chunk = self._full_chunk() if self.budget_s else 0
+        self._cache: dict[tuple[int, int], float] = {}
+
+    def _full_chunk(self) -> int:
+        """The largest prefill chunk (of a fresh prompt) that fits the budget alone."""
+        p, lo, hi = self.predictor, 1, 1
+        while hi < (1 << 20) and p.shape_time([(hi, 0)], ()) <= self.budget_s:
+            lo, hi = hi, hi * 2
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if p.shape_time([(mid, 0)], ()) <= self.budget_s else (lo, mid)
+        return lo
+
+    def stretch(self, contexts: list[int]) -> float:
+        if not contexts or self.budget_s is None:
+            return 1.0
+        n, ctx = len(contexts), 256 * round(sum(contexts) / len(contexts) / 256)
+        s = self._cache.get((n, ctx))
+        if s is None:
+            p, chunk = self.predictor, [(self._chunk, 0)]
+            marginal = p.shape_time(chunk, [max(1, ctx)] * n) - p.shape_time(chunk, ())
+            s = 1.0 / (1.0 - min(self.MAX_SHARE, max(0.0, marginal) / self.budget_s))
+            self._cache[(n, ctx)] = s
+        return s
 
 
 class Dispatcher(ABC):

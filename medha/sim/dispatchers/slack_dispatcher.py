@@ -4,7 +4,8 @@ of every request still waiting for its first token highest.
 For each candidate replica the dispatcher predicts when each request it holds that has no first
 token yet, and the new one, would get its first token: the replica works through their
 remaining prefill work in its policy's order (earliest deadline first for the deadline-aware
-policies, arrival order for fcfs), slowed by the share of each iteration its decodes take. A
+policies, arrival order for fcfs), slowed by the share of each iteration its decodes take
+(`ReplicaView.prefill_stretch`; on the router also by the replica's measured speed). A
 request's relative slack is the part of its TTFT allowance left at its predicted first token,
 (deadline - first token) / (deadline - arrival): 1 for one served at once, 0 at its deadline,
 negative past it. Sending the new request to a replica changes only that replica's requests,
@@ -28,13 +29,8 @@ from medha.sim.dispatchers.base_dispatcher import (
     Dispatcher,
     Pending,
     ReplicaView,
-    decode_token_s,
     ttft_deadline_s,
 )
-
-# A decode share of an iteration above this is not believed: a replica whose decodes would take
-# more of every iteration still gives prefills at least the rest.
-_MAX_DECODE_SHARE = 0.5
 
 
 def relative_slack(p: Pending, first_token_s: float) -> float:
@@ -48,20 +44,17 @@ class SlackDispatcher(Dispatcher):
         super().__init__(replicas, cluster, scheduler)
         self.config = scheduler
         self.in_arrival_order = scheduler.policy == "fcfs"
-        self._budget_s = scheduler.iteration_budget_s or math.inf
-        self._decode_s = {r.replica_id: decode_token_s(r.predictor) for r in replicas}
 
     def predicted_first_tokens(
         self, replica: ReplicaView, pending: list[Pending], now: float
     ) -> tuple[list[tuple[Pending, float]], float]:
         """Each of `pending` with its predicted first-token time on `replica`, in the order
-        the replica serves them; and the stretch its decodes give prefill work."""
+        the replica serves them; and the stretch of its prefill work (its decodes' share)."""
         if self.in_arrival_order:
             order = sorted(pending, key=lambda p: (p.arrival_s, p.request_id))
         else:
             order = sorted(pending, key=lambda p: (p.deadline_s, p.arrival_s, p.request_id))
-        decodes = replica.num_decoding() * self._decode_s[replica.replica_id]
-        stretch = 1.0 / (1.0 - min(_MAX_DECODE_SHARE, decodes / self._budget_s))
+        stretch = replica.prefill_stretch()
         out, t = [], now
         for p in order:
             t += p.work_s * stretch
