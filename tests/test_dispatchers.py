@@ -14,7 +14,12 @@ from medha.scheduler.block_manager import BlockManager
 from medha.scheduler.replica_scheduler import ReplicaScheduler
 from medha.sim.config import ClusterConfig
 from medha.sim.dispatchers import DISPATCHERS
-from medha.sim.dispatchers.base_dispatcher import DecodeShare
+from medha.sim.dispatchers.base_dispatcher import (
+    DecodeShare,
+    Pending,
+    prefill_order,
+    replica_policy,
+)
 from medha.sim.simulator import Simulator
 
 
@@ -99,6 +104,21 @@ def test_the_tracked_replica_learns_its_slowdown_from_requests_served_alone():
     assert r.pending(6.5)[0].work_s == pytest.approx(1.0 - 0.5 / stretch)
 
 
+def test_pending_requests_are_ordered_as_the_replica_scheduler_orders_its_prefills():
+    lars = replica_policy(SchedulerConfig().resolve(FixedCostPredictor(TOKEN_S)))
+    assert lars.name == "lars"  # the adaptive packer's default
+    # LARS: relative slack over the whole prefill's work; the long one is the more urgent
+    long = Pending("long", 0.0, deadline_s=12.0, work_s=8.0, total_work_s=8.0)  # (12-8)/8
+    short = Pending("short", 0.0, deadline_s=1.0, work_s=0.2, total_work_s=0.2)  # (1-.2)/.2
+    assert [p.request_id for p in prefill_order(lars, [short, long], 0.0)] == ["long", "short"]
+    edf = replica_policy(SchedulerConfig(policy="edf"))
+    assert [p.request_id for p in prefill_order(edf, [long, short], 0.0)] == ["short", "long"]
+    # a short prefill under way goes first whatever the key
+    started = Pending("started", 0.0, deadline_s=20.0, work_s=1.0, total_work_s=2.0, under_way=True)
+    order = prefill_order(edf, [long, short, started], 0.0)
+    assert [p.request_id for p in order] == ["started", "short", "long"]
+
+
 def test_decodes_stretch_prefill_by_their_marginal_share_of_the_budget():
     predictor = FixedCostPredictor(TOKEN_S)
     share = DecodeShare(predictor, 1 / 16)
@@ -165,8 +185,9 @@ def test_slack_keeps_a_waiting_request_within_its_deadline_rather_than_the_new_o
     # replica 0 holds a short request with 0.3 s of its 0.5 s allowance left to wait; replica 1
     # holds a long prefill with plenty of slack. A new short request with an earlier deadline
     # on replica 0 would push the waiting one past its deadline; on replica 1 it goes first
-    # and the long one keeps most of its slack.
-    replicas, config, clock = tracked_cluster(2)
+    # and the long one keeps most of its slack (replicas running edf; a long prefill under way
+    # yields to the policy's order, a short one would not).
+    replicas, config, clock = tracked_cluster(2, policy="edf", long_prefill_threshold=4096)
     slack = dispatcher("slack", replicas, config)
     send(replicas[0], config, Request.from_tokens("s", 0.0, tokens(0, 400, 1), 4))
     send(replicas[1], config, Request.from_tokens("L", 0.0, tokens(0, 8000, 2), 4))

@@ -23,26 +23,31 @@ its chained block keys kept in an LRU of the cache's capacity.
 
 from __future__ import annotations
 
-import bisect
 import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from medha.core.config import SchedulerConfig
 from medha.core.request import Request
 from medha.perf.predictor import Predictor
 from medha.perf.prefill_time_cache import PrefillTimeCache
 from medha.scheduler.prefix_cache import cacheable_pages
-from medha.sim.dispatchers.base_dispatcher import DecodeShare, Pending, decode_token_s
+from medha.sim.dispatchers.base_dispatcher import (
+    DecodeShare,
+    Pending,
+    decode_token_s,
+    prefill_order,
+    replica_policy,
+)
 
 # How long an ended request's record stays for the dispatchers that look back (pla's window).
 _KEEP_ENDED_S = 120.0
 # The slowdown's samples: requests predicted to take at least this long (below it the HTTP
 # round trip, not the replica's speed, is what they measure), each moving the average this far,
 # each clipped to this range (one stalled or cut request must not throw the model off).
-_SAMPLE_MIN_S = 0.25
+_SAMPLE_MIN_S = 0.5
 _SAMPLE_WEIGHT = 0.2
 _SAMPLE_RANGE = (0.5, 3.0)
 
@@ -83,7 +88,7 @@ class Routed:
     first_token_s: float | None = None
     tokens: int = 0
     ended_s: float | None = None
-    order: tuple = field(default=())
+    total_s: float = 0.0  # its whole predicted prefill work, as sent
     # a sample of the replica's speed while it had the prefill to itself: when it was sent, its
     # predicted time to first token alone (None: it shared the prefill, no sample)
     sent_s: float = 0.0
@@ -114,9 +119,10 @@ class TrackedReplica:
         self._decode_token_s = decode_token_s(predictor)
         self._decode_share = DecodeShare(predictor, config.iteration_budget_s)
         self.slowdown = 1.0  # measured time to first token / predicted (see the module)
-        self._fcfs = config.policy == "fcfs"
+        self._policy = replica_policy(config)
+        self._long = config.long_prefill_threshold
         self._live: dict[str, Routed] = {}
-        self._queue: list[Routed] = []  # those without a first token, in policy order
+        self._queue: list[Routed] = []  # those without a first token
         self._ended: OrderedDict[str, Routed] = OrderedDict()
         self._anchor = clock()
 
@@ -125,19 +131,16 @@ class TrackedReplica:
         now = self.clock()
         self._drain(now)
         work = self.prefill_work_s(request, self.cached_tokens(request))
-        order = (request.arrival_s,) if self._fcfs else (deadline_s, request.arrival_s)
-        routed = Routed(
-            request, deadline_s, work, expected_tokens, order=(*order, request.request_id)
-        )
-        routed.sent_s = now
+        routed = Routed(request, deadline_s, work, expected_tokens, total_s=work, sent_s=now)
         if self._queue:  # they share the prefill from now on: none of them is a sample
             for other in self._queue:
                 other.alone_s = None
         else:
-            alone = work * self._decode_share.stretch(self._decode_contexts())
+            wait = self.iteration_left_s(now) / self.slowdown
+            alone = wait + work * self._decode_share.stretch(self._decode_contexts())
             routed.alone_s = alone if alone >= _SAMPLE_MIN_S else None
         self._live[request.request_id] = routed
-        bisect.insort(self._queue, routed, key=lambda r: r.order)
+        self._queue.append(routed)
         keys, _, _ = cacheable_pages(request, self.block_size)
         self.index.add(keys)
 
@@ -179,7 +182,8 @@ class TrackedReplica:
         if dt <= 0 or not self._queue:
             return
         dt /= self.prefill_stretch()
-        for r in self._queue:
+        for p in prefill_order(self._policy, [self._pending(r) for r in self._queue], now):
+            r = self._live[p.request_id]
             take = min(r.work_s, dt)
             r.work_s -= take
             dt -= take
@@ -194,12 +198,29 @@ class TrackedReplica:
             for r in self._live.values()
         )
 
+    def _pending(self, r: Routed) -> Pending:
+        under_way = r.work_s < r.total_s and r.request.prompt_len < self._long
+        return Pending(
+            r.request.request_id,
+            r.request.arrival_s,
+            r.deadline_s,
+            r.work_s,
+            r.total_s,
+            under_way,
+        )
+
     def pending(self, now: float) -> list[Pending]:
         self._drain(now)
-        return [
-            Pending(r.request.request_id, r.request.arrival_s, r.deadline_s, r.work_s)
-            for r in self._queue
-        ]
+        return [self._pending(r) for r in self._queue]
+
+    def iteration_left_s(self, now: float) -> float:
+        """Half an iteration of what it runs: its budget while prefills wait (less when their
+        work left is less), a decode iteration while it only decodes."""
+        decoding = self._decode_share.decode_iteration_s(self._decode_contexts())
+        if self._queue:
+            budget = self.scheduler_config.iteration_budget_s or math.inf
+            decoding = min(budget, decoding + sum(r.work_s for r in self._queue))
+        return 0.5 * self.slowdown * decoding
 
     def num_decoding(self) -> int:
         return len(self._live) - len(self._queue)

@@ -76,11 +76,22 @@ class SimReplica:
 
     # ---- ReplicaView -------------------------------------------------------------------------
     def pending(self, now: float) -> list[Pending]:
+        long = self.scheduler.long_threshold
         return [
-            Pending(r.request_id, r.arrival_s, r.deadline_s, r.remaining_work_s)
+            Pending(
+                r.request_id,
+                r.arrival_s,
+                r.deadline_s,
+                r.remaining_work_s,
+                r.total_work_s,
+                r.started and r.num_tokens < long,
+            )
             for r in self.scheduler.live_requests()
             if r.first_token_s is None
         ]
+
+    def iteration_left_s(self, now: float) -> float:
+        return max(0.0, self._stage_free_at[0] - now) if self.inflight else 0.0
 
     def num_decoding(self) -> int:
         return sum(r.first_token_s is not None for r in self.scheduler.live_requests())

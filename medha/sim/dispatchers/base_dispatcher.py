@@ -13,9 +13,11 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
-from medha.core.config import SchedulerConfig
+from medha.core.config import SchedulerConfig, parse_chunking
 from medha.core.request import Request
 from medha.perf.predictor import Predictor
+from medha.scheduler.packers import PACKERS
+from medha.scheduler.policies import Policy, make_policy
 from medha.sim.config import ClusterConfig
 from medha.utils.registry import Registry
 
@@ -23,12 +25,44 @@ from medha.utils.registry import Registry
 @dataclass(frozen=True, slots=True)
 class Pending:
     """A request a replica holds that has not had its first token: what its TTFT still waits
-    for. `deadline_s` is absolute; `work_s` the predicted prefill time still ahead of it."""
+    for. `deadline_s` is absolute; `work_s` the predicted prefill time still ahead of it,
+    `total_work_s` its whole prefill's (what it had when admitted); `under_way`: a prefill
+    shorter than the long threshold that has started, which the replica finishes before
+    any other (ReplicaScheduler._prefill_order)."""
 
     request_id: str
     arrival_s: float
     deadline_s: float
     work_s: float
+    total_work_s: float = 0.0
+    under_way: bool = False
+
+    # what the policies' keys read of a Request, by the same formulas
+    @property
+    def remaining_work_s(self) -> float:
+        return self.work_s
+
+    slack = Request.slack
+    relative_slack = Request.relative_slack
+
+
+def replica_policy(config: SchedulerConfig) -> Policy:
+    """The policy the replicas run (`config`'s, else its packer's default)."""
+    mode, _ = parse_chunking(config.chunking)
+    return make_policy(config.policy or PACKERS.get(mode).default_policy, config)
+
+
+def prefill_order(policy: Policy, pending: list[Pending], now: float) -> list[Pending]:
+    """`pending` in the order the replica prefills them: short prefills under way first, then
+    the policy's key (ties: arrival). A policy whose key reads more than a Pending carries (a
+    class policy's priority) orders by deadline here."""
+    try:
+        key = policy.sort_key(now)
+        keyed = [(not p.under_way, key(p), p.arrival_s, p.request_id, p) for p in pending]
+    except AttributeError:
+        keyed = [(not p.under_way, p.deadline_s, p.arrival_s, p.request_id, p) for p in pending]
+    keyed.sort(key=lambda k: k[:4])
+    return [k[4] for k in keyed]
 
 
 class ReplicaView(Protocol):
@@ -48,6 +82,10 @@ class ReplicaView(Protocol):
 
     def num_decoding(self) -> int:
         """Its requests past their first token."""
+
+    def iteration_left_s(self, now: float) -> float:
+        """How long a request sent now waits for the iteration the replica is running to end
+        (the simulator knows; the router expects half an iteration of what it runs)."""
 
     def prefill_stretch(self) -> float:
         """Wall seconds a second of its predicted prefill work takes now: its decodes' share
@@ -91,7 +129,7 @@ class DecodeShare:
         self.predictor = predictor
         self.budget_s = budget_s if budget_s and budget_s > 0 else None
         self._chunk = self._full_chunk() if self.budget_s else 0
-        self._cache: dict[tuple[int, int], float] = {}
+        self._cache: dict[tuple[int, int], tuple[float, float]] = {}
 
     def _full_chunk(self) -> int:
         """The largest prefill chunk (of a fresh prompt) that fits the budget alone."""
@@ -103,17 +141,26 @@ class DecodeShare:
             lo, hi = (mid, hi) if p.shape_time([(mid, 0)], ()) <= self.budget_s else (lo, mid)
         return lo
 
+    def _priced(self, contexts: list[int]) -> tuple[float, float]:
+        """(stretch, one iteration of these decodes alone)."""
+        n, ctx = len(contexts), max(1, 256 * round(sum(contexts) / len(contexts) / 256))
+        priced = self._cache.get((n, ctx))
+        if priced is None:
+            p, decodes = self.predictor, [ctx] * n
+            stretch = 1.0
+            if self.budget_s is not None:
+                chunk = [(self._chunk, 0)]
+                marginal = max(0.0, p.shape_time(chunk, decodes) - p.shape_time(chunk, ()))
+                stretch = 1.0 / (1.0 - min(self.MAX_SHARE, marginal / self.budget_s))
+            priced = self._cache[(n, ctx)] = (stretch, p.shape_time((), decodes))
+        return priced
+
     def stretch(self, contexts: list[int]) -> float:
-        if not contexts or self.budget_s is None:
-            return 1.0
-        n, ctx = len(contexts), 256 * round(sum(contexts) / len(contexts) / 256)
-        s = self._cache.get((n, ctx))
-        if s is None:
-            p, chunk = self.predictor, [(self._chunk, 0)]
-            marginal = p.shape_time(chunk, [max(1, ctx)] * n) - p.shape_time(chunk, ())
-            s = 1.0 / (1.0 - min(self.MAX_SHARE, max(0.0, marginal) / self.budget_s))
-            self._cache[(n, ctx)] = s
-        return s
+        return self._priced(contexts)[0] if contexts else 1.0
+
+    def decode_iteration_s(self, contexts: list[int]) -> float:
+        """One iteration of these decodes alone."""
+        return self._priced(contexts)[1] if contexts else 0.0
 
 
 class Dispatcher(ABC):

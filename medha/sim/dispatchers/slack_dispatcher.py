@@ -2,9 +2,10 @@
 of every request still waiting for its first token highest.
 
 For each candidate replica the dispatcher predicts when each request it holds that has no first
-token yet, and the new one, would get its first token: the replica works through their
-remaining prefill work in its policy's order (earliest deadline first for the deadline-aware
-policies, arrival order for fcfs), slowed by the share of each iteration its decodes take
+token yet, and the new one, would get its first token: once the iteration it is running ends
+(`ReplicaView.iteration_left_s`), the replica works through their remaining prefill work in
+the order its scheduler would (a short prefill under way first, then its policy's key: LARS's
+relative slack by default), slowed by the share of each iteration its decodes take
 (`ReplicaView.prefill_stretch`; on the router also by the replica's measured speed). A
 request's relative slack is the part of its TTFT allowance left at its predicted first token,
 (deadline - first token) / (deadline - arrival): 1 for one served at once, 0 at its deadline,
@@ -29,6 +30,8 @@ from medha.sim.dispatchers.base_dispatcher import (
     Dispatcher,
     Pending,
     ReplicaView,
+    prefill_order,
+    replica_policy,
     ttft_deadline_s,
 )
 
@@ -43,20 +46,16 @@ class SlackDispatcher(Dispatcher):
     def __init__(self, replicas, cluster, scheduler) -> None:
         super().__init__(replicas, cluster, scheduler)
         self.config = scheduler
-        self.in_arrival_order = scheduler.policy == "fcfs"
+        self.policy = replica_policy(scheduler)
 
     def predicted_first_tokens(
         self, replica: ReplicaView, pending: list[Pending], now: float
     ) -> tuple[list[tuple[Pending, float]], float]:
         """Each of `pending` with its predicted first-token time on `replica`, in the order
         the replica serves them; and the stretch of its prefill work (its decodes' share)."""
-        if self.in_arrival_order:
-            order = sorted(pending, key=lambda p: (p.arrival_s, p.request_id))
-        else:
-            order = sorted(pending, key=lambda p: (p.deadline_s, p.arrival_s, p.request_id))
         stretch = replica.prefill_stretch()
-        out, t = [], now
-        for p in order:
+        out, t = [], now + replica.iteration_left_s(now)
+        for p in prefill_order(self.policy, pending, now):
             t += p.work_s * stretch
             out.append((p, t))
         return out, stretch
@@ -68,7 +67,7 @@ class SlackDispatcher(Dispatcher):
         for r in candidates:
             rid = r.replica_id
             work = r.prefill_work_s(request, r.cached_tokens(request))
-            new = Pending(request.request_id, request.arrival_s, deadline, work)
+            new = Pending(request.request_id, request.arrival_s, deadline, work, work)
             firsts, stretch = self.predicted_first_tokens(r, [*r.pending(now), new], now)
             # the smallest relative slack with the new request (after) and without it
             # (before: those it would go ahead of get their first token its work sooner)
