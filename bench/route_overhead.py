@@ -1,19 +1,20 @@
 """The latency `medha route` adds: one stub backend, asked directly and through the router.
 
     python bench/route_overhead.py [--rate 500] [--seconds 5] [--rounds 4] [--stream]
-        [--out route_overhead.json]
+        [--distinct] [--out route_overhead.json]
 
 One stub (medha/benchmark/stub_backend.py, which answers at once) and one router in front of it
 (`python -m medha route --replica <stub> --port P`; `--router-cmd` runs another proxy instead,
-`--router none` puts the stub in the router's place, the null measurement). An open-loop stream
-of small non-streamed /v1/completions (`--stream`: streamed ones, timed to the first byte and to
-the end) leaves at `--rate` requests a second, evenly spaced (`--poisson`: exponential gaps),
-alternately to the stub directly and through the router, in rounds, the order flipping every
-round since this machine's speed drifts over minutes. Latency is the client's, from the moment a
-request is handed to the client to its whole answer; the client's own cost is in both sides and
-cancels in the difference. The added latency is the routed percentile minus the direct one (p50,
-p99), per round and over all rounds pooled. Target (issue 33): p50 <= 1 ms, p99 <= 5 ms at
-500 req/s.
+`--router none` puts the stub in the router's place, the null measurement). An open-loop stream of
+small non-streamed /v1/completions (`--stream`: streamed ones, timed to the first byte and to the
+end; one 40-token prompt repeated, which the router tokenizes once; `--distinct`: a new prompt each
+time, tokenized each time) leaves at `--rate` requests a second, evenly spaced (`--poisson`:
+exponential gaps), alternately to the stub directly and through the router, in rounds, the order
+flipping every round since this machine's speed drifts over minutes. Latency is the client's, from
+the moment a request is handed to the client to its whole answer; the client's own cost is in both
+sides and cancels in the difference. The added latency is the routed percentile minus the direct
+one (p50, p99), per round and over all rounds pooled. Target (issue 33): p50 <= 1 ms, p99 <= 5 ms
+at 500 req/s.
 
 The client is one aiohttp session with keep-alive connections: on this machine a request costs
 httpx.AsyncClient about 1 ms more CPU than aiohttp, enough to make the client, not the router,
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import random
@@ -75,8 +77,13 @@ def percentile(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
 
 
-async def _one(session, url: str, stream: bool, out: dict) -> None:
+_SENT = itertools.count()
+
+
+async def _one(session, url: str, stream: bool, out: dict, distinct: bool = False) -> None:
     body = {**BODY, "stream": True} if stream else BODY
+    if distinct:  # a prompt the router has not seen: its tokenizer's cache misses
+        body = {**body, "prompt": f"Request {next(_SENT)}. {body['prompt']}"}
     t0 = time.perf_counter()
     try:
         async with session.post(url + "/v1/completions", json=body) as resp:
@@ -101,7 +108,9 @@ async def _one(session, url: str, stream: bool, out: dict) -> None:
     out["done"].append(t1)
 
 
-async def run_phase(session, url: str, rate: float, seconds: float, stream: bool, rng) -> dict:
+async def run_phase(
+    session, url: str, rate: float, seconds: float, stream: bool, rng, distinct: bool = False
+) -> dict:
     """One open-loop phase against one URL: requests leave on schedule whatever the answers
     are doing; waits for the stragglers (up to 10 s) before returning."""
     n = max(1, int(rate * seconds))
@@ -114,7 +123,7 @@ async def run_phase(session, url: str, rate: float, seconds: float, stream: bool
         if delay > 0:
             await asyncio.sleep(delay)
         out["lag"].append(time.perf_counter() - due)
-        tasks.append(asyncio.create_task(_one(session, url, stream, out)))
+        tasks.append(asyncio.create_task(_one(session, url, stream, out, distinct)))
         due += rng.expovariate(rate) if rng else 1.0 / rate
     sent_end = time.perf_counter()
     _, pending = await asyncio.wait(tasks, timeout=10)
@@ -180,7 +189,9 @@ async def measure(
         current: dict = {}
         for rnd, name in alternated(list(urls), args.rounds):
             cpu0 = cpu_seconds(router_pid)
-            phase = await run_phase(session, urls[name], args.rate, args.seconds, args.stream, rng)
+            phase = await run_phase(
+                session, urls[name], args.rate, args.seconds, args.stream, rng, args.distinct
+            )
             if name == "routed":
                 router_cpu += cpu_seconds(router_pid) - cpu0
             for key in ("latency", "ttfb", "lag"):
@@ -250,6 +261,12 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=5.0, help="length of one phase")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--stream", action="store_true", help="streamed requests (TTFB and total)")
+    ap.add_argument(
+        "--distinct",
+        action="store_true",
+        help="a different prompt every request (the router's tokenizer cache misses; by "
+        "default every request repeats one prompt, as a shared system prompt would)",
+    )
     ap.add_argument("--poisson", action="store_true", help="exponential gaps, not even ones")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dispatcher", default=None, help="medha route's --dispatcher")

@@ -280,3 +280,28 @@ def test_spawn_starts_local_replicas_and_routes_over_them(tiny_model):
         body = {"model": model, "prompt": "Hello", "max_tokens": 3, "temperature": 0}
         r = httpx.post(url + "/v1/completions", json=body, timeout=60)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+
+
+def test_prompt_pieces_are_tokenized_once_and_remembered_least_recently_used_out():
+    from medha.route.prompt import OFF_LOOP_CHARS, TextTokens, TokenCache, prompt_pieces
+
+    class Counting(TextTokens):
+        calls = 0
+
+        def encode(self, text):
+            Counting.calls += 1
+            return super().encode(text)
+
+    cache = TokenCache(Counting(), max_chars=4 * OFF_LOOP_CHARS)
+    system = {"role": "system", "content": "s" * (2 * OFF_LOOP_CHARS)}  # tokenized on a thread
+    turn1 = {"messages": [system, {"role": "user", "content": "hi"}]}
+    turn2 = {"messages": [*turn1["messages"], {"role": "assistant", "content": "hello"}]}
+    first = asyncio.run(cache.tokens(prompt_pieces(turn1, chat=True)))
+    assert Counting.calls == 2
+    second = asyncio.run(cache.tokens(prompt_pieces(turn2, chat=True)))
+    assert Counting.calls == 3  # only the new message
+    assert second[: len(first)] == first  # the history keys the same blocks
+    # ids given by the client pass through; past max_chars the least recent piece goes
+    assert asyncio.run(cache.tokens(prompt_pieces({"prompt": [5, 6, 7]}, chat=False))) == [5, 6, 7]
+    asyncio.run(cache.tokens(["x" * (3 * OFF_LOOP_CHARS)]))
+    assert len(cache) == 3 and cache._chars <= cache.max_chars

@@ -110,6 +110,9 @@ def _serve(config: RouteConfig, urls: list[str], keys: list[str]) -> None:
             log_level=config.log_level,
             access_log=False,
             lifespan="on",
+            # the router reads no client address: uvicorn's X-Forwarded-For middleware would
+            # be a cost on every request for nothing
+            proxy_headers=False,
         )
     )
 

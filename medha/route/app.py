@@ -39,7 +39,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from medha.route.backend import Backend
 from medha.route.config import RouteConfig
-from medha.route.prompt import Routing, load_tokenizer, read_request
+from medha.route.prompt import Routing, TokenCache, load_tokenizer, prompt_pieces, read_request
 from medha.route.tracked import TrackedReplica
 from medha.server.body_guard import BodyGuard
 from medha.server.errors import RequestError
@@ -171,7 +171,7 @@ class Router:
             dispatcher=config.dispatcher,
         )
         self.dispatcher = DISPATCHERS.get(config.dispatcher)(self.tracked, cluster, template.config)
-        self.tokenizer = load_tokenizer(config.tokenizer)
+        self.tokens = TokenCache(load_tokenizer(config.tokenizer))
         self.max_request_bytes = config.max_request_bytes or (
             64 * self.scheduler_config.max_model_len + (1 << 20)
         )
@@ -370,15 +370,10 @@ class Router:
                 retry_after=True,
             )
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        now = self.clock()
+        now = self.clock()  # its arrival: tokenizing is part of its wait
+        tokens = await self.tokens.tokens(prompt_pieces(payload, chat))
         routing = read_request(
-            payload,
-            chat,
-            uuid.uuid4().hex,
-            now,
-            self.tokenizer,
-            headers,
-            default_tokens=DEFAULT_OUTPUT_TOKENS,
+            payload, tokens, uuid.uuid4().hex, now, headers, DEFAULT_OUTPUT_TOKENS
         )
         exchange = _Exchange(self, scope, receive, send, body, routing, headers)
         await exchange.run()
