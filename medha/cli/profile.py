@@ -69,10 +69,13 @@ def run(args: argparse.Namespace) -> None:
     profile = Profiler(engine, seed=args.seed).run(shapes, progress=not args.quiet)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     profile.save(out)
-    print(
-        f"wrote {out}; the engine uses it by default from now on "
-        f"(or pass --predictor profiled:{out})"
-    )
+    if Path(out).resolve() == Path(engine.profile_path).resolve():
+        print(
+            f"wrote {out}; the engine uses it by default from now on "
+            f"(or pass --predictor profiled:{out})"
+        )
+    else:  # the engine looks for its profile at profile_path only
+        print(f"wrote {out}; pass --predictor profiled:{out} to use it")
 
 
 def _profile_vllm(args: argparse.Namespace) -> None:
