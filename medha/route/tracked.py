@@ -10,9 +10,9 @@ time passes, and lets each first token correct it (the request leaves the waitin
 the prediction said). A request that is never streamed shows no first token: it waits, its
 work drained to nothing, until it ends.
 
-The profile prices a replica alone on its hardware; a served replica is slower (its HTTP and
-tokenization, a neighbour replica on the same memory bus: 1.2-1.5x on issue 33's 2-core
-machine). The model measures that: each request that had the replica's prefill to itself from
+The profile prices a replica's batches; a replica serving under load is slower than that
+(1.2-1.5x on issue 33's 2-core machine, with the router and the clients beside the replicas,
+while a lone request through HTTP takes what the profile says). The model measures it: each request that had the replica's prefill to itself from
 dispatch to first token (no other waiting request beside it) is a sample of its time to first
 token against the prediction, and `slowdown`, their moving average, stretches every prediction
 and the drain.
