@@ -85,7 +85,7 @@ def test_the_tracked_replica_learns_its_slowdown_from_requests_served_alone():
     send(r, config, solo)
     clock.t = 1.5  # the replica took 1.5x its profile
     r.on_first_token("solo")
-    assert r.slowdown == pytest.approx(1.1)  # one sample moves the average a fifth of the way
+    assert r.slowdown == pytest.approx(1.5)  # the first sample counts in full
     # a request that shared the prefill with another is no sample
     a = Request.from_tokens("a", 1.5, tokens(0, 1024, 1), 4)
     b = Request.from_tokens("b", 1.5, tokens(0, 1024, 2), 4)
@@ -94,14 +94,12 @@ def test_the_tracked_replica_learns_its_slowdown_from_requests_served_alone():
     clock.t = 6.0
     r.on_first_token("a")
     r.on_first_token("b")
-    assert r.slowdown == pytest.approx(1.1)
+    assert r.slowdown == pytest.approx(1.5)
     # the slowdown (and the decodes now running) stretch the drain and the prediction
     c = Request.from_tokens("c", 6.0, tokens(0, 1024, 3), 4)
     send(r, config, c)
     stretch = r.prefill_stretch()
-    assert stretch > 1.1
-    clock.t = 6.5
-    assert r.pending(6.5)[0].work_s == pytest.approx(1.0 - 0.5 / stretch)
+    assert stretch > 1.5
 
 
 def test_pending_requests_are_ordered_as_the_replica_scheduler_orders_its_prefills():
@@ -117,6 +115,22 @@ def test_pending_requests_are_ordered_as_the_replica_scheduler_orders_its_prefil
     started = Pending("started", 0.0, deadline_s=20.0, work_s=1.0, total_work_s=2.0, under_way=True)
     order = prefill_order(edf, [long, short, started], 0.0)
     assert [p.request_id for p in order] == ["started", "short", "long"]
+
+
+def test_the_slowdown_is_a_running_mean_until_the_moving_average_takes_over():
+    (r,), config, clock = tracked_cluster(1)
+
+    def sample(i, took):  # a 1 s prefill alone, its first token after `took`
+        send(r, config, Request.from_tokens(f"s{i}", clock.t, tokens(0, 1024, i), 4))
+        clock.t += took
+        r.on_first_token(f"s{i}")
+        r.on_end(f"s{i}")
+
+    for i in range(5):
+        sample(i, 2.0)
+    assert r.slowdown == pytest.approx(2.0)
+    sample(5, 1.0)  # the sixth moves it a fifth of the way
+    assert r.slowdown == pytest.approx(1.8)
 
 
 def test_decodes_stretch_prefill_by_their_marginal_share_of_the_budget():
@@ -170,15 +184,17 @@ def test_slack_takes_the_cache_unless_the_queue_behind_it_costs_more():
     slack = dispatcher("slack", replicas, config)
     warm = Request.from_tokens("warm", 0.0, tokens(2048, 2100), 4)
     send(replicas[0], config, warm)
+    t = clock.t = replicas[0].pending(0.0)[0].work_s  # its first token when predicted
     replicas[0].on_first_token("warm")
     replicas[0].on_end("warm")
-    hit = Request.from_tokens("hit", 0.0, tokens(2048, 2100, 1), 4)
+    assert replicas[0].slowdown == pytest.approx(1.0)
+    hit = Request.from_tokens("hit", t, tokens(2048, 2100, 1), 4)
     assert replicas[0].cached_tokens(hit) == 2048
-    assert slack.pick(hit, 0.0).replica_id == 0  # 0.05 s of work there, 2 s on replica 1
+    assert slack.pick(hit, t).replica_id == 0  # 0.05 s of work there, 2 s on replica 1
     # a queue of 3 s of prefill ahead on replica 0 (earlier deadlines): replica 1 is sooner
     for i in range(3):
-        send(replicas[0], config, Request.from_tokens(f"q{i}", 0.0, tokens(0, 1024, 10 + i), 4))
-    assert slack.pick(hit, 0.0).replica_id == 1
+        send(replicas[0], config, Request.from_tokens(f"q{i}", t, tokens(0, 1024, 10 + i), 4))
+    assert slack.pick(hit, t).replica_id == 1
 
 
 def test_slack_keeps_a_waiting_request_within_its_deadline_rather_than_the_new_one_fastest():

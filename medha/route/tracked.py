@@ -12,10 +12,10 @@ work drained to nothing, until it ends.
 
 The profile prices a replica's batches; a replica serving under load is slower than that
 (1.2-1.5x on issue 33's 2-core machine, with the router and the clients beside the replicas,
-while a lone request through HTTP takes what the profile says). The model measures it: each request that had the replica's prefill to itself from
-dispatch to first token (no other waiting request beside it) is a sample of its time to first
-token against the prediction, and `slowdown`, their moving average, stretches every prediction
-and the drain.
+while a lone request through HTTP takes what the profile says). The model measures it: each
+request that had the replica's prefill to itself from dispatch to first token (no other
+waiting request beside it) is a sample of its time to first token against the prediction, and
+`slowdown`, their average, stretches every prediction and the drain.
 
 What a replica's prefix cache holds is predicted the same way: every prompt the router sent it,
 its chained block keys kept in an LRU of the cache's capacity.
@@ -45,8 +45,10 @@ from medha.sim.dispatchers.base_dispatcher import (
 # How long an ended request's record stays for the dispatchers that look back (pla's window).
 _KEEP_ENDED_S = 120.0
 # The slowdown's samples: requests predicted to take at least this long (below it the HTTP
-# round trip, not the replica's speed, is what they measure), each moving the average this far,
-# each clipped to this range (one stalled or cut request must not throw the model off).
+# round trip, not the replica's speed, is what they measure), averaged (a running mean over the
+# first ones, so that the first sample counts in full: the start of a run is when a wrong speed
+# costs most), then each moving the average this far, each clipped to this range (one stalled or
+# cut request must not throw the model off).
 _SAMPLE_MIN_S = 0.5
 _SAMPLE_WEIGHT = 0.2
 _SAMPLE_RANGE = (0.5, 3.0)
@@ -119,6 +121,7 @@ class TrackedReplica:
         self._decode_token_s = decode_token_s(predictor)
         self._decode_share = DecodeShare(predictor, config.iteration_budget_s)
         self.slowdown = 1.0  # measured time to first token / predicted (see the module)
+        self._samples = 0
         self._policy = replica_policy(config)
         self._long = config.long_prefill_threshold
         self._live: dict[str, Routed] = {}
@@ -152,7 +155,9 @@ class TrackedReplica:
             if r.alone_s is not None:
                 lo, hi = _SAMPLE_RANGE
                 ratio = min(hi, max(lo, (now - r.sent_s) / r.alone_s))
-                self.slowdown += _SAMPLE_WEIGHT * (ratio - self.slowdown)
+                self._samples += 1
+                weight = max(_SAMPLE_WEIGHT, 1.0 / self._samples)
+                self.slowdown += weight * (ratio - self.slowdown)
             r.first_token_s, r.work_s, r.tokens = now, 0.0, 1
             self._queue.remove(r)
 
