@@ -309,11 +309,15 @@ class ReplicaScheduler:
         just before its deadline instead of one after the other. Long prefills stay in policy
         order: their share is what space sharing and LARS arbitrate.
         """
-        threshold = self.long_threshold
-        first = [r for r in queue if r.started and r.num_tokens < threshold]
+        first = [r for r in queue if self.goes_first(r)]
         if first:
-            queue = [r for r in queue if not (r.started and r.num_tokens < threshold)]
+            queue = [r for r in queue if not self.goes_first(r)]
         return self.policy.order_prefills(first, queue, now)
+
+    def goes_first(self, r: Request) -> bool:
+        """Whether `r` is a short prefill already under way, which `_prefill_order` finishes
+        before any other (the dispatchers' view of a replica reads it too)."""
+        return r.started and r.num_tokens < self.long_threshold
 
     def _add_decodes(self, builder: BatchBuilder) -> None:
         now = builder.now

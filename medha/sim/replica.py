@@ -76,7 +76,6 @@ class SimReplica:
 
     # ---- ReplicaView -------------------------------------------------------------------------
     def pending(self, now: float) -> list[Pending]:
-        long = self.scheduler.long_threshold
         return [
             Pending(
                 r.request_id,
@@ -84,7 +83,7 @@ class SimReplica:
                 r.deadline_s,
                 r.remaining_work_s,
                 r.total_work_s,
-                r.started and r.num_tokens < long,
+                self.scheduler.goes_first(r),
             )
             for r in self.scheduler.live_requests()
             if r.first_token_s is None

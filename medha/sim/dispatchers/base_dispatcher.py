@@ -28,7 +28,7 @@ class Pending:
     for. `deadline_s` is absolute; `work_s` the predicted prefill time still ahead of it,
     `total_work_s` its whole prefill's (what it had when admitted); `under_way`: a prefill
     shorter than the long threshold that has started, which the replica finishes before
-    any other (ReplicaScheduler._prefill_order)."""
+    any other (ReplicaScheduler.goes_first)."""
 
     request_id: str
     arrival_s: float
