@@ -72,7 +72,7 @@ def test_the_tracked_replica_drains_waiting_work_in_deadline_order_and_learns_fi
     )
     r.on_first_token("short")
     assert [p.request_id for p in r.pending(0.5)] == ["long"]
-    assert r.num_decoding() == 1
+    assert r._decode_contexts() == [short.prompt_len + 1]  # it decodes now
     r.on_end("short")
     r.on_end("long")
     assert r.pending(1.0) == [] and not r.busy() and r.outstanding_work_s() == 0

@@ -210,6 +210,35 @@ def test_a_frozen_replica_is_taken_out_and_its_waiting_requests_go_elsewhere():
                 proc.send_signal(signal.SIGCONT)
 
 
+def test_a_frozen_replica_does_not_delay_taking_a_dead_one_out():
+    """Each replica has its own health checks: one that answers late (here frozen, each check
+    waiting out its timeout) does not hold up those of one that died, which a refused
+    connection takes out at its next check."""
+    import re
+    import signal
+
+    with ExitStack() as stack:
+        a, frozen = stack.enter_context(stub_backend(with_process=True))
+        b, dead = stack.enter_context(stub_backend(with_process=True))
+        c = stack.enter_context(stub_backend())
+        with router([a, b, c], "--dispatcher", "round_robin") as url:
+            frozen.send_signal(signal.SIGSTOP)
+            try:
+                dead.kill()
+                t0 = time.monotonic()
+                # a is out after two checks that time out (about 1.4 s); b at its next check
+                # (0.2 s). Checked in rounds over all replicas, b waited for a's timeout in the
+                # first round and went out with the second, after 0.9 s at the least.
+                while (n := httpx.get(url + "/health").json()["healthy_replicas"]) == 3:
+                    time.sleep(0.02)
+                assert time.monotonic() - t0 < 0.7
+                up = dict(re.findall(r'^medha_router_replica_up{replica="(\d)"} (\S+)$',
+                                     httpx.get(url + "/metrics").text, re.M))  # fmt: skip
+                assert n == 2 and up == {"0": "1.0", "1": "0.0", "2": "1.0"}, (n, up)
+            finally:
+                frozen.send_signal(signal.SIGCONT)
+
+
 @pytest.mark.parametrize("dispatcher", ["round_robin", "least_work", "prefix", "slack", "pla"])
 def test_every_dispatcher_routes(two_stubs, dispatcher):
     from medha.sim.config import DISPATCHER_NAMES

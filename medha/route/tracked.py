@@ -227,9 +227,6 @@ class TrackedReplica:
             decoding = min(budget, decoding + sum(r.work_s for r in self._queue))
         return 0.5 * self.slowdown * decoding
 
-    def num_decoding(self) -> int:
-        return len(self._live) - len(self._queue)
-
     def _decode_contexts(self) -> list[int]:
         return [
             r.request.prompt_len + r.tokens

@@ -92,9 +92,6 @@ class SimReplica:
     def iteration_left_s(self, now: float) -> float:
         return max(0.0, self._stage_free_at[0] - now) if self.inflight else 0.0
 
-    def num_decoding(self) -> int:
-        return sum(r.first_token_s is not None for r in self.scheduler.live_requests())
-
     def prefill_stretch(self) -> float:
         return self._decode_share.stretch(
             [

@@ -80,9 +80,6 @@ class ReplicaView(Protocol):
     def pending(self, now: float) -> list[Pending]:
         """Its requests still waiting for their first token, with their work left at `now`."""
 
-    def num_decoding(self) -> int:
-        """Its requests past their first token."""
-
     def iteration_left_s(self, now: float) -> float:
         """How long a request sent now waits for the iteration the replica is running to end
         (the simulator knows; the router expects half an iteration of what it runs)."""
