@@ -76,15 +76,22 @@ class MedhaScheduler(Scheduler):
             # one request medha cannot take must not fail the engine core (and every other
             # request with it): medha never plans it, so vLLM never runs it, and it ends
             logger.error("request %s refused by medha's scheduler: %s", request.request_id, e)
-            self._fail_at_next_step(request.request_id)
+            self._fail_at_next_step(request.request_id, f"medha's scheduler refused it: {e}")
 
-    def _fail_at_next_step(self, request_id: str) -> None:
+    def _fail_at_next_step(self, request_id: str, reason: str) -> None:
         """End a request with an error at vLLM's next step. vLLM's scheduler has one way to
-        fail a request from inside `add_request`: the set of requests whose structured-output
-        grammar failed to compile, which its next `schedule()` finishes with FINISHED_ERROR
+        fail a request from inside `add_request`: the requests whose structured-output grammar
+        failed to compile, which its next `update_from_output()` finishes with FINISHED_ERROR
         (the client sees an error, the engine core goes on). The request has no grammar: the
-        set is only the way in (contract.py checks it still exists)."""
-        self.grammar_compile_error_reqs.add(request_id)
+        collection is only the way in (contract.py checks it still exists). vLLM 0.32 keeps a
+        set of ids; 0.33 maps each id to the error its client is given, which names `reason`."""
+        errors = self.grammar_compile_error_reqs
+        if isinstance(errors, dict):
+            from vllm.outputs import RequestError  # (vLLM 0.33 on)
+
+            errors[request_id] = RequestError(code="validation_error", message=reason)
+        else:
+            errors.add(request_id)
 
     def finish_requests(self, request_ids: str | Iterable[str] | None, finished_status):
         finished = super().finish_requests(request_ids, finished_status)
@@ -246,5 +253,9 @@ def _refuse_unsupported(vllm_config) -> None:
         reasons.append("pipeline parallelism (use medha's own engine for SPP)")
     if vllm_config.scheduler_config.async_scheduling:
         reasons.append("async scheduling (pass --no-async-scheduling)")
+    if getattr(vllm_config.scheduler_config, "prefill_schedule_interval", 1) > 1:
+        # (vLLM 0.33 applies it on one engine too: it would hold back the prefills medha
+        # planned, every step but one in N)
+        reasons.append("a prefill cadence (--prefill-schedule-interval): medha picks the steps")
     if reasons:
         raise ValueError("medha's scheduler on vLLM does not support " + ", ".join(reasons))
