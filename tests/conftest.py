@@ -97,6 +97,7 @@ MODULE_TIERS = {
     "test_swap_engine.py": ("engine",),
     "test_tiers.py": ("engine",),
     "test_vllm_executor.py": ("vllm",),  # it reruns core without torch, as long as core itself
+    "test_vllm_scheduler.py": ("vllm",),
     "test_vllm_serve.py": ("vllm",),
     "test_vllm_profile.py": ("vllm",),
     "test_vllm_kernels.py": ("vllm",),
