@@ -349,6 +349,33 @@ def test_prefix_cache_hits_revise_medhas_plan(model_dir):
     h.assert_nothing_left()
 
 
+def test_requests_medha_holds_back_are_not_looked_up(model_dir):
+    """vLLM sees only the waiting requests medha planned: each request is looked up in vLLM's
+    prefix cache once, when it starts, not at every step it waits (vLLM 0.33 would look up,
+    and count in its prefix-cache stats, every waiting request at every step; 0.32 the first
+    one held back). The queue keeps every request that waits, in arrival order."""
+    h = Harness(model_dir, CONFIGS["lars-adaptive"], prefix_caching=True)
+    manager = h.sched.kv_cache_manager
+    looked_up: list[str] = []
+    lookup = manager.get_computed_blocks
+
+    def get_computed_blocks(request, *args, **kwargs):
+        looked_up.append(request.request_id)
+        return lookup(request, *args, **kwargs)
+
+    manager.get_computed_blocks = get_computed_blocks
+    for i, n in enumerate(LENGTHS):
+        h.add(f"r{i}", _prompt(i, n), max_tokens=4)
+    h.step()
+    waiting = [r.request_id for r in h.sched.waiting]
+    assert len(waiting) >= 4  # the budget held most prompts back
+    assert waiting == sorted(waiting, key=lambda rid: int(rid[1:]))
+    h.run()
+    assert sorted(looked_up) == sorted(f"r{i}" for i in range(len(LENGTHS)))
+    assert h.plans == h.ran
+    h.assert_nothing_left()
+
+
 def test_a_request_medha_refuses_ends_with_an_error_alone(model_dir, monkeypatch):
     """A request medha's mirror cannot take is ended by vLLM at its next step with an error
     (the way in is vLLM's set, or map, of requests whose grammar failed); the others go on."""
