@@ -87,8 +87,10 @@ class Harness:
     """A MedhaScheduler, the engine core's loop around it, and a made-up model runner."""
 
     def __init__(self, model_dir: str, medha: dict, *, num_blocks: int = 400,
-                 prefix_caching: bool = False, max_num_seqs: int = 16):  # fmt: skip
+                 prefix_caching: bool = False, max_num_seqs: int = 16,
+                 **scheduler_options):  # fmt: skip
         scheduler_config = SchedulerConfig(
+            **scheduler_options,
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=2048,
             max_model_len=2048,
@@ -135,6 +137,7 @@ class Harness:
         self.ran: list[dict[str, int]] = []  # what vLLM's schedule() scheduled
         self.revised: list[dict[str, int]] = []  # medha's batch after reconciling with vLLM
         self.finished: dict[str, str] = {}  # request id -> vLLM's finish reason
+        self.errors: dict[str, object] = {}  # request id -> the error vLLM 0.33 gives its client
         self.tokens: dict[str, list[int]] = {}
         self.stop_at: dict[str, int] = {}  # request id -> output index that samples STOP_TOKEN
         self._batch = None
@@ -204,6 +207,7 @@ class Harness:
             for o in client.outputs:
                 if o.finish_reason is not None:
                     self.finished[o.request_id] = str(o.finish_reason)
+                    self.errors[o.request_id] = getattr(o, "error", None)
         sched.medha.check_invariants()
         return outputs
 
@@ -393,4 +397,13 @@ def test_a_request_medha_refuses_ends_with_an_error_alone(model_dir, monkeypatch
     h.run()
     assert h.finished == {"fine": "length", "refused": "error"}
     assert h.tokens["refused"] == []
+    if isinstance(h.sched.grammar_compile_error_reqs, dict):  # vLLM 0.33: the client is told
+        assert h.errors["refused"].message == "medha's scheduler refused it: a reason"
     h.assert_nothing_left()
+
+
+def test_a_prefill_cadence_is_refused(model_dir):
+    """vLLM's --prefill-schedule-interval would hold back the prefills medha planned (on one
+    engine too, from 0.33): medha's scheduler refuses to start with it, saying why."""
+    with pytest.raises(ValueError, match="prefill-schedule-interval"):
+        Harness(model_dir, CONFIGS["fcfs-none"], prefill_schedule_interval=2)

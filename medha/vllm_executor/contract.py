@@ -75,11 +75,12 @@ _ATTRIBUTES = (
     "kv_cache_manager",
     "max_num_scheduled_tokens",
     "max_model_len",
+    "policy",  # (the waiting queue's kind, for the queue of planned requests)
     # requests finished with an error output at the next update_from_output (the adapter's
     # way to end a request medha cannot take without failing the engine core)
     "grammar_compile_error_reqs",
 )
-_QUEUE_METHODS = ("pop_request", "add_request", "prepend_request", "remove_request")
+_QUEUE_METHODS = ("add_request", "prepend_request", "prepend_requests", "remove_requests")
 
 
 def contract_problems(scheduler_cls=None, instance=None) -> list[str]:
