@@ -30,7 +30,16 @@ if TYPE_CHECKING:
 def __getattr__(name: str):
     if name not in _LAZY:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_LAZY[name]), name)
+    try:
+        module = importlib.import_module(_LAZY[name])
+    except ModuleNotFoundError as e:  # `pip install medha` has no engine: say which extra has
+        from medha.extras import missing_extra
+
+        message = missing_extra(e, f"medha.{name}", "engine")
+        if message is None:
+            raise
+        raise ModuleNotFoundError(message, name=e.name) from e
+    value = getattr(module, name)
     globals()[name] = value  # later lookups skip this function
     return value
 

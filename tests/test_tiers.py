@@ -105,3 +105,39 @@ def test_a_core_module_that_loads_torch_stops_a_core_run(tmp_path):
     )
     assert out.returncode == 2, out.stdout + out.stderr
     assert "test_new.py has core tests but importing it loads torch" in out.stdout
+
+
+def test_a_command_that_needs_torch_names_its_extra(tmp_path):
+    """`pip install medha` has no torch (pyproject's engine and serve extras bring it): the
+    commands and names that need it say which extra to install, instead of a traceback."""
+    cases = [
+        (("-m", "medha", "generate", "--prompt", "hi"), "'engine' extra"),
+        (("-m", "medha", "serve", "--port", "1"), "'serve' extra"),
+        (("-m", "medha", "profile", "--quick"), "'engine' extra"),
+    ]
+    for args, extra in cases:
+        out = without_torch(tmp_path, *args)
+        assert out.returncode == 2 and "needs 'torch'" in out.stderr and extra in out.stderr, (
+            args,
+            out.stderr[-2000:],
+        )
+        assert "Traceback" not in out.stderr
+    out = without_torch(tmp_path, "-c", "from medha import LLM")
+    assert out.returncode == 1 and "medha.LLM needs 'torch'" in out.stderr, out.stderr[-2000:]
+    assert "pip install 'medha[engine]'" in out.stderr
+    # the torch-free commands still run
+    out = without_torch(tmp_path, "-m", "medha", "chunks", "--prompt-len", "4096")
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_only_a_missing_extra_is_named():
+    """A ModuleNotFoundError that no extra answers (a bug, a typo) is not dressed up as an
+    install problem: the CLI re-raises it."""
+    from medha.extras import missing_extra
+
+    assert missing_extra(ModuleNotFoundError("x", name="medha.no_such"), "medha x") is None
+    message = missing_extra(ModuleNotFoundError("x", name="aiohttp.client"), "medha route")
+    assert "'route' extra" in message
+    # a command documented to need `serve` names it for torch too (serve includes engine)
+    message = missing_extra(ModuleNotFoundError("x", name="torch"), "medha serve", "serve")
+    assert "'serve' extra" in message and "torch==2.13.0" in message

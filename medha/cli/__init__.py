@@ -27,6 +27,7 @@ from medha.cli import (
     trace,
 )
 from medha.cli.common import CliError
+from medha.extras import missing_extra
 
 COMMANDS = (
     demo, chunks, predict, generate, profile, serve, route, bench, simulate, plan, analyze,
@@ -57,6 +58,13 @@ def main(argv: list[str] | None = None) -> int:
         args.func(args)
     except CliError as e:
         print(f"medha {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as e:  # an extra not installed; anything else is a bug
+        command = sys.modules[args.func.__module__]
+        message = missing_extra(e, f"medha {args.command}", getattr(command, "EXTRA", None))
+        if message is None:
+            raise
+        print(f"medha {args.command}: error: {message}", file=sys.stderr)
         return 2
     return 0
 

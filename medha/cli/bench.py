@@ -10,6 +10,8 @@ from medha.benchmark.config import BenchConfig
 from medha.cli.common import CliError
 from medha.utils.dataclass_cli import add_dataclass_args, dataclass_from_args
 
+EXTRA = "route"  # what it needs beyond `pip install medha` (medha/extras.py)
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(

@@ -10,6 +10,8 @@ from medha.core.config import SchedulerConfig
 from medha.engine.config import EngineConfig
 from medha.utils.dataclass_cli import add_dataclass_args
 
+EXTRA = "engine"  # what it needs beyond `pip install medha` (medha/extras.py)
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(

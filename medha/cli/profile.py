@@ -14,6 +14,8 @@ from medha.utils.dataclass_cli import add_dataclass_args, dataclass_from_args, f
 # the scheduler's limits that shape what is profiled (the rest of its flags do not matter here)
 _LIMITS = ("max_model_len", "max_num_seqs", "max_batch_tokens")
 
+EXTRA = "engine"  # what it needs beyond `pip install medha` (medha/extras.py)
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(

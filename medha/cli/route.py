@@ -12,6 +12,8 @@ from medha.cli.common import CliError
 from medha.route.config import RouteConfig
 from medha.utils.dataclass_cli import add_dataclass_args, dataclass_from_args
 
+EXTRA = "route"  # what it needs beyond `pip install medha` (medha/extras.py)
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(

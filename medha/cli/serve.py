@@ -17,6 +17,8 @@ from medha.engine.config import EngineConfig
 from medha.server.config import ServerConfig
 from medha.utils.dataclass_cli import add_dataclass_args, dataclass_from_args
 
+EXTRA = "serve"  # what it needs beyond `pip install medha` (medha/extras.py)
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
