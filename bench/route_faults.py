@@ -71,7 +71,9 @@ def peer_router(name: str, urls: list[str]):
 async def one(session, url: str, model: str, record: dict) -> None:
     # a prompt of its own: a cache-aware router would send one repeated prompt to one replica
     prompt = f"Tell me story number {random.randrange(10**9)} about a router."
-    body = {"model": model, "prompt": prompt, "stream": True,
+    # ignore_eos (vLLM's extension, medha serve's too): the embedded model ends this prompt
+    # after a token or two, and a stream must be long enough to be cut by the kill
+    body = {"model": model, "prompt": prompt, "stream": True, "ignore_eos": True,
             "max_tokens": OUTPUT_TOKENS, "temperature": 0}  # fmt: skip
     record["sent"] = time.monotonic()
     try:
