@@ -297,32 +297,34 @@ def test_metrics_count_requests_and_latencies(server, client):
     assert after["medha_num_requests_waiting"] == after["medha_num_requests_prefilling"] == 0
 
 
-def test_prefix_cache_hits_show_in_usage_and_metrics(client):
-    # the module's server runs without the cache: nothing is ever cached
+def test_prefix_cache_hits_show_in_usage_and_metrics(server, client):
+    # `medha serve` caches prefixes by default: the module's server runs with its defaults
     messages = [{"role": "user", "content": "Tell me about ferries. " * 30}]
-    out = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=2)
-    assert out.usage.prompt_tokens_details.cached_tokens == 0
-    cached = Server("--prefix-cache", "device")
-    try:
-        c = openai.OpenAI(base_url=cached.url + "/v1", api_key="none", max_retries=0)
-        first = c.chat.completions.create(model="smollm2", messages=messages, max_tokens=2)
-        messages += [{"role": "assistant", "content": "Sure."}, {"role": "user", "content": "Go"}]
-        second = c.chat.completions.create(model="smollm2", messages=messages, max_tokens=2)
-        m = cached.wait_idle()
-    finally:
-        assert cached.stop() == 0
+    before = server.wait_idle()
+    first = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=2)
+    messages += [{"role": "assistant", "content": "Sure."}, {"role": "user", "content": "Go"}]
+    second = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=2)
+    m = server.wait_idle()
     assert first.usage.prompt_tokens_details.cached_tokens == 0
     hit = second.usage.prompt_tokens_details.cached_tokens
     # the whole first prompt but its last, partial block (32 tokens on vLLM's kernels, 16 on
     # torch's) and the tokens of the chat template that changed after it
     assert first.usage.prompt_tokens - 32 <= hit < second.usage.prompt_tokens
-    assert m["medha_prefix_cache_hits_tokens"] == hit
-    assert m["medha_prefix_cache_queries_tokens"] == (
-        first.usage.prompt_tokens + second.usage.prompt_tokens
-    )
+    queries = m["medha_prefix_cache_queries_tokens"] - before["medha_prefix_cache_queries_tokens"]
+    assert m["medha_prefix_cache_hits_tokens"] - before["medha_prefix_cache_hits_tokens"] == hit
+    assert queries == first.usage.prompt_tokens + second.usage.prompt_tokens
     assert m["medha_prefix_cache_hit_rate"] == pytest.approx(
-        hit / m["medha_prefix_cache_queries_tokens"]
+        m["medha_prefix_cache_hits_tokens"] / m["medha_prefix_cache_queries_tokens"]
     )
+    # --prefix-cache off: the same conversation finds nothing
+    off = Server("--prefix-cache", "off")
+    try:
+        c = openai.OpenAI(base_url=off.url + "/v1", api_key="none", max_retries=0)
+        c.chat.completions.create(model="smollm2", messages=messages[:1], max_tokens=2)
+        again = c.chat.completions.create(model="smollm2", messages=messages, max_tokens=2)
+    finally:
+        assert off.stop() == 0
+    assert again.usage.prompt_tokens_details.cached_tokens == 0
 
 
 async def _disconnect(url: str, rng: random.Random) -> None:
