@@ -20,6 +20,7 @@ from medha.perf.toy_predictor import FixedCostPredictor
 from medha.scheduler.block_manager import BlockAccountingError, BlockManager
 from medha.scheduler.prefix_cache import (
     PrefixBlockManager,
+    context_page_keys,
     page_blocks,
     prompt_page_keys,
     reusable_prefix_tokens,
@@ -153,6 +154,52 @@ def test_a_whole_prompt_in_the_cache_still_computes_its_last_token():
     assert (chunk.start, chunk.num_tokens) == (48, 16)
 
 
+def run_sampling(sched, reqs, abort_at=None):
+    """Run `reqs` (arrived) to the end, each sampled token a 7; `abort_at` (request id,
+    batches) aborts that request after that many batches. Invariants after each batch."""
+    for r in reqs:
+        sched.add_request(r, 0.0)
+    now, n = 0.0, 0
+    while sched.has_unfinished():
+        if abort_at is not None and n == abort_at[1]:
+            sched.abort(abort_at[0], now)
+        batch = sched.schedule(now)
+        now += batch.predicted_time_s
+        sampled = {c.request.request_id: 7 for c in batch.chunks if c.samples}
+        sched.update(batch, BatchResult(batch.predicted_time_s, sampled), now)
+        sched.check_invariants()
+        n += 1
+
+
+def test_a_finished_answer_is_cached_up_to_its_last_computed_block():
+    sched = toy_scheduler(prefix_cache="device")
+    a = Request.from_tokens("a", 0.0, tokens(9, 40), 30)
+    run_sampling(sched, [a])
+    # 70 tokens of context, the last one sampled and never fed: the KV of 69, four full blocks
+    keys = context_page_keys(a, BS, 5)
+    assert keys[:2] == prompt_page_keys(a, BS)  # the prompt's chain, continued
+    assert [sched.blocks.is_cached(k) for k in keys] == [True] * 4 + [False]
+    # a next turn repeating the answer finds the four blocks
+    turn = Request.from_tokens("turn", 1.0, a.prompt_token_ids + a.output_token_ids + [1], 2)
+    sched.add_request(turn, 1.0)
+    (chunk,) = sched.schedule(1.0).prefills
+    assert chunk.start == 64 and turn.num_cached_tokens == 64
+
+
+@pytest.mark.parametrize("outputs", [True, False])
+def test_aborted_answers_and_prompts_only_mode_cache_no_answer(outputs):
+    sched = toy_scheduler(prefix_cache="device", prefix_cache_outputs=outputs)
+    a = Request.from_tokens("a", 0.0, tokens(11, 40), 30)
+    b = Request.from_tokens("b", 0.0, tokens(12, 40), 30)
+    run_sampling(sched, [a, b], abort_at=("b", 12))  # b aborted half-way through its answer
+    assert b.finish_reason == "abort" and 0 < b.num_output_tokens < 30
+    assert a.finish_reason == "length"
+    for r, answer_cached in ((a, outputs), (b, False)):
+        keys = context_page_keys(r, BS, (r.num_tokens - 1) // BS)
+        assert all(sched.blocks.is_cached(k) for k in keys[:2])  # the prompt's blocks
+        assert all(sched.blocks.is_cached(k) == answer_cached for k in keys[2:])
+
+
 def test_waiting_requests_hold_no_cached_blocks():
     # one sequence slot: the second request is looked up, not scheduled, and gives its hit back
     sched = toy_scheduler(prefix_cache="device", max_num_seqs=1)
@@ -263,9 +310,11 @@ def streams(draw):
         kind = draw(st.integers(0, 2))
         if kind == 0 or not reqs:  # a shared system prompt and a question
             prompt = draw(st.sampled_from(systems)) + tokens(i, draw(st.integers(1, 60)))
-        elif kind == 1:  # the next turn of an earlier conversation
-            prev = draw(st.sampled_from(reqs)).prompt_token_ids
-            prompt = prev + tokens(i, draw(st.integers(1, 40)))
+        elif kind == 1:  # the next turn of an earlier conversation, repeating its answer
+            prev = draw(st.sampled_from(reqs))
+            # (run_stream samples every token as a 7: what the answer will be, if it finishes)
+            answer = [7] * draw(st.integers(0, prev.max_tokens))
+            prompt = prev.prompt_token_ids + answer + tokens(i, draw(st.integers(1, 40)))
         else:  # something new
             prompt = tokens(1000 + i, draw(st.integers(1, 120)))
         reqs.append(Request.from_tokens(f"r{i}", t, prompt[:200], draw(st.integers(1, 40))))

@@ -43,9 +43,13 @@ def conversations(llm, turns=4):
     return answers, s
 
 
-def make(model, prefix_cache, num_blocks, host_blocks=None):
+def make(model, prefix_cache, num_blocks, host_blocks=None, outputs=True):
     sched = SchedulerConfig(
-        policy="lars", prefix_cache=prefix_cache, host_cache_blocks=host_blocks, watermark=0.0
+        policy="lars",
+        prefix_cache=prefix_cache,
+        prefix_cache_outputs=outputs,
+        host_cache_blocks=host_blocks,
+        watermark=0.0,
     )
     return LLM(model, scheduler=sched, kv_memory_gb=num_blocks * BLOCK_BYTES / 2**30, device="cpu")
 
@@ -58,6 +62,39 @@ def test_the_cache_changes_no_token_and_skips_the_history(tiny_model):
     st = s.stats
     # from the second turn on each prompt finds (nearly) all of its previous prompt
     assert st.prefix_hit_tokens > 0.5 * st.prefix_query_tokens
+
+
+def test_cached_answers_change_no_token_and_serve_the_next_turn(tiny_model):
+    """Each turn repeats the previous answer: with the answers' blocks cached (the default)
+    the next turn finds them too, and every token is the same as with prompts only cached and
+    with no cache at all (float32)."""
+    reference, _ = conversations(make(tiny_model, "off", 512))
+    prompts_only, p = conversations(make(tiny_model, "device", 512, outputs=False))
+    llm = make(tiny_model, "device", 512)
+    answers, s = conversations(llm)
+    assert answers == prompts_only == reference
+    # six conversations, three later turns each: an answer of 12 tokens (the KV of 11) after a
+    # prompt ending mid-block completes one more block that the next turn finds when that
+    # block held 5 or more prompt tokens, in about 11 of 16 turns (12 of these 18)
+    assert s.stats.prefix_hit_tokens >= p.stats.prefix_hit_tokens + 9 * 16
+    assert s.stats.prefix_query_tokens == p.stats.prefix_query_tokens
+
+
+def test_a_turn_finds_the_previous_answer_up_to_its_last_computed_block(tiny_model):
+    """The last sampled token was never fed (no KV): a block it would complete is not cached.
+    A finished request's answer blocks are cached; an aborted one's are not."""
+    llm = make(tiny_model, "device", 256)
+    prompt = list(range(100, 140))  # 40 tokens: blocks 0-1 full, block 2 holds 8
+    # 24 new tokens: context 64 tokens, the KV of 63 of them computed: blocks 0-2 full, and
+    # block 3 lacks its last slot's KV
+    out = llm.generate([prompt], SamplingParams(max_tokens=24, temperature=0, ignore_eos=True))
+    turn = prompt + out[0].token_ids + [7] * 20
+    second = llm.generate([turn], GREEDY)[0]
+    assert second.metrics["cached_prompt_tokens"] == 48
+    # 25 tokens: the KV of 64 computed, block 3 full: the next turn finds four blocks
+    out = llm.generate([prompt], SamplingParams(max_tokens=25, temperature=0, ignore_eos=True))
+    third = llm.generate([prompt + out[0].token_ids + [7] * 20], GREEDY)[0]
+    assert third.metrics["cached_prompt_tokens"] == 64
 
 
 def test_a_host_tier_brings_evicted_history_back_with_the_same_tokens(tiny_model):
@@ -117,6 +154,9 @@ def test_the_simulator_makes_the_engines_hit_decisions(tiny_model):
         policy="fcfs",
         chunking="adaptive",
         prefix_cache="device+host",
+        # the simulator's requests carry no generated tokens, so it caches prompts only: the
+        # engine's cached answers would take LRU places the simulator leaves empty
+        prefix_cache_outputs=False,
         host_cache_blocks=64,
         max_num_seqs=1,
     )
@@ -129,3 +169,40 @@ def test_the_simulator_makes_the_engines_hit_decisions(tiny_model):
     assert sum(start > 0 for _, start, _ in starts) >= 4  # prompts that hit
     assert any(host for *_, host in starts)  # some from the host tier
     assert sim_log == engine_log
+
+
+def test_the_cache_is_on_by_default_on_the_engine_and_off_in_the_simulator(tiny_model):
+    from conftest import toy_scheduler
+
+    from medha.engine.host_kv import size_host_memory
+    from medha.perf import ParallelConfig
+
+    llm = LLM(tiny_model, kv_memory_gb=64 * BLOCK_BYTES / 2**30, device="cpu")
+    config = llm.engine.scheduler.config
+    assert (config.prefix_cache, config.prefix_cache_outputs) == ("device", True)
+    # worker processes refuse the cache: their default is off; a choice is kept as given
+    default = SchedulerConfig()
+    assert size_host_memory(default, ParallelConfig(tp=2), 64, 16).prefix_cache == "off"
+    off = SchedulerConfig(prefix_cache="off")
+    assert size_host_memory(off, ParallelConfig(), 64, 16).prefix_cache == "off"
+    # the simulator's scheduler (and its reproduction tables) keep it off
+    assert toy_scheduler().config.prefix_cache == "off" and not toy_scheduler().kv.prefix_caching
+
+
+def test_on_vllm_the_flag_sets_vllms_own_cache(tiny_model):
+    from medha.engine.config import EngineConfig
+    from medha.vllm_executor.engine_args import vllm_engine_args
+
+    engine = EngineConfig(model=tiny_model)
+
+    def vllm_args(mode, **extra):
+        return vllm_engine_args(engine, SchedulerConfig(prefix_cache=mode), extra)
+
+    assert "enable_prefix_caching" not in vllm_args(None)  # vLLM's default: on
+    assert vllm_args("off")["enable_prefix_caching"] is False
+    assert vllm_args("device")["enable_prefix_caching"] is True
+    assert "prefix_cache" not in vllm_args("device")["additional_config"]["medha"]
+    with pytest.raises(ValueError, match="no host tier"):
+        vllm_args("device+host")
+    with pytest.raises(ValueError, match="contradicts"):
+        vllm_args("off", enable_prefix_caching=True)

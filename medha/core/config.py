@@ -576,16 +576,30 @@ class SchedulerConfig:
             "own KV dtype)",
         ),
     )
-    prefix_cache: str = field(
-        default="off",
+    prefix_cache: str | None = field(
+        default=None,
         metadata=_help(
             KV_MEMORY,
             "reuse the KV of prompt prefixes earlier requests computed: off, device (full blocks "
-            "of a prompt, identified by a hash of every token up to their end, stay in device "
-            "memory until evicted, least recently used first) or device+host (blocks evicted "
-            "from the device go to a host-memory tier and are copied back on a hit when that is "
-            "predicted cheaper than recomputing them)",
+            "of a prompt and, once a request finishes, of its answer, identified by a hash of "
+            "every token up to their end, stay in device memory until evicted, least recently "
+            "used first) or device+host (blocks evicted from the device go to a host-memory "
+            "tier and are copied back on a hit when that is predicted cheaper than recomputing "
+            "them). Default: device on medha's engine (serve, generate, LLM; off with worker "
+            "processes, tp/spp/kvp > 1, which refuse it), vLLM's own cache on --engine vllm "
+            "(on unless --prefix-cache off), off in the simulator (its reproduction tables)",
             choices=PREFIX_CACHE_MODES,
+        ),
+    )
+    prefix_cache_outputs: bool = field(
+        default=True,
+        metadata=_help(
+            KV_MEMORY,
+            "with a prefix cache, also cache the full blocks of a finished request's answer "
+            "(its prompt and generated tokens, as far as their KV was computed) on medha's "
+            "engine, so that a chat's next turn, which repeats the answer, reuses it; "
+            "--no-prefix-cache-outputs caches prompts only (the simulator, whose requests carry "
+            "no generated tokens, caches prompts only either way)",
         ),
     )
     host_cache_gb: float = field(
@@ -678,7 +692,9 @@ class SchedulerConfig:
             ("preemption_mode", PREEMPTION_MODES),
             ("prefix_cache", PREFIX_CACHE_MODES),
         ):
-            if getattr(self, name) not in modes:
+            value = getattr(self, name)
+            # (prefix_cache None: the default of whoever runs the scheduler, see its help)
+            if value not in modes and not (name == "prefix_cache" and value is None):
                 raise ValueError(
                     f"{name} must be one of {', '.join(modes)}, got {getattr(self, name)!r}"
                 )
@@ -721,6 +737,7 @@ class SchedulerConfig:
             self.iteration_budget_s,
             self.max_model_len,
             self.long_prefill_threshold,
+            self.prefix_cache,
         )
 
     def resolve(self, predictor) -> SchedulerConfig:
@@ -738,7 +755,8 @@ class SchedulerConfig:
         iteration_budget_s: the TPOT target scaled for pipelining (`iteration_budget`).
         max_model_len: the model's context. A longer one than the spec's is allowed: the
         long-context variants of a model (RoPE-scaled) share its shapes; the engine checks its
-        real checkpoint's limit. long_prefill_threshold: `default_long_threshold`."""
+        real checkpoint's limit. long_prefill_threshold: `default_long_threshold`. prefix_cache:
+        off, the simulator's default (medha's engine chooses its own before: size_host_memory)."""
         if self.is_resolved:
             return self
         target = self.tpot_target_s
@@ -751,6 +769,7 @@ class SchedulerConfig:
         long_threshold = self.long_prefill_threshold or default_long_threshold(max_model_len)
         return dataclasses.replace(
             self,
+            prefix_cache=self.prefix_cache or "off",
             tpot_target_s=target,
             iteration_budget_s=budget,
             max_model_len=max_model_len,

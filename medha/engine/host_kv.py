@@ -30,13 +30,18 @@ from medha.perf import ParallelConfig
 def size_host_memory(
     scheduler: SchedulerConfig, parallel: ParallelConfig, kv_bytes_per_token: int, block_size: int
 ) -> SchedulerConfig:
-    """The scheduler config with the swap pool and the prefix cache's host tier sized in
-    blocks of this engine's KV dtype; refuses what is not built. `parallel`: the engine's
-    layout."""
+    """The scheduler config with the prefix cache's default chosen (device in one process, off
+    with worker processes), the swap pool and the prefix cache's host tier sized in blocks of
+    this engine's KV dtype; refuses what is not built. `parallel`: the engine's layout."""
     layout = ", ".join(
         f"{k}={getattr(parallel, k)}" for k in ("tp", "spp", "kvp") if getattr(parallel, k) > 1
     )
     block_bytes = kv_bytes_per_token * block_size
+    if scheduler.prefix_cache is None:
+        # the engine's default: on, as vLLM's and SGLang's are (docs/prefix_cache.md measured
+        # that it costs the schedulers nothing), where it is built: in one process
+        mode = "off" if layout else "device"
+        scheduler = dataclasses.replace(scheduler, prefix_cache=mode)
     if scheduler.prefix_cache != "off":
         if layout:  # the block tables would carry shared blocks to every rank; not yet tested
             raise EngineError(

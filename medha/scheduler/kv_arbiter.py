@@ -31,6 +31,7 @@ from medha.scheduler.prefix_cache import (
     PrefixBlockManager,
     PrefixHostTier,
     cacheable_pages,
+    context_page_keys,
     page_blocks,
     prompt_page_keys,
 )
@@ -84,6 +85,7 @@ class KVArbiter:
         swap-ins among the second. `stats` receives the preemption and swap counters. With
         prefix caching the arbiter's blocks are a PrefixBlockManager of the size of `blocks`."""
         self.prefix_caching = config.prefix_cache != "off"
+        self.cache_outputs = self.prefix_caching and config.prefix_cache_outputs
         if self.prefix_caching:
             blocks = PrefixBlockManager.like(blocks)
         self.blocks = blocks
@@ -347,6 +349,24 @@ class KVArbiter:
         n = min(r.num_computed // (per * bs), len(keys))
         if n:
             self.blocks.register(r.request_id, keys, n, per)
+
+    def cache_finished(self, r: Request) -> None:
+        """Cache the full blocks of a finished request's context whose KV was computed: its
+        prompt's, and those of its answer, so that a next turn repeating the answer finds them
+        (before its blocks are released). Only the engine's requests, which carry their tokens,
+        and only blocks no batch still writes: the last sampled token was never fed, its KV does
+        not exist, so `num_computed` (not the context's length) bounds the blocks."""
+        if (
+            not self.cache_outputs
+            or r.prompt_token_ids is None
+            or len(r.output_token_ids) != r.num_output_tokens
+            or r.num_inflight_batches
+        ):
+            return
+        bs = self.blocks.block_size
+        n = r.num_computed // bs
+        if n > len(prompt_page_keys(r, bs)):
+            self.blocks.register(r.request_id, context_page_keys(r, bs, n), n, 1)
 
     def take_cache_copies(self, batch: Batch) -> None:
         """Put the host tier's copies planned while `batch` formed on it."""

@@ -10,8 +10,11 @@ keys are the trace's prefix hash ids (Mooncake's format: one id per 512 tokens, 
 prefix-chained), and its pages are 512 tokens, all that such a trace can say is shared. The
 simulator and the engine, given the same requests, make the same decisions.
 
-Only prompt pages are cached, the KV a later prompt can repeat and a trace describes; blocks
-of generated tokens stay private (see docs/prefix_cache.md).
+Prompt pages are cached as they are computed. When a request with token ids finishes, the full
+blocks of its answer whose KV was computed join them (`context_page_keys`: the prompt's chain
+continued over the generated tokens), so that the next turn of a chat, which repeats the answer,
+finds it too. A trace's request has no generated tokens to key: in the simulator only prompt
+pages are cached (docs/prefix_cache.md says where its hits differ from the engine's).
 
 `PrefixBlockManager` is the device side: pages shared by several requests carry a reference
 count; a page nobody references keeps its key and stays cached until its memory is needed,
@@ -64,8 +67,22 @@ def prompt_page_keys(r: Request, block_size: int) -> list[Key]:
     return keys
 
 
-def _token_keys(tokens: list[int], block_size: int, n: int) -> list[bytes]:
-    keys, parent = [], b""
+def context_page_keys(r: Request, block_size: int, n: int) -> list[Key]:
+    """The keys of the first `n` full blocks of `r`'s context, prompt then generated tokens:
+    its prompt's keys, the chain continued over the blocks after them (what a later prompt
+    repeating those tokens computes). `r` carries token ids, prompt and output."""
+    keys = prompt_page_keys(r, block_size)
+    if n <= len(keys):
+        return keys[:n]
+    start = len(keys) * block_size
+    tokens = r.context_token_ids(start, n * block_size)
+    return keys + _token_keys(tokens, block_size, n - len(keys), keys[-1] if keys else b"")
+
+
+def _token_keys(tokens: list[int], block_size: int, n: int, parent: bytes = b"") -> list[bytes]:
+    """Chained keys of the first `n` full blocks of `tokens`, continuing from `parent`, the
+    key of the block before them (b"": none)."""
+    keys = []
     try:
         data = array("q", tokens[: n * block_size]).tobytes()
         step = 8 * block_size

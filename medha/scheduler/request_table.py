@@ -133,7 +133,10 @@ class RequestTable:
     def _finish(self, r: Request, now: float, reason: str) -> None:
         r.transition(RequestState.FINISHED)
         r.finish_s, r.finish_reason = now, reason
-        self.kv.free(r.request_id)
+        kv = self.kv
+        if kv.cache_outputs:  # (only a request that finished: an aborted one's KV may be torn)
+            kv.cache_finished(r)
+        kv.free(r.request_id)
         del self._live[r.request_id]
         self._leave_queues(r)
         self.stats.finished += 1

@@ -74,7 +74,8 @@ def vllm_engine_args(
     (vLLM's kv_cache_memory_bytes), --block-size (vLLM's own choice while it is medha's default:
     vLLM's CPU attention refuses 16, it takes multiples of 32), --tp (tensor_parallel_size),
     --predictor and the scheduler flags (the `medha` object of additional_config, read by
-    MedhaScheduler),
+    MedhaScheduler), --prefix-cache (vLLM's enable_prefix_caching: off or device; left out,
+    vLLM's default, on),
     --max-model-len / --max-num-seqs / --max-batch-tokens (vLLM's own limits). --threads sets
     the CPU cores vLLM binds its OpenMP threads to (VLLM_CPU_OMP_THREADS_BIND, in this
     process's environment). --spp and --kvp are medha's engine's alone."""
@@ -96,7 +97,7 @@ def vllm_engine_args(
     medha = {
         name: value
         for name, value in to_flat(scheduler).items()
-        if name not in _OWNED_BY_VLLM and value != defaults[name]
+        if name not in _OWNED_BY_VLLM and name != "prefix_cache" and value != defaults[name]
     }
     medha["predictor"] = engine.predictor
     args = {
@@ -113,6 +114,22 @@ def vllm_engine_args(
         value = getattr(scheduler, ours)
         if value is not None:
             args[theirs] = value
+    # The prefix cache on vLLM is vLLM's own (its KV cache manager's, which caches generated
+    # blocks too; medha's scheduler follows its hits): on by vLLM's default, as on medha's
+    # engine, and --prefix-cache off or device turn it off or on. vLLM has no host tier.
+    mode = scheduler.prefix_cache
+    if mode == "device+host":
+        raise ValueError(
+            "--prefix-cache device+host: vLLM's prefix cache has no host tier here; use device "
+            "(vLLM's own cache, the default) or off"
+        )
+    if mode is not None:
+        asked = (extra or {}).get("enable_prefix_caching")
+        if asked is not None and asked != (mode == "device"):
+            raise ValueError(
+                f"--prefix-cache {mode} contradicts --vllm-arg enable_prefix_caching={asked}"
+            )
+        args["enable_prefix_caching"] = mode == "device"
     if engine.threads is not None:  # at least 1: EngineConfig checked it
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{engine.threads - 1}"
     args.update(extra or {})

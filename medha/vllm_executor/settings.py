@@ -90,10 +90,10 @@ def build_replica_scheduler(vllm_config, kv_cache_config, max_step_tokens: int) 
     )
     if config.preemption_mode != "recompute":
         raise ValueError("on vLLM medha preempts by recompute only (preemption_mode recompute)")
-    if config.prefix_cache != "off":
+    if config.prefix_cache not in (None, "off"):
         raise ValueError(
-            "on vLLM the prefix cache is vLLM's own (--enable-prefix-caching); medha's "
-            "scheduler follows its hits: leave prefix_cache off"
+            "on vLLM the prefix cache is vLLM's own (--enable-prefix-caching, on by default); "
+            "medha's scheduler follows its hits: leave prefix_cache out of the medha settings"
         )
     # vLLM keeps one of its blocks aside (the null block): the rest hold requests' KV
     block_size = vllm_config.cache_config.block_size

@@ -50,6 +50,7 @@ class KVLedger:
     (it calls `free(request_id)` when a request ends; no prefix caching)."""
 
     prefix_caching = False
+    cache_outputs = False
 
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size

@@ -137,7 +137,7 @@ class LoongServeSimulator:
                 "the loongserve system runs TP groups only: spp and kvp must be 1 "
                 "(its instances are --tp devices each; --loong-instances of them)"
             )
-        if scheduler.prefix_cache != "off":
+        if scheduler.prefix_cache not in (None, "off"):
             raise ValueError("the loongserve system has no prefix cache: prefix_cache must be off")
         self.cluster, self.parallel, self.settings = cluster, parallel, cluster.loong
         self.predictor = predictor or make_predictor(
