@@ -23,7 +23,9 @@ from medha.engine.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0)
 # static chunks: the schedule, hence each GEMM's shape, does not depend on timing
-SCHED = SchedulerConfig(policy="fcfs", chunking="static:64")
+# the prefix cache off: one process would have it on by default (worker processes have it
+# off), and _prefill_logits reruns a prompt generate() ran, which its cache would serve
+SCHED = SchedulerConfig(policy="fcfs", chunking="static:64", prefix_cache="off")
 
 
 TEXT = " ".join(
