@@ -30,7 +30,7 @@ import argparse
 import numpy as np
 
 from medha.benchmark.scenarios import steady_stream
-from medha.core.config import LARS_SLACK_MODES, SchedulerConfig
+from medha.core.config import LARS_SLACK_MODES, MIN_TTFT_DEADLINE_S, SchedulerConfig
 from medha.perf import ParallelConfig
 from medha.plan.search import capacity_search
 from medha.sim.runner import RunSpec, simulate
@@ -38,7 +38,7 @@ from medha.sim.simulator import ClusterConfig
 from medha.sim.workload.generator import WorkloadConfig
 
 NO_FLOOR = dict(min_ttft_deadline_s=1e-3)
-FLOOR_S = SchedulerConfig().min_ttft_deadline_s  # what every row is scored against
+FLOOR_S = MIN_TTFT_DEADLINE_S  # what every row is scored against (the default on GPUs)
 
 
 # the bundled A100 profile covers Llama-3-8B: the fitted predictor (--predictor)

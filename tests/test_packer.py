@@ -8,6 +8,7 @@ from medha.core.request import Request
 from medha.perf import ParallelConfig, make_predictor
 from medha.scheduler.block_manager import BlockManager
 from medha.scheduler.packers import PACKERS, make_packer
+from medha.scheduler.policies.lars_policy import LarsPolicy
 from medha.scheduler.replica_scheduler import ReplicaScheduler
 from medha.sim.replay import replay
 
@@ -19,9 +20,12 @@ def gpu_scheduler(num_blocks=1 << 16, **config) -> ReplicaScheduler:
     return ReplicaScheduler(SchedulerConfig(**config), H100_8B_TP8, BlockManager(num_blocks))
 
 
-def check_budget(batch, budget, min_chunk):
-    """The packer's contract: within budget, except (a) a minimum chunk in an otherwise empty
+def check_budget(batch, budget, min_chunk, arrival_wait=None):
+    """The packer's contract: within budget (a batch without decodes within `arrival_wait`
+    when given: nobody may wait on it), except (a) a minimum chunk in an otherwise empty
     batch when not even one token fits, or (b) decodes alone, which always run."""
+    if not batch.decodes and arrival_wait is not None:
+        budget = max(budget, arrival_wait)
     if batch.predicted_time_s <= budget * (1 + 1e-9):
         return
     if not batch.prefills:
@@ -51,7 +55,7 @@ def test_adaptive_batches_stay_within_budget(specs, policy, budget, multi):
     reqs = [Request(f"r{i}", t, p, o) for i, (t, p, o) in enumerate(specs)]
 
     def check(batch, now):
-        check_budget(batch, budget, sched.config.min_chunk_tokens)
+        check_budget(batch, budget, sched.config.min_chunk_tokens, sched.config.arrival_wait_s)
         sched.check_invariants()
 
     replay(sched, reqs, on_batch=check)
@@ -73,7 +77,8 @@ def test_chunks_shrink_as_the_kv_grows():
 
 
 def test_space_sharing_leaves_room_while_a_long_prefill_has_slack():
-    sched = gpu_scheduler(long_prefill_threshold=32_768)
+    # LARS's own order (serve-early off): the long prefill leads and shares
+    sched = gpu_scheduler(long_prefill_threshold=32_768, lars_serve_early=False)
     sched.add_request(Request("long", 0.0, 200_000, 1, ttft_deadline_s=1000.0), 0.0)
     alone = sched.schedule(0.0)
     # nobody behind it: nothing to leave room for, it takes the whole budget
@@ -90,7 +95,9 @@ def test_space_sharing_leaves_room_while_a_long_prefill_has_slack():
 
 def test_without_multi_prefill_a_long_prefill_yields_nothing():
     # One prefill per batch: the share it would leave could carry no other prefill
-    sched = gpu_scheduler(long_prefill_threshold=32_768, multi_prefill=False)
+    sched = gpu_scheduler(
+        long_prefill_threshold=32_768, multi_prefill=False, lars_serve_early=False
+    )
     sched.add_request(Request("long", 0.0, 200_000, 1, ttft_deadline_s=1000.0), 0.0)
     sched.add_request(Request("short", 0.0, 100, 1, ttft_deadline_s=1000.0), 0.0)
     batch = sched.schedule(0.0)
@@ -103,7 +110,9 @@ def test_space_sharing_yields_by_the_lars_formula(per):
     # A long prefill with 3/4 of its work left over (as if the rest were done) and slack
     # 0.2 x w_total: rho is 0.2 over the whole prefill's work, 0.8 over the work left; the share
     # it yields is the rho of --lars-slack (rho_max raised so that neither is clamped).
-    sched = gpu_scheduler(long_prefill_threshold=32_768, lars_slack=per, rho_max=0.9)
+    sched = gpu_scheduler(
+        long_prefill_threshold=32_768, lars_slack=per, rho_max=0.9, lars_serve_early=False
+    )
     long_ = Request("long", 0.0, 200_000, 1)
     sched.add_request(long_, 0.0)
     sched.add_request(Request("short", 0.0, 100, 1, ttft_deadline_s=1000.0), 0.0)
@@ -119,7 +128,7 @@ def test_space_sharing_yields_by_the_lars_formula(per):
 
 
 def test_shorts_fill_what_a_long_prefill_leaves():
-    sched = gpu_scheduler(long_prefill_threshold=32_768)
+    sched = gpu_scheduler(long_prefill_threshold=32_768, lars_serve_early=False)
     work = sched.predicted_isolated_prefill_s(200_000)
     # relative slack 1.5: ahead of the short requests (whose slack is many times their work),
     # yet enough slack to yield rho_max of the budget to them
@@ -131,6 +140,62 @@ def test_shorts_fill_what_a_long_prefill_leaves():
     assert first.request.request_id == "long" and rest
     assert H100_8B_TP8.shape_time([(first.num_tokens, 0)]) <= 0.6 * 0.05
     assert 0.9 * 0.05 < batch.predicted_time_s <= 0.05
+
+
+@pytest.mark.parametrize("long_slack", [10.0, 0.001, -1.0])
+def test_lars_serves_a_short_prefill_early_where_no_one_misses_for_it(long_slack):
+    # The long prefill's rho (slack / work) is far below the short one's, so LARS's key puts it
+    # first. With 10 s of slack it can spare the short one's few milliseconds: the short goes
+    # first. With 1 ms it cannot: LARS's order stands. Past its deadline (slack < 0) it misses
+    # either way, and holds no one back.
+    sched = gpu_scheduler(long_prefill_threshold=32_768)
+    long_ = Request("long", 0.0, 200_000, 1)
+    sched.add_request(long_, 0.0)
+    short = Request("short", 0.0, 100, 1, ttft_deadline_s=1000.0)
+    sched.add_request(short, 0.0)
+    long_.deadline_s = long_.remaining_work_s + long_slack
+    assert long_.relative_slack(0.0, "total") < short.relative_slack(0.0, "total")
+    assert short.remaining_work_s < 0.01
+    order = [c.request.request_id for c in sched.schedule(0.0).prefills]
+    assert order == (["long", "short"] if long_slack == 0.001 else ["short", "long"])
+
+
+def test_serve_early_keeps_the_slack_of_every_request_it_passes():
+    # Two shorts behind a long prefill whose slack covers only one of them: the first moves
+    # ahead, the second keeps its place behind the long one.
+    lars = LarsPolicy(SchedulerConfig())
+
+    def serve_early(order, now, threshold):
+        return lars.serve_early(order, now, lambda r: r.num_tokens >= threshold)
+
+    def req(name, tokens, work, slack):
+        r = Request(name, 0.0, tokens, 1)
+        r.remaining_work_s = r.total_work_s = work
+        r.deadline_s = work + slack
+        return r
+
+    long_ = req("long", 100_000, 10.0, 0.015)
+    a, b = req("a", 100, 0.01, 5.0), req("b", 100, 0.01, 5.0)
+    assert serve_early([long_, a, b], 0.0, 32_768) == [a, long_, b]
+    # a long request is never moved, whatever the slack ahead of it
+    other = req("other", 50_000, 0.001, 5.0)
+    assert serve_early([long_, other], 0.0, 32_768) == [long_, other]
+
+
+def test_a_lone_long_prefill_runs_steps_of_the_arrival_wait():
+    # Nobody waits on its steps: it runs steps of arrival_wait_s, longer than the budget; a
+    # short request waiting beside it brings the steps back to the budget.
+    sched = gpu_scheduler(long_prefill_threshold=32_768, iteration_budget_s=None)
+    budget, wait = sched.config.iteration_budget_s, sched.config.arrival_wait_s
+    assert wait > 2 * budget
+    sched.add_request(Request("long", 0.0, 200_000, 1), 0.0)
+    alone = sched.schedule(0.0)
+    assert budget < alone.predicted_time_s <= wait
+    now = alone.predicted_time_s
+    sched.update(alone, BatchResult(now), now)
+    sched.add_request(Request("short", now, 100, 1), now)
+    both = sched.schedule(now)
+    assert len(both.prefills) == 2 and both.predicted_time_s <= budget * (1 + 1e-9)
 
 
 def test_at_most_one_long_prefill_per_batch():

@@ -25,8 +25,17 @@ def test_illustrative_lars_per_total_work_lets_the_second_short_request_miss():
     # The paper's formula: at t=5 r_L's rho is 6/10 = 0.6 and stays there while it runs; the
     # short requests (rho 1.0) wait until theirs falls below it (0.2 s, the next iteration
     # boundary at 5.25 s), and then 1 s of short work is left for 0.75 s: r_S2 misses.
-    ttft = illustrative("lars", "adaptive", space_sharing=False, lars_slack="total")
+    ttft = illustrative(
+        "lars", "adaptive", space_sharing=False, lars_slack="total", lars_serve_early=False
+    )
     assert ttft == {"r_L": 11.0, "r_S1": 0.75, "r_S2": 1.25}
+
+
+def test_illustrative_lars_serving_early_meets_all_three():
+    # r_L's 6 s of slack covers the short requests' 1 s of work: they go first at t = 5 (the
+    # paper's text for this example), and r_L loses exactly that second
+    ttft = illustrative("lars", "adaptive", space_sharing=False, lars_slack="total")
+    assert ttft == {"r_L": 11.0, "r_S1": 0.5, "r_S2": 1.0}
 
 
 @pytest.mark.parametrize("policy, config", [("edf", {}), ("lars", {"lars_slack": "remaining"})])

@@ -441,8 +441,10 @@ class SchedulerConfig:
         metadata=_help(
             SCHEDULER,
             "time-per-output-token target (s) counted in SLO attainment, and what the iteration "
-            "budget defaults from (default: 0.05 on GPUs; on CPUs 6x a lone decode iteration, at "
-            "least 0.05)",
+            "budget defaults from (default: 0.05 where the predictor prices chunking a "
+            "max-length prompt, up to 32K tokens, in 0.05 s steps within 1.5x its time in one "
+            "step, as on GPUs; elsewhere, as on CPUs, where a lone decode step takes about that "
+            "long, the smallest budget that prices it within 1.1x)",
         ),
     )
     iteration_budget_s: float | None = field(
@@ -454,6 +456,27 @@ class SchedulerConfig:
             "TPOT target; with spp stages, spp/(spp+1) of it, since a decode may wait one stage "
             "for its next slot). A batch that carries the decode of a request with its own TPOT "
             "target (the API's tpot_slo_s) gets at most that target, scaled the same way",
+        ),
+    )
+    arrival_wait_s: float | None = field(
+        default=None,
+        metadata=_help(
+            CHUNKING,
+            "longest step when no decode and no short prefill waits for the next one (a lone "
+            "long prefill, or long ones only): how long a request arriving during it may wait. "
+            "Default: the budget at which the predictor prices chunking a max-length prompt "
+            "within 1.02x, at most half the shortest default TTFT deadline, at least the "
+            "iteration budget; the iteration budget itself when that is given",
+        ),
+    )
+    lars_serve_early: bool = field(
+        default=True,
+        metadata=_help(
+            SCHEDULER,
+            "lars: serve a short prefill ahead of LARS's order when its work fits within the "
+            "slack of every request it passes (none of them is then predicted to miss its "
+            "deadline for it; a request already past its deadline does not hold it back); "
+            "off: LARS's order alone, which lets short requests wait toward their deadline",
         ),
     )
     lars_slack: str = field(
@@ -497,8 +520,14 @@ class SchedulerConfig:
             SCHEDULER, "TTFT deadline as a multiple of the predicted isolated prefill time"
         ),
     )
-    min_ttft_deadline_s: float = field(
-        default=0.5, metadata=_help(SCHEDULER, "smallest default TTFT deadline (s)")
+    min_ttft_deadline_s: float | None = field(
+        default=None,
+        metadata=_help(
+            SCHEDULER,
+            "smallest default TTFT deadline (s) (default: 0.5, or two iteration budgets where "
+            "that is longer, as on a slow CPU: a request that arrives during a step waits for "
+            "it, then runs in its own, so no shorter deadline can be promised)",
+        ),
     )
     max_num_seqs: int = field(
         default=256,
@@ -649,6 +678,7 @@ class SchedulerConfig:
             (
                 "tpot_target_s",
                 "iteration_budget_s",
+                "arrival_wait_s",
                 "ttft_deadline_s",
                 "ttft_deadline_factor",
                 "min_ttft_deadline_s",
@@ -723,11 +753,8 @@ class SchedulerConfig:
         """The TTFT (s after arrival) a request is allowed: its own target `own_s`, else the
         configured one, else max(factor x `work_s`, the least), `work_s` its predicted prefill
         time alone. The scheduler admits by it; the dispatchers predict by it."""
-        return (
-            own_s
-            or self.ttft_deadline_s
-            or max(self.ttft_deadline_factor * work_s, self.min_ttft_deadline_s)
-        )
+        floor = self.min_ttft_deadline_s or MIN_TTFT_DEADLINE_S
+        return own_s or self.ttft_deadline_s or max(self.ttft_deadline_factor * work_s, floor)
 
     @property
     def is_resolved(self) -> bool:
@@ -735,6 +762,8 @@ class SchedulerConfig:
         return None not in (
             self.tpot_target_s,
             self.iteration_budget_s,
+            self.arrival_wait_s,
+            self.min_ttft_deadline_s,
             self.max_model_len,
             self.long_prefill_threshold,
             self.prefix_cache,
@@ -746,35 +775,99 @@ class SchedulerConfig:
         value of each; ReplicaScheduler resolves once and hands the result around. Resolving a
         resolved config returns it unchanged (the same object).
 
-        tpot_target_s: 0.05 s. On a CPU one decode iteration alone takes about as long as
-        that (it reads every weight), which would shrink prefill chunks to a few tokens and
-        spend most of the machine on that fixed cost; there the target is 6x a lone decode
-        iteration (the predictor prices a long prefill chunked at 3x far above unchunked, at 6x
-        much closer: docs/engine.md).
-
-        iteration_budget_s: the TPOT target scaled for pipelining (`iteration_budget`).
+        tpot_target_s: `default_tpot_target`. iteration_budget_s: the TPOT target scaled for
+        pipelining (`iteration_budget`). min_ttft_deadline_s: 0.5 s, or two iteration budgets
+        where that is longer. arrival_wait_s: `default_arrival_wait`.
         max_model_len: the model's context. A longer one than the spec's is allowed: the
         long-context variants of a model (RoPE-scaled) share its shapes; the engine checks its
         real checkpoint's limit. long_prefill_threshold: `default_long_threshold`. prefix_cache:
         off, the simulator's default (medha's engine chooses its own before: size_host_memory)."""
         if self.is_resolved:
             return self
-        target = self.tpot_target_s
-        if target is None:
-            target = 0.05
-            if predictor.hardware.name == "cpu":
-                target = max(target, round(6 * predictor.shape_time((), (128,)), 3))
-        budget = self.iteration_budget_s or iteration_budget(target, predictor.parallel.spp)
         max_model_len = self.max_model_len or predictor.model.max_context
+        spp = predictor.parallel.spp
+        target = self.tpot_target_s or default_tpot_target(
+            predictor, max_model_len, self.min_chunk_tokens, self.max_batch_tokens
+        )
+        budget = self.iteration_budget_s or iteration_budget(target, spp)
+        floor = self.min_ttft_deadline_s or max(MIN_TTFT_DEADLINE_S, 2 * budget)
+        # a budget given explicitly bounds every step (a lone prefill's too) unless the
+        # arrival wait is given as well
+        wait = self.arrival_wait_s or (
+            budget
+            if self.iteration_budget_s
+            else default_arrival_wait(
+                predictor,
+                budget,
+                self.ttft_deadline_s or floor,
+                max_model_len,
+                (self.min_chunk_tokens, self.max_batch_tokens),
+            )
+        )
         long_threshold = self.long_prefill_threshold or default_long_threshold(max_model_len)
         return dataclasses.replace(
             self,
             prefix_cache=self.prefix_cache or "off",
             tpot_target_s=target,
             iteration_budget_s=budget,
+            arrival_wait_s=max(wait, budget),
+            min_ttft_deadline_s=floor,
             max_model_len=max_model_len,
             long_prefill_threshold=long_threshold,
         )
+
+
+# The TPOT target where the hardware can afford it (a reading pace; the Medha paper's), the
+# chunking price up to which it can, and the price the default budget is chosen for where it
+# cannot. A CPU's lone decode step takes about 0.05 s, so 0.05 s steps would be mostly fixed
+# cost: SmolLM2 on vLLM's CPU build prices a max-length prompt at 2x there, GPUs' profiles at
+# 1.07-1.24x (docs/design.md, "The iteration budget").
+SLO_TPOT_S = 0.05
+MIN_TTFT_DEADLINE_S = 0.5
+AFFORDABLE_PRICE = 1.5
+TARGET_PRICE = 1.1
+# a step nobody waits on is made as long as chunking has a price worth saving
+NEGLIGIBLE_PRICE = 1.02
+
+
+def default_tpot_target(
+    predictor, max_model_len: int, min_chunk: int, max_chunk: int | None = None
+) -> float:
+    """0.05 s where the predictor prices chunking a max-length prompt (up to 32K tokens) at
+    that budget within 1.5x; elsewhere the smallest budget that prices it within 1.1x. The
+    price is against the largest steps the engine runs (`max_chunk` tokens: vLLM's cap on a
+    step; none: the whole prompt)."""
+    from medha.perf.chunking_price import budget_for_price, chunking_price, priced_prompt
+
+    n = priced_prompt(max_model_len)
+    spp = predictor.parallel.spp
+    slo_budget = iteration_budget(SLO_TPOT_S, spp)
+    if chunking_price(predictor, slo_budget, n, min_chunk, max_chunk) <= AFFORDABLE_PRICE:
+        return SLO_TPOT_S
+    budget = budget_for_price(predictor, TARGET_PRICE, n, min_chunk, max_chunk)
+    return max(SLO_TPOT_S, round(budget * (spp + 1) / spp if spp > 1 else budget, 4))
+
+
+def default_arrival_wait(
+    predictor,
+    budget_s: float,
+    shortest_s: float,
+    max_model_len: int,
+    chunks: tuple[int, int | None],
+) -> float:
+    """The longest step no decode and no short prefill waits on: as long as chunking still has
+    a price worth saving (the budget at which a max-length prompt, up to 32K tokens, costs
+    within 1.02x), but at most half `shortest_s`, the shortest TTFT deadline a request arriving
+    now could have (the configured one, or the floor under the default deadlines), so that it
+    waits at most half its deadline for the next step; never below the iteration budget.
+    `chunks`: the least and the most tokens of a step (as `default_tpot_target` prices)."""
+    from medha.perf.chunking_price import budget_for_price, priced_prompt
+
+    if budget_s >= shortest_s / 2:
+        return budget_s
+    n = priced_prompt(max_model_len)
+    cheap = budget_for_price(predictor, NEGLIGIBLE_PRICE, n, *chunks)
+    return max(budget_s, min(cheap, shortest_s / 2))
 
 
 def iteration_budget(tpot_target_s: float, spp: int = 1) -> float:

@@ -212,6 +212,7 @@ class TrackedReplica:
             r.work_s,
             r.total_s,
             under_way,
+            r.request.prompt_len >= self._long,
         )
 
     def pending(self, now: float) -> list[Pending]:
@@ -219,11 +220,15 @@ class TrackedReplica:
         return [self._pending(r) for r in self._queue]
 
     def iteration_left_s(self, now: float) -> float:
-        """Half an iteration of what it runs: its budget while prefills wait (less when their
-        work left is less), a decode iteration while it only decodes."""
-        decoding = self._decode_share.decode_iteration_s(self._decode_contexts())
+        """Half an iteration of what it runs: its budget while prefills wait (the arrival wait
+        when one prefill runs alone; less when their work left is less), a decode iteration
+        while it only decodes."""
+        contexts = self._decode_contexts()
+        decoding = self._decode_share.decode_iteration_s(contexts)
         if self._queue:
-            budget = self.scheduler_config.iteration_budget_s or math.inf
+            config = self.scheduler_config
+            alone = not contexts and len(self._queue) == 1
+            budget = (config.arrival_wait_s if alone else config.iteration_budget_s) or math.inf
             decoding = min(budget, decoding + sum(r.work_s for r in self._queue))
         return 0.5 * self.slowdown * decoding
 

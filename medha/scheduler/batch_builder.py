@@ -43,6 +43,11 @@ class BatchBuilder:
         return not (self.batch.decodes or self.batch.prefills)
 
     @property
+    def any_decoding(self) -> bool:
+        """Whether any request is decoding, in this batch or in one still running."""
+        return bool(self._requests.decoding)
+
+    @property
     def num_prefills(self) -> int:
         return len(self.batch.prefills)
 

@@ -433,6 +433,12 @@ class _Candidates(Collection):
     def __contains__(self, r: object) -> bool:
         return r in self._queue
 
+    @property
+    def requests(self) -> list[Request]:
+        """The queue as it stands, read without looking anyone up (the packer's budget reads
+        who waits on the step before it takes the first)."""
+        return self._queue
+
     def __iter__(self) -> Iterator[Request]:
         full, builder, kv = self._packer.is_full, self._builder, self._kv
         for r in self._queue:

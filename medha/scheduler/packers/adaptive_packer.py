@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from medha.core.request import Request
+from medha.perf.chunking_price import isolated_chunk
 from medha.scheduler.batch_builder import BatchBuilder
 from medha.scheduler.packers.base_packer import PACKERS, Packer
 
@@ -22,7 +23,7 @@ class AdaptivePacker(Packer):
 
     def pack(self, now: float, queue: Collection[Request], builder: BatchBuilder) -> None:
         cfg = self.config
-        budget = self.batch_budget_s(builder)  # a decode's own TPOT target may lower it
+        budget = self.batch_budget_s(builder, queue)  # who waits on the step bounds it
         has_long = False
         for r in queue:
             # long by the work left to plan: a prompt mostly served by the prefix cache is not
@@ -76,17 +77,11 @@ class AdaptivePacker(Packer):
         return lo
 
     def plan_isolated(self, kv_offset: int, remaining: int) -> int:
-        budget, p = self.iteration_budget_s, self.predictor
-
-        def fits(n: int) -> bool:
-            return p.linear_time(n, 1) + p.prefill_attention_time(n, kv_offset) <= budget
-
-        if fits(remaining):
-            return remaining
-        if not fits(1):
-            return min(remaining, self.config.min_chunk_tokens)
-        lo, hi = 1, remaining
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-        return lo
+        # alone on the replica nobody waits on its steps: batch_budget_s's arrival wait
+        return isolated_chunk(
+            self.predictor,
+            self.config.arrival_wait_s,
+            kv_offset,
+            remaining,
+            self.config.min_chunk_tokens,
+        )

@@ -34,15 +34,24 @@ class Packer(ABC):
         self.iteration_budget_s: float = config.iteration_budget_s
         self._spp = predictor.parallel.spp
 
-    def batch_budget_s(self, builder: BatchBuilder) -> float:
-        """The time budget of the batch being built: the configured iteration budget, or less
-        when the batch carries the decode of a request with its own TPOT target (the API's
-        tpot_slo_s): at most that target, scaled for pipelining as the default budget is.
-        Decodes only: a request still in prefill is judged by its TTFT deadline, not by its
-        TPOT target, which bounds nothing until its first token is out. Never below the time
-        of the decodes plus one fresh --min-chunk-tokens prefill chunk. Packers that size
-        chunks by time (adaptive) use it; token-budget ones (static, none) have no time
-        budget to bound."""
+    def batch_budget_s(self, builder: BatchBuilder, queue: Collection[Request] = ()) -> float:
+        """The time budget of the batch being built, from who waits for the step to end:
+
+        - decodes (their next token): the iteration budget, or less when one of them has its
+          own TPOT target (the API's tpot_slo_s): at most that target, scaled for pipelining
+          as the default budget is, never below the decodes plus one fresh --min-chunk-tokens
+          prefill chunk (a request still in prefill is judged by its TTFT, not its TPOT);
+        - short prefills beside others in `queue` (their first token, or their turn): the
+          iteration budget;
+        - nobody (no request decoding, and one prefill alone or long ones only):
+          `arrival_wait_s`, the longest a request arriving during the step may wait, so that
+          a long prefill alone runs in few large chunks (docs/design.md, "The iteration
+          budget").
+
+        Packers that size chunks by time (adaptive) use it; token-budget ones (static, none)
+        have no time budget to bound."""
+        if self._nobody_waits(builder, queue):
+            return self.config.arrival_wait_s
         target = builder.tpot_target_s
         if target is None:
             return self.iteration_budget_s
@@ -52,6 +61,20 @@ class Packer(ABC):
         # cannot give would hold every newcomer at zero progress until it finished.
         floor = builder.time_with_chunk(self.config.min_chunk_tokens, 0)
         return max(capped, min(floor, self.iteration_budget_s))
+
+    def _nobody_waits(self, builder: BatchBuilder, queue: Collection[Request]) -> bool:
+        """Whether nobody waits on this step's end: no request is decoding (one in a batch
+        still in the pipeline joins the next step too) and `queue` holds one prefill alone, or
+        long ones only (a long prefill waits for its whole prefill, not a step). Read from the
+        queue's shape alone, not the clock, so that the simulator, given the engine's
+        requests, makes the engine's decisions (analysis/schedule_match.py)."""
+        if self.config.arrival_wait_s <= self.iteration_budget_s or builder.any_decoding:
+            return False
+        waiting = getattr(queue, "requests", queue)  # (the scheduler's, without look-ups)
+        if len(waiting) <= 1:
+            return True
+        long = builder.long_threshold
+        return all(r.num_tokens - r.num_cached_tokens >= long for r in waiting)
 
     def is_full(self, builder: BatchBuilder) -> bool:
         """Whether the batch has no room for another prefill chunk: the scheduler hands the

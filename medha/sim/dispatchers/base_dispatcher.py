@@ -36,6 +36,7 @@ class Pending:
     work_s: float
     total_work_s: float = 0.0
     under_way: bool = False
+    long: bool = False  # a prompt of at least the long threshold (LARS never serves it early)
 
     # what the policies' keys read of a Request, by the same formulas
     @property
@@ -54,15 +55,16 @@ def replica_policy(config: SchedulerConfig) -> Policy:
 
 def prefill_order(policy: Policy, pending: list[Pending], now: float) -> list[Pending]:
     """`pending` in the order the replica prefills them: short prefills under way first, then
-    the policy's key (ties: arrival). A policy whose key reads more than a Pending carries (a
-    class policy's priority) orders by deadline here."""
+    the policy's key (ties: arrival), then the ones it serves early (`Policy.serve_early`). A
+    policy whose key reads more than a Pending carries (a class policy's priority) orders by
+    deadline here."""
     try:
         key = policy.sort_key(now)
         keyed = [(not p.under_way, key(p), p.arrival_s, p.request_id, p) for p in pending]
     except AttributeError:
         keyed = [(not p.under_way, p.deadline_s, p.arrival_s, p.request_id, p) for p in pending]
     keyed.sort(key=lambda k: k[:4])
-    return [k[4] for k in keyed]
+    return policy.serve_early([k[4] for k in keyed], now, lambda p: p.long)
 
 
 class ReplicaView(Protocol):

@@ -66,8 +66,10 @@ class SlackDispatcher(Dispatcher):
         before, after, ttft = {}, {}, {}
         for r in candidates:
             rid = r.replica_id
-            work = r.prefill_work_s(request, r.cached_tokens(request))
-            new = Pending(request.request_id, request.arrival_s, deadline, work, work)
+            cached = r.cached_tokens(request)
+            work = r.prefill_work_s(request, cached)
+            long = request.prompt_len - cached >= self.config.long_prefill_threshold
+            new = Pending(request.request_id, request.arrival_s, deadline, work, work, long=long)
             firsts, stretch = self.predicted_first_tokens(r, [*r.pending(now), new], now)
             # the smallest relative slack with the new request (after) and without it
             # (before: those it would go ahead of get their first token its work sooner)

@@ -1,0 +1,144 @@
+"""What cutting a prefill into budget-sized steps costs, as the predictor prices it.
+
+Every step pays a fixed cost (every weight read once; per-step launch and bookkeeping) and, on
+kernels that re-read a chunk's KV prefix, part of the attention again, so a prompt run in
+chunks that each fit a time budget B takes longer than the same prompt in one step. The ratio
+is the *chunking price* at B. It is what the default iteration budgets are derived from
+(`SchedulerConfig.resolve`): a budget is a trade between how long a step holds up a request
+that arrives during it and how much of the machine chunking spends, and the profile says where
+that trade lies on each machine (docs/design.md, "The iteration budget").
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+from medha.perf.predictor import Predictor
+
+# the longest prompt the budgets are priced on: a model may allow a million tokens, where
+# attention, not the step's fixed cost, dominates every chunk and chunking costs little more
+# than it does at 32K; pricing there would only take longer
+PRICED_PROMPT_CAP = 32768
+
+
+def isolated_chunk(
+    predictor: Predictor, budget_s: float, kv_offset: int, remaining: int, min_chunk: int
+) -> int:
+    """The chunk a prefill alone on the replica runs after `kv_offset` computed tokens with
+    `remaining` to go: the largest whose step fits `budget_s`; `min_chunk` (or what is left)
+    when not even one token fits, so that a request deep into a long context progresses."""
+    p = predictor
+
+    def fits(n: int) -> bool:
+        return p.linear_time(n, 1) + p.prefill_attention_time(n, kv_offset) <= budget_s
+
+    if fits(remaining):
+        return remaining
+    if not fits(1):
+        return min(remaining, min_chunk)
+    lo, hi = 1, remaining  # invariant: lo fits, hi does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
+
+
+def chunking_price(
+    predictor: Predictor,
+    budget_s: float,
+    num_tokens: int,
+    min_chunk: int = 32,
+    max_chunk: int | None = None,
+) -> float:
+    """Predicted time of a `num_tokens` prompt alone in chunks that fit `budget_s` (as
+    `isolated_chunk` sizes them), over its time in one step, or in `max_chunk`-token steps
+    where the engine caps a step's tokens (vLLM's max_num_batched_tokens): >= 1 up to
+    rounding."""
+    p = predictor
+    cap = max_chunk or num_tokens
+
+    def step(n: int, k: int) -> float:
+        return p.linear_time(n, 1) + p.prefill_attention_time(n, k)
+
+    done, total, n = 0, 0.0, 1
+    while done < num_tokens:
+        # the walk starts each search at the last chunk's size, which changes slowly as the
+        # KV grows: a gallop from there, then a bisection (what isolated_chunk finds)
+        left = min(num_tokens - done, cap)
+        if step(left, done) <= budget_s:
+            n = left
+        elif step(1, done) > budget_s:
+            n = min(left, min_chunk)
+        else:
+            lo, hi = 1, left  # lo fits, hi does not
+            guess = min(max(n, 1), left - 1)
+            if step(guess, done) <= budget_s:
+                lo = guess
+                while 2 * lo < left and step(2 * lo, done) <= budget_s:
+                    lo *= 2
+                hi = min(2 * lo, left)
+            else:
+                hi = guess
+                while hi // 2 > 1 and step(hi // 2, done) > budget_s:
+                    hi //= 2
+                lo = max(1, hi // 2)
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                lo, hi = (mid, hi) if step(mid, done) <= budget_s else (lo, mid)
+            n = lo
+        total += step(n, done)
+        done += n
+    best = sum(step(min(cap, num_tokens - k), k) for k in range(0, num_tokens, cap))
+    return total / best
+
+
+def priced_prompt(max_model_len: int) -> int:
+    """The prompt the default budgets are priced on: the longest one allowed, up to 32K."""
+    return min(max_model_len, PRICED_PROMPT_CAP)
+
+
+def budget_for_price(
+    predictor: Predictor,
+    price: float,
+    num_tokens: int,
+    min_chunk: int = 32,
+    max_chunk: int | None = None,
+) -> float:
+    """The smallest budget (s, to within 1%) whose chunking price on a `num_tokens` prompt is at
+    most `price`. Below one `min_chunk` step the planner runs `min_chunk` chunks whatever the
+    budget, so the search starts there and goes up in steps of 25% to the first budget within
+    the price, then bisects the last step (on a log scale); it stops at the time of one
+    largest step (`max_chunk`, or the whole prompt), which prices it at 1."""
+    return _budget_for_price(predictor, price, num_tokens, min_chunk, max_chunk)
+
+
+@lru_cache(maxsize=256)
+def _budget_for_price(
+    predictor: Predictor, price: float, num_tokens: int, min_chunk: int, max_chunk: int | None
+) -> float:
+    # (cached per predictor object: every scheduler of a simulation resolves its config)
+    p = predictor
+
+    def priced(budget: float) -> float:
+        return chunking_price(p, budget, num_tokens, min_chunk, max_chunk)
+
+    first = min(min_chunk, num_tokens)
+    lo = p.linear_time(first, 1) + p.prefill_attention_time(first, 0)
+    biggest = min(max_chunk or num_tokens, num_tokens)
+    top = max(lo, p.linear_time(biggest, 1) + p.prefill_attention_time(biggest, 0))
+    if priced(lo) <= price:
+        return round(lo, 4)
+    hi = lo
+    while priced(hi) > price:
+        if hi >= top:
+            return round(top, 4)
+        lo, hi = hi, min(hi * 1.25, top)
+    a, b = math.log(lo), math.log(hi)  # a's price is over, b's within
+    while b - a > 0.01:
+        mid = (a + b) / 2
+        if priced(math.exp(mid)) <= price:
+            b = mid
+        else:
+            a = mid
+    return round(math.exp(b), 4)
