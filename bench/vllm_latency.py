@@ -8,7 +8,8 @@ a time: a short chat (8 output tokens, the latency a user feels; median of --rep
 2,000-token prompt (its TTFT, 1 output token; median of --repeats / 4). Contenders: vLLM's
 OpenAI server with its own scheduler; the same server with medha's scheduler running vLLM's
 schedule (fcfs, static 2,048-token chunks: the adapter's own cost), and running lars with
-adaptive chunking (which chunks a lone long prompt too: the price of bounding every step);
+adaptive chunking, lars and edf (a lone long prompt runs in steps of the arrival wait: the
+price of bounding every step);
 `medha serve --engine vllm` (medha's front end, lars). Goal: medha within 10% of vLLM.
 """
 
@@ -31,6 +32,7 @@ CONTENDERS = {  # name -> (medha settings, front end)
     "vLLM": (None, "vllm"),
     "vLLM + medha (fcfs static:2048)": (AS_VLLM, "vllm"),
     "vLLM + medha (lars adaptive)": (MEDHA, "vllm"),
+    "vLLM + medha (edf adaptive)": ({**MEDHA, "policy": "edf"}, "vllm"),
     "medha serve --engine vllm (lars adaptive)": (MEDHA, "medha"),
 }
 
