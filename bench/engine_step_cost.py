@@ -1,7 +1,8 @@
 """What a step of medha's engine costs: where a chunked prefill's time goes.
 
     python bench/engine_step_cost.py [--prompt-len 6000] [--budgets default,0.5,1,whole]
-                                     [--rounds 2] [--dtype auto] [--kernels auto]
+                                     [--rounds 2] [--model smollm2] [--device auto]
+                                     [--dtype auto] [--kernels auto]
 
 One prompt alone on medha's engine (offline `LLM`, one output token), prefilled whole (chunking
 `none`) and in chunks that fit each budget (`default`: the engine's resolved iteration budget;
@@ -12,7 +13,7 @@ more run under torch's profiler, the time of each kind of operator summed over t
 - attention (the chunk's queries over its whole KV prefix, re-read by every chunk);
 - other operators (norms, rotary, KV writes, embeddings, sampling);
 - host: the wall time no operator accounts for (scheduling, building the step's inputs,
-  Python, waiting for the worker threads to wake).
+  Python, waiting for the worker threads to wake; on a GPU, the time it is idle).
 
 Each chunked run's extra time over the whole prompt is split the same way and divided by its
 extra steps: the per-step fixed cost of each kind. The predictor's view of the same chunks (its
@@ -27,15 +28,17 @@ import random
 import statistics
 import time
 
-GEMM_OPS = ("mm", "addmm", "matmul", "linear", "_weight_int8pack_mm", "onednn", "mkldnn")
-ATTENTION_OPS = ("scaled_dot_product", "_flash_attention", "attention", "softmax", "bmm", "baddbmm")
+# operator names (CPU) and kernel names (CUDA) by kind, lower case
+GEMM_OPS = ("mm", "addmm", "matmul", "linear", "bmm_gemm")
+GEMM_WORDS = ("gemm", "nvjet", "cutlass", "cublas", "onednn", "mkldnn", "_weight_int8pack_mm")
+ATTENTION_WORDS = ("scaled_dot_product", "flash", "fmha", "attention", "softmax")
 
 
 def kind_of(op: str) -> str:
     name = op.lower().removeprefix("aten::")
-    if any(k in name for k in ATTENTION_OPS):
+    if any(k in name for k in ATTENTION_WORDS):
         return "attention"
-    if any(name == k or name.startswith(k) or k in name for k in GEMM_OPS):
+    if name in GEMM_OPS or any(k in name for k in GEMM_WORDS):
         return "gemm"
     return "other"
 
@@ -54,7 +57,10 @@ def make_llm(budget: str, args):
         sched = SchedulerConfig(
             chunking="adaptive", iteration_budget_s=b, arrival_wait_s=b, **common
         )
-    return LLM(scheduler=sched, dtype=args.dtype, kernels=args.kernels)
+    return LLM(
+        model=args.model, scheduler=sched, dtype=args.dtype, kernels=args.kernels,
+        device=args.device,
+    )
 
 
 def run_once(llm, prompt: list[int]) -> tuple[float, int]:
@@ -69,15 +75,26 @@ def run_once(llm, prompt: list[int]) -> tuple[float, int]:
 
 def profiled(llm, prompt: list[int]) -> dict[str, float]:
     """Seconds of each kind of operator (self time, summed) and the run's wall time."""
+    import torch
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    cuda = llm.engine.setup.device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
         wall, _ = run_once(llm, prompt)
+        if cuda:
+            torch.cuda.synchronize()
     kinds = {"gemm": 0.0, "attention": 0.0, "other": 0.0}
     for event in prof.key_averages():
         if event.key.startswith(("ProfilerStep", "[memory]")):
             continue
-        kinds[kind_of(event.key)] += event.self_cpu_time_total / 1e6
+        if cuda:  # the kernels' own device time (an operator's counts its kernels again)
+            if event.device_type != torch.autograd.DeviceType.CUDA:
+                continue
+            spent = event.self_device_time_total
+        else:  # the operators' own time
+            spent = event.self_cpu_time_total
+        kinds[kind_of(event.key)] += spent / 1e6
     kinds["host"] = max(0.0, wall - sum(kinds.values()))
     kinds["wall"] = wall
     return kinds
@@ -88,6 +105,8 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=6000)
     ap.add_argument("--budgets", default="default,0.5,1,whole", help="comma-separated")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--model", default="smollm2", help="checkpoint directory, or smollm2")
+    ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--kernels", default="auto")
     args = ap.parse_args()
