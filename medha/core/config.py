@@ -820,8 +820,8 @@ class SchedulerConfig:
 # The TPOT target where the hardware can afford it (a reading pace; the Medha paper's), the
 # chunking price up to which it can, and the price the default budget is chosen for where it
 # cannot. A CPU's lone decode step takes about 0.05 s, so 0.05 s steps would be mostly fixed
-# cost: SmolLM2 on vLLM's CPU build prices a max-length prompt at 2x there, GPUs' profiles at
-# 1.07-1.24x (docs/design.md, "The iteration budget").
+# cost: SmolLM2 on vLLM's CPU build prices a max-length prompt at 4.2x there, the GPUs'
+# bundled profiles a 32K one at 1.07-1.24x (docs/design.md, "The iteration budget").
 SLO_TPOT_S = 0.05
 MIN_TTFT_DEADLINE_S = 0.5
 AFFORDABLE_PRICE = 1.5

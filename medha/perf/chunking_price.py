@@ -16,9 +16,9 @@ from functools import lru_cache
 
 from medha.perf.predictor import Predictor
 
-# the longest prompt the budgets are priced on: a model may allow a million tokens, where
-# attention, not the step's fixed cost, dominates every chunk and chunking costs little more
-# than it does at 32K; pricing there would only take longer
+# the longest prompt the budgets are priced on, capped for time: a model may allow a million
+# tokens, and walking one at every resolve takes seconds. Longer prompts pay more for chunking
+# (each chunk re-reads more KV), so for them the price at a budget priced at 32K is higher.
 PRICED_PROMPT_CAP = 32768
 
 
