@@ -51,7 +51,7 @@ def test_auto_takes_vllm_kernels_for_bf16_on_a_cpu():
         assert LLM("smollm2", dtype="bfloat16", kv_memory_gb=0.01).engine.kernels == "torch"
         return
     assert resolve_kernels("auto", cpu, torch.bfloat16, 1) == "vllm"
-    # fp16 by its own kernel: an AVX2 CPU whose oneDNN builds bf16 GEMMs may build no fp16 one
+    # fp16 by its own kernel: a CPU with AVX512-BF16 and no AVX512-FP16 builds no fp16 GEMM
     fp16 = "vllm" if gemm_runs(torch.float16) else "torch"
     assert resolve_kernels("auto", cpu, torch.float16, 1) == fp16
     assert resolve_kernels("auto", cpu, torch.float32, 1) == "torch"  # the exact reference

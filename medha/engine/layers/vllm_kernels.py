@@ -60,9 +60,9 @@ def loadable() -> bool:
 @functools.cache
 def gemm_runs(dtype: torch.dtype) -> bool:
     """Whether vLLM's oneDNN GEMM builds a kernel for `dtype` on this CPU: fp32 everywhere;
-    bf16 and fp16 with AVX-512, and on AVX2 as the CPU and the build allow (one AVX2 CPU here
-    refused both, an AVX2 EPYC built bf16 and refused fp16). Asked of oneDNN itself, on a small
-    matrix, rather than read from the CPU's flags."""
+    bf16 and fp16 on AVX-512 CPUs as their extensions allow (an AVX2 CPU refuses both; an
+    EPYC with AVX512-BF16 and no AVX512-FP16 builds bf16 and refuses fp16). Asked of oneDNN
+    itself, on a small matrix, rather than read from the CPU's flags."""
     try:
         ops().create_onednn_mm(torch.zeros(32, 32, dtype=dtype).t(), 1)
     except RuntimeError:
