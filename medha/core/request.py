@@ -211,6 +211,12 @@ class Request:
         return self.num_tokens - self.num_scheduled
 
     @property
+    def num_uncached_tokens(self) -> int:
+        """Context tokens the prefix cache does not supply: the prefill work left to plan (a
+        prompt mostly served from the cache is not a long one)."""
+        return self.num_tokens - self.num_cached_tokens
+
+    @property
     def started(self) -> bool:
         """Whether a chunk of its (re)started prefill has been scheduled: tokens the prefix
         cache supplied do not count."""

@@ -35,10 +35,8 @@ def isolated_chunk(
     when not even one token fits, so that a request deep into a long context progresses.
     `guess` (the previous chunk of a walk, which changes slowly as the KV grows) starts the
     search there: a gallop, then a bisection, to the same answer in fewer probes."""
-    p = predictor
-
     def fits(n: int) -> bool:
-        return p.linear_time(n, 1) + p.prefill_attention_time(n, kv_offset) <= budget_s
+        return predictor.prefill_step_time(n, kv_offset) <= budget_s
 
     if fits(remaining):
         return remaining
@@ -73,16 +71,12 @@ def chunking_price(
     `isolated_chunk` sizes them), over its time in one step, or in `max_chunk`-token steps
     where the engine caps a step's tokens (vLLM's max_num_batched_tokens): >= 1 up to
     rounding."""
-    p = predictor
+    step = predictor.prefill_step_time
     cap = max_chunk or num_tokens
-
-    def step(n: int, k: int) -> float:
-        return p.linear_time(n, 1) + p.prefill_attention_time(n, k)
-
     done, total, n = 0, 0.0, None
     while done < num_tokens:
         left = min(num_tokens - done, cap)
-        n = isolated_chunk(p, budget_s, done, left, min_chunk, guess=n)
+        n = isolated_chunk(predictor, budget_s, done, left, min_chunk, guess=n)
         total += step(n, done)
         done += n
     best = sum(step(min(cap, num_tokens - k), k) for k in range(0, num_tokens, cap))
@@ -119,10 +113,8 @@ def _budget_for_price(
     def priced(budget: float) -> float:
         return chunking_price(p, budget, num_tokens, min_chunk, max_chunk)
 
-    first = min(min_chunk, num_tokens)
-    lo = p.linear_time(first, 1) + p.prefill_attention_time(first, 0)
-    biggest = min(max_chunk or num_tokens, num_tokens)
-    top = max(lo, p.linear_time(biggest, 1) + p.prefill_attention_time(biggest, 0))
+    lo = p.prefill_step_time(min(min_chunk, num_tokens), 0)
+    top = max(lo, p.prefill_step_time(min(max_chunk or num_tokens, num_tokens), 0))
     if priced(lo) <= price:
         return round(lo, 4)
     hi = lo

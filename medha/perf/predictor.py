@@ -43,6 +43,11 @@ class Predictor(ABC):
         """Attention time of a group of decodes (predictors with a closed form override it)."""
         return sum(map(self.decode_attention_time, kv_lens))
 
+    def prefill_step_time(self, num_tokens: int, kv_offset: int) -> float:
+        """Seconds of a step that runs one prefill chunk alone: `num_tokens` after
+        `kv_offset` computed ones (what Algorithm 3 and the chunking price walk)."""
+        return self.linear_time(num_tokens, 1) + self.prefill_attention_time(num_tokens, kv_offset)
+
     def timer(self) -> BatchTimer:
         return BatchTimer(self)
 

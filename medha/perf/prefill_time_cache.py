@@ -83,8 +83,7 @@ class PrefillTimeCache:
         self.boundaries = [0, *accumulate(chunks)]
 
     def _chunk_time(self, n: int, k: int) -> float:
-        p = self._p
-        return p.linear_time(n, 1) + p.prefill_attention_time(n, k)
+        return self._p.prefill_step_time(n, k)
 
     def time(self, num_tokens: int) -> float:
         """Predicted seconds to prefill `num_tokens` tokens alone (0 for 0)."""

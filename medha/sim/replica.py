@@ -84,7 +84,7 @@ class SimReplica:
                 r.remaining_work_s,
                 r.total_work_s,
                 self.scheduler.goes_first(r),
-                r.num_tokens - r.num_cached_tokens >= self.scheduler.long_threshold,
+                r.num_uncached_tokens >= self.scheduler.long_threshold,
             )
             for r in self.scheduler.live_requests()
             if r.first_token_s is None

@@ -27,7 +27,7 @@ class AdaptivePacker(Packer):
         has_long = False
         for r in queue:
             # long by the work left to plan: a prompt mostly served by the prefix cache is not
-            is_long = r.num_tokens - r.num_cached_tokens >= builder.long_threshold
+            is_long = r.num_uncached_tokens >= builder.long_threshold
             if is_long and has_long:
                 continue  # two long prefills would split the budget and both fall behind
             limit = budget

@@ -74,7 +74,7 @@ class Packer(ABC):
         if len(waiting) <= 1:
             return True
         long = builder.long_threshold
-        return all(r.num_tokens - r.num_cached_tokens >= long for r in waiting)
+        return all(r.num_uncached_tokens >= long for r in waiting)
 
     def is_full(self, builder: BatchBuilder) -> bool:
         """Whether the batch has no room for another prefill chunk: the scheduler hands the

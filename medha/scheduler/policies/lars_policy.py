@@ -37,7 +37,7 @@ class LarsPolicy(Policy):
         return self.serve_early(
             super().order_prefills(first, rest, now),
             now,
-            lambda r: r.num_tokens - r.num_cached_tokens >= threshold,
+            lambda r: r.num_uncached_tokens >= threshold,
         )
 
     def serve_early(self, order: list, now: float, is_long: Callable[[object], bool]) -> list:

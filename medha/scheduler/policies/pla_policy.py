@@ -339,7 +339,7 @@ def _arrival(r: Request) -> tuple[float, int]:
 
 
 def _new_tokens(r: Request) -> int:
-    return r.num_tokens - r.num_cached_tokens
+    return r.num_uncached_tokens
 
 
 # ---- the policy --------------------------------------------------------------------------------
