@@ -198,6 +198,27 @@ def test_a_lone_long_prefill_runs_steps_of_the_arrival_wait():
     assert len(both.prefills) == 2 and both.predicted_time_s <= budget * (1 + 1e-9)
 
 
+def test_work_and_deadlines_are_planned_at_the_budget_not_the_arrival_wait():
+    # A long prefill runs arrival-wait steps only while alone; beside anyone it gets the
+    # budget. Its work w_r, and the default deadline scaled from it, follow the budget's
+    # steps, or long deadlines come sooner than any loaded replica meets them.
+    sched = gpu_scheduler(long_prefill_threshold=32_768, iteration_budget_s=None)
+    budget, wait = sched.config.iteration_budget_s, sched.config.arrival_wait_s
+    assert wait > 2 * budget
+    cache, pred = sched.prefill_times, sched.predictor
+    cache.time(200_000)
+    steps = list(zip(cache.chunks, cache.boundaries))
+    assert all(pred.prefill_step_time(n, k) <= budget for n, k in steps[:-1])
+    assert max(pred.prefill_step_time(n, k) for n, k in steps) > 0.9 * budget
+    r = Request("long", 0.0, 200_000, 1)
+    sched.add_request(r, 0.0)
+    assert r.deadline_s == pytest.approx(1.5 * cache.time(200_000))
+    assert r.total_work_s == pytest.approx(cache.time(200_000))
+    # what it runs alone is faster than that plan: the arrival wait's few large steps
+    alone = sched.schedule(0.0)
+    assert alone.prefills[0].num_tokens > cache.chunks[0]
+
+
 def test_at_most_one_long_prefill_per_batch():
     sched = gpu_scheduler(long_prefill_threshold=32_768)
     for i in range(2):

@@ -77,10 +77,14 @@ class AdaptivePacker(Packer):
         return lo
 
     def plan_isolated(self, kv_offset: int, remaining: int) -> int:
-        # alone on the replica nobody waits on its steps: batch_budget_s's arrival wait
+        # The work w_r that slack and default deadlines are read from: a prefill's steps at
+        # the iteration budget, what it gets whenever anyone else is on the replica. Alone it
+        # runs arrival-wait steps and finishes sooner; planning with those made long
+        # deadlines tighter than any loaded replica meets (EDF lost 5.6 points in Fig. 13's
+        # setting, docs/reproductions.md).
         return isolated_chunk(
             self.predictor,
-            self.config.arrival_wait_s,
+            self.iteration_budget_s,
             kv_offset,
             remaining,
             self.config.min_chunk_tokens,

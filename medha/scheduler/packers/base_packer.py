@@ -88,7 +88,9 @@ class Packer(ABC):
 
     @abstractmethod
     def plan_isolated(self, kv_offset: int, remaining: int) -> int:
-        """Chunk this packer would run for a request alone on the replica (Algorithm 3)."""
+        """Chunk this packer gives a prefill at `kv_offset` with `remaining` tokens in steps
+        of the iteration budget, the budget it runs at beside any other request (Algorithm 3's
+        walk: the work w_r every policy reads)."""
 
     def max_batch_tokens(self, max_model_len: int) -> int | None:
         return self.config.max_batch_tokens
