@@ -102,6 +102,20 @@ def test_the_tracked_replica_learns_its_slowdown_from_requests_served_alone():
     assert stretch > 1.5
 
 
+def test_the_tracked_replica_reads_the_step_by_the_packers_rule_of_who_waits():
+    # Nobody waits on the step (nothing decodes; one prefill, or long ones only): up to the
+    # arrival wait; a short prefill beside another brings it back to the budget
+    # (Packer.batch_budget_s).
+    (r,), config, clock = tracked_cluster(
+        1, iteration_budget_s=1 / 16, arrival_wait_s=0.25, long_prefill_threshold=1024
+    )
+    for i in range(2):
+        send(r, config, Request.from_tokens(f"long{i}", 0.0, tokens(0, 4096, i), 4))
+    assert r.iteration_left_s(0.0) == pytest.approx(0.5 * 0.25)
+    send(r, config, Request.from_tokens("short", 0.0, tokens(0, 256, 9), 4))
+    assert r.iteration_left_s(0.0) == pytest.approx(0.5 / 16)
+
+
 def test_pending_requests_are_ordered_as_the_replica_scheduler_orders_its_prefills():
     lars = replica_policy(SchedulerConfig().resolve(FixedCostPredictor(TOKEN_S)))
     assert lars.name == "lars"  # the adaptive packer's default
