@@ -27,7 +27,9 @@ TEXT = " ".join(f"line {i} of the harbour log." for i in range(1000))
 
 
 def compare(name: str, prompts, lens, args, **parallel) -> None:
-    sched = SchedulerConfig(policy="fcfs", chunking="adaptive")
+    # deadlines out of both clocks' reach: one passed lets the packer run longer steps
+    # (overload), a decision the engine's clock would make and the simulator's not
+    sched = SchedulerConfig(policy="fcfs", chunking="adaptive", ttft_deadline_s=3600.0)
     engine_log, ids, predictor, engine_stages, _ = engine_run(
         prompts, args.max_tokens, sched, kv_memory_gb=0.2, predictor=args.predictor, **parallel
     )

@@ -198,6 +198,30 @@ def test_a_lone_long_prefill_runs_steps_of_the_arrival_wait():
     assert len(both.prefills) == 2 and both.predicted_time_s <= budget * (1 + 1e-9)
 
 
+@pytest.mark.parametrize("decode_late, shorts_late", [(True, True), (False, True), (True, False)])
+def test_under_overload_late_requests_wait_on_no_step(decode_late, shorts_late):
+    # A request past its TTFT deadline (still waiting, or decoding after a late first token)
+    # can no longer meet its SLO: when every one is, the step runs to the arrival wait (the
+    # queue drains sooner); one on time brings it back to the budget.
+    sched = gpu_scheduler(long_prefill_threshold=32_768, iteration_budget_s=None)
+    budget, wait = sched.config.iteration_budget_s, sched.config.arrival_wait_s
+    first = Request("decoder", 0.0, 100, 50, ttft_deadline_s=0.5)
+    sched.add_request(first, 0.0)
+    done = 1.0 if decode_late else 0.1  # its first token after or before its deadline
+    sched.update(sched.schedule(0.0), BatchResult(done), done)
+    assert first.first_token_s == done
+    for i in range(2):
+        sched.add_request(Request(f"short{i}", done, 100, 1, ttft_deadline_s=0.5), done)
+    sched.add_request(Request("long", done, 200_000, 1), done)
+    now = done + (0.6 if shorts_late else 0.1)
+    batch = sched.schedule(now)
+    assert len(batch.decodes) == 1 and len(batch.prefills) == 3
+    if decode_late and shorts_late:
+        assert budget < batch.predicted_time_s <= wait
+    else:
+        assert batch.predicted_time_s <= budget * (1 + 1e-9)
+
+
 def test_work_and_deadlines_are_planned_at_the_budget_not_the_arrival_wait():
     # A long prefill runs arrival-wait steps only while alone; beside anyone it gets the
     # budget. Its work w_r, and the default deadline scaled from it, follow the budget's

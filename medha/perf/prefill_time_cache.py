@@ -1,7 +1,9 @@
-"""Algorithm 3: how long a prefill of L tokens takes on an otherwise idle replica.
+"""Algorithm 3: how long a prefill of L tokens takes on a replica with no other prefill.
 
 One isolated prefill of the longest allowed prompt is walked chunk by chunk, with exactly the
-chunk sizes the packer would choose; the chunk boundaries form the grid. A prompt of L tokens
+chunk sizes the packer gives it in iteration-budget steps (`Packer.plan_isolated`: what it
+runs beside any decode or short prefill; alone, with nobody waiting on its steps, it may run
+longer ones and finish sooner); the chunk boundaries form the grid. A prompt of L tokens
 follows the same chunks up to the last boundary below L and then runs one shorter chunk, which
 is evaluated exactly: interpolating across it would hide the fixed cost of an iteration, and
 short requests live entirely inside the first chunk.

@@ -48,6 +48,12 @@ class BatchBuilder:
         return bool(self._requests.decoding)
 
     @property
+    def any_decoding_on_time(self) -> bool:
+        """Whether any request decoding (as `any_decoding`) had its first token by its
+        deadline: only those can still meet their SLO, and so wait on the step's length."""
+        return any(r.first_token_s <= r.deadline_s for r in self._requests.decoding.values())
+
+    @property
     def num_prefills(self) -> int:
         return len(self.batch.prefills)
 

@@ -46,7 +46,10 @@ class Packer(ABC):
         - nobody (no request decoding, and one prefill alone or long ones only):
           `arrival_wait_s`, the longest a request arriving during the step may wait, so that
           a long prefill alone runs in few large chunks (docs/design.md, "The iteration
-          budget").
+          budget"). Under overload a request that has missed its TTFT deadline (decoding
+          after a late first token, or still waiting past it) can no longer meet its SLO and
+          waits on no step either: when every one has, steps run to the arrival wait, which
+          buys throughput (the queue drains sooner) where small steps buy nobody's SLO.
 
         Packers that size chunks by time (adaptive) use it; token-budget ones (static, none)
         have no time budget to bound."""
@@ -63,18 +66,22 @@ class Packer(ABC):
         return max(capped, min(floor, self.iteration_budget_s))
 
     def _nobody_waits(self, builder: BatchBuilder, queue: Collection[Request]) -> bool:
-        """Whether nobody waits on this step's end: no request is decoding (one in a batch
-        still in the pipeline joins the next step too) and `queue` holds one prefill alone, or
-        long ones only (a long prefill waits for its whole prefill, not a step). Read from the
-        queue's shape alone, not the clock, so that the simulator, given the engine's
-        requests, makes the engine's decisions (analysis/schedule_match.py)."""
-        if self.config.arrival_wait_s <= self.iteration_budget_s or builder.any_decoding:
+        """Whether nobody waits on this step's end: no request is decoding on time (one in a
+        batch still in the pipeline joins the next step too) and `queue` holds one prefill
+        alone, or long ones and late ones only (a long prefill waits for its whole prefill,
+        not a step; a late one, past its TTFT deadline, for nothing the step could save).
+        Read from the queue's shape and, once deadlines have passed, the deadlines: while
+        every deadline is ahead of both clocks the simulator, given the engine's requests,
+        makes the engine's decisions (analysis/schedule_match.py)."""
+        if self.config.arrival_wait_s <= self.iteration_budget_s:
+            return False
+        if builder.any_decoding and builder.any_decoding_on_time:
             return False
         waiting = getattr(queue, "requests", queue)  # (the scheduler's, without look-ups)
         if len(waiting) <= 1:
             return True
-        long = builder.long_threshold
-        return all(r.num_uncached_tokens >= long for r in waiting)
+        long, now = builder.long_threshold, builder.now
+        return all(r.num_uncached_tokens >= long or r.deadline_s < now for r in waiting)
 
     def is_full(self, builder: BatchBuilder) -> bool:
         """Whether the batch has no room for another prefill chunk: the scheduler hands the
