@@ -43,15 +43,14 @@ class BatchBuilder:
         return not (self.batch.decodes or self.batch.prefills)
 
     @property
-    def any_decoding(self) -> bool:
-        """Whether any request is decoding, in this batch or in one still running."""
-        return bool(self._requests.decoding)
-
-    @property
     def any_decoding_on_time(self) -> bool:
-        """Whether any request decoding (as `any_decoding`) had its first token by its
-        deadline: only those can still meet their SLO, and so wait on the step's length."""
-        return any(r.first_token_s <= r.deadline_s for r in self._requests.decoding.values())
+        """Whether any request decoding (in this batch or in one still running) had its first
+        token by its deadline: only those can still meet their SLO, and so wait on the step's
+        length."""
+        return any(
+            (first := r.first_token_s) is None or first <= r.deadline_s
+            for r in self._requests.decoding.values()
+        )
 
     @property
     def num_prefills(self) -> int:

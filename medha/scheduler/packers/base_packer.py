@@ -75,7 +75,7 @@ class Packer(ABC):
         makes the engine's decisions (analysis/schedule_match.py)."""
         if self.config.arrival_wait_s <= self.iteration_budget_s:
             return False
-        if builder.any_decoding and builder.any_decoding_on_time:
+        if builder.any_decoding_on_time:
             return False
         waiting = getattr(queue, "requests", queue)  # (the scheduler's, without look-ups)
         if len(waiting) <= 1:
