@@ -58,7 +58,10 @@ def make_llm(budget: str, args):
             chunking="adaptive", iteration_budget_s=b, arrival_wait_s=b, **common
         )
     return LLM(
-        model=args.model, scheduler=sched, dtype=args.dtype, kernels=args.kernels,
+        model=args.model,
+        scheduler=sched,
+        dtype=args.dtype,
+        kernels=args.kernels,
         device=args.device,
     )
 

@@ -35,6 +35,7 @@ def isolated_chunk(
     when not even one token fits, so that a request deep into a long context progresses.
     `guess` (the previous chunk of a walk, which changes slowly as the KV grows) starts the
     search there: a gallop, then a bisection, to the same answer in fewer probes."""
+
     def fits(n: int) -> bool:
         return predictor.prefill_step_time(n, kv_offset) <= budget_s
 
