@@ -58,6 +58,8 @@ class System:
     prefill_every: int = 0  # loongserve: macro iterations, as its released server runs
     pipeline: str = "stream"  # microbatch: vLLM's / Sarathi's pipeline parallelism
     lars_slack: str = SchedulerConfig().lars_slack
+    lars_serve_early: bool = SchedulerConfig().lars_serve_early
+    arrival_wait_s: float | None = None  # None: the default (docs/design.md)
 
     def spec(self, predictor: str) -> RunSpec:
         return RunSpec(
@@ -81,6 +83,8 @@ class System:
                 multi_prefill=self.multi_prefill,
                 pipeline=self.pipeline,
                 lars_slack=self.lars_slack,
+                lars_serve_early=self.lars_serve_early,
+                arrival_wait_s=self.arrival_wait_s,
             ),
         )
 
@@ -118,6 +122,20 @@ ONE_CHANGE = [
     # medha with LARS's other formula, relative slack over the remaining work
     System(
         "medha, s / w(t)", "lars", "adaptive", multi_prefill=True, spp=2, lars_slack="remaining"
+    ),
+    # issue 35's rules, one at a time: LARS by its key alone (no serving early), and no step
+    # longer than the budget (an arrival wait given under the budget resolves to the budget:
+    # no step nobody waits on, overload's included, runs longer)
+    System(
+        "medha, key alone", "lars", "adaptive", multi_prefill=True, spp=2, lars_serve_early=False
+    ),
+    System(
+        "medha, budget steps only",
+        "lars",
+        "adaptive",
+        multi_prefill=True,
+        spp=2,
+        arrival_wait_s=0.01,
     ),
 ]
 BY_NAME = {c.name: c for c in CONFIGS + ONE_CHANGE}
