@@ -114,6 +114,15 @@ def test_the_tracked_replica_reads_the_step_by_the_packers_rule_of_who_waits():
     assert r.iteration_left_s(0.0) == pytest.approx(0.5 * 0.25)
     send(r, config, Request.from_tokens("short", 0.0, tokens(0, 256, 9), 4))
     assert r.iteration_left_s(0.0) == pytest.approx(0.5 / 16)
+    # under overload a request past its deadline waits on no step: the short one's 0.5 s
+    # deadline has passed, the long ones' have not
+    clock.t = 1.0
+    assert r.iteration_left_s(1.0) == pytest.approx(0.5 * 0.25 * r.slowdown)
+    # one decoding after an on-time first token waits on every step
+    send(r, config, Request.from_tokens("chat", 1.0, tokens(0, 64, 7), 4))
+    clock.t = 1.1
+    r.on_first_token("chat")
+    assert r.iteration_left_s(1.1) == pytest.approx(0.5 / 16 * r.slowdown)
 
 
 def test_pending_requests_are_ordered_as_the_replica_scheduler_orders_its_prefills():

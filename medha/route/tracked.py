@@ -222,15 +222,22 @@ class TrackedReplica:
     def iteration_left_s(self, now: float) -> float:
         """Half an iteration of what it runs: its budget while prefills wait (the arrival wait
         when nobody waits on the step, by the packer's rule, Packer.batch_budget_s: nothing
-        decoding, and one prefill or long ones only; less when their work left is less), a
-        decode iteration while it only decodes."""
+        decoding after an on-time first token, and one prefill or only long ones and ones past
+        their deadline; less when their work left is less), a decode iteration while it only
+        decodes."""
         contexts = self._decode_contexts()
         decoding = self._decode_share.decode_iteration_s(contexts)
         if self._queue:
             config = self.scheduler_config
-            alone = not contexts and (
+            on_time = any(
+                r.first_token_s is not None and r.first_token_s <= r.deadline_s
+                for r in self._live.values()
+            )
+            alone = not on_time and (
                 len(self._queue) == 1
-                or all(r.request.prompt_len >= self._long for r in self._queue)
+                or all(
+                    r.request.prompt_len >= self._long or r.deadline_s < now for r in self._queue
+                )
             )
             budget = (config.arrival_wait_s if alone else config.iteration_budget_s) or math.inf
             decoding = min(budget, decoding + sum(r.work_s for r in self._queue))
