@@ -25,8 +25,20 @@ from pathlib import Path
 
 import pytest
 
-# Keep the CPU measurement cache of the test run out of the user's home, shared by all tests.
-os.environ.setdefault("MEDHA_CACHE_DIR", tempfile.mkdtemp(prefix="medha-test-cache-"))
+# The test run's cache, shared by all its tests and the processes they start, is its own: not
+# the user's home, nor a MEDHA_CACHE_DIR the user exported (whose `medha profile` output the
+# engines would plan with). Its measured CPU is a fixed reference, so that every engine, server
+# and router plans the same steps on every machine (medha/benchmark/reference_cpu.py).
+os.environ["MEDHA_CACHE_DIR"] = tempfile.mkdtemp(prefix="medha-test-cache-")
+# Keys and proxies of the user's shell would reach the servers, routers and clients the tests
+# start: a key the test did not set turns its requests into 401s.
+for _var in ("MEDHA_API_KEY", "MEDHA_REPLICA_API_KEY", "OPENAI_API_KEY"):
+    os.environ.pop(_var, None)
+os.environ["NO_PROXY"] = ",".join(filter(None, [os.environ.get("NO_PROXY"), "127.0.0.1,localhost"]))
+
+from medha.benchmark.reference_cpu import pin_reference_cpu  # noqa: E402
+
+pin_reference_cpu()
 
 # The toy scheduler of the paper's scenarios (bench/scheduling_scenarios.py runs them too);
 # tests import both names from here.
@@ -47,6 +59,18 @@ def _float32_by_default():
     patch.setattr(hardware_specs, "cpu_has_bf16", lambda cpuinfo=None: cpuinfo and real(cpuinfo))
     yield
     patch.undo()
+
+
+@pytest.fixture(autouse=True)
+def _torch_threads_restored():
+    """Engines change torch's thread count of the whole process (--threads, the thread governor,
+    a worker group's share of the cores): each test starts from the count the run began with
+    (OMP_NUM_THREADS, or all cores), whatever the tests before it did."""
+    torch = sys.modules.get("torch")
+    threads = torch.get_num_threads() if torch is not None else None
+    yield
+    if threads is not None:
+        torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")

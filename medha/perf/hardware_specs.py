@@ -158,22 +158,30 @@ def _measure_gemm_flops(n: int = 1024, seconds: float = 1.0) -> tuple[float, str
     kernels), else numpy."""
     try:
         import torch
-
-        torch.set_num_threads(os.cpu_count() or 1)
-        a, b = torch.randn(n, n), torch.randn(n, n)
-        mm, lib = (lambda: torch.mm(a, b)), f"torch {torch.__version__}"
     except ImportError:
         import numpy as np
 
         a, b = np.random.rand(n, n).astype(np.float32), np.random.rand(n, n).astype(np.float32)
-        mm, lib = (lambda: a @ b), f"numpy {np.__version__}"
+        return _best_rate(lambda: a @ b, n, seconds), f"numpy {np.__version__}"
+    # all cores for the measurement, then the process's own count back: a measurement taken
+    # on first use must not override --threads, OMP_NUM_THREADS or a worker's share of cores
+    threads = torch.get_num_threads()
+    torch.set_num_threads(os.cpu_count() or 1)
+    try:
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        return _best_rate(lambda: torch.mm(a, b), n, seconds), f"torch {torch.__version__}"
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _best_rate(mm, n: int, seconds: float) -> float:
     mm()
     best, deadline = float("inf"), time.perf_counter() + seconds
     while time.perf_counter() < deadline:
         t0 = time.perf_counter()
         mm()
         best = min(best, time.perf_counter() - t0)
-    return 2.0 * n**3 / best, lib
+    return 2.0 * n**3 / best
 
 
 def _measure_copy_bw(nbytes: int = 256 << 20, repeats: int = 5) -> float:
@@ -191,13 +199,17 @@ def _measure_copy_bw(nbytes: int = 256 << 20, repeats: int = 5) -> float:
 
 def measure_cpu() -> tuple[HardwareSpec, str]:
     flops, lib = _measure_gemm_flops()
-    bw = _measure_copy_bw()
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return cpu_spec(flops, _measure_copy_bw(), float(mem)), lib
+
+
+def cpu_spec(peak_flops: float, mem_bw: float, mem_bytes: float) -> HardwareSpec:
+    """A CPU as the roofline sees it, from the three numbers measure_cpu takes."""
     return HardwareSpec(
         name="cpu",
-        peak_flops=flops,
-        mem_bw=bw,
-        mem_bytes=float(mem),
+        peak_flops=peak_flops,
+        mem_bw=mem_bw,
+        mem_bytes=mem_bytes,
         dtype_bytes=4,
         # gloo over shared memory between worker processes
         link_bw=5e9,
@@ -213,7 +225,7 @@ def measure_cpu() -> tuple[HardwareSpec, str]:
         elementwise_eff=0.5,
         kernel_overhead_s=10e-6,
         iteration_overhead_s=2e-3,
-    ), lib
+    )
 
 
 _cpu_spec: HardwareSpec | None = None
@@ -224,20 +236,35 @@ def this_cpu(refresh: bool = False) -> HardwareSpec:
     global _cpu_spec
     if _cpu_spec is not None and not refresh:
         return _cpu_spec
-    key = f"{_cpu_model()}|{os.cpu_count()}"
-    path = cache_dir() / "hardware" / "cpu.json"
+    path = _cpu_cache_path()
     if not refresh and path.exists():
         try:
             data = json.loads(path.read_text())
-            if data.get("key") == key:
+            if data.get("key") == _cpu_key():
                 _cpu_spec = HardwareSpec(**data["spec"])
                 return _cpu_spec
         except (ValueError, TypeError, KeyError):
             pass  # unreadable cache: measure again
     spec, lib = measure_cpu()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"key": key, "measured_with": lib, "spec": spec.to_json()}, indent=1))
-    tmp.replace(path)
+    store_cpu_spec(spec, lib)
     _cpu_spec = spec
     return spec
+
+
+def _cpu_key() -> str:
+    return f"{_cpu_model()}|{os.cpu_count()}"
+
+
+def _cpu_cache_path() -> Path:
+    return cache_dir() / "hardware" / "cpu.json"
+
+
+def store_cpu_spec(spec: HardwareSpec, measured_with: str) -> None:
+    """Cache `spec` as this machine's CPU: what every later process plans with (the test
+    suite stores a fixed one, so that its schedules are the same on every machine)."""
+    path = _cpu_cache_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    data = {"key": _cpu_key(), "measured_with": measured_with, "spec": spec.to_json()}
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(path)
