@@ -6,7 +6,10 @@ One prompt of --tokens tokens (fixed English text), prefilled in static chunks o
 tokens, 1 output token, SmolLM2-135M fp32 on CPU. spp 1 runs once with every core's threads
 and once with one thread (what each spp-2 stage process gets), spp 2 with one process per
 stage. For spp 2 it prints every chunk's (start, end) on each stage, relative to the first
-start, and the pipeline's idle share: 1 - (busy time of all stages) / (stages x span).
+start, how many consecutive chunks overlapped (stage 0 started chunk i+1 before stage 1 had
+finished chunk i: the wall-clock side of what tests/test_parallel_schedule.py checks as decisions,
+which depends on how the machine's cores are shared), and the pipeline's idle share:
+1 - (busy time of all stages) / (stages x span).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from medha.analysis.schedule_match import overlaps
 from medha.core.config import SchedulerConfig
 from medha.engine.llm import LLM
 from medha.engine.sampling_params import SamplingParams
@@ -60,13 +64,16 @@ def main() -> None:
             for b, s, a, e in sorted(times):
                 print(f"{b} | {s} | {(a - t_first) * 1e3:.0f} | {(e - t_first) * 1e3:.0f}")
             idle = 1 - busy / (2 * span)
+            pairs = overlaps(times)
+            overlapped = f"{sum(pairs)} of {len(pairs)}"
             llm.engine.close()
     print(f"\n{args.tokens}-token prefill in chunks of {args.chunk}\n")
     print("| run | prefill time |")
     print("|---|---|")
     for label, t in rows:
         print(f"| {label} | {t:.2f} s |")
-    print(f"\nspp 2 pipeline idle share: {idle:.0%}")
+    print(f"\nspp 2: consecutive chunks overlapping on the two stages: {overlapped}")
+    print(f"spp 2 pipeline idle share: {idle:.0%}")
 
 
 if __name__ == "__main__":

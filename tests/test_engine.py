@@ -6,6 +6,13 @@ import pytest
 import torch
 
 from medha.benchmark.logits import prefill_logits
+from medha.benchmark.numerics import (
+    UNIT_ROUNDOFF,
+    assert_greedy_agrees,
+    assert_logits_within,
+    greedy_reference,
+    logit_bound,
+)
 from medha.core.config import SchedulerConfig
 from medha.engine import checkpoint
 from medha.engine.checkpoint import resolve_model
@@ -23,13 +30,6 @@ def model_dir():
 
 
 @pytest.fixture(scope="module")
-def hf(model_dir):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-
-
-@pytest.fixture(scope="module")
 def llm():
     return LLM("smollm2", kv_memory_gb=0.5)
 
@@ -42,21 +42,37 @@ def prompts(llm):
 
 
 @pytest.fixture(scope="module")
-def reference(hf, prompts):
-    out = []
-    with torch.inference_mode():
-        for p in prompts:
-            gen = hf.generate(torch.tensor([p]), max_new_tokens=GREEDY.max_tokens, do_sample=False)
-            out.append(gen[0][len(p) :].tolist())
-    return out
+def reference(model_dir, prompts):
+    """transformers' greedy tokens in float32, with each step's margin and its rounding bound:
+    the engine must make the same choices but where a choice is a near-tie (numerics.py)."""
+    return greedy_reference(model_dir, prompts, GREEDY.max_tokens)
 
 
-def test_whole_prefill_logits_equal_transformers(hf, prompts):
+@pytest.fixture(scope="module")
+def bound(model_dir, prompts):
+    """The float32 rounding bound of prompts[6]'s prefill (medha/benchmark/numerics.py)."""
+    return logit_bound(model_dir, prompts[6])
+
+
+def test_the_rounding_bound_holds_for_transformers_against_exact_arithmetic(model_dir, prompts):
+    """The bound's one assumption (layers carry a relative error through without amplifying
+    it) checked on this model: transformers' own float32 logits lie within one evaluation's
+    bound of its float64 ones (measured: at most 0.5% of the bound)."""
+    from transformers import AutoModelForCausalLM
+
     ids = prompts[6]
+    b = logit_bound(model_dir, ids)
+    f64 = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64).eval()
     with torch.inference_mode():
-        ref = hf(torch.tensor([ids])).logits[0]
-    ours = prefill_logits("none", ids)
-    assert (ours - ref).abs().max().item() <= 1e-5
+        exact = f64(torch.tensor([ids])).logits[0]
+    worst = assert_logits_within(b.logits, exact, b.scale)
+    # and it is no vacuous bound: float32's error is visible at its scale, not a rounding of 0
+    assert worst > 10 * UNIT_ROUNDOFF[torch.float32]
+
+
+def test_whole_prefill_logits_equal_transformers(prompts, bound):
+    ours = prefill_logits("none", prompts[6])
+    assert_logits_within(ours, bound.logits, bound.between_two())
 
 
 def test_auto_dtype_is_bf16_where_the_cpu_computes_in_it(monkeypatch):
@@ -133,14 +149,18 @@ def test_bf16_engine_against_transformers_in_bf16(model_dir, prompts):
 
 
 @pytest.mark.parametrize("chunking", ["static:16", "static:64", "adaptive"])
-def test_chunked_prefill_logits_match_a_whole_prefill(prompts, chunking):
+def test_chunked_prefill_logits_match_a_whole_prefill(prompts, bound, chunking):
+    """Chunks sum in other orders than a whole prefill (GEMM blocking follows the rows), so
+    the two agree within the float32 rounding bound, not bit for bit; a chunk boundary off by
+    one (a chunk's prefix missing its last token) puts 67-93% of the logits past it (measured,
+    static:64 and static:16), the bound being about 350x the largest difference seen."""
     ids = prompts[6]
     whole = prefill_logits("none", ids)
-    chunked = prefill_logits(chunking, ids)
-    assert chunked.shape == whole.shape
-    # fp32 sums in another order (GEMM blocking follows the chunk size): 1e-4 absolute, or
-    # 1e-5 relative on the largest logits (magnitude ~25)
-    torch.testing.assert_close(chunked, whole, atol=1e-4, rtol=1e-5)
+    sizes: list[int] = []
+    chunked = prefill_logits(chunking, ids, chunks=sizes)
+    assert sum(sizes) == len(ids) and len(sizes) >= 3  # adaptive too: the reference CPU's plan
+    assert_logits_within(chunked, whole, bound.between_two())
+    assert_logits_within(chunked, bound.logits, bound.between_two())
 
 
 @pytest.mark.parametrize(
@@ -154,7 +174,7 @@ def test_batched_greedy_tokens_equal_transformers(prompts, reference, policy, ch
         kv_memory_gb=0.5,
     )
     outs = llm.generate(prompts, GREEDY)  # all in flight together
-    assert [o.token_ids for o in outs] == reference
+    assert_greedy_agrees([o.token_ids for o in outs], reference)
     assert llm.engine.scheduler.blocks.num_used == 0
 
 
@@ -167,7 +187,7 @@ def test_recompute_preemption_mid_decode_keeps_the_tokens(prompts, reference):
     outs = llm.generate(prompts, GREEDY)
     sched = llm.engine.scheduler
     assert sched.stats.preemptions > 0
-    assert [o.token_ids for o in outs] == reference
+    assert_greedy_agrees([o.token_ids for o in outs], reference)
     assert sched.blocks.num_used == 0 and not sched.has_unfinished()
     sched.check_invariants()
 
@@ -191,26 +211,29 @@ def test_degenerate_sampling_is_greedy(llm, prompts, reference):
         SamplingParams(max_tokens=24, temperature=0.7, top_k=1, seed=1),
         SamplingParams(max_tokens=24, temperature=0.7, top_p=1e-6, seed=1),
     ):
-        assert llm.generate([prompts[4]], params)[0].token_ids == reference[4]
+        outs = [llm.generate([prompts[4]], params)[0].token_ids]
+        assert_greedy_agrees(outs, reference.select([4]))
 
 
-def test_stop_strings_and_token_ids(llm, prompts, reference):
+def test_stop_strings_and_token_ids(llm, prompts):
+    # `full` and the stopped runs prefill the same prompt alone: the same sums, the same tokens
     full = llm.generate([prompts[5]], GREEDY)[0]
     target = full.text[len(full.text) // 2 :][:4]
     assert target
     out = llm.generate([prompts[5]], SamplingParams(max_tokens=24, temperature=0, stop=[target]))[0]
     assert out.finish_reason == "stop" and target not in out.text
     assert full.text.startswith(out.text) and len(out.text) < len(full.text)
-    tok = reference[5][3]
+    tok = full.token_ids[3]
     out = llm.generate(
         [prompts[5]], SamplingParams(max_tokens=24, temperature=0, stop_token_ids=[tok])
     )[0]
-    assert out.finish_reason == "stop" and out.token_ids == reference[5][:4]
+    assert out.finish_reason == "stop"
+    assert out.token_ids == full.token_ids[: full.token_ids.index(tok) + 1]
 
 
 def test_logprobs(llm, prompts, reference):
     out = llm.generate([prompts[3]], SamplingParams(max_tokens=6, temperature=0, logprobs=3))[0]
-    assert [s.token for s in out.logprobs] == reference[3][:6]
+    assert_greedy_agrees([[s.token for s in out.logprobs]], reference.select([3], 6))
     for s in out.logprobs:
         assert s.logprob <= 0 and len(s.top_logprobs) == 3
         assert s.top_logprobs[0][0] == s.token  # greedy: the likeliest

@@ -2,7 +2,7 @@
 same batches, issued with the same batches still in the stream pipeline, through the same
 stages (spp 2), and the same KVP group growth (kvp 2)."""
 
-from medha.analysis.schedule_match import engine_run, overlaps, sim_run
+from medha.analysis.schedule_match import engine_run, sim_run
 from medha.core.config import SchedulerConfig
 from medha.engine.checkpoint import resolve_model
 from medha.engine.tokenizer import Tokenizer
@@ -27,22 +27,29 @@ def _both(**parallel):
     return engine_log, sim_log, ids, engine_stages, sim_stages
 
 
+def long_chunks(log, rid) -> list[tuple[int, int]]:
+    """(batch index, chunk size) of each of `rid`'s prefill chunks, in schedule order."""
+    return [(i, c[2]) for i, (p, *_) in enumerate(log) for c in p if c[0] == rid]
+
+
 def test_spp_schedule_matches_the_simulator():
+    """Every decision compared exactly, none of them read off a clock: the batches, the number
+    of batches completed when each was formed (so whether it entered the pipeline beside the
+    one before it), and the stages each passed. How much the stages then overlap in time on
+    this machine's cores is measured by bench/engine_spp.py, not asserted here."""
     engine_log, sim_log, ids, engine_stages, sim_stages = _both(spp=2)
-    assert len(engine_log) > 10 and sum(len(p) > 0 for p, *_ in engine_log) > 3
     assert sim_log == engine_log
-    # every batch passed stage 0, then stage 1, in both; the simulated pipeline ran each next
-    # chunk of the long prompt on stage 0 while stage 1 still held the previous one, and so
-    # did the engine, but for a few: where the next batch also waits for a token an earlier
-    # batch samples, the engine issues it only once its own process has run, which on
-    # two cores shared with the two stage workers can come after stage 1 is done (a race of
-    # milliseconds the simulator, timing by prediction, does not have)
+    # the reference CPU's plan (tests/conftest.py): the long prompt in 8 chunks
+    chunks = long_chunks(engine_log, ids[0])
+    assert [n for _, n in chunks] == [158, 145, 135, 126, 120, 113, 103]
+    # each next chunk of the long prompt was issued while the previous one was still in the
+    # pipeline: fewer batches than its index had completed (a pipeline that waits for each
+    # batch before the next has completed them all)
+    pairs = [(a, b) for (a, _), (b, _) in zip(chunks, chunks[1:]) if b == a + 1]
+    assert len(pairs) >= 5 and all(engine_log[b][2] < b for _, b in pairs)
+    # every batch passed stage 0, then stage 1, in both
     assert sorted((b, s) for b, s, *_ in sim_stages) == sorted((b, s) for b, s, *_ in engine_stages)
-    long_chunks = {i for i, (p, *_) in enumerate(engine_log) if any(c[0] == ids[0] for c in p)}
-    pairs = [i - 1 for i in sorted(long_chunks) if i - 1 in long_chunks]
-    engine_overlap, sim_overlap = overlaps(engine_stages), overlaps(sim_stages)
-    assert len(pairs) > 5 and all(sim_overlap[i] for i in pairs)
-    assert sum(engine_overlap[i] for i in pairs) >= 0.9 * len(pairs)
+    assert {s for _, s, *_ in engine_stages} == {0, 1}
 
 
 def test_kvp_group_growth_matches_the_simulator():

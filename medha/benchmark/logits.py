@@ -14,9 +14,11 @@ from medha.engine.llm import LLM
 from medha.engine.sampling_params import SamplingParams
 
 
-def prefill_logits(chunking: str, ids: list[int], dtype: str = "auto", **engine) -> torch.Tensor:
-    """Logits at every prompt position (float32), prefilled in the chunks `chunking` picks;
-    `engine`: more engine options."""
+def prefill_logits(
+    chunking: str, ids: list[int], dtype: str = "auto", chunks: list | None = None, **engine
+) -> torch.Tensor:
+    """Logits at every prompt position (float32), prefilled in the chunks `chunking` picks
+    (their sizes appended to `chunks` when given); `engine`: more engine options."""
     engine = LLM(
         "smollm2",
         scheduler=SchedulerConfig(policy="fcfs", chunking=chunking, tpot_target_s=0.02),
@@ -30,6 +32,8 @@ def prefill_logits(chunking: str, ids: list[int], dtype: str = "auto", **engine)
         batch = engine.scheduler.schedule(time.monotonic())
         logits, _ = engine.runner.execute(batch, all_logits=True)
         rows.append(logits.float())
+        if chunks is not None:
+            chunks.append(batch.prefills[-1].num_tokens)
         tokens = {"x": 0} if batch.prefills[-1].samples else None
         engine.scheduler.update(batch, BatchResult(0.01, tokens), time.monotonic())
     return torch.cat(rows)

