@@ -45,7 +45,8 @@ for argv in (["--help"], ["simulate", "--help"], ["serve", "--help"], ["bench", 
 
 def test_the_router_imports_no_engine():
     """`medha route` runs beside replicas on any machine: no torch, transformers or engine (torch
-    made unimportable: the CPU's measurement falls back to numpy)."""
+    made unimportable; its CPU spec is the reference one conftest stores, so nothing is
+    measured here, and where nothing is stored the measurement falls back to numpy)."""
     code = """
 import sys
 sys.modules["torch"] = None
