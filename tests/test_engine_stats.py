@@ -65,9 +65,19 @@ def test_engine_stats_tell_waiting_from_prefilling(tiny_model):
 
 def test_engine_names_the_policy_it_was_given(tiny_model):
     from medha.engine.llm_engine import EngineConfig, LLMEngine
+    from medha.engine.sampling_params import SamplingParams
+    from medha.scheduler.packers.static_packer import StaticPacker
+    from medha.scheduler.policies.edf_policy import EdfPolicy
 
     engine = LLMEngine(
         EngineConfig(model=tiny_model, kv_memory_gb=0.01),
         SchedulerConfig(policy="edf", chunking="static:256"),
     )
     assert engine.policy == "edf" and engine.chunking == "static:256"
+    # ... and runs them: the names are of the scheduler's own policy and packer
+    scheduler = engine.scheduler
+    assert type(scheduler.policy) is EdfPolicy
+    assert type(scheduler.packer) is StaticPacker and scheduler.packer.token_budget == 256
+    engine.add_request("r", list(range(5, 305)), SamplingParams(max_tokens=1, ignore_eos=True))
+    engine.step()  # 300 prompt tokens: a first chunk of 256
+    assert scheduler.requests.live["r"].num_computed == 256

@@ -258,6 +258,7 @@ def test_a_request_larger_than_one_instance_decodes_over_several():
     log = result.log
     decode_rows = [i for i, n in enumerate(log.num_decodes) if n and log.decode_kv[i] >= 20_000]
     starts = {log.start_s[i] for i in decode_rows}
+    assert len(starts) == 7  # 8 output tokens: the prefill's and 7 decode iterations
     for s in starts:
         assert len({log.replica[i] for i, t in enumerate(log.start_s) if t == s}) >= 2
     with pytest.raises(ValueError, match="exceeds the KV capacity of 2 instances"):

@@ -426,6 +426,14 @@ def test_the_dispatcher_moves_one_instance_per_cooldown(monkeypatch):
     assert sorted(d.role.values()) == [LONG, LONG, LONG, SHORT]
 
 
+def served_on(result):
+    """request id -> the replicas that ran its prefill chunks."""
+    log, on = result.log, {}
+    for iteration, request_id in zip(log.chunk_iteration, log.chunk_request):
+        on.setdefault(request_id, set()).add(log.replica[iteration])
+    return on
+
+
 def test_a_cluster_run_under_the_pla_dispatcher_finishes_everything():
     sim = toy_sim(
         replicas=3, dispatcher="pla", policy="pla", pla_boundary_tokens=BOUNDARY, pla_cooldown_s=0.5
@@ -433,8 +441,51 @@ def test_a_cluster_run_under_the_pla_dispatcher_finishes_everything():
     reqs = [Request(f"r{i}", 0.02 * i, 400 if i % 3 == 0 else 30, 8) for i in range(150)]
     result = sim.run(reqs)
     assert all(r.state.is_done and r.num_output_tokens == 8 for r in reqs)
+    # Replicas 0, 1 start short and 2 long (n // 4 = 0, at least one). The long load is ~6
+    # replicas' worth: at the first control with a queue (t = period 0.5; at t = 0 every psi is
+    # 0) replica 0, the least-pressured short one, joins the long pool; then n_min = 1 keeps
+    # replica 1 short, and the long pool stays the more pressed.
     moves = result.dispatcher.moves
-    assert all(b.time_s - a.time_s >= 0.5 for a, b in zip(moves, moves[1:]))
+    assert [(m.time_s, m.replica_id, m.source, m.target) for m in moves] == [(0.5, 0, SHORT, LONG)]
+    # ... and the move routes: the moved replica takes long prompts from then on, and no short.
+    on = served_on(result)
+
+    def replicas(long, after):
+        return set().union(
+            *(
+                on[r.request_id]
+                for r in reqs
+                if (r.prompt_len >= BOUNDARY) == long and (r.arrival_s >= 0.5) == after
+            )
+        )
+
+    assert replicas(long=True, after=False) == {2}
+    assert replicas(long=False, after=False) == {0, 1}
+    assert replicas(long=True, after=True) == {0, 2}
+    assert replicas(long=False, after=True) == {1}
+
+
+def test_the_pla_dispatcher_waits_its_cooldown_between_moves_in_a_cluster_run():
+    # A burst of long prompts, then of short ones: the long pool gains replica 0 at the first
+    # control with a queue, and the short burst (1 s on) would take one back at 1.62 s (as it
+    # does with no cool-down); the 2 s cool-down holds it to 2.1 s or later. The period (0.1 s)
+    # is far below the cool-down, so the spacing is the cool-down's, not the period's.
+    sim = toy_sim(
+        replicas=3,
+        dispatcher="pla",
+        policy="pla",
+        pla_boundary_tokens=BOUNDARY,
+        pla_cooldown_s=2.0,
+        pla_period_s=0.1,
+    )
+    reqs = [Request(f"l{i}", 0.05 * i, 400, 8) for i in range(10)]
+    reqs += [Request(f"s{i}", 1.0 + 0.01 * i, 30, 8) for i in range(300)]
+    moves = sim.run(reqs).dispatcher.moves
+    assert all(r.state.is_done and r.num_output_tokens == 8 for r in reqs)
+    assert [(m.source, m.target) for m in moves] == [(SHORT, LONG), (LONG, SHORT)]
+    assert moves[0].time_s == pytest.approx(0.1)
+    assert moves[1].time_s - moves[0].time_s >= 2.0
+    assert moves[1].time_s < moves[0].time_s + 2.0 + 0.1 + 0.01  # the first control after it
 
 
 # ---- closed-loop clients ---------------------------------------------------------------------

@@ -3,6 +3,7 @@ every backend (one process, a process pool, Ray)."""
 
 import json
 import math
+import os
 import subprocess
 import sys
 from concurrent.futures import Future
@@ -31,10 +32,14 @@ SMALL = [
 
 def plan(tmp_path, *args, name="out", check=True):
     out = tmp_path / name
+    # Without --ray-address the ray backend starts a Ray of its own: RAY_ADDRESS (here a dead
+    # one, whatever the user exported) and a running `ray start` cluster are not joined.
+    env = {**os.environ, "RAY_ADDRESS": "127.0.0.1:9"}
     proc = subprocess.run(
         [sys.executable, "-m", "medha", "plan", *args, "--out", str(out)],
         capture_output=True,
         text=True,
+        env=env,
     )
     if check:
         assert proc.returncode == 0, proc.stderr

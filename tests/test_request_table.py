@@ -24,9 +24,14 @@ MUTATED_LISTS = {"output_token_ids", "token_times_s"}
 LIST_METHODS = {"append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse"}
 
 
-def writes(path: Path) -> list[str]:
+def writes(path: Path, own: bool = False) -> list[str]:
     """Where `path` assigns a state or progress field of anything, calls `transition`, or
-    changes one of a request's lists in place."""
+    changes one of a request's lists in place. `own`: an object's own fields (self.x) count
+    too, as they do in the Request class itself."""
+    return [f"{path.name}:{line} {what}" for line, what in write_sites(path, own)]
+
+
+def write_sites(path: Path, own: bool = False) -> list[tuple[int, str]]:
     tree = ast.parse(path.read_text(), str(path))
     found = []
     for node in ast.walk(tree):
@@ -37,19 +42,30 @@ def writes(path: Path) -> list[str]:
             targets = [node.target]
         for leaf in _assigned(targets):
             # (an object's own attribute of the same name, self.x, is not a request's)
-            if leaf.attr in FIELDS and not _is_self(leaf.value):
-                found.append(f"{path.name}:{leaf.lineno} assigns .{leaf.attr}")
+            if leaf.attr in FIELDS and (own or not _is_self(leaf.value)):
+                found.append((leaf.lineno, f"assigns .{leaf.attr}"))
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             f = node.func
             if f.attr == "transition":
-                found.append(f"{path.name}:{node.lineno} calls .transition")
+                found.append((node.lineno, "calls .transition"))
             if (
                 f.attr in LIST_METHODS
                 and isinstance(f.value, ast.Attribute)
                 and f.value.attr in MUTATED_LISTS
             ):
-                found.append(f"{path.name}:{node.lineno} changes .{f.value.attr}")
+                found.append((node.lineno, f"changes .{f.value.attr}"))
     return found
+
+
+def enclosing_function(tree: ast.AST, line: int) -> str:
+    """The name of the innermost function around `line` (<module> outside any)."""
+    around = [
+        fn
+        for fn in ast.walk(tree)
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and fn.lineno <= line <= fn.end_lineno
+    ]
+    return max(around, key=lambda fn: fn.lineno).name if around else "<module>"
 
 
 def _assigned(targets) -> list[ast.Attribute]:
@@ -85,17 +101,39 @@ def test_only_the_request_table_writes_a_requests_state_and_progress():
     assert found == []
 
 
+def request_writers(path: Path = REQUEST) -> dict[str, list[str]]:
+    """function name -> what it writes of a request (its own fields included) in `path`."""
+    tree = ast.parse(path.read_text(), str(path))
+    owners = {}
+    for line, what in write_sites(path, own=True):
+        owners.setdefault(enclosing_function(tree, line), []).append(what)
+    return owners
+
+
 def test_the_request_itself_only_moves_its_state_in_transition():
-    tree = ast.parse(REQUEST.read_text())
-    owners = {
-        fn.name
-        for fn in ast.walk(tree)
-        if isinstance(fn, ast.FunctionDef)
-        for node in ast.walk(fn)
-        if isinstance(node, ast.Assign)
-        and any(isinstance(t, ast.Attribute) and t.attr in FIELDS for t in node.targets)
+    # by the same rules as the other modules': assignments of any kind, and in-place list changes
+    assert request_writers() == {"transition": ["assigns .state"]}
+
+
+def test_the_requests_own_writes_are_seen(tmp_path):
+    path = tmp_path / "request.py"
+    path.write_text(
+        "class Request:\n"
+        "    def transition(self, new):\n"
+        "        self.state = new\n"
+        "    def advance(self, n):\n"
+        "        self.num_computed += n\n"
+        "    def emit(self, t):\n"
+        "        self.output_token_ids.append(t)\n"
+        "    def reset(self):\n"
+        "        self.transition(None)\n"
+    )
+    assert request_writers(path) == {
+        "transition": ["assigns .state"],
+        "advance": ["assigns .num_computed"],
+        "emit": ["changes .output_token_ids"],
+        "reset": ["calls .transition"],
     }
-    assert owners == {"transition"}
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,7 @@ of the fitted predictor and the prefill-time cache (medha/perf/setup_cache.py)."
 import contextlib
 import io
 import json
+import logging
 import subprocess
 import sys
 
@@ -44,7 +45,8 @@ for argv in (["--help"], ["simulate", "--help"], ["serve", "--help"], ["bench", 
 
 def test_the_router_imports_no_engine():
     """`medha route` runs beside replicas on any machine: no torch, transformers or engine (torch
-    made unimportable: the CPU's measurement falls back to numpy)."""
+    made unimportable; its CPU spec is the reference one conftest stores, so nothing is
+    measured here, and where nothing is stored the measurement falls back to numpy)."""
     code = """
 import sys
 sys.modules["torch"] = None
@@ -168,10 +170,15 @@ def test_a_corrupt_cache_file_is_a_miss_and_is_replaced(cache, tmp_path, content
     assert json.loads(path.read_bytes())["chunks"]
 
 
-def test_a_cache_that_cannot_be_written_only_costs_time(tmp_path, monkeypatch):
+def test_a_cache_that_cannot_be_written_only_costs_time(cache, tmp_path, monkeypatch, caplog):
+    cold = simulate(tmp_path / "cold")  # with a cache that can be written
     (tmp_path / "a_file").write_text("")
     monkeypatch.setenv("MEDHA_CACHE_DIR", str(tmp_path / "a_file"))
-    simulate(tmp_path / "out")
+    with caplog.at_level(logging.WARNING, logger="medha.perf"):
+        assert simulate(tmp_path / "out") == cold
+    assert "could not write the set-up cache" in caplog.text  # it tried, and went on
+    assert (tmp_path / "a_file").read_text() == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "cache", "cold", "out"]
 
 
 def test_the_walk_is_the_same_in_any_order_and_restored():

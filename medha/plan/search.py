@@ -253,8 +253,8 @@ class RayBackend(Backend):
             kwargs = dict(include_dashboard=False, log_to_driver=False, logging_level="ERROR")
             if address:
                 ray.init(address=address, **kwargs)
-            else:
-                ray.init(num_cpus=workers, **kwargs)
+            else:  # "local": a fresh instance, never RAY_ADDRESS's or the last `ray start`'s
+                ray.init(address="local", num_cpus=workers, **kwargs)
         self.ray = ray
         self.workers = int(ray.cluster_resources().get("CPU", workers))
         self.remote = ray.remote(num_cpus=1)(evaluate)
