@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +28,6 @@ from medha.engine.parallel.layout import Layout
 from medha.engine.parallel.pipeline import StagePipeline, stage_loop
 from medha.engine.parallel.stage import Stage
 from medha.engine.parallel.tensor_parallel import TensorParallel
-from medha.utils.net import free_port
 
 # A collective that waits longer than this means a rank is gone: fail instead of hanging.
 COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=60)
@@ -51,11 +51,11 @@ def threads_per_rank(world: int) -> int:
     return max(1, (os.cpu_count() or 1) // world)
 
 
-def _init(rank: int, layout: Layout, port: int, num_blocks: int) -> dict:
+def _init(rank: int, layout: Layout, rendezvous: str, num_blocks: int) -> dict:
     """Join the process group; returns this rank's roles as ModelRunner arguments."""
     dist.init_process_group(
         "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
+        init_method=f"file://{rendezvous}",
         rank=rank,
         world_size=layout.world,
         timeout=COLLECTIVE_TIMEOUT,
@@ -69,11 +69,11 @@ def _init(rank: int, layout: Layout, port: int, num_blocks: int) -> dict:
     }
 
 
-def _worker_main(rank: int, layout: Layout, port: int, args: RunnerArgs) -> None:
+def _worker_main(rank: int, layout: Layout, rendezvous: str, args: RunnerArgs) -> None:
     from medha.engine.model_runner import ModelRunner
 
     torch.set_num_threads(threads_per_rank(layout.world))
-    roles = _init(rank, layout, port, args.num_blocks)
+    roles = _init(rank, layout, rendezvous, args.num_blocks)
     runner = ModelRunner(
         args.path,
         args.config,
@@ -103,12 +103,15 @@ class WorkerGroup:
 
     def __init__(self, layout: Layout, args: RunnerArgs) -> None:
         self.world = layout.world
-        port = free_port()
+        # the ranks meet in a file of a directory only this group uses: a TCP port picked free
+        # and bound later by rank 0 could be taken in between by anyone on the machine
+        self._rendezvous_dir = tempfile.TemporaryDirectory(prefix="medha-ranks-")
+        rendezvous = os.path.join(self._rendezvous_dir.name, "store")
         ctx = mp.get_context("spawn")
         self.procs = [
             ctx.Process(
                 target=_worker_main,
-                args=(rank, layout, port, args),
+                args=(rank, layout, rendezvous, args),
                 name=f"medha-rank{rank}",
                 daemon=True,
             )
@@ -117,7 +120,7 @@ class WorkerGroup:
         for p in self.procs:
             p.start()
         torch.set_num_threads(threads_per_rank(layout.world))
-        self.roles = _init(0, layout, port, args.num_blocks)
+        self.roles = _init(0, layout, rendezvous, args.num_blocks)
         self.pipeline = (
             StagePipeline(layout, args.config["hidden_size"], args.dtype)
             if layout.spp > 1
@@ -144,3 +147,4 @@ class WorkerGroup:
                 if p.is_alive():
                     p.kill()
             dist.destroy_process_group()
+            self._rendezvous_dir.cleanup()
