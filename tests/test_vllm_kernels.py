@@ -170,7 +170,8 @@ class SwapWatch:
             for h, d in ins:
                 back = self.block(d)
                 for before, after in zip(self.away.pop(h), back, strict=True):
-                    assert torch.equal(before.view(torch.uint8), after.view(torch.uint8)), (h, d)
+                    same = torch.equal(before.view(torch.uint8), after.view(torch.uint8))
+                    assert same, f"host block {h} came back to device block {d} changed"
                 self.returned += 1
             self.away.update(outs)
 
