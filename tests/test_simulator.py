@@ -1,4 +1,6 @@
+import contextlib
 import dataclasses
+import io
 import json
 import subprocess
 import sys
@@ -10,7 +12,6 @@ from medha.core.config import SchedulerConfig
 from medha.core.request import Request
 from medha.perf import ParallelConfig
 from medha.perf.toy_predictor import TOY_MODEL, FixedCostPredictor
-from medha.sim.metrics.summary import WALL_CLOCK_KEYS
 from medha.sim.runner import RunSpec, simulate
 from medha.sim.simulator import ClusterConfig, Simulator
 from medha.sim.workload.generator import WorkloadConfig
@@ -115,11 +116,19 @@ def test_microbatched_pipeline_runs_one_batch_of_a_request_at_a_time():
 def test_microbatched_pipeline_holds_a_decode_until_its_batch_returns():
     # A decode in flight is never rescheduled in either mode (it needs its token); a request
     # that has just become a decode runs its first decode only once its last chunk returns.
+    # The toy predictor's times are exact: the 64-token prompt is one chunk of 64 tokens' time,
+    # each decode one token's, and each batch starts when the one before it has left stage 2.
     for pipeline in ("stream", "microbatch"):
         r = Request("a", 0.0, 64, 4)
         res = toy_pipeline_sim(pipeline).run([r])
         log = res.log
+        assert len(log) == 4, (pipeline, len(log))  # the prefill, then three decodes
+        assert log.prefill_tokens[0] == 64 and log.chunk_request == ["a"]
         assert all(log.start_s[i + 1] >= log.end_s[i] for i in range(len(log) - 1))
+        assert log.start_s[1:] == pytest.approx(log.end_s[:-1])  # no idle gap either
+        assert r.ttft_s == pytest.approx(64 * TOKEN_S)
+        gaps = [b - a for a, b in zip(r.token_times_s, r.token_times_s[1:])]
+        assert gaps == pytest.approx([TOKEN_S] * 3), pipeline
 
 
 def test_pipeline_mode_is_checked():
@@ -153,19 +162,51 @@ def test_kv_parallelism_cuts_long_context_decode_time():
     assert tpot(2) < 0.75 * tpot(1)
 
 
+_DETERMINISM_RUN = """
+import json
+from medha.core.config import SchedulerConfig
+from medha.perf import ParallelConfig
+from medha.sim.metrics.summary import WALL_CLOCK_KEYS
+from medha.sim.runner import RunSpec, simulate
+from medha.sim.simulator import ClusterConfig
+from medha.sim.workload.generator import WorkloadConfig
+
+spec = RunSpec(
+    cluster=ClusterConfig(hardware="h100", replicas=2),
+    parallel=ParallelConfig(tp=8),
+    scheduler=SchedulerConfig(),
+)
+work = WorkloadConfig(trace="sharegpt", qps=4.0, num_requests=150, long_fraction=0.02, seed=3)
+summary = simulate(spec, work).summary
+for k in WALL_CLOCK_KEYS:
+    summary["sim"].pop(k)
+print(json.dumps(summary, sort_keys=True))
+"""
+
+
 def test_simulation_is_deterministic():
-    spec = RunSpec(
-        cluster=ClusterConfig(hardware="h100", replicas=2),
-        parallel=ParallelConfig(tp=8),
-        scheduler=SchedulerConfig(),
+    """The same run gives the same summary in this process and in another one whose string
+    hashes differ (PYTHONHASHSEED): no result may follow the order of a set or dict of ids
+    that hashing decides, which would differ between processes and machines."""
+    import os
+
+    def in_process():
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            exec(_DETERMINISM_RUN, {})
+        return out.getvalue().strip()
+
+    # (this process has run other simulations before: state they leave behind shows up too)
+    ours = in_process()
+    assert json.loads(ours)["requests"] == {"total": 150, "completed": 150}
+    # another hash seed than this process's (random, unless PYTHONHASHSEED fixes it)
+    seed = "2" if os.environ.get("PYTHONHASHSEED") == "1" else "1"
+    env = dict(os.environ, PYTHONHASHSEED=seed)
+    run = subprocess.run(
+        [sys.executable, "-c", _DETERMINISM_RUN], capture_output=True, text=True, env=env
     )
-    work = WorkloadConfig(trace="sharegpt", qps=4.0, num_requests=150, long_fraction=0.02, seed=3)
-    a, b = simulate(spec, work), simulate(spec, work)
-    for s in (a.summary, b.summary):
-        for k in WALL_CLOCK_KEYS:
-            s["sim"].pop(k)
-    assert json.dumps(a.summary, sort_keys=True) == json.dumps(b.summary, sort_keys=True)
-    assert a.summary["requests"] == {"total": 150, "completed": 150}
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip() == ours, f"PYTHONHASHSEED={seed} gives another summary"
 
 
 def test_summary_schema():

@@ -1,12 +1,18 @@
 """medha's scheduler on vLLM's engine (medha.vllm_executor): the vllm tier.
 
 Each test runs vLLM's offline `LLM` in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so the
-scheduler object can be read after the run. The reference is plain vLLM on the same model,
-dtype and flags, token for token.
+scheduler object can be read after the run. medha's plans are pinned: a fixed roofline (SLOW_CPU,
+not the CPU as measured) and a clock that advances by a fixed step at each reading, so that
+every machine plans the same steps. Greedy tokens are compared as decisions: plain vLLM's and
+medha's runs (batches of other shapes, chunks) each agree with transformers' float32 greedy
+continuation up to the end, or part from it only at a near-tie, a step whose top-two margin is
+within rounding (medha/benchmark/numerics.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import os
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -16,7 +22,9 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 import pytest  # noqa: E402
 import vllm  # noqa: E402
 
-from medha.vllm_executor import MedhaScheduler  # noqa: E402
+from medha.benchmark.numerics import assert_greedy_agrees, greedy_reference  # noqa: E402
+from medha.benchmark.reference_cpu import REFERENCE_CPU  # noqa: E402
+from medha.vllm_executor import MedhaScheduler, settings  # noqa: E402
 from medha.vllm_executor.contract import contract_problems  # noqa: E402
 from medha.vllm_executor.settings import scheduler_settings  # noqa: E402
 
@@ -26,6 +34,13 @@ CONFIGS = {
     "lars-adaptive": {"policy": "lars", "chunking": "adaptive", "iteration_budget_s": 0.05},
     "edf-adaptive": {"policy": "edf", "chunking": "adaptive", "iteration_budget_s": 0.05},
 }
+# The roofline medha plans with: the reference CPU slowed tenfold, so that a 50 ms step holds
+# about 500 tokens of the tiny model and the adaptive packer cuts its longest prompts (1,072
+# tokens) into chunks (at the reference CPU's speed the whole 2,048-token step fits in 50 ms).
+SLOW_CPU = dataclasses.replace(
+    REFERENCE_CPU, peak_flops=REFERENCE_CPU.peak_flops / 10, mem_bw=REFERENCE_CPU.mem_bw / 10
+)
+CLOCK_STEP_S = 0.02  # each reading of medha's clock is this much later than the one before
 
 
 def _llm(model: str, medha: dict | None = None, **kwargs):
@@ -39,9 +54,18 @@ def _llm(model: str, medha: dict | None = None, **kwargs):
         enforce_eager=True,
     )
     if medha is not None:
+        medha = {**medha, "predictor": "roofline"}
         args.update(scheduler_cls=SCHEDULER_CLS, additional_config={"medha": medha})
     args.update(kwargs)
-    return vllm.LLM(**args)
+    if medha is None:
+        return vllm.LLM(**args)
+    with pytest.MonkeyPatch.context() as patch:
+        # (the engine core, MedhaScheduler with it, is built in this process, in vllm.LLM)
+        patch.setattr(settings, "get_hardware", lambda name: SLOW_CPU)
+        llm = vllm.LLM(**args)
+    ticks = itertools.count()
+    _scheduler(llm).clock = lambda: 1000.0 + CLOCK_STEP_S * next(ticks)
+    return llm
 
 
 def _scheduler(llm):
@@ -68,10 +92,18 @@ def model(tiny_vllm_model):
 
 
 @pytest.fixture(scope="module")
-def reference(model):
+def greedy(model):
+    """transformers' float32 greedy continuation of _prompts(12), with each step's margin."""
+    return greedy_reference(model, _prompts(12), 12)
+
+
+@pytest.fixture(scope="module")
+def reference(model, greedy):
+    """Plain vLLM's tokens (no medha), which agree with transformers' decisions too."""
     llm = _llm(model)
     out = _generate(llm, _prompts(12))
     del llm
+    assert_greedy_agrees(out, greedy)
     return out
 
 
@@ -82,25 +114,31 @@ def test_contract_holds():
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_greedy_outputs_match_plain_vllm(model, reference, name):
+def test_greedy_outputs_match_plain_vllm(model, greedy, reference, name):
     llm = _llm(model, CONFIGS[name])
     sched = _scheduler(llm)
     assert isinstance(sched, MedhaScheduler)
-    assert _generate(llm, _prompts(12)) == reference
+    prompts = _prompts(12)
+    assert_greedy_agrees(_generate(llm, prompts), greedy)
     # every request finished in both schedulers, and vLLM's KV cache holds no request's blocks
     assert not sched.requests and len(sched.medha) == 0
     sched.medha.check_invariants()
     assert sched.kv_cache_manager.usage == pytest.approx(0.0, abs=1e-9)
-    if name != "fcfs-none":
-        # the packer cut the long prompts into chunks: medha decided, vLLM ran them as planned
-        assert sched.medha.stats.batches > len(reference)
+    chunks = [chunk for step in sched.steps for chunk in step.prefills]  # (tokens, start)
+    if name == "fcfs-none":
+        assert all(start == 0 for _, start in chunks)  # each prompt whole
+    else:
+        # the packer cut the long prompts into chunks (medha decided, vLLM ran them as planned):
+        # chunks that continue a prompt, and no step that holds as many prompt tokens as the
+        # longest prompt
+        assert any(start > 0 for _, start in chunks)
+        longest = max(len(p) for p in prompts)
+        assert max(sum(n for n, _ in step.prefills) for step in sched.steps) < longest
     assert sched.plan_revisions == 0
     # each step's shape and measured time is kept (what a vLLM profile is fitted from)
     assert len(sched.steps) == sched.medha.stats.batches
     assert all(step.seconds > 0 for step in sched.steps)
-    assert sum(n for step in sched.steps for n, _ in step.prefills) == sum(
-        len(p) for p in _prompts(12)
-    )
+    assert sum(n for n, _ in chunks) == sum(len(p) for p in prompts)
 
 
 def test_preemption_under_a_small_kv_cache_matches_plain_vllm(model):
@@ -108,12 +146,13 @@ def test_preemption_under_a_small_kv_cache_matches_plain_vllm(model):
     a block boundary: medha preempts (and vLLM, where medha's mirror counted blocks it did not
     have); nothing is lost or left behind."""
     prompts = _prompts(12)
+    greedy = greedy_reference(model, prompts, 140)
     plain = _llm(model, num_gpu_blocks_override=20)
-    expected = _generate(plain, prompts, max_tokens=140)
+    assert_greedy_agrees(_generate(plain, prompts, max_tokens=140), greedy)
     del plain
     llm = _llm(model, {"policy": "fcfs", "chunking": "static:256"}, num_gpu_blocks_override=20)
     sched = _scheduler(llm)
-    assert _generate(llm, prompts, max_tokens=140) == expected
+    assert_greedy_agrees(_generate(llm, prompts, max_tokens=140), greedy)
     assert sched.medha.stats.preemptions >= 1
     assert not sched.requests and len(sched.medha) == 0
     sched.medha.check_invariants()
@@ -122,16 +161,14 @@ def test_preemption_under_a_small_kv_cache_matches_plain_vllm(model):
 
 def test_prefix_cache_hits_revise_medhas_plan(model):
     """vLLM's prefix caching keeps working: a prompt whose first blocks are cached starts
-    after them; medha's batch is revised to what ran, and the tokens match plain vLLM's."""
+    after them; medha's batch is revised to what ran, and the tokens are the model's."""
     shared = [(13 * j) % 4000 + 100 for j in range(600)]
     prompts = [shared + [5, 6, 7], shared + [8, 9]]
-    plain = _llm(model)
-    expected = [_generate(plain, [p])[0] for p in prompts]
-    del plain
+    greedy = greedy_reference(model, prompts, 12)
     llm = _llm(model, CONFIGS["lars-adaptive"])
     sched = _scheduler(llm)
     got = [_generate(llm, [p])[0] for p in prompts]  # one after the other: the 2nd hits
-    assert got == expected
+    assert_greedy_agrees(got, greedy)
     assert sched.plan_revisions >= 1
     assert not sched.requests and len(sched.medha) == 0
     sched.medha.check_invariants()
@@ -236,32 +273,36 @@ def test_vllms_own_openai_server_with_medhas_scheduler(model, tmp_path):
     official openai client, streamed and not, with the same greedy text; a client's invalid
     medha target is left out with a warning, and its request still succeeds."""
     import sys
+    import uuid
 
     import openai
 
-    from medha.benchmark.local_server import local_server
+    from medha.benchmark.local_server import owned_local_server
+
+    name = f"tiny-{uuid.uuid4().hex[:8]}"  # this server's own (owned_local_server)
 
     def command(port):
         return [
             sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-            "--model", model, "--served-model-name", "tiny", "--port", str(port),
+            "--model", model, "--served-model-name", name, "--port", str(port),
             "--dtype", "float32", "--max-model-len", "2048", "--enforce-eager",
             "--scheduler-cls", SCHEDULER_CLS,
             "--additional-config", '{"medha": {"policy": "lars", "chunking": "adaptive"}}',
         ]  # fmt: skip
 
     log = tmp_path / "server.log"
-    with open(log, "w") as out, local_server(command, log=out) as url:
+    # (vLLM's start takes minutes on a loaded 2-core machine; a server that fails exits)
+    with owned_local_server(command, name, log, startup_s=900) as (url, _):
         client = openai.OpenAI(base_url=url + "/v1", api_key="none")
         prompt = "The convoy effect in LLM serving is"
-        whole = client.completions.create(model="tiny", prompt=prompt, max_tokens=16, temperature=0)
+        whole = client.completions.create(model=name, prompt=prompt, max_tokens=16, temperature=0)
         stream = client.completions.create(
-            model="tiny", prompt=prompt, max_tokens=16, temperature=0, stream=True
+            model=name, prompt=prompt, max_tokens=16, temperature=0, stream=True
         )
         assert "".join(c.choices[0].text for c in stream) == whole.choices[0].text
         assert whole.usage.completion_tokens == 16
         chat = client.chat.completions.create(
-            model="tiny",
+            model=name,
             messages=[{"role": "user", "content": "hi"}],
             max_tokens=8,
             temperature=0,

@@ -1,10 +1,18 @@
 """medha's engine on vLLM's CPU kernels (`--kernels vllm`): the same model as on torch's ops,
 against transformers on the same weights, through chunking, swapping and pipeline stages."""
 
+import json
+
 import pytest
 import torch
 
 from medha.benchmark.logits import prefill_logits
+from medha.benchmark.numerics import (
+    assert_greedy_agrees,
+    assert_logits_within,
+    greedy_reference,
+    logit_bound,
+)
 from medha.core.config import SchedulerConfig
 from medha.engine.checkpoint import resolve_model
 from medha.engine.errors import EngineError
@@ -44,16 +52,7 @@ def hf():
 
 def test_auto_takes_vllm_kernels_for_bf16_on_a_cpu():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    if not gemm_runs(torch.bfloat16):  # an AVX2 CPU: torch's ops, and a clear refusal
-        assert resolve_kernels("auto", cpu, torch.bfloat16, 1) == "torch"
-        with pytest.raises(EngineError, match="no bfloat16 kernel on this CPU"):
-            LLM("smollm2", dtype="bfloat16", kernels="vllm", kv_memory_gb=0.01)
-        assert LLM("smollm2", dtype="bfloat16", kv_memory_gb=0.01).engine.kernels == "torch"
-        return
-    assert resolve_kernels("auto", cpu, torch.bfloat16, 1) == "vllm"
-    # fp16 by its own kernel: a CPU with AVX512-BF16 and no AVX512-FP16 builds no fp16 GEMM
-    fp16 = "vllm" if gemm_runs(torch.float16) else "torch"
-    assert resolve_kernels("auto", cpu, torch.float16, 1) == fp16
+    # decided before the CPU's GEMMs are asked: the same answers on every ISA
     assert resolve_kernels("auto", cpu, torch.float32, 1) == "torch"  # the exact reference
     assert resolve_kernels("auto", cpu, torch.bfloat16, 2) == "torch"  # kvp reads K slots
     assert resolve_kernels("auto", cuda, torch.bfloat16, 1) == "torch"
@@ -64,17 +63,42 @@ def test_auto_takes_vllm_kernels_for_bf16_on_a_cpu():
         resolve_kernels("onednn", cpu, torch.bfloat16, 1)
     with pytest.raises(EngineError, match="kvp"):
         LLM("smollm2", kernels="vllm", kvp=2, kv_memory_gb=0.01)
+    # fp16 by its own kernel: a CPU with AVX512-BF16 and no AVX512-FP16 builds no fp16 GEMM
+    fp16 = "vllm" if gemm_runs(torch.float16) else "torch"
+    assert resolve_kernels("auto", cpu, torch.float16, 1) == fp16
+    if not gemm_runs(torch.bfloat16):  # an AVX2 CPU: torch's ops, and a clear refusal
+        assert resolve_kernels("auto", cpu, torch.bfloat16, 1) == "torch"
+        with pytest.raises(EngineError, match="no bfloat16 kernel on this CPU"):
+            LLM("smollm2", dtype="bfloat16", kernels="vllm", kv_memory_gb=0.01)
+        assert LLM("smollm2", dtype="bfloat16", kv_memory_gb=0.01).engine.kernels == "torch"
+        return
+    assert resolve_kernels("auto", cpu, torch.bfloat16, 1) == "vllm"
     assert LLM("smollm2", dtype="bfloat16", kv_memory_gb=0.01).engine.kernels == "vllm"
+
+
+def _chunked_logits(model, ids: list[int], size: int = 64) -> torch.Tensor:
+    """transformers' logits of a prefill in chunks of `size` through its KV cache."""
+    from transformers import DynamicCache
+
+    cache, rows = DynamicCache(), []
+    for i in range(0, len(ids), size):
+        out = model(torch.tensor([ids[i : i + size]]), past_key_values=cache, use_cache=True)
+        cache = out.past_key_values
+        rows.append(out.logits[0].float())
+    return torch.cat(rows)
 
 
 def test_bf16_is_as_close_to_fp32_as_transformers_in_bf16(prompts, hf):
     """bf16 rounds differently in every kernel, so no bf16 engine matches another bit for bit
-    (transformers' bf16 and vLLM's kernels differ by up to ~1 logit on 600 tokens): the yardstick
-    is the fp32 model, and the kernels must be no further from it than transformers in bf16, on
-    average over the logits and over each position's worst logit (measured, mean / mean of the
-    rows' maxima / max: AVX-512 EPYC 0.092 / - / 1.26 against transformers' 0.104 / - / 2.12;
-    Sapphire Rapids with AMX 0.094 / 0.362 / 1.56 against 0.103 / 0.376 / 1.39). The single
-    largest difference is one logit in 29 million, which swings either way between CPUs."""
+    (transformers' bf16 and vLLM's kernels differ by up to ~1 logit on 600 tokens), and no bound
+    derived beforehand says how far a bf16 model is from the fp32 one. The yardstick is measured
+    here, on this CPU: transformers in bf16, whole and in 64-token chunks (two summation orders,
+    the larger error of the two), against the fp32 model. vLLM's kernels, whole and chunked,
+    must be no further from the fp32 model on average over the logits (within 10%) and over
+    each position's worst logit (within 25%: the tail swings more between kernels). Measured,
+    mean / mean of the rows' maxima: AVX-512 BF16 EPYC 0.094 / 0.350 (whole and chunked)
+    against transformers' 0.108 / 0.388; Sapphire Rapids with AMX, whole, 0.094 / 0.362 against
+    0.103 / 0.376. (bench/engine_correctness.py prints the largest differences.)"""
     if not gemm_runs(torch.bfloat16):
         pytest.skip(
             "this CPU's oneDNN has no bf16 GEMM (AVX2 only): the engine refuses bf16 on vLLM's "
@@ -84,47 +108,94 @@ def test_bf16_is_as_close_to_fp32_as_transformers_in_bf16(prompts, hf):
     ids = prompts[3]
     with torch.inference_mode():
         truth = f32(torch.tensor([ids])).logits[0]
-        theirs = (bf16(torch.tensor([ids])).logits[0].float() - truth).abs()
+        theirs = [
+            (bf16(torch.tensor([ids])).logits[0].float() - truth).abs(),
+            (_chunked_logits(bf16, ids) - truth).abs(),
+        ]
         firsts = [f32(torch.tensor([p])).logits[0, -1].topk(2) for p in prompts]
-    whole = prefill_logits("none", ids, "bfloat16", kernels="vllm")
-    ours = (whole - truth).abs()
-    assert ours.mean() <= 1.1 * theirs.mean()
-    assert ours.max(1).values.mean() <= 1.1 * theirs.max(1).values.mean()
-    # chunks round differently from a whole prefill (up to 0.25 of a logit on the EPYC, 1.4 with
-    # AMX, whose GEMM kernels change with the rows): no further from the fp32 model
-    chunked = (prefill_logits("static:64", ids, "bfloat16", kernels="vllm") - truth).abs()
-    assert chunked.mean() <= 1.1 * theirs.mean()
-    assert chunked.max(1).values.mean() <= 1.1 * theirs.max(1).values.mean()
+    mean = max(float(t.mean()) for t in theirs)
+    tail = max(float(t.max(1).values.mean()) for t in theirs)
+    for chunking in ("none", "static:64"):  # chunks round differently from a whole prefill
+        ours = (prefill_logits(chunking, ids, "bfloat16", kernels="vllm") - truth).abs()
+        assert float(ours.mean()) <= 1.1 * mean, (chunking, float(ours.mean()), mean)
+        assert float(ours.max(1).values.mean()) <= 1.25 * tail, (chunking, tail)
     llm = LLM("smollm2", kv_memory_gb=0.5, dtype="bfloat16", kernels="vllm")
     outs = llm.generate(prompts, GREEDY)  # decodes and prefills in one batch
-    for out, (top, token) in zip(outs, firsts):
-        if top[0] - top[1] > 1.0:  # not a near-tie, which bf16 may break either way
-            assert out.token_ids[0] == int(token[0])
+    clear = [(out, token) for out, (top, token) in zip(outs, firsts) if top[0] - top[1] > 1.0]
+    assert clear  # a first token that is no near-tie, which bf16 may break either way
+    assert all(out.token_ids[0] == int(token[0]) for out, token in clear)
     assert all(len(o.token_ids) == GREEDY.max_tokens for o in outs)
     assert llm.engine.scheduler.blocks.num_used == 0
 
 
 def test_fp32_on_vllm_kernels_is_close_to_the_reference(prompts):
+    """Chunked, on oneDNN's GEMMs and vLLM's attention, every logit within float32 rounding of
+    transformers' whole prefill (the bound derived from the computation: numerics.py), and so
+    is medha's own engine on torch's ops."""
     ids = prompts[3]
+    bound = logit_bound(resolve_model("smollm2"), ids)
     ours = prefill_logits("static:64", ids, "float32", kernels="vllm")
-    ref = prefill_logits("none", ids, "float32", kernels="torch")
-    torch.testing.assert_close(ours, ref, atol=2e-3, rtol=1e-4)
+    assert_logits_within(ours, bound.logits, bound.between_two())
+    torch_ops = prefill_logits("none", ids, "float32", kernels="torch")
+    assert_logits_within(torch_ops, bound.logits, bound.between_two())
 
 
-def _tokens(model, kv_tokens, dtype, new_tokens=GREEDY.max_tokens, **engine):
+def _kernel_prompts(model) -> list[list[int]]:
+    from medha.engine.tokenizer import Tokenizer
+
+    ids = Tokenizer(model).encode(open(__file__).read())
+    return [ids[i * 37 : i * 37 + n] for i, n in enumerate((5, 11, 40, 96, 170, 260, 400))]
+
+
+class SwapWatch:
+    """Wraps an engine's swap pool: the KV bytes of every block a swap-out takes to the host
+    (read from the device before the copy), and, when a swap-in brings that host block back,
+    whether the device block it lands in holds the same bytes, in every layer's K and V (the
+    kernels' packing included: a block is its slots, whatever their layout inside)."""
+
+    def __init__(self, engine) -> None:
+        self.runner, self.pool = engine.runner, engine.swap_blocks
+        self.away: dict[int, list[torch.Tensor]] = {}  # host block -> its bytes
+        self.returned = 0
+        apply = self.pool.apply
+
+        def watched(batch):
+            ins = [(h, d) for s in batch.swap_in for h, d in zip(s.host_blocks, s.device_blocks)]
+            outs = {
+                h: self.block(d)
+                for s in batch.swap_out
+                for d, h in zip(s.device_blocks, s.host_blocks)
+            }
+            apply(batch)
+            for h, d in ins:
+                back = self.block(d)
+                for before, after in zip(self.away.pop(h), back, strict=True):
+                    same = torch.equal(before.view(torch.uint8), after.view(torch.uint8))
+                    assert same, f"host block {h} came back to device block {d} changed"
+                self.returned += 1
+            self.away.update(outs)
+
+        self.pool.apply = watched
+
+    def block(self, b: int) -> list[torch.Tensor]:
+        n = self.runner.block_size
+        return [t[:, b * n : (b + 1) * n].clone() for kv in self.runner.kv_caches for t in kv]
+
+
+def _tokens(model, kv_tokens, dtype, new_tokens=GREEDY.max_tokens, watch=False, **engine):
     sched = SchedulerConfig(policy="fcfs", chunking="static:64", **engine.pop("sched", {}))
     greedy = SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True)
-    cfg = __import__("json").load(open(f"{model}/config.json"))
+    cfg = json.load(open(f"{model}/config.json"))
     kv_gb = kv_tokens * ModelRunner.kv_bytes_per_token(cfg, getattr(torch, dtype)) / 2**30
     llm = LLM(model, scheduler=sched, kv_memory_gb=kv_gb, dtype=dtype, **engine)
-    ids = llm.tokenizer.encode(open(__file__).read())
-    prompts = [ids[i * 37 : i * 37 + n] for i, n in enumerate((5, 11, 40, 96, 170, 260, 400))]
-    outs = [o.token_ids for o in llm.generate(prompts, greedy)]
+    assert llm.engine.kernels == engine.get("kernels", llm.engine.kernels)
+    swaps = SwapWatch(llm.engine) if watch else None
+    outs = [o.token_ids for o in llm.generate(_kernel_prompts(model), greedy)]
     s = llm.engine.scheduler
     assert s.blocks.num_used == 0 and not s.has_unfinished()
     s.check_invariants()
     llm.engine.close()
-    return outs, s
+    return outs, s, swaps
 
 
 @pytest.mark.parametrize(
@@ -135,20 +206,26 @@ def test_swapped_blocks_keep_the_kernels_packing(
     tiny_vllm_model, kernel_dtype, block_size, kv_tokens, new_tokens
 ):
     """The kernels pack K inside each block: swap moves whole blocks, so KV that went to the
-    host and came back reads the same."""
-    engine = {"kernels": "vllm", "block_size": block_size}
-    reference, s = _tokens(tiny_vllm_model, 1 << 15, kernel_dtype, new_tokens, **engine)
-    assert s.stats.preemptions == 0
-    swap = {"preemption_mode": "swap"}
-    outs, s = _tokens(tiny_vllm_model, kv_tokens, kernel_dtype, new_tokens, **engine, sched=swap)
-    assert s.stats.swap_outs > 0 and s.stats.recomputes == 0
-    assert outs == reference
+    host and came back holds the same bytes (in the kernels' usual dtype, bf16 where this CPU
+    has it), and the tokens are the model's (in float32, where they are decisions that rounding
+    cannot change: transformers' greedy continuation, up to a near-tie)."""
+    engine = {"kernels": "vllm", "block_size": block_size, "sched": {"preemption_mode": "swap"}}
+    _, s, swaps = _tokens(tiny_vllm_model, kv_tokens, kernel_dtype, new_tokens, True, **engine)
+    assert s.stats.swap_outs > 0 and s.stats.recomputes == 0 and swaps.returned > 0
+    reference = greedy_reference(tiny_vllm_model, _kernel_prompts(tiny_vllm_model), new_tokens)
+    outs, s, swaps = _tokens(tiny_vllm_model, kv_tokens, "float32", new_tokens, True, **engine)
+    assert s.stats.swap_outs > 0 and s.stats.recomputes == 0 and swaps.returned > 0
+    assert_greedy_agrees(outs, reference)
 
 
-def test_pipeline_stages_run_the_same_kernels(tiny_vllm_model, kernel_dtype):
-    reference, _ = _tokens(tiny_vllm_model, 1 << 15, kernel_dtype, kernels="vllm")
-    staged, _ = _tokens(tiny_vllm_model, 1 << 15, kernel_dtype, kernels="vllm", spp=2)
-    assert staged == reference
+def test_pipeline_stages_run_the_same_kernels(tiny_vllm_model):
+    """Two stream-pipeline stages on vLLM's kernels, two batches in flight: the tokens are the
+    model's, as one stage's are (float32 decisions against transformers, up to a near-tie)."""
+    reference = greedy_reference(tiny_vllm_model, _kernel_prompts(tiny_vllm_model), 16)
+    one, _, _ = _tokens(tiny_vllm_model, 1 << 15, "float32", kernels="vllm")
+    staged, _, _ = _tokens(tiny_vllm_model, 1 << 15, "float32", kernels="vllm", spp=2)
+    assert_greedy_agrees(one, reference)
+    assert_greedy_agrees(staged, reference)
 
 
 def test_auto_keeps_torch_for_head_sizes_the_kernels_lack(tiny_model):

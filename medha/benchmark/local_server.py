@@ -7,7 +7,8 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
 
 from medha.utils.net import free_port, wait_healthy
 
@@ -28,13 +29,17 @@ def local_server(
     with_process: bool = False,
     log=None,
     port: int | None = None,
+    env: dict | None = None,
 ) -> Iterator:
     """Run `command(port)`, wait until its /health answers 200, yield its base URL (with
     `with_process`, the pair (URL, Popen)); SIGTERM (then kill) on the way out. `log`: an
-    open file that gets the server's stdout and stderr. `port`: this one rather than a free one."""
+    open file that gets the server's stdout and stderr. `port`: this one rather than a free one.
+    `env`: the server's environment (default: this process's)."""
     port = port or free_port()
     out = log if log is not None else subprocess.DEVNULL if quiet else None
-    proc = subprocess.Popen(command(port), stdout=out, stderr=subprocess.STDOUT if log else out)
+    proc = subprocess.Popen(
+        command(port), stdout=out, stderr=subprocess.STDOUT if log else out, env=env
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(proc, url, time.monotonic() + startup_s, str(command(port)[:3]))
@@ -45,3 +50,48 @@ def local_server(
             proc.wait(120)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+@contextmanager
+def owned_local_server(
+    command: Callable[[int], list[str]],
+    served_name: str,
+    log_path: str | Path,
+    startup_s: float = 300.0,
+    attempts: int = 3,
+    env: dict | None = None,
+) -> Iterator[tuple[str, subprocess.Popen]]:
+    """`local_server` (yielding the URL and the Popen) on a port that is the server's own.
+
+    A free port is free when `free_port` looks, not when the server binds it seconds later:
+    another process may take it in between. Then the server either exits (its log, at
+    `log_path`, says the address is in use) or, while it starts, the other process answers
+    /health in its place. So the server is started with a name of its own (`served_name`, its
+    --served-model-name), is ours only once /v1/models lists that name, and is started again on
+    another port (up to `attempts` times) when it lost the port."""
+    for attempt in range(1, attempts + 1):
+        with ExitStack() as stack:
+            out = stack.enter_context(open(log_path, "w"))
+            try:
+                url, proc = stack.enter_context(
+                    local_server(command, log=out, startup_s=startup_s, with_process=True, env=env)
+                )
+            except RuntimeError as e:
+                log = Path(log_path).read_text()
+                if "address already in use" in log.lower() and attempt < attempts:
+                    continue
+                raise RuntimeError(f"{e}; the end of its log:\n{log[-3000:]}") from None
+            if served_name in _served_models(url):
+                yield url, proc
+                return
+        # another server answered on the port: ours is stopped (leaving the stack), try again
+    raise RuntimeError(f"{attempts} ports in a row were taken by other servers")
+
+
+def _served_models(url: str) -> list[str]:
+    import httpx
+
+    try:
+        return [m["id"] for m in httpx.get(url + "/v1/models", timeout=10).json()["data"]]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return []
