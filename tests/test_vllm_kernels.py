@@ -50,7 +50,8 @@ def hf():
     )
 
 
-def test_auto_takes_vllm_kernels_for_bf16_on_a_cpu():
+def test_auto_takes_vllm_kernels_for_bf16_on_a_cpu(monkeypatch):
+    monkeypatch.delenv("MEDHA_AUTO_KERNELS", raising=False)  # auto's own rule (.ci/cpu-kinds)
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     # decided before the CPU's GEMMs are asked: the same answers on every ISA
     assert resolve_kernels("auto", cpu, torch.float32, 1) == "torch"  # the exact reference
@@ -74,6 +75,23 @@ def test_auto_takes_vllm_kernels_for_bf16_on_a_cpu():
         return
     assert resolve_kernels("auto", cpu, torch.bfloat16, 1) == "vllm"
     assert LLM("smollm2", dtype="bfloat16", kv_memory_gb=0.01).engine.kernels == "vllm"
+
+
+def test_medha_auto_kernels_is_what_auto_prefers(monkeypatch, tiny_model):
+    """How .ci/cpu-kinds runs every engine it can on vLLM's kernels, float32 included."""
+    cpu = torch.device("cpu")
+    monkeypatch.setenv("MEDHA_AUTO_KERNELS", "vllm")
+    assert resolve_kernels("auto", cpu, torch.float32, 1) == "vllm"  # fp32's GEMM runs anywhere
+    assert resolve_kernels("auto", cpu, torch.float32, 2) == "torch"  # not where they cannot run
+    assert resolve_kernels("auto", cpu, torch.float32, 1, head_dim=16) == "torch"
+    assert LLM("smollm2", dtype="float32", kv_memory_gb=0.01).engine.kernels == "vllm"
+    assert LLM(tiny_model, dtype="float32", kv_memory_gb=0.01).engine.kernels == "torch"
+    monkeypatch.setenv("MEDHA_AUTO_KERNELS", "torch")
+    assert resolve_kernels("auto", cpu, torch.bfloat16, 1) == "torch"
+    assert resolve_kernels("vllm", cpu, torch.float32, 1) == "vllm"  # asked for: kept
+    monkeypatch.setenv("MEDHA_AUTO_KERNELS", "onednn")
+    with pytest.raises(EngineError, match="MEDHA_AUTO_KERNELS must be torch or vllm"):
+        resolve_kernels("auto", cpu, torch.bfloat16, 1)
 
 
 def _chunked_logits(model, ids: list[int], size: int = 64) -> torch.Tensor:
