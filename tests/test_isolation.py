@@ -44,23 +44,23 @@ def llm(tiny_model):
 def quiet(tiny_model):
     """What every prompt in PROMPTS must give, alone or in any batch, with faults around it or
     none: transformers' greedy tokens in float32, with the margins that say where rounding may
-    pick the other token. (Two runs of the engine batch and chunk differently, so their float32
-    sums differ in order: equal tokens between them is not what the engine owes.)"""
+    pick the other token. Two calls of the engine batch and chunk the same prompt differently
+    (other companions, and the prefix cache, on by default, leaves a later call only the
+    prompt's tail to compute), so their float32 sums differ in order: equal tokens between two
+    engine runs is not what the engine owes."""
     return greedy_reference(tiny_model, PROMPTS, GREEDY.max_tokens)
 
 
 def assert_quiet(llm, indices: list[int], outputs, quiet: GreedyReference) -> None:
     """The outputs of PROMPTS[i] for i in `indices` are transformers' tokens (but at a near-tie)
     and its logits within rounding at every token."""
-    assert_greedy_agrees(
-        [o.token_ids for o in outputs],
-        GreedyReference(
-            *(
-                [rows[i] for i in indices]
-                for rows in (quiet.tokens, quiet.margins, quiet.margin_bounds)
-            )
-        ),
-    )
+    tokens, margins, bounds = ([rows[i] for i in indices] for rows in dataclasses.astuple(quiet))
+    try:
+        assert_greedy_agrees(
+            [o.token_ids for o in outputs], GreedyReference(tokens, margins, bounds)
+        )
+    except AssertionError as e:
+        raise AssertionError(f"outputs of PROMPTS{indices}: {e}") from None
     assert_logprobs_agree(llm.engine.model_path, [PROMPTS[i] for i in indices], outputs)
 
 

@@ -36,10 +36,10 @@ def _reference_rows(model_dir: str, ids: tuple[int, ...], first: int):
 
 
 def assert_logprobs_agree(model_dir: str | Path, prompts: list[list[int]], outputs) -> float:
-    """Each output of `prompts` (RequestOutputs of an engine run with `logprobs` set) has, at
-    every generated token, top logprobs whose differences from the chosen token's are
-    transformers' logit differences within rounding. Outputs that ended in an error are left
-    out. Returns the largest |difference| / bound seen (at most 1)."""
+    """Each output of `prompts` (RequestOutputs of a float32 engine run with `logprobs` set)
+    has, at every generated token, greedy or sampled, top logprobs whose differences from the
+    chosen token's are transformers' logit differences within rounding. Outputs that ended in
+    an error are left out. Returns the largest |difference| / bound seen (at most 1)."""
     u = UNIT_ROUNDOFF[torch.float32]
     worst = 0.0
     for prompt, out in zip(prompts, outputs, strict=True):
