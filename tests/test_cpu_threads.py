@@ -55,6 +55,33 @@ def test_never_above_its_own_count_nor_below_one():
     assert g.tick() == 1
 
 
+def test_a_count_changed_behind_its_back_is_set_again():
+    """Another engine, a worker group or a test harness may set the process's thread count: the
+    governor fits the count the process has, not the one it set last."""
+    m, process = Machine(), {"threads": 2}
+    calls = []
+
+    def set_threads(n):
+        calls.append(n)
+        process["threads"] = n
+
+    g = ThreadGovernor(
+        2,
+        2,
+        1.0,
+        lambda: m.machine,
+        lambda: m.own,
+        lambda: m.t,
+        set_threads,
+        lambda: process["threads"],
+    )
+    m.run(2.0, ours=1.33, others=0.67)
+    assert g.tick() == 1 and calls == [1]
+    process["threads"] = 2  # set by someone else
+    m.run(2.0, ours=1.0, others=1.0)  # the neighbour still busy: one thread is the fit
+    assert g.tick() == 1 and calls == [1, 1] and process["threads"] == 1
+
+
 def test_unmeasurable_machine_keeps_the_count():
     m = Machine()
     calls = []

@@ -40,18 +40,6 @@ def llm(tiny_model):
     return LLM(tiny_model, SchedulerConfig(policy="fcfs", chunking="static:16"), kv_memory_gb=0.01)
 
 
-@pytest.fixture(autouse=True)
-def _governor_knows_the_thread_count(request):
-    """tests/conftest.py gives every test the run's thread count back, behind the back of the
-    module engine's thread governor, which believes the count it set last and sets none while
-    its fit stays the same: on a busy machine the tests after the first ran on more threads
-    than the free cores (one 10x slower on 2 cores). Tell it the count it starts from."""
-    if "llm" in request.fixturenames:
-        governor = request.getfixturevalue("llm").engine.governor
-        if governor is not None:
-            governor.threads = torch.get_num_threads()
-
-
 @pytest.fixture(scope="module")
 def quiet(tiny_model):
     """What every prompt in PROMPTS must give, alone or in any batch, with faults around it or

@@ -53,14 +53,16 @@ class ThreadGovernor:
         own: Callable[[], float] = time.process_time,
         clock: Callable[[], float] = time.monotonic,
         set_threads: Callable[[int], None] | None = None,
+        get_threads: Callable[[], int] | None = None,
     ) -> None:
         if set_threads is None:
             import torch
 
-            set_threads = torch.set_num_threads
+            set_threads, get_threads = torch.set_num_threads, torch.get_num_threads
         self.max_threads, self.cores, self.interval_s = max_threads, cores, interval_s
         self.threads = max_threads
         self._machine, self._own, self._clock, self._set = machine, own, clock, set_threads
+        self._get = get_threads or (lambda: self.threads)
         self._last = self._sample()
 
     def _sample(self):
@@ -84,7 +86,9 @@ class ThreadGovernor:
             return self.threads
         # a third of a core of background work (daemons, the client) leaves every core ours
         threads = max(1, min(self.max_threads, self.cores - math.ceil(others - 1 / 3)))
-        if threads != self.threads:
+        # the process's count, not the one last set here: another engine in the process, a
+        # worker group or a test harness may have set it since
+        if threads != self._get():
             self._set(threads)
-            self.threads = threads
+        self.threads = threads
         return self.threads
