@@ -15,8 +15,12 @@ from hypothesis import strategies as st
 
 from medha.benchmark import faults
 from medha.benchmark.faults import PLACES, PROMPTS, inject
-from medha.benchmark.logprob_check import assert_logprobs_agree
-from medha.benchmark.numerics import GreedyReference, assert_greedy_agrees, greedy_reference
+from medha.benchmark.numerics import (
+    GreedyReference,
+    assert_greedy_agrees,
+    assert_logprobs_agree,
+    greedy_reference,
+)
 from medha.engine.errors import (
     InvalidRequestError,
     RequestFailedError,

@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from medha.analysis.schedule_match import engine_run, sim_run
-from medha.benchmark.logprob_check import assert_logprobs_agree
-from medha.benchmark.numerics import assert_greedy_agrees, greedy_reference
+from medha.benchmark.numerics import assert_greedy_agrees, assert_logprobs_agree, greedy_reference
 from medha.core.config import SchedulerConfig
 from medha.engine.errors import EngineError
 from medha.engine.host_kv import HostKVBlocks

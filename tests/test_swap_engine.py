@@ -5,8 +5,7 @@ scheduler's side is in test_swap_preemption.py)."""
 import pytest
 import torch
 
-from medha.benchmark.logprob_check import assert_logprobs_agree
-from medha.benchmark.numerics import assert_greedy_agrees, greedy_reference
+from medha.benchmark.numerics import assert_greedy_agrees, assert_logprobs_agree, greedy_reference
 from medha.core.batch import Batch, KVSwap
 from medha.core.config import SchedulerConfig
 from medha.core.request import Request

@@ -50,6 +50,20 @@ What the engine decides from logits is the greedy token. Where the reference's t
 are further apart than the two logits' tolerances added, every evaluation within the bound
 picks the reference's token; where they are closer (a near-tie), either token is a correct
 float32 answer and the sequences may part there. `assert_greedy_agrees` checks exactly that.
+
+Logprobs
+--------
+A greedy token says what was decided, not what was computed: the tiny random Llama of the
+engine tests mostly repeats one token whatever its context holds, so a KV block read from the
+wrong place (swapped back into another slot, a cache hit one token too long) leaves its tokens
+as they were while its logits move by a hundred times the bound or more.
+`assert_logprobs_agree` holds the engine's reported top logprobs (`SamplingParams(logprobs=k)`)
+to transformers' float32 logits on the same context (the prompt, then the tokens the engine
+chose, greedy or sampled). Two logprobs of one row differ by their logits' difference:
+log_softmax subtracts the row's maximum m and log-sum L, the same two floats for every entry,
+so they cancel, rounding and all. What is left is the two logits' bounds (one evaluation each
+side) plus the rounding of (z_i - m) - L: at most two roundings, each at most u |logprob_i|
+(|z_i - m| <= |logprob_i| as L >= 0), for each of the two logprobs.
 """
 
 from __future__ import annotations
@@ -202,3 +216,48 @@ def assert_greedy_agrees(outputs: list[list[int]], reference: GreedyReference) -
         )
         parted += 1
     return parted
+
+
+@functools.lru_cache(maxsize=32)
+def _reference_rows(model_dir: str, ids: tuple[int, ...], first: int):
+    """transformers' logits and their bound (between two evaluations) at positions `first`
+    on of a prefill of `ids`: the rows that chose ids[first + 1:] (copies, so that the whole
+    prefill's tensors are freed)."""
+    bound = logit_bound(model_dir, list(ids))
+    return bound.logits[first:].clone(), bound.between_two()[first:].clone()
+
+
+def assert_logprobs_agree(model_dir: str | Path, prompts: list[list[int]], outputs) -> float:
+    """Each output of `prompts` (RequestOutputs of a float32 engine run with `logprobs` set)
+    has, at every generated token, greedy or sampled, top logprobs whose differences from the
+    chosen token's are transformers' logit differences within rounding. Outputs that ended in
+    an error are left out. Returns the largest |difference| / bound seen (at most 1)."""
+    u = UNIT_ROUNDOFF[torch.float32]
+    worst = 0.0
+    for prompt, out in zip(prompts, outputs, strict=True):
+        if out.finish_reason == "error":
+            continue
+        assert out.logprobs and len(out.logprobs) == len(out.token_ids), (
+            f"{out.request_id}: {len(out.logprobs or [])} logprobs for "
+            f"{len(out.token_ids)} tokens (run it with SamplingParams(logprobs=k))"
+        )
+        context = tuple(prompt) + tuple(out.token_ids)
+        z, bound = _reference_rows(str(model_dir), context[:-1], len(prompt) - 1)
+        chosen = torch.tensor([[s.token] for s in out.logprobs])
+        top = torch.tensor([[i for i, _ in s.top_logprobs] for s in out.logprobs])
+        lp = torch.tensor([[v for _, v in s.top_logprobs] for s in out.logprobs]).double()
+        lp_chosen = torch.tensor([[s.logprob] for s in out.logprobs]).double()
+        expected = z.gather(1, top).double() - z.gather(1, chosen).double()
+        tolerance = (
+            bound.gather(1, top).double()
+            + bound.gather(1, chosen).double()
+            + 2 * u * (lp.abs() + lp_chosen.abs())
+        )
+        try:
+            worst = max(worst, assert_logits_within(lp - lp_chosen, expected, tolerance))
+        except AssertionError as e:
+            raise AssertionError(
+                f"{out.request_id}, logprobs of the top {top.shape[1]} tokens relative to the "
+                f"chosen one (flat index = generated token * {top.shape[1]} + rank): {e}"
+            ) from None
+    return worst
