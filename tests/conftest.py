@@ -61,6 +61,15 @@ def _float32_by_default():
     patch.undo()
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _the_runs_cache_stays():
+    """A test that points MEDHA_CACHE_DIR elsewhere must give it back (monkeypatch does): the
+    tests after it, and the servers they start, would plan in another cache."""
+    cache = os.environ["MEDHA_CACHE_DIR"]
+    yield
+    assert os.environ.get("MEDHA_CACHE_DIR") == cache, "a test left MEDHA_CACHE_DIR changed"
+
+
 @pytest.fixture(autouse=True)
 def _torch_threads_restored():
     """Engines change torch's thread count of the whole process (--threads, the thread governor,
