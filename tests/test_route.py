@@ -21,10 +21,11 @@ FAST = ["--health-interval-s", str(INTERVAL_S), "--health-timeout-s", str(TIMEOU
 # a hang guard, not a latency claim. How fast the router sees a replica die is measured by
 # bench/route_faults.py ("out after").
 SEEN_WITHIN_S = 60.0
+TIMEOUT_S = 30  # a request's, with httpx's default (5 s) short for a 2-core machine under load
 
 
 def healthy_replicas(url) -> int:
-    return httpx.get(url + "/health", timeout=10).json()["healthy_replicas"]
+    return httpx.get(url + "/health", timeout=TIMEOUT_S).json()["healthy_replicas"]
 
 
 def wait_healthy_replicas(url, n: int, within_s: float = SEEN_WITHIN_S) -> float:
@@ -52,16 +53,16 @@ def router(urls, *flags, with_process=False, log=None, log_level="warning"):
 
 
 def configure(url, **knobs):
-    httpx.post(url + "/stub/config", json=knobs).raise_for_status()
+    httpx.post(url + "/stub/config", json=knobs, timeout=TIMEOUT_S).raise_for_status()
 
 
 def served(url) -> int:
-    return httpx.get(url + "/stub/stats").json()["requests"]
+    return httpx.get(url + "/stub/stats", timeout=TIMEOUT_S).json()["requests"]
 
 
 def complete(url, stream=False, **extra):
     body = {"model": "stub", "prompt": "hello there", "max_tokens": 4, "stream": stream, **extra}
-    return httpx.post(url + "/v1/completions", json=body, timeout=30)
+    return httpx.post(url + "/v1/completions", json=body, timeout=TIMEOUT_S)
 
 
 def events(response) -> list:
@@ -80,8 +81,13 @@ def two_stubs():
 
 def test_requests_pass_through_streamed_and_not(two_stubs):
     with router(two_stubs, "--dispatcher", "round_robin") as url:
-        assert httpx.get(url + "/health").json() == {"healthy_replicas": 2, "replicas": 2}
-        assert [m["id"] for m in httpx.get(url + "/v1/models").json()["data"]] == ["stub"]
+        assert httpx.get(url + "/health", timeout=TIMEOUT_S).json() == {
+            "healthy_replicas": 2,
+            "replicas": 2,
+        }
+        assert [
+            m["id"] for m in httpx.get(url + "/v1/models", timeout=TIMEOUT_S).json()["data"]
+        ] == ["stub"]
         r = complete(url)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
         r = complete(url, stream=True)
@@ -91,7 +97,7 @@ def test_requests_pass_through_streamed_and_not(two_stubs):
         r = httpx.post(url + "/v1/chat/completions", json=body, timeout=30)
         assert r.status_code == 200 and "[DONE]" in r.text
         assert [served(s) for s in two_stubs] == [2, 1]  # in turn
-        metrics = httpx.get(url + "/metrics").text
+        metrics = httpx.get(url + "/metrics", timeout=TIMEOUT_S).text
         assert 'medha_router_requests_total{outcome="ok"} 3.0' in metrics
 
 
@@ -107,7 +113,9 @@ def test_a_failed_replica_is_retried_elsewhere_before_any_token_and_never_twice(
         r = complete(url)  # each replica once: the client gets the last answer
         assert r.status_code == 503 and "error" in r.json()
         assert (served(a), served(b)) == (3, 3)  # a refused all three; b, the third
-        assert "medha_router_retries_total 3.0" in httpx.get(url + "/metrics").text
+        assert (
+            "medha_router_retries_total 3.0" in httpx.get(url + "/metrics", timeout=TIMEOUT_S).text
+        )
 
 
 def test_a_stream_cut_after_its_first_token_ends_with_an_error_event_and_is_not_retried(two_stubs):
@@ -191,7 +199,9 @@ def test_the_api_key_is_required_and_never_logged(two_stubs, tmp_path):
             assert key not in r.text
             r = httpx.get(url + "/v1/models", headers=auth, timeout=30)
             assert r.status_code == status, (given, r.text)
-        assert httpx.get(url + "/health").status_code == 200  # open, as medha serve's
+        assert (
+            httpx.get(url + "/health", timeout=TIMEOUT_S).status_code == 200
+        )  # open, as medha serve's
     text = log.read_text()  # the router has exited: everything it logged is there
     assert "is in" in text, text  # it did log (at debug), so the next check can fail
     assert key not in text and key[:-1] not in text, text
@@ -352,7 +362,7 @@ def test_hostile_bodies_and_headers_end_their_own_request_only(two_stubs):
             assert r.status_code < 500, (body[:60], r.status_code, r.text)
             assert "error" in r.json() or r.status_code == 200
         assert complete(url).status_code == 200
-        metrics = httpx.get(url + "/metrics").text
+        metrics = httpx.get(url + "/metrics", timeout=TIMEOUT_S).text
         assert 'medha_router_requests_total{outcome="failed"} 0.0' in metrics
 
 
@@ -375,8 +385,11 @@ def test_spawn_starts_local_replicas_and_routes_over_them(tiny_model):
 
     with local_server(command, startup_s=300, with_process=True) as (url, proc):
         wait_healthy_replicas(url, 2)  # /health is 200 once the first is in
-        assert httpx.get(url + "/health").json() == {"healthy_replicas": 2, "replicas": 2}
-        model = httpx.get(url + "/v1/models").json()["data"][0]["id"]
+        assert httpx.get(url + "/health", timeout=TIMEOUT_S).json() == {
+            "healthy_replicas": 2,
+            "replicas": 2,
+        }
+        model = httpx.get(url + "/v1/models", timeout=TIMEOUT_S).json()["data"][0]["id"]
         body = {"model": model, "prompt": "Hello", "max_tokens": 3, "temperature": 0,
                 "ignore_eos": True}  # fmt: skip
         r = httpx.post(url + "/v1/completions", json=body, timeout=60)
