@@ -1,13 +1,16 @@
 """schemathesis against one `medha serve`, with /health polled throughout.
 
     python bench/server_fuzz.py [--max-examples 500] [--seeds 0,1] [--model smollm2]
+        [--dtype float32]
 
 Starts one server (by default the tiny random Llama of the tests with a 64-token context, so
 that every valid request finishes in well under a second; `--model smollm2` for the real
 weights), then runs schemathesis (`st run`) once per seed against its /openapi.json, with
 every check except positive_data_acceptance (valid-looking requests whose prompt and
 max_tokens overflow the context are refused, which a schema cannot say), and an API key so
-that ignored_auth is checked too. A thread polls /health every 0.2 s. Prints the cases
+that ignored_auth is checked too. The server computes in float32 by default (`--dtype auto` is
+bfloat16 on CPUs with bf16 instructions, and would take other engine paths there). A thread
+polls /health every 0.2 s. Prints the cases
 schemathesis generated, its failures, the health answers that were not 200, and whether the
 server still serves a normal request at the end; `--json` writes the same.
 """
@@ -29,6 +32,7 @@ from medha.benchmark.local_server import local_server
 from medha.benchmark.tiny_llama import build_tiny_llama
 
 KEY = "fuzz-key"
+POLL_S = 0.2  # between a health answer and the next poll
 CHECKS = ["--checks", "all", "--exclude-checks", "positive_data_acceptance"]
 
 
@@ -39,7 +43,7 @@ class HealthPoll(threading.Thread):
         self.done = threading.Event()
 
     def run(self) -> None:
-        while not self.done.wait(0.2):
+        while not self.done.wait(POLL_S):
             try:
                 code = httpx.get(self.url + "/health", timeout=30).status_code
             except httpx.HTTPError as e:
@@ -99,6 +103,11 @@ def main(argv: list[str] | None = None) -> dict:
         "--model", default=None, help="model to serve (default: the tiny random Llama of the tests)"
     )
     ap.add_argument("--max-model-len", type=int, default=64)
+    ap.add_argument(
+        "--dtype",
+        default="float32",
+        help="the server's --dtype (default: float32, the same engine paths on every CPU)",
+    )
     ap.add_argument("--max-examples", type=int, default=500, help="per operation and phase")
     ap.add_argument("--seeds", default="0", help="comma-separated: one run per seed")
     ap.add_argument("--json", help="write the summary here")
@@ -119,6 +128,8 @@ def main(argv: list[str] | None = None) -> dict:
             str(args.max_model_len),
             "--kv-memory-gb",
             "0.05",
+            "--dtype",
+            args.dtype,
             "--api-key",
             KEY,
             "--log-level",
@@ -152,6 +163,7 @@ def main(argv: list[str] | None = None) -> dict:
             "failures": [f for r in runs for f in r["failures"]],
             "errors": [e for r in runs for e in r["errors"]],
             "health_polls": poll.answers,
+            "poll_s": POLL_S,
             "health_not_200": poll.bad,
             "server_alive": proc.poll() is None,
             "serves_after": after.status_code,

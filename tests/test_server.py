@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import random
 import signal
 import subprocess
@@ -19,14 +18,31 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from medha.benchmark.local_server import START_TRIES, port_taken
 from medha.utils.net import free_port
+
+
+class PortLost(RuntimeError):
+    """The server could not bind the free port it was given: another process has it."""
+
 
 KEY = "test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
+# httpx's default (5 s between bytes) is short for a 2-core machine that runs other jobs: a
+# server busy with a long prefill, or descheduled, can be silent that long
+TIMEOUT_S = 120
 
 
 class Server:
     def __init__(self, *flags: str) -> None:
+        for attempt in range(1, START_TRIES + 1):
+            try:
+                return self._start(flags)
+            except PortLost:  # another process took the free port before the server bound it
+                if attempt == START_TRIES:
+                    raise
+
+    def _start(self, flags) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
@@ -43,6 +59,10 @@ class Server:
                 "0.25",
                 "--dtype",
                 "float32",  # as the in-process engines the tests compare with (conftest)
+                # a fixed thread count: the thread governor (on without it) follows the
+                # machine's load, and two runs of one prompt would sum in different orders
+                "--threads",
+                "2",
                 *flags,
             ],
             stdout=subprocess.PIPE,
@@ -52,9 +72,10 @@ class Server:
         deadline = time.monotonic() + 240  # first start converts the embedded model
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"server exited {self.proc.returncode}: {self.proc.stdout.read()}"
-                )
+                output = self.proc.stdout.read()
+                if port_taken(self.port):
+                    raise PortLost(output)
+                raise RuntimeError(f"server exited {self.proc.returncode}: {output}")
             try:
                 if httpx.get(self.url + "/health", timeout=1).status_code == 200:
                     return
@@ -65,7 +86,7 @@ class Server:
 
     def metrics(self) -> dict[str, float]:
         out = {}
-        for line in httpx.get(self.url + "/metrics").text.splitlines():
+        for line in httpx.get(self.url + "/metrics", timeout=TIMEOUT_S).text.splitlines():
             if line and not line.startswith("#"):
                 name, value = line.rsplit(" ", 1)
                 out[name] = float(value)
@@ -112,7 +133,7 @@ def client(server):
 
 def test_models_and_health(server, client):
     assert [m.id for m in client.models.list().data] == ["smollm2"]
-    assert httpx.get(server.url + "/health").json() == {"status": "ok"}
+    assert httpx.get(server.url + "/health", timeout=TIMEOUT_S).json() == {"status": "ok"}
 
 
 def test_chat_stream_equals_non_stream(client):
@@ -256,7 +277,7 @@ def test_slo_fields_are_accepted(client):
     ],
 )
 def test_invalid_requests_get_openai_errors(server, path, body, status, param):
-    r = httpx.post(server.url + path, json=body, headers=AUTH)
+    r = httpx.post(server.url + path, json=body, headers=AUTH, timeout=TIMEOUT_S)
     assert r.status_code == status, r.text
     error = r.json()["error"]
     assert error["param"] == param and error["message"]
@@ -268,10 +289,16 @@ def test_malformed_json_and_auth(server):
             server.url + "/v1/completions",
             content=b"{not json",
             headers=AUTH | {"Content-Type": content_type},
+            timeout=TIMEOUT_S,
         )
         assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
     for headers in ({}, {"Authorization": "Bearer wrong"}):
-        r = httpx.post(server.url + "/v1/completions", json={"prompt": "hi"}, headers=headers)
+        r = httpx.post(
+            server.url + "/v1/completions",
+            json={"prompt": "hi"},
+            headers=headers,
+            timeout=TIMEOUT_S,
+        )
         assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=server.url + "/v1", api_key="nope").models.list()
@@ -280,7 +307,7 @@ def test_malformed_json_and_auth(server):
 def test_metrics_count_requests_and_latencies(server, client):
     before = server.metrics()
     client.completions.create(model="smollm2", prompt="Count", max_tokens=3)
-    httpx.post(server.url + "/v1/completions", json={"prompt": ""}, headers=AUTH)
+    httpx.post(server.url + "/v1/completions", json={"prompt": ""}, headers=AUTH, timeout=TIMEOUT_S)
     after = server.wait_idle()
     assert (
         after['medha_requests_total{status="ok"}']
@@ -330,11 +357,16 @@ def test_prefix_cache_hits_show_in_usage_and_metrics(client):
 
 
 async def _disconnect(url: str, rng: random.Random) -> None:
+    prompt = [rng.randrange(1000, 30000) for _ in range(rng.randint(8, 120))]
+    stream = rng.random() < 0.8
     body = {
-        "prompt": [rng.randrange(1000, 30000) for _ in range(rng.randint(8, 120))],
-        "max_tokens": 200,
+        "prompt": prompt,
+        # a request not streamed is given up within a second: 4000 tokens (of the 5,800 its
+        # KV holds) take longer on any CPU (a decode step of SmolLM2 reads its 540 MB of
+        # float32 weights: over a millisecond even at 400 GB/s)
+        "max_tokens": 200 if stream else 4000,
         "ignore_eos": True,
-        "stream": rng.random() < 0.8,
+        "stream": stream,
     }
     # a stream waits for its first token behind up to 15 others: minutes on a slow CPU
     async with httpx.AsyncClient(headers=AUTH, timeout=180) as c:
@@ -421,17 +453,36 @@ _MESSAGES = st.lists(
 )
 
 
+def _no_long_generation(value) -> bool:
+    """False for null and for a number a valid max_tokens could be above 4: a fuzzed request
+    may then run for minutes on a slow CPU (a chat whose max_tokens is null gets the context's
+    room, 8000 tokens, and a fuzzed ignore_eos can keep it from stopping early)."""
+    if value is None:
+        return False
+    return not (isinstance(value, int | float) and not isinstance(value, bool) and value > 4)
+
+
+# max_tokens for fuzzed bodies: any JSON but a count that takes long (bounded, so valid bodies
+# finish quickly on any machine); set on every body, max_completion_tokens dropped
+_MAX_TOKENS = st.one_of(st.integers(-2, 4), _JSON.filter(_no_long_generation))
+
+
+def _bounded(body: dict, max_tokens) -> dict:
+    return {k: v for k, v in body.items() if k != "max_completion_tokens"} | {
+        "max_tokens": max_tokens
+    }
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     path=st.sampled_from(["/v1/completions", "/v1/chat/completions"]),
     body=st.dictionaries(
         st.sampled_from(_FIELDS), st.one_of(_JSON, _MESSAGES, st.text(max_size=40)), max_size=6
     ),
-    max_tokens=st.one_of(st.integers(-2, 4), _JSON),
+    max_tokens=_MAX_TOKENS,
 )
 def test_fuzzed_bodies_never_get_5xx(server, path, body, max_tokens):
-    body["max_tokens"] = max_tokens  # bounded, so valid bodies finish quickly
-    body.pop("max_completion_tokens", None)
+    body = _bounded(body, max_tokens)
     try:
         r = httpx.post(server.url + path, content=json.dumps(body), headers=AUTH, timeout=30)
     except httpx.ReadTimeout:
@@ -441,31 +492,79 @@ def test_fuzzed_bodies_never_get_5xx(server, path, body, max_tokens):
         assert "message" in r.json()["error"]
 
 
+# A greedy stream whose choices are clear: at each of its 16 steps transformers' top two logits
+# are at least 4x rounding's bound on their gap apart (medha/benchmark/numerics.py), so that any
+# correct float32 evaluation, in any batch, picks the same tokens. ("The history of the printing
+# press begins" has a near-tie at its 9th token: ' ' by 0.045, a bound of 0.051.)
 INNOCENT = {
-    "prompt": "The history of the printing press begins",
+    "prompt": "The capital of France is",
     "max_tokens": 16,
     "temperature": 0,
     "ignore_eos": True,
     "stream": True,
+    "logprobs": 0,  # names each token chosen
 }
 
 
-def _stream_text(url: str, body: dict = INNOCENT) -> list[str]:
-    """The text chunks of a streamed completion (an error event fails the test)."""
-    chunks = []
+def _stream_choices(url: str, body: dict = INNOCENT) -> list[dict]:
+    """The choices of a streamed completion's events (an error event fails the test)."""
+    choices = []
     with httpx.stream("POST", url + "/v1/completions", json=body, headers=AUTH, timeout=120) as r:
         assert r.status_code == 200, r.read()
         for line in r.iter_lines():
             if line.startswith("data: ") and line != "data: [DONE]":
                 event = json.loads(line[6:])
                 assert "error" not in event, event
-                chunks.append(event["choices"][0]["text"])
-    return chunks
+                choices.append(event["choices"][0])
+    return choices
+
+
+def _stream_text(url: str, body: dict = INNOCENT) -> list[str]:
+    """The text chunks of a streamed completion."""
+    return [c["text"] for c in _stream_choices(url, body)]
+
+
+def _tokens(choices: list[dict]) -> list[str]:
+    """Each token chosen, decoded alone, from the events' logprobs."""
+    return [t for c in choices for t in (c["logprobs"] or {}).get("tokens", [])]
 
 
 @pytest.fixture(scope="module")
 def quiet_stream(server):
     return _stream_text(server.url)
+
+
+@pytest.fixture(scope="module")
+def innocent_reference(server):
+    """transformers' greedy continuation of INNOCENT on the server's model, in float32, with
+    each step's margin and its rounding bound; and its tokens decoded one by one, as the
+    server's logprobs name them."""
+    from medha.benchmark.numerics import greedy_reference
+    from medha.engine.checkpoint import resolve_model
+    from medha.engine.tokenizer import Tokenizer
+
+    model_dir = resolve_model("smollm2")  # converted by the server, in the test run's cache
+    tokenizer = Tokenizer(model_dir)
+    ids = tokenizer.encode(INNOCENT["prompt"])
+    reference = greedy_reference(model_dir, [ids], INNOCENT["max_tokens"])
+    texts = [tokenizer.decode([t], skip_special_tokens=False) for t in reference.tokens[0]]
+    # each token chosen is named by its text alone: no partial UTF-8 (U+FFFD), no end of text
+    assert len(texts) == INNOCENT["max_tokens"] and not any("\ufffd" in t for t in texts), texts
+    return reference, texts
+
+
+def _agrees_with_reference(tokens: list[str], innocent_reference) -> None:
+    """The stream's tokens against transformers' greedy ones, by decision
+    (numerics.assert_greedy_agrees): the same, or parted only at a step whose reference margin
+    is within rounding. A token whose text is not the reference's is another token."""
+    from medha.benchmark.numerics import assert_greedy_agrees
+
+    reference, texts = innocent_reference
+    ids = [
+        reference.tokens[0][k] if k < len(texts) and text == texts[k] else -1  # -1: another
+        for k, text in enumerate(tokens)
+    ]
+    assert_greedy_agrees([ids], reference)
 
 
 # The requests that took the service down (issue 13), and the surrogate that got a 500.
@@ -507,11 +606,13 @@ KILLERS = [
 ]
 
 
-def test_killers_get_4xx_and_leave_others_alone(server, quiet_stream):
+def test_killers_get_4xx_and_leave_others_alone(server, quiet_stream, innocent_reference):
     """Each killer, sent while an innocent request streams: a 400 naming the field, /health
-    200 after it, and the innocent request's text as in a quiet run."""
+    200 after it, and the innocent request's text as in a quiet run (the killers never reach
+    the engine: the innocent runs alone, in the same steps, as the quiet run did)."""
     from concurrent.futures import ThreadPoolExecutor
 
+    _agrees_with_reference(_tokens(_stream_choices(server.url)), innocent_reference)
     with ThreadPoolExecutor(1) as pool:
         for path, raw, param in KILLERS:
             innocent = pool.submit(_stream_text, server.url)
@@ -522,13 +623,14 @@ def test_killers_get_4xx_and_leave_others_alone(server, quiet_stream):
                 timeout=60,
             )
             assert r.status_code == 400 and r.json()["error"]["param"] == param, (raw, r.text)
-            assert httpx.get(server.url + "/health").status_code == 200
+            assert httpx.get(server.url + "/health", timeout=TIMEOUT_S).status_code == 200
             assert innocent.result() == quiet_stream, raw
 
 
-def _send_large(url: str, size: int, chunked: bool) -> tuple[int, float]:
-    """POST a JSON prompt of `size` bytes, generated while it is sent; (status, seconds to
-    the status line)."""
+def _send_large(url: str, size: int, chunked: bool) -> tuple[int | None, int, float]:
+    """POST a JSON prompt of about `size` bytes, generated while it is sent and never finished
+    (short of its Content-Length, or without the last chunk); (status, or None when none came
+    within 60 s; bytes of the body sent when it came; seconds to it)."""
     import socket
     import threading
 
@@ -542,32 +644,43 @@ def _send_large(url: str, size: int, chunked: bool) -> tuple[int, float]:
         f"{KEY}\r\nContent-Type: application/json\r\n{framing}\r\n\r\n".encode()
     )
     stop = threading.Event()
+    sent = [0]  # bytes of the body handed to the kernel so far
 
     def send() -> None:
         try:
-            sent = 0
             for part in (head, *[piece] * ((size - 16) // len(piece)), tail):
                 if stop.is_set():
                     return
                 sock.sendall(b"%x\r\n%s\r\n" % (len(part), part) if chunked else part)
-                sent += len(part)
+                sent[0] += len(part)
         except OSError:
             pass  # refused and closed: the rest is never read
 
     t0 = time.perf_counter()
     sender = threading.Thread(target=send, daemon=True)
     sender.start()
-    status = sock.recv(64).split(b" ")[1]
-    elapsed = time.perf_counter() - t0
+    try:
+        status = int(sock.recv(64).split(b" ")[1])
+    except TimeoutError:  # no answer: the server waits for the rest of the body
+        status = None
+    elapsed, sent_then = time.perf_counter() - t0, sent[0]
     stop.set()
     sock.close()
     sender.join(30)
-    return int(status), elapsed
+    return status, sent_then, elapsed
 
 
 def test_large_bodies_get_413_before_they_are_read(server):
+    """The answer comes while the sender is still sending: a server that stops reading leaves
+    it blocked once the sockets' buffers are full (a few MB on loopback; tens where the kernel
+    lets them grow most), far short of the body. A server that read the body first would never
+    answer (the body is never finished) or, reading further than it may, late."""
     pid = server.proc.pid
-    Path(f"/proc/{pid}/clear_refs").write_text("5")  # peak RSS from here
+    try:
+        Path(f"/proc/{pid}/clear_refs").write_text("5")  # peak RSS from here
+        peak_from_here = True
+    except OSError:  # no clear_refs (gVisor, say): the peak is the process's whole life's
+        peak_from_here = False
 
     def rss(field: str) -> int:
         line = next(
@@ -576,20 +689,22 @@ def test_large_bodies_get_413_before_they_are_read(server):
         return int(line.split()[1]) * 1024
 
     before = rss("VmRSS")
-    for size, chunked in ((50 * 10**6, False), (20 * 10**6, True)):
-        status, seconds = _send_large(server.url, size, chunked)
-        assert status == 413 and seconds < 1.0, (size, chunked, status, seconds)
-    assert rss("VmHWM") - before < 50 * 2**20
-    assert httpx.get(server.url + "/health").status_code == 200
+    for size, chunked in ((400 * 10**6, False), (200 * 10**6, True)):
+        status, sent, seconds = _send_large(server.url, size, chunked)
+        assert status == 413 and sent < size // 4, (size, chunked, status, sent, seconds)
+    if peak_from_here:
+        assert rss("VmHWM") - before < 50 * 2**20
+    assert httpx.get(server.url + "/health", timeout=TIMEOUT_S).status_code == 200
 
 
 _HOSTILE = st.one_of(
     st.sampled_from([raw for _, raw, _ in KILLERS]),
     st.builds(
-        lambda b: json.dumps(b).encode(),
+        lambda b, m: json.dumps(_bounded(b, m)).encode(),
         st.dictionaries(
             st.sampled_from(_FIELDS), st.one_of(_JSON, _MESSAGES, st.text(max_size=40)), max_size=6
         ),
+        _MAX_TOKENS,
     ),
     st.builds(
         lambda p, t, s, k: json.dumps(
@@ -612,11 +727,14 @@ _HOSTILE = st.one_of(
         max_size=8,
     )
 )
-def test_hostile_bodies_beside_a_stream_leave_its_tokens_alone(server, quiet_stream, bodies):
+def test_hostile_bodies_beside_a_stream_leave_its_tokens_alone(server, innocent_reference, bodies):
+    """Valid bodies among the hostile ones share the innocent stream's steps: its rows are then
+    computed in larger products than when it runs alone, which sum in another order. So its
+    tokens are held to transformers' greedy choices, by decision, not to a quiet run's."""
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(2) as pool:
-        innocent = pool.submit(_stream_text, server.url)
+        innocent = pool.submit(_stream_choices, server.url)
 
         def hostile() -> list[int]:
             return [
@@ -631,35 +749,52 @@ def test_hostile_bodies_beside_a_stream_leave_its_tokens_alone(server, quiet_str
 
         codes = pool.submit(hostile).result()
         assert all(c < 500 for c in codes), (codes, bodies)
-        assert innocent.result() == quiet_stream
-    assert httpx.get(server.url + "/health").status_code == 200
+        _agrees_with_reference(_tokens(innocent.result()), innocent_reference)
+    assert httpx.get(server.url + "/health", timeout=TIMEOUT_S).status_code == 200
 
 
 def test_openapi_documents_the_answers(server):
-    doc = httpx.get(server.url + "/openapi.json").json()
+    doc = httpx.get(server.url + "/openapi.json", timeout=TIMEOUT_S).json()
     answers = doc["paths"]["/v1/completions"]["post"]["responses"]
     assert set(answers) == {"200", "400", "401", "404", "413", "429", "500", "503"}
     assert set(answers["200"]["content"]) == {"application/json", "text/event-stream"}
     assert "422" not in json.dumps(doc) and doc["components"]["securitySchemes"]
 
 
+def _queued(metrics: dict[str, float]) -> float:
+    """Requests the engine holds that have no first token yet."""
+    return metrics["medha_num_requests_waiting"] + metrics["medha_num_requests_prefilling"]
+
+
 def test_queue_full_429_then_sigterm_drains():
     s = Server("--max-waiting", "1")
     try:
         url = s.url + "/v1/completions"
-        prompt = [random.Random(1).randrange(1000, 30000) for _ in range(1500)]
 
-        async def burst():
-            async with httpx.AsyncClient(timeout=120) as c:
-                return await asyncio.gather(
-                    *(c.post(url, json={"prompt": prompt, "max_tokens": 1}) for _ in range(4))
-                )
+        async def queue_full():
+            """One request waits for its first token (a 1500-token prompt: a second of prefill
+            or more on two threads of the fastest CPU, against milliseconds for three short
+            requests to arrive); the three get 429 meanwhile; once it has its token, a request
+            gets in."""
+            holder = [random.Random(1).randrange(1000, 30000) for _ in range(1500)]
+            async with httpx.AsyncClient(timeout=300) as c:
+                held = asyncio.create_task(c.post(url, json={"prompt": holder, "max_tokens": 1}))
+                deadline = time.monotonic() + 60
+                while not _queued(s.metrics()):
+                    assert time.monotonic() < deadline and not held.done(), "not admitted"
+                    await asyncio.sleep(0.01)
+                body = {"prompt": "Hello", "max_tokens": 1}
+                burst = await asyncio.gather(*(c.post(url, json=body) for _ in range(3)))
+                still_waiting = not held.done()
+                held = await held
+                return burst, still_waiting, held, await c.post(url, json=body)
 
-        codes = sorted(r.status_code for r in asyncio.run(burst()))
-        assert codes[0] == 200 and codes[-1] == 429
-        rejected = [r for r in asyncio.run(burst()) if r.status_code == 429]
-        assert rejected and rejected[0].headers["retry-after"].isdigit()
-        assert rejected[0].json()["error"]["type"] == "rate_limit_error"
+        burst, still_waiting, held, after = asyncio.run(queue_full())
+        assert still_waiting  # the holder's prefill outlasted the burst, as the sizes make sure
+        assert [r.status_code for r in burst] == [429] * 3, [r.text for r in burst]
+        assert held.status_code == 200 and after.status_code == 200, (held.text, after.text)
+        assert all(r.headers["retry-after"].isdigit() for r in burst)
+        assert burst[0].json()["error"]["type"] == "rate_limit_error"
 
         # SIGTERM while a stream is running: it finishes, then the server exits cleanly
         events = []
@@ -672,6 +807,7 @@ def test_queue_full_429_then_sigterm_drains():
                 "ignore_eos": True,
                 "stream": True,
             },
+            timeout=TIMEOUT_S,
         ) as resp:
             for line in resp.iter_lines():
                 if line.startswith("data: "):
@@ -687,8 +823,9 @@ def test_queue_full_429_then_sigterm_drains():
 
 
 def test_bench_against_the_server(server, tmp_path):
+    import csv
+
     out = tmp_path / "run"
-    env = os.environ | {"MEDHA_API_KEY": KEY}
     r = subprocess.run(
         [
             sys.executable,
@@ -697,6 +834,8 @@ def test_bench_against_the_server(server, tmp_path):
             "bench",
             "--url",
             server.url,
+            "--api-key",  # the key meant; $OPENAI_API_KEY would come before $MEDHA_API_KEY
+            KEY,
             "--workload",
             "prompt=16-64,output=2-6,long_fraction=0.3,long_prompt=300-400",
             "--long-threshold",
@@ -711,16 +850,21 @@ def test_bench_against_the_server(server, tmp_path):
         ],
         capture_output=True,
         text=True,
-        env=env,
         timeout=300,
     )
     assert r.returncode == 0, r.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert summary["requests"] == {"total": 12, "completed": 12}
     assert summary["client"]["errors"] == 0
+    # the classes follow --long-threshold: the trace's prompt lengths say which are long
+    rows = list(csv.DictReader((out / "requests.csv").open()))
+    long_ = [int(row["num_prefill_tokens"]) >= 300 for row in rows]
+    assert 0 < sum(long_) < 12  # the seeded workload has both
+    assert [row["request_class"] for row in rows] == ["long" if x else "short" for x in long_]
     by_class = summary["by_class"]
-    assert by_class["short"]["count"] + by_class["long"]["count"] == 12
-    assert 0 < summary["ttft_s"]["p50"] <= summary["e2e_s"]["p50"]
+    assert (by_class["long"]["count"], by_class["short"]["count"]) == (sum(long_), 12 - sum(long_))
+    # at least 2 tokens each: the end comes a decode step after the first token
+    assert 0 < summary["ttft_s"]["p50"] < summary["e2e_s"]["p50"]
     assert (out / "ttft_cdf.png").stat().st_size > 0
     from medha.sim.workload.traces import load_trace
 
@@ -730,14 +874,28 @@ def test_bench_against_the_server(server, tmp_path):
 
 
 def test_bench_reports_an_unreachable_server(tmp_path):
-    r = subprocess.run(
+    import socket
+
+    # a port held, bound but not listening, for the run: connections to it are refused
+    # (a port merely free now may be taken by then)
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    port = held.getsockname()[1]
+    with held:
+        r = _bench_unreachable(port, tmp_path)
+    assert r.returncode == 2 and "cannot reach" in r.stderr
+    assert not (tmp_path / "x" / "summary.json").exists()
+
+
+def _bench_unreachable(port: int, tmp_path: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
         [
             sys.executable,
             "-m",
             "medha",
             "bench",
             "--url",
-            f"http://127.0.0.1:{free_port()}",
+            f"http://127.0.0.1:{port}",
             "--qps",
             "1",
             "--num-requests",
@@ -750,8 +908,6 @@ def test_bench_reports_an_unreachable_server(tmp_path):
         text=True,
         timeout=60,
     )
-    assert r.returncode == 2 and "cannot reach" in r.stderr
-    assert not (tmp_path / "x" / "summary.json").exists()
 
 
 def test_slo_fields_reach_the_scheduler_and_engine_failure_gives_503():
@@ -799,6 +955,12 @@ def test_a_request_failing_after_admission_ends_alone(tiny_model):
     from medha.server.app import build_app
 
     engine = LLMEngine(EngineConfig(model=tiny_model, kv_memory_gb=0.01))
+    # the four requests share their first step for sure: the engine loop sees nothing to run
+    # until all four are in (its thread admits them between steps, as they come)
+    added = []
+    add, has_unfinished = engine.add_request, engine.has_unfinished
+    engine.add_request = lambda *a, **kw: (add(*a, **kw), added.append(a[0]))[0]
+    engine.has_unfinished = lambda: len(added) >= 4 and has_unfinished()
     real = llm_engine.sample
     poisoned = {"victim": None}
 

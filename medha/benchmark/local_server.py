@@ -4,6 +4,7 @@ drives one, tests/test_vllm_executor.py), and stop it."""
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -11,6 +12,8 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from medha.utils.net import free_port, wait_healthy
+
+START_TRIES = 3  # starts on a fresh free port, when another process took the one picked
 
 
 def alternated(names: list[str], rounds: int) -> Iterator[tuple[int, str]]:
@@ -34,22 +37,50 @@ def local_server(
     """Run `command(port)`, wait until its /health answers 200, yield its base URL (with
     `with_process`, the pair (URL, Popen)); SIGTERM (then kill) on the way out. `log`: an
     open file that gets the server's stdout and stderr. `port`: this one rather than a free one.
-    `env`: the server's environment (default: this process's)."""
-    port = port or free_port()
+    `env`: the server's environment (default: this process's).
+
+    A port found free is free only then: a server that exits at start-up while another
+    process holds its port is started again on another (START_TRIES in all)."""
     out = log if log is not None else subprocess.DEVNULL if quiet else None
-    proc = subprocess.Popen(
-        command(port), stdout=out, stderr=subprocess.STDOUT if log else out, env=env
-    )
-    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + startup_s
+    for attempt in range(1, START_TRIES + 1):
+        chosen = port or free_port()
+        proc = subprocess.Popen(
+            command(chosen), stdout=out, stderr=subprocess.STDOUT if log else out, env=env
+        )
+        url = f"http://127.0.0.1:{chosen}"
+        try:
+            wait_healthy(proc, url, deadline, str(command(chosen)[:3]))
+            break
+        except RuntimeError:
+            lost_port = port is None and proc.poll() is not None and port_taken(chosen)
+            if not lost_port or attempt == START_TRIES:
+                _stop(proc)
+                raise
     try:
-        wait_healthy(proc, url, time.monotonic() + startup_s, str(command(port)[:3]))
         yield (url, proc) if with_process else url
     finally:
+        _stop(proc)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def port_taken(port: int) -> bool:
+    """Whether some process holds `port` on 127.0.0.1 now (binding it fails)."""
+    with socket.socket() as s:
         try:
-            proc.wait(120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
 
 
 @contextmanager
@@ -63,13 +94,12 @@ def owned_local_server(
 ) -> Iterator[tuple[str, subprocess.Popen]]:
     """`local_server` (yielding the URL and the Popen) on a port that is the server's own.
 
-    A free port is free when `free_port` looks, not when the server binds it seconds later:
-    another process may take it in between. Then the server either exits (its log, at
-    `log_path`, says the address is in use) or, while it starts, the other process answers
-    /health in its place. So the server is started with a name of its own (`served_name`, its
+    `local_server` starts again a server that exited because another process held its port;
+    but while a server starts, another process that took its port may answer /health in its
+    place. So the server is started with a name of its own (`served_name`, its
     --served-model-name), is ours only once /v1/models lists that name, and is started again on
-    another port (up to `attempts` times) when it lost the port."""
-    for attempt in range(1, attempts + 1):
+    another port (up to `attempts` times) otherwise. Its log goes to `log_path`."""
+    for _ in range(attempts):
         with ExitStack() as stack:
             out = stack.enter_context(open(log_path, "w"))
             try:
@@ -78,8 +108,6 @@ def owned_local_server(
                 )
             except RuntimeError as e:
                 log = Path(log_path).read_text()
-                if "address already in use" in log.lower() and attempt < attempts:
-                    continue
                 raise RuntimeError(f"{e}; the end of its log:\n{log[-3000:]}") from None
             if served_name in _served_models(url):
                 yield url, proc
