@@ -218,6 +218,7 @@ def test_pipeline_stages_chained_equal_the_whole_model(tiny_model):
                 engine.scheduler.blocks.num_blocks,
                 engine.runner.block_size,
                 stage=Stage(i, 2),
+                kernels=engine.runner.kernels,  # the engine's own (torch's or vLLM's)
             )
             for i in range(2)
         ]
