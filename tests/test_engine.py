@@ -10,6 +10,7 @@ from medha.benchmark.numerics import (
     UNIT_ROUNDOFF,
     assert_greedy_agrees,
     assert_logits_within,
+    chunked_logits,
     greedy_reference,
     logit_bound,
 )
@@ -118,17 +119,23 @@ def test_an_engine_config_checks_itself_when_made(field, value, message):
 
 def test_bf16_engine_against_transformers_in_bf16(model_dir, prompts):
     """In bf16 the prefill is transformers' (the same kernels, the same order of sums), so
-    its logits and every first token that is no near-tie agree. Later tokens do not always:
-    SmolLM2's greedy continuations in bf16 meet near-ties, and transformers in bf16 disagrees
-    with itself there (its cached generate against recomputing every step: 7 of 12 prompts
-    equal over 24 tokens, docs/engine.md), so no bf16 engine can promise them."""
+    its logits agree. First tokens agree where they are no near-tie in bf16, and what a
+    near-tie is comes from this CPU's bf16 kernels (numerics.py, "bfloat16"): batched with the
+    other prompts, a prompt's GEMMs have other shapes and sum in another order, which moves a
+    logit by as much as transformers' own chunked prefills move it (measured on a 2-core
+    AVX-512 EPYC: up to 0.56, 0 for the shortest prompts), so a top two closer than twice that
+    may go either way (a fixed 0.25 failed once under oneDNN capped at AVX512_CORE, no bf16
+    instructions, .ci/cpu-kinds avx512:vllm:2). Later tokens do not
+    always agree: SmolLM2's greedy continuations in bf16 meet near-ties, and transformers in
+    bf16 disagrees with itself there (its cached generate against recomputing every step: 7 of
+    12 prompts equal over 24 tokens, docs/engine.md), so no bf16 engine can promise them."""
     from transformers import AutoModelForCausalLM
 
     hf16 = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
     ids = prompts[6]
     with torch.inference_mode():
         ref = hf16(torch.tensor([ids])).logits[0].float()
-        firsts = [hf16(torch.tensor([p])).logits[0, -1].float().topk(2) for p in prompts]
+        lasts = [hf16(torch.tensor([p])).logits[0, -1].float() for p in prompts]
     # torch's kernels here; vLLM's are checked the same way in tests/test_vllm_kernels.py
     ours = prefill_logits("none", ids, "bfloat16", kernels="torch")
     assert (ours - ref).abs().max().item() <= BF16_LOGIT_TOLERANCE
@@ -138,12 +145,16 @@ def test_bf16_engine_against_transformers_in_bf16(model_dir, prompts):
     # the same GiB holds twice the tokens in bf16
     assert llm.engine.kv_capacity_tokens == 2 * fp32.engine.kv_capacity_tokens
     outs = llm.generate(prompts, GREEDY)
-    # batched with the others, a prompt's GEMMs have other shapes and round otherwise: a top
-    # two within the tolerance (an exact tie in bf16 among these prompts) may go either way
-    margin = BF16_LOGIT_TOLERANCE
+    spread = max(
+        (chunked_logits(hf16, p, size)[-1] - last).abs().max().item()
+        for p, last in zip(prompts, lasts)
+        for size in (16, 64)
+    )
+    margin = max(2 * spread, BF16_LOGIT_TOLERANCE)
+    firsts = [last.topk(2) for last in lasts]
     clear = [(o, t) for o, t in zip(outs, firsts) if t.values[0] - t.values[1] > margin]
-    assert len(clear) >= len(prompts) // 2
-    assert all(o.token_ids[0] == int(t.indices[0]) for o, t in clear)
+    assert len(clear) >= len(prompts) // 2, (margin, [t.values for t in firsts])
+    assert all(o.token_ids[0] == int(t.indices[0]) for o, t in clear), margin
     assert all(len(o.token_ids) == GREEDY.max_tokens for o in outs)
     assert llm.engine.scheduler.blocks.num_used == 0
 

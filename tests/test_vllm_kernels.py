@@ -10,6 +10,7 @@ from medha.benchmark.logits import prefill_logits
 from medha.benchmark.numerics import (
     assert_greedy_agrees,
     assert_logits_within,
+    chunked_logits,
     greedy_reference,
     logit_bound,
 )
@@ -94,18 +95,6 @@ def test_medha_auto_kernels_is_what_auto_prefers(monkeypatch, tiny_model):
         resolve_kernels("auto", cpu, torch.bfloat16, 1)
 
 
-def _chunked_logits(model, ids: list[int], size: int = 64) -> torch.Tensor:
-    """transformers' logits of a prefill in chunks of `size` through its KV cache."""
-    from transformers import DynamicCache
-
-    cache, rows = DynamicCache(), []
-    for i in range(0, len(ids), size):
-        out = model(torch.tensor([ids[i : i + size]]), past_key_values=cache, use_cache=True)
-        cache = out.past_key_values
-        rows.append(out.logits[0].float())
-    return torch.cat(rows)
-
-
 def test_bf16_is_as_close_to_fp32_as_transformers_in_bf16(prompts, hf):
     """bf16 rounds differently in every kernel, so no bf16 engine matches another bit for bit
     (transformers' bf16 and vLLM's kernels differ by up to ~1 logit on 600 tokens), and no bound
@@ -128,7 +117,7 @@ def test_bf16_is_as_close_to_fp32_as_transformers_in_bf16(prompts, hf):
         truth = f32(torch.tensor([ids])).logits[0]
         theirs = [
             (bf16(torch.tensor([ids])).logits[0].float() - truth).abs(),
-            (_chunked_logits(bf16, ids) - truth).abs(),
+            (chunked_logits(bf16, ids, 64) - truth).abs(),
         ]
         firsts = [f32(torch.tensor([p])).logits[0, -1].topk(2) for p in prompts]
     mean = max(float(t.mean()) for t in theirs)
