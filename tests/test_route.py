@@ -13,9 +13,9 @@ import pytest
 from medha.benchmark.local_server import local_server
 from medha.benchmark.stub_backend import stub_backend
 
-INTERVAL_S = 0.2  # the routers' health checks: every INTERVAL_S, each given TIMEOUT_S
-TIMEOUT_S = 0.5
-FAST = ["--health-interval-s", str(INTERVAL_S), "--health-timeout-s", str(TIMEOUT_S),
+INTERVAL_S = 0.2  # the routers' health checks: every INTERVAL_S, each given CHECK_TIMEOUT_S
+CHECK_TIMEOUT_S = 0.5
+FAST = ["--health-interval-s", str(INTERVAL_S), "--health-timeout-s", str(CHECK_TIMEOUT_S),
         "--predictor", "roofline"]  # fmt: skip
 # How long a test waits for a router to see something it must see (all replicas in, one out):
 # a hang guard, not a latency claim. How fast the router sees a replica die is measured by
@@ -94,7 +94,7 @@ def test_requests_pass_through_streamed_and_not(two_stubs):
         assert r.status_code == 200 and r.text.rstrip().endswith("data: [DONE]")
         assert len(events(r)) >= 4 and not any("error" in e for e in events(r))
         body = {"model": "stub", "messages": [{"role": "user", "content": "hi"}], "stream": True}
-        r = httpx.post(url + "/v1/chat/completions", json=body, timeout=30)
+        r = httpx.post(url + "/v1/chat/completions", json=body, timeout=TIMEOUT_S)
         assert r.status_code == 200 and "[DONE]" in r.text
         assert [served(s) for s in two_stubs] == [2, 1]  # in turn
         metrics = httpx.get(url + "/metrics", timeout=TIMEOUT_S).text
@@ -173,7 +173,7 @@ def test_admission_and_body_limits(two_stubs):
     with router(two_stubs, *flags) as url:
 
         async def two_at_once():
-            async with httpx.AsyncClient(timeout=30) as client:
+            async with httpx.AsyncClient(timeout=TIMEOUT_S) as client:
                 body = {"model": "stub", "prompt": "x", "max_tokens": 1}
                 send = lambda: client.post(url + "/v1/completions", json=body)  # noqa: E731
                 return await asyncio.gather(send(), send())
@@ -194,10 +194,10 @@ def test_the_api_key_is_required_and_never_logged(two_stubs, tmp_path):
         assert complete(url).status_code == 401  # no key
         for given, status in ((f"{key}-WRONG", 401), (key[:-1], 401), (key, 200)):
             auth = {"authorization": f"Bearer {given}"}
-            r = httpx.post(url + "/v1/completions", json=body, headers=auth, timeout=30)
+            r = httpx.post(url + "/v1/completions", json=body, headers=auth, timeout=TIMEOUT_S)
             assert r.status_code == status, (given, r.text)
             assert key not in r.text
-            r = httpx.get(url + "/v1/models", headers=auth, timeout=30)
+            r = httpx.get(url + "/v1/models", headers=auth, timeout=TIMEOUT_S)
             assert r.status_code == status, (given, r.text)
         assert (
             httpx.get(url + "/health", timeout=TIMEOUT_S).status_code == 200
@@ -327,7 +327,7 @@ def test_every_dispatcher_routes(two_stubs, dispatcher):
     with router(two_stubs, "--dispatcher", dispatcher) as url:
 
         async def many():
-            async with httpx.AsyncClient(timeout=30) as client:
+            async with httpx.AsyncClient(timeout=TIMEOUT_S) as client:
                 body = {"model": "stub", "max_tokens": 4}
                 return await asyncio.gather(
                     *(
@@ -358,7 +358,7 @@ def test_hostile_bodies_and_headers_end_their_own_request_only(two_stubs):
     with router(two_stubs) as url:
         for i, body in enumerate(hostile):
             h = {"content-type": "application/json", **headers[i % len(headers)]}
-            r = httpx.post(url + "/v1/completions", content=body, headers=h, timeout=30)
+            r = httpx.post(url + "/v1/completions", content=body, headers=h, timeout=TIMEOUT_S)
             assert r.status_code < 500, (body[:60], r.status_code, r.text)
             assert "error" in r.json() or r.status_code == 200
         assert complete(url).status_code == 200
