@@ -7,19 +7,19 @@ from conftest import TOKEN_S
 
 from medha.core.config import SchedulerConfig
 from medha.core.request import Request
+from medha.dispatch.base_dispatcher import (
+    DISPATCHERS,
+    DecodeShare,
+    Pending,
+    prefill_order,
+    replica_policy,
+)
 from medha.perf import ParallelConfig
 from medha.perf.toy_predictor import FixedCostPredictor
 from medha.route.tracked import PrefixIndex, TrackedReplica
 from medha.scheduler.block_manager import BlockManager
 from medha.scheduler.replica_scheduler import ReplicaScheduler
 from medha.sim.config import ClusterConfig
-from medha.sim.dispatchers import DISPATCHERS
-from medha.sim.dispatchers.base_dispatcher import (
-    DecodeShare,
-    Pending,
-    prefill_order,
-    replica_policy,
-)
 from medha.sim.simulator import Simulator
 
 

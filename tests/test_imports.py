@@ -1,4 +1,4 @@
-"""No import circles inside `medha/`.
+"""No import circles inside `medha/`, and no import of the simulator by the router.
 
 The graph is read from the source with `ast`, not from a running interpreter, so it counts
 every import statement wherever it stands: at module level, inside a function (a lazy import
@@ -148,6 +148,45 @@ def test_the_check_finds_a_cycle(tmp_path):
     )
     (pkg / "c.py").write_text("import pkg.a\n")
     assert report(pkg) == ["pkg.a -> pkg.sub.b -> pkg.a"]
+
+
+def _under(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def imports_between(graph: dict[str, set[str]], source: str, target: str) -> list[str]:
+    """`importer -> imported` for every import of a module of package `target` by one of
+    package `source` (dotted names), sorted."""
+    return sorted(
+        f"{m} -> {t}"
+        for m, targets in graph.items()
+        if _under(m, source)
+        for t in targets
+        if _under(t, target)
+    )
+
+
+def test_the_router_imports_nothing_of_the_simulator():
+    """The router and the simulator share the dispatchers through medha/dispatch: no module of
+    medha/route imports one of medha/sim, not even inside a function or for type checking."""
+    assert imports_between(import_graph(), "medha.route", "medha.sim") == []
+
+
+def test_the_layer_check_finds_an_import(tmp_path):
+    # It must be able to fail: a function-level import and `from pkg import sim` count too.
+    pkg = tmp_path / "pkg"
+    for sub in ("route", "sim", "simple"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sim" / "config.py").write_text("X = 1\n")
+    (pkg / "simple" / "x.py").write_text("Y = 1\n")
+    (pkg / "route" / "a.py").write_text("def f():\n    from pkg.sim.config import X\n")
+    (pkg / "route" / "b.py").write_text("from pkg import sim\nfrom pkg.simple import x\n")
+    assert imports_between(import_graph(pkg), "pkg.route", "pkg.sim") == [
+        "pkg.route.a -> pkg.sim.config",
+        "pkg.route.b -> pkg.sim",
+    ]
 
 
 if __name__ == "__main__":

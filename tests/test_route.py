@@ -321,7 +321,7 @@ def test_a_frozen_replica_does_not_delay_taking_a_dead_one_out():
 
 @pytest.mark.parametrize("dispatcher", ["round_robin", "least_work", "prefix", "slack", "pla"])
 def test_every_dispatcher_routes(two_stubs, dispatcher):
-    from medha.sim.config import DISPATCHER_NAMES
+    from medha.dispatch.config import DISPATCHER_NAMES
 
     assert dispatcher in DISPATCHER_NAMES
     with router(two_stubs, "--dispatcher", dispatcher) as url:

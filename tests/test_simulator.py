@@ -372,8 +372,8 @@ def test_replicas_share_the_templates_resolved_config():
 
 
 def test_the_dispatcher_names_are_the_registry():
-    from medha.sim.config import DISPATCHER_NAMES
-    from medha.sim.dispatchers import DISPATCHERS
+    from medha.dispatch.base_dispatcher import DISPATCHERS
+    from medha.dispatch.config import DISPATCHER_NAMES
 
     assert DISPATCHERS.names() == sorted(DISPATCHER_NAMES)
     with pytest.raises(ValueError, match="unknown dispatcher 'nope'"):

@@ -276,7 +276,7 @@ class PlaSettings:
     """The pla policy's settings (flags --pla-*; pla_policy.py). The paper (She et al.) gives
     the captured graph grid and a 0.4 s TTFT SLO, no value for the thresholds below; the
     defaults are ours, each said why. The boundary L_m they set is also the pla dispatcher's
-    (medha/sim/config.py has the dispatcher's own settings)."""
+    (medha/dispatch/config.py has the dispatcher's own settings)."""
 
     boundary_tokens: int | None = field(
         default=None,

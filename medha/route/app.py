@@ -37,13 +37,13 @@ from dataclasses import dataclass
 import aiohttp
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from medha.dispatch.base_dispatcher import ttft_deadline_s
 from medha.route.backend import Backend
 from medha.route.config import RouteConfig
 from medha.route.prompt import Routing, TokenCache, load_tokenizer, prompt_pieces, read_request
 from medha.route.tracked import TrackedReplica
 from medha.server.body_guard import BodyGuard
 from medha.server.errors import RequestError
-from medha.sim.dispatchers.base_dispatcher import ttft_deadline_s
 
 log = logging.getLogger("medha.route")
 
@@ -123,11 +123,11 @@ class Router:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         from medha.core.config import SchedulerConfig
+        from medha.dispatch.base_dispatcher import DISPATCHERS
+        from medha.dispatch.config import BareDispatchSettings
         from medha.perf import make_predictor
         from medha.scheduler.block_manager import BlockManager
         from medha.scheduler.replica_scheduler import ReplicaScheduler
-        from medha.sim.config import ClusterConfig
-        from medha.sim.dispatchers import DISPATCHERS
 
         if not urls:
             raise ValueError("no replicas: give --replica URL (or --spawn N)")
@@ -164,13 +164,9 @@ class Router:
             )
             for i in range(len(urls))
         ]
-        cluster = ClusterConfig(
-            model=config.model,
-            hardware=config.hardware,
-            replicas=len(urls),
-            dispatcher=config.dispatcher,
+        self.dispatcher = DISPATCHERS.get(config.dispatcher)(
+            self.tracked, BareDispatchSettings(), template.config
         )
-        self.dispatcher = DISPATCHERS.get(config.dispatcher)(self.tracked, cluster, template.config)
         self.tokens = TokenCache(load_tokenizer(config.tokenizer))
         self.max_request_bytes = config.max_request_bytes or (
             64 * self.scheduler_config.max_model_len + (1 << 20)

@@ -31,16 +31,16 @@ from dataclasses import dataclass
 
 from medha.core.config import SchedulerConfig
 from medha.core.request import Request
-from medha.perf.predictor import Predictor
-from medha.perf.prefill_time_cache import PrefillTimeCache
-from medha.scheduler.prefix_cache import cacheable_pages
-from medha.sim.dispatchers.base_dispatcher import (
+from medha.dispatch.base_dispatcher import (
     DecodeShare,
     Pending,
     decode_token_s,
     prefill_order,
     replica_policy,
 )
+from medha.perf.predictor import Predictor
+from medha.perf.prefill_time_cache import PrefillTimeCache
+from medha.scheduler.prefix_cache import cacheable_pages
 
 # How long an ended request's record stays for the dispatchers that look back (pla's window).
 _KEEP_ENDED_S = 120.0

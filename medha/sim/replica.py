@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from medha.core.batch import Batch, BatchResult
 from medha.core.request import Request
+from medha.dispatch.base_dispatcher import DecodeShare, Pending, decode_token_s
 from medha.scheduler.replica_scheduler import ReplicaScheduler
-from medha.sim.dispatchers.base_dispatcher import DecodeShare, Pending, decode_token_s
 
 
 class SimReplica:

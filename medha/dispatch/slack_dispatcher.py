@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 
-from medha.sim.dispatchers.base_dispatcher import (
+from medha.dispatch.base_dispatcher import (
     DISPATCHERS,
     Dispatcher,
     Pending,

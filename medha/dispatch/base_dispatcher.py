@@ -15,10 +15,10 @@ from typing import ClassVar, Protocol
 
 from medha.core.config import SchedulerConfig, parse_chunking
 from medha.core.request import Request
+from medha.dispatch.config import DispatchSettings
 from medha.perf.predictor import Predictor
 from medha.scheduler.packers import PACKERS
 from medha.scheduler.policies import Policy, make_policy
-from medha.sim.config import ClusterConfig
 from medha.utils.registry import Registry
 
 
@@ -166,11 +166,12 @@ class Dispatcher(ABC):
     name: ClassVar[str]
 
     def __init__(
-        self, replicas: list[ReplicaView], cluster: ClusterConfig, scheduler: SchedulerConfig
+        self, replicas: list[ReplicaView], cluster: DispatchSettings, scheduler: SchedulerConfig
     ) -> None:
-        """`cluster` carries the dispatcher's own settings; `scheduler` is the deployment's
-        (resolved) scheduler config, what every replica runs, for the settings a dispatcher
-        shares with a policy (the pla boundary)."""
+        """`cluster` carries the dispatcher's own settings (the simulator's ClusterConfig, the
+        router's BareDispatchSettings); `scheduler` is the deployment's (resolved) scheduler
+        config, what every replica runs, for the settings a dispatcher shares with a policy
+        (the pla boundary)."""
         self.replicas = replicas
 
     @abstractmethod
