@@ -18,6 +18,7 @@ from medha.perf import ParallelConfig
 from medha.perf.toy_predictor import FixedCostPredictor
 from medha.route.tracked import PrefixIndex, TrackedReplica
 from medha.scheduler.block_manager import BlockManager
+from medha.scheduler.config_defaults import resolve_config
 from medha.scheduler.replica_scheduler import ReplicaScheduler
 from medha.sim.config import ClusterConfig
 from medha.sim.simulator import Simulator
@@ -126,7 +127,7 @@ def test_the_tracked_replica_reads_the_step_by_the_packers_rule_of_who_waits():
 
 
 def test_pending_requests_are_ordered_as_the_replica_scheduler_orders_its_prefills():
-    lars = replica_policy(SchedulerConfig().resolve(FixedCostPredictor(TOKEN_S)))
+    lars = replica_policy(resolve_config(SchedulerConfig(), FixedCostPredictor(TOKEN_S)))
     assert lars.name == "lars"  # the adaptive packer's default
     # LARS: relative slack over the whole prefill's work; the long one is the more urgent
     long = Pending("long", 0.0, deadline_s=12.0, work_s=8.0, total_work_s=8.0)  # (12-8)/8

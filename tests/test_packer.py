@@ -7,6 +7,7 @@ from medha.core.config import CHUNKING_MODES, SchedulerConfig, parse_chunking
 from medha.core.request import Request
 from medha.perf import ParallelConfig, make_predictor
 from medha.scheduler.block_manager import BlockManager
+from medha.scheduler.config_defaults import resolve_config
 from medha.scheduler.packers import PACKERS, make_packer
 from medha.scheduler.policies.lars_policy import LarsPolicy
 from medha.scheduler.replica_scheduler import ReplicaScheduler
@@ -311,8 +312,8 @@ def test_default_budget_leaves_room_for_a_pipeline_slot():
     cfg = SchedulerConfig(tpot_target_s=0.06)
 
     def budget(config, spp):
-        return config.resolve(
-            make_predictor("roofline", "llama-3-8b", "h100", ParallelConfig(spp=spp))
+        return resolve_config(
+            config, make_predictor("roofline", "llama-3-8b", "h100", ParallelConfig(spp=spp))
         ).iteration_budget_s
 
     assert budget(cfg, 1) == 0.06  # a batch returns exactly when the next one starts

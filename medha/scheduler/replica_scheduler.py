@@ -26,6 +26,7 @@ from medha.perf.predictor import Predictor
 from medha.perf.prefill_time_cache import PrefillTimeCache
 from medha.scheduler.batch_builder import BatchBuilder
 from medha.scheduler.block_manager import BlockManager
+from medha.scheduler.config_defaults import resolve_config
 from medha.scheduler.kv_arbiter import KVArbiter
 from medha.scheduler.packers import Packer, make_packer
 from medha.scheduler.policies import make_policy
@@ -53,8 +54,8 @@ class ReplicaScheduler:
         sizeable share of its time)."""
         self.block_tables = block_tables
         # The one resolution of the config: the packer, the policy, the KV arbiter and the
-        # simulator's metrics all read this object's defaults (resolve returns it unchanged).
-        self.config = config = config.resolve(predictor)
+        # simulator's metrics all read this object's defaults (resolve_config returns it unchanged).
+        self.config = config = resolve_config(config, predictor)
         self.predictor = predictor
         self.packer = make_packer(config, predictor)
         self.policy = make_policy(config.policy or self.packer.default_policy, config)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, ClassVar
 from medha.core.config import SchedulerConfig, iteration_budget, parse_chunking
 from medha.core.request import Request
 from medha.perf.predictor import Predictor
+from medha.scheduler.config_defaults import resolve_config
 from medha.utils.registry import Registry
 
 if TYPE_CHECKING:
@@ -108,7 +109,7 @@ PACKERS: Registry[Packer] = Registry("chunking mode", __package__, suffix="_pack
 
 def make_packer(config: SchedulerConfig, predictor: Predictor) -> Packer:
     """The packer of `config`'s chunking mode. The scheduler passes its resolved config, which
-    `resolve` returns unchanged; a tool that builds a packer alone gets the same defaults."""
-    config = config.resolve(predictor)
+    `resolve_config` returns unchanged; a tool that builds a packer alone gets the same defaults."""
+    config = resolve_config(config, predictor)
     mode, arg = parse_chunking(config.chunking)
     return PACKERS.get(mode)(config, predictor, arg)
