@@ -17,9 +17,8 @@ from medha.dispatch.base_dispatcher import (
 from medha.perf import ParallelConfig
 from medha.perf.toy_predictor import FixedCostPredictor
 from medha.route.tracked import PrefixIndex, TrackedReplica
-from medha.scheduler.block_manager import BlockManager
 from medha.scheduler.config_defaults import resolve_config
-from medha.scheduler.replica_scheduler import ReplicaScheduler
+from medha.scheduler.packers import replica_prefill_times
 from medha.sim.config import ClusterConfig
 from medha.sim.simulator import Simulator
 
@@ -34,16 +33,15 @@ class Clock:
 
 def tracked_cluster(n=2, policy=None, cache_tokens=1 << 20, **sched):
     sched.setdefault("iteration_budget_s", 1 / 16)
-    config = SchedulerConfig.from_flat(policy=policy, **sched)
-    template = ReplicaScheduler(config, FixedCostPredictor(TOKEN_S), BlockManager(1 << 16, 16))
+    predictor = FixedCostPredictor(TOKEN_S)
+    config = resolve_config(SchedulerConfig.from_flat(policy=policy, **sched), predictor)
+    prefill_times = replica_prefill_times(config, predictor)  # as the router builds them
     clock = Clock()
     replicas = [
-        TrackedReplica(
-            i, template.predictor, template.config, template.prefill_times, 16, cache_tokens, clock
-        )
+        TrackedReplica(i, predictor, config, prefill_times, 16, cache_tokens, clock)
         for i in range(n)
     ]
-    return replicas, template.config, clock
+    return replicas, config, clock
 
 
 def dispatcher(name, replicas, config):

@@ -126,8 +126,8 @@ class Router:
         from medha.dispatch.base_dispatcher import DISPATCHERS
         from medha.dispatch.config import BareDispatchSettings
         from medha.perf import make_predictor
-        from medha.scheduler.block_manager import BlockManager
-        from medha.scheduler.replica_scheduler import ReplicaScheduler
+        from medha.scheduler.config_defaults import resolve_config
+        from medha.scheduler.packers import replica_prefill_times
 
         if not urls:
             raise ValueError("no replicas: give --replica URL (or --spawn N)")
@@ -143,10 +143,14 @@ class Router:
         if spec == "auto":
             spec = auto_predictor(config.model, config.hardware)
         self.predictor = make_predictor(spec, config.model, config.hardware)
-        template = ReplicaScheduler(
-            SchedulerConfig(policy=config.policy), self.predictor, BlockManager(1 << 20, 16)
+        # The replicas' scheduler config (of it, only --policy is known: the rest are the
+        # defaults), resolved as their schedulers resolve it, and the prefill-time walk those
+        # read (one function for both); no scheduler is built. The tracked replicas make the
+        # policy, which rejects an unknown name.
+        self.scheduler_config = scheduler_config = resolve_config(
+            SchedulerConfig(policy=config.policy), self.predictor
         )
-        self.scheduler_config = template.config
+        prefill_times = replica_prefill_times(scheduler_config, self.predictor)
         self.backends = [
             Backend(i, u.rstrip("/").removesuffix("/v1"), keys[i] if keys else None, clock=clock)
             for i, u in enumerate(urls)
@@ -156,8 +160,8 @@ class Router:
             TrackedReplica(
                 i,
                 self.predictor,
-                template.config,
-                template.prefill_times,
+                scheduler_config,
+                prefill_times,
                 config.block_size,
                 cache,
                 clock,
@@ -165,7 +169,7 @@ class Router:
             for i in range(len(urls))
         ]
         self.dispatcher = DISPATCHERS.get(config.dispatcher)(
-            self.tracked, BareDispatchSettings(), template.config
+            self.tracked, BareDispatchSettings(), scheduler_config
         )
         self.tokens = TokenCache(load_tokenizer(config.tokenizer))
         self.max_request_bytes = config.max_request_bytes or (

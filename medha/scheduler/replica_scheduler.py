@@ -28,7 +28,7 @@ from medha.scheduler.batch_builder import BatchBuilder
 from medha.scheduler.block_manager import BlockManager
 from medha.scheduler.config_defaults import resolve_config
 from medha.scheduler.kv_arbiter import KVArbiter
-from medha.scheduler.packers import Packer, make_packer
+from medha.scheduler.packers import Packer, make_packer, replica_prefill_times
 from medha.scheduler.policies import make_policy
 from medha.scheduler.request_table import RequestTable, SchedulerInvariantError, SchedulerStats
 
@@ -60,12 +60,7 @@ class ReplicaScheduler:
         self.packer = make_packer(config, predictor)
         self.policy = make_policy(config.policy or self.packer.default_policy, config)
         self.max_model_len: int = config.max_model_len
-        self.prefill_times = prefill_times or PrefillTimeCache(
-            predictor,
-            self.packer.plan_isolated,
-            self.max_model_len,
-            overlapped=config.pipeline == "stream",
-        )
+        self.prefill_times = prefill_times or replica_prefill_times(config, predictor)
         self.policy.bind(predictor, blocks, self.max_model_len)
         self._max_batch_tokens = self.packer.max_batch_tokens(self.max_model_len)
         self.long_threshold: int = config.long_prefill_threshold

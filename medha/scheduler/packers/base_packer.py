@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, ClassVar
 from medha.core.config import SchedulerConfig, iteration_budget, parse_chunking
 from medha.core.request import Request
 from medha.perf.predictor import Predictor
+from medha.perf.prefill_time_cache import PrefillTimeCache
 from medha.scheduler.config_defaults import resolve_config
 from medha.utils.registry import Registry
 
@@ -113,3 +114,17 @@ def make_packer(config: SchedulerConfig, predictor: Predictor) -> Packer:
     config = resolve_config(config, predictor)
     mode, arg = parse_chunking(config.chunking)
     return PACKERS.get(mode)(config, predictor, arg)
+
+
+def replica_prefill_times(config: SchedulerConfig, predictor: Predictor) -> PrefillTimeCache:
+    """The prefill-time walk (Algorithm 3) of a replica that runs `config`: its packer's
+    isolated chunks up to its context length, overlapped across pipeline stages unless the
+    pipeline is microbatched. ReplicaScheduler builds its own with this and the router its
+    model of a replica, so both read the same times without the router building a scheduler."""
+    config = resolve_config(config, predictor)
+    return PrefillTimeCache(
+        predictor,
+        make_packer(config, predictor).plan_isolated,
+        config.max_model_len,
+        overlapped=config.pipeline == "stream",
+    )
