@@ -95,6 +95,7 @@ class Routed:
     # predicted time to first token alone (None: it shared the prefill, no sample)
     sent_s: float = 0.0
     alone_s: float | None = None
+    streamed: bool = True  # whether the router sees its first token (a whole answer: at its end)
 
 
 class TrackedReplica:
@@ -130,11 +131,15 @@ class TrackedReplica:
         self._anchor = clock()
 
     # ---- events (the proxy's) ----------------------------------------------------------------
-    def on_dispatch(self, request: Request, deadline_s: float, expected_tokens: int) -> None:
+    def on_dispatch(
+        self, request: Request, deadline_s: float, expected_tokens: int, streamed: bool = True
+    ) -> None:
         now = self.clock()
         self._drain(now)
         work = self.prefill_work_s(request, self.cached_tokens(request))
-        routed = Routed(request, deadline_s, work, expected_tokens, total_s=work, sent_s=now)
+        routed = Routed(
+            request, deadline_s, work, expected_tokens, total_s=work, sent_s=now, streamed=streamed
+        )
         if self._queue:  # they share the prefill from now on: none of them is a sample
             for other in self._queue:
                 other.alone_s = None
@@ -220,28 +225,35 @@ class TrackedReplica:
         return [self._pending(r) for r in self._queue]
 
     def iteration_left_s(self, now: float) -> float:
-        """Half an iteration of what it runs: its budget while prefills wait (the arrival wait
-        when nobody waits on the step, by the packer's rule, Packer.batch_budget_s: nothing
-        decoding after an on-time first token, and one prefill or only long ones and ones past
-        their deadline; less when their work left is less), a decode iteration while it only
-        decodes."""
+        """Half an iteration of what it runs: its budget while prefills wait (`step_budget_s`;
+        less when their work left is less), a decode iteration while it only decodes."""
         contexts = self._decode_contexts()
         decoding = self._decode_share.decode_iteration_s(contexts)
         if self._queue:
-            config = self.scheduler_config
-            on_time = any(
-                r.first_token_s is not None and r.first_token_s <= r.deadline_s
-                for r in self._live.values()
-            )
-            alone = not on_time and (
-                len(self._queue) == 1
-                or all(
-                    r.request.prompt_len >= self._long or r.deadline_s < now for r in self._queue
-                )
-            )
-            budget = (config.arrival_wait_s if alone else config.iteration_budget_s) or math.inf
+            budget = self.step_budget_s(now) or math.inf
             decoding = min(budget, decoding + sum(r.work_s for r in self._queue))
         return 0.5 * self.slowdown * decoding
+
+    def step_budget_s(self, now: float) -> float:
+        """The time budget of the step the replica runs now, by the packer's rule
+        (Packer.batch_budget_s): the arrival wait when nobody waits on the step (nothing
+        decoding after an on-time first token, and one prefill or only long ones and ones past
+        their deadline), else the iteration budget."""
+        config = self.scheduler_config
+        on_time = any(
+            r.first_token_s is not None and r.first_token_s <= r.deadline_s
+            for r in self._live.values()
+        )
+        alone = not on_time and (
+            len(self._queue) <= 1
+            or all(r.request.prompt_len >= self._long or r.deadline_s < now for r in self._queue)
+        )
+        return config.arrival_wait_s if alone else config.iteration_budget_s
+
+    def waiting_order(self, now: float) -> list[str]:
+        """The ids of the requests waiting for their first token, in the order the router
+        predicts the replica prefills them."""
+        return [p.request_id for p in prefill_order(self._policy, self.pending(now), now)]
 
     def _decode_contexts(self) -> list[int]:
         return [
