@@ -101,7 +101,7 @@ def configs() -> list[tuple[str, dict, dict, dict, dict]]:
         scheduler=dict(chunking="static:512"),
         workload=LONG_MIX,
     )
-    for dispatcher in ("round_robin", "least_work", "pla"):
+    for dispatcher in ("round_robin", "least_work", "pla", "slack", "prefix"):
         add(f"lars-2rep-{dispatcher}", cluster=dict(replicas=2, dispatcher=dispatcher))
     add(
         "pla-4rep-pla",
@@ -115,6 +115,14 @@ def configs() -> list[tuple[str, dict, dict, dict, dict]]:
         scheduler=dict(prefix_cache="device"),
         workload=MOONCAKE,
     )
+    # the dispatchers that read a replica's queue by its rules (replica_rules): with hits
+    for dispatcher in ("slack", "prefix"):
+        add(
+            f"lars-2rep-{dispatcher}-prefix",
+            cluster=dict(replicas=2, dispatcher=dispatcher, kv_memory_gb=20.0),
+            scheduler=dict(prefix_cache="device"),
+            workload=MOONCAKE,
+        )
     add("lars-no-multiprefill", scheduler=dict(multi_prefill=False))
     add(
         "lars-no-space-sharing",
