@@ -164,10 +164,7 @@ def test_lars_serves_a_short_prefill_early_where_no_one_misses_for_it(long_slack
 def test_serve_early_keeps_the_slack_of_every_request_it_passes():
     # Two shorts behind a long prefill whose slack covers only one of them: the first moves
     # ahead, the second keeps its place behind the long one.
-    lars = LarsPolicy(SchedulerConfig())
-
-    def serve_early(order, now, threshold):
-        return lars.serve_early(order, now, lambda r: r.num_tokens >= threshold)
+    lars = LarsPolicy(SchedulerConfig(long_prefill_threshold=32_768))
 
     def req(name, tokens, work, slack):
         r = Request(name, 0.0, tokens, 1)
@@ -177,10 +174,10 @@ def test_serve_early_keeps_the_slack_of_every_request_it_passes():
 
     long_ = req("long", 100_000, 10.0, 0.015)
     a, b = req("a", 100, 0.01, 5.0), req("b", 100, 0.01, 5.0)
-    assert serve_early([long_, a, b], 0.0, 32_768) == [a, long_, b]
+    assert lars.serve_early([long_, a, b], 0.0) == [a, long_, b]
     # a long request is never moved, whatever the slack ahead of it
     other = req("other", 50_000, 0.001, 5.0)
-    assert serve_early([long_, other], 0.0, 32_768) == [long_, other]
+    assert lars.serve_early([long_, other], 0.0) == [long_, other]
 
 
 def test_a_lone_long_prefill_runs_steps_of_the_arrival_wait():

@@ -25,6 +25,7 @@ PREFIX_HASH_BLOCK = 512  # tokens per prefix hash id in a trace (the Mooncake fo
 PRIORITY_CLASSES = ("REALTIME", "HIGH", "NORMAL", "LOW")  # most urgent first
 DEFAULT_PRIORITY_CLASS = "NORMAL"
 _PRIORITY_RANK = {name: i for i, name in enumerate(PRIORITY_CLASSES)}
+DEFAULT_PRIORITY_RANK = _PRIORITY_RANK[DEFAULT_PRIORITY_CLASS]
 
 
 class RequestState(enum.Enum):

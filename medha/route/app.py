@@ -481,7 +481,8 @@ class _Exchange:
         had its error event), else what failed."""
         router, rid = self.router, self.routing.request.request_id
         c = router.config
-        view.on_dispatch(self.routing.request, self.deadline_s, self.routing.expected_tokens)
+        routing = self.routing
+        view.on_dispatch(routing.request, self.deadline_s, routing.expected_tokens, routing.stream)
         router.metrics.dispatched.labels(str(b.replica_id)).inc()
         b.on_sent()
         task = asyncio.current_task()

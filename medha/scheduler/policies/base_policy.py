@@ -94,12 +94,6 @@ class Policy(ABC):
         first.sort(key=key)
         return first + rest
 
-    def serve_early(self, order: list, now: float, is_long: Callable[[object], bool]) -> list:
-        """`order` (prefill-phase requests, or a dispatcher's view of them, in this policy's
-        order) with the requests this policy serves ahead of it moved up: none by default
-        (LARS moves short prefills up where no one misses for them)."""
-        return order
-
     def eviction_rank(self, now: float) -> Callable[[Request], tuple]:
         """Who keeps its KV when blocks run short: lower ranks are kept longer. Running decodes
         outrank every prefill (evicting one throws away admitted work and stalls its token
