@@ -23,8 +23,8 @@ import sys
 import time
 from pathlib import Path
 
-from medha.core.config import SchedulerConfig
 from medha.perf import ParallelConfig
+from medha.scheduler.config import SchedulerConfig
 from medha.scheduler.replica_scheduler import ReplicaScheduler
 from medha.sim.metrics.summary import WALL_CLOCK_KEYS
 from medha.sim.runner import RunSpec, simulate, write_run

@@ -4,9 +4,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from medha.core.config import SchedulerConfig
 from medha.perf import ParallelConfig, make_predictor
 from medha.perf.chunking_price import budget_for_price, chunking_price, isolated_chunk
+from medha.scheduler.config import SchedulerConfig
 from medha.scheduler.config_defaults import resolve_config
 
 GPU = make_predictor("roofline", "llama-3-8b", "h100", ParallelConfig(tp=8))

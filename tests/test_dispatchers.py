@@ -7,14 +7,15 @@ import dataclasses
 import pytest
 from conftest import TOKEN_S
 
-from medha.core.config import SchedulerConfig
 from medha.core.request import Request
 from medha.dispatch.base_dispatcher import DISPATCHERS, DecodeShare, Pending
 from medha.perf import ParallelConfig
 from medha.perf.toy_predictor import FixedCostPredictor
 from medha.route.tracked import PrefixIndex, TrackedReplica
+from medha.scheduler.config import SchedulerConfig
 from medha.scheduler.config_defaults import resolve_config
 from medha.scheduler.packers import replica_policy, replica_prefill_times
+from medha.scheduler.policies.config import LarsSettings
 from medha.scheduler.replica_rules import prefill_order
 from medha.sim.config import ClusterConfig
 from medha.sim.simulator import Simulator
@@ -134,7 +135,7 @@ def test_pending_requests_are_ordered_as_the_replica_scheduler_orders_its_prefil
     long = Pending("long", 0.0, 12.0, work_s=8.0, total_work_s=8.0, num_uncached_tokens=long_at)
     short = Pending("short", 0.0, 1.0, work_s=0.2, total_work_s=0.2, num_uncached_tokens=200)
     assert order(lars, [short, long]) == ["short", "long"]
-    by_key = replica_policy(dataclasses.replace(lars.config, lars_serve_early=False))
+    by_key = replica_policy(dataclasses.replace(lars.config, lars=LarsSettings(serve_early=False)))
     assert order(by_key, [short, long]) == ["long", "short"]
     edf = replica_policy(SchedulerConfig(policy="edf"))
     assert order(edf, [long, short]) == ["short", "long"]

@@ -14,12 +14,12 @@ from medha.benchmark.numerics import (
     greedy_reference,
     logit_bound,
 )
-from medha.core.config import SchedulerConfig
 from medha.engine import checkpoint
 from medha.engine.checkpoint import resolve_model
 from medha.engine.errors import EngineError
 from medha.engine.llm import LLM
 from medha.engine.sampling_params import SamplingParams
+from medha.scheduler.config import SchedulerConfig
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0)
 BF16_LOGIT_TOLERANCE = 0.25  # two bf16 steps at logits of ~20 (measured here: 0.0)

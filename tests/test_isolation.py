@@ -39,7 +39,7 @@ GREEDY = dataclasses.replace(faults.GREEDY, logprobs=5)
 @pytest.fixture(scope="module")
 def llm(tiny_model):
     # small chunks: prompts prefill over several batches, beside decodes of the others
-    from medha.core.config import SchedulerConfig
+    from medha.scheduler.config import SchedulerConfig
 
     return LLM(tiny_model, SchedulerConfig(policy="fcfs", chunking="static:16"), kv_memory_gb=0.01)
 

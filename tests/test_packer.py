@@ -3,10 +3,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from medha.core.batch import BatchResult
-from medha.core.config import CHUNKING_MODES, SchedulerConfig, parse_chunking
+from medha.core.config import CHUNKING_MODES, parse_chunking
 from medha.core.request import Request
 from medha.perf import ParallelConfig, make_predictor
 from medha.scheduler.block_manager import BlockManager
+from medha.scheduler.config import SchedulerConfig
 from medha.scheduler.config_defaults import resolve_config
 from medha.scheduler.packers import PACKERS, make_packer
 from medha.scheduler.policies.lars_policy import LarsPolicy
@@ -18,7 +19,9 @@ H100_8B_TP8 = make_predictor("roofline", "llama-3-8b", "h100", ParallelConfig(tp
 
 def gpu_scheduler(num_blocks=1 << 16, **config) -> ReplicaScheduler:
     config.setdefault("iteration_budget_s", 0.05)
-    return ReplicaScheduler(SchedulerConfig(**config), H100_8B_TP8, BlockManager(num_blocks))
+    return ReplicaScheduler(
+        SchedulerConfig.from_flat(**config), H100_8B_TP8, BlockManager(num_blocks)
+    )
 
 
 def check_budget(batch, budget, min_chunk, arrival_wait=None):

@@ -22,11 +22,11 @@ from medha.benchmark.numerics import (
     logit_bound,
 )
 from medha.core.batch import BatchResult
-from medha.core.config import SchedulerConfig
 from medha.engine.checkpoint import resolve_model
 from medha.engine.errors import EngineError
 from medha.engine.llm import LLM
 from medha.engine.sampling_params import SamplingParams
+from medha.scheduler.config import SchedulerConfig
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0)
 # static chunks: the schedule, hence each GEMM's shape, does not depend on timing

@@ -3,9 +3,9 @@ same batches, issued with the same batches still in the stream pipeline, through
 stages (spp 2), and the same KVP group growth (kvp 2)."""
 
 from medha.analysis.schedule_match import engine_run, sim_run
-from medha.core.config import SchedulerConfig
 from medha.engine.checkpoint import resolve_model
 from medha.engine.tokenizer import Tokenizer
+from medha.scheduler.config import SchedulerConfig
 
 # Deadlines out of both clocks' reach: the engine runs slower than its roofline predicts, and
 # a request past its deadline changes the packer's budget (replica_rules.step_budget_s,

@@ -6,10 +6,11 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from medha.core.batch import BatchResult
-from medha.core.config import SchedulerConfig, default_long_threshold
+from medha.core.config import default_long_threshold
 from medha.core.request import PRIORITY_CLASSES, Request
 from medha.core.request import RequestState as S
 from medha.scheduler.block_manager import BlockManager, KvpBlockManager
+from medha.scheduler.config import SchedulerConfig
 from medha.scheduler.config_defaults import resolve_config
 from medha.scheduler.replica_scheduler import ReplicaScheduler
 from medha.sim.replay import replay

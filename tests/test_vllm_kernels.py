@@ -14,13 +14,13 @@ from medha.benchmark.numerics import (
     greedy_reference,
     logit_bound,
 )
-from medha.core.config import SchedulerConfig
 from medha.engine.checkpoint import resolve_model
 from medha.engine.errors import EngineError
 from medha.engine.layers.vllm_kernels import gemm_runs, resolve_kernels
 from medha.engine.llm import LLM
 from medha.engine.model_runner import ModelRunner
 from medha.engine.sampling_params import SamplingParams
+from medha.scheduler.config import SchedulerConfig
 
 GREEDY = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
 

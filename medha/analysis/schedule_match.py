@@ -15,8 +15,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from medha.core.config import SchedulerConfig
 from medha.core.request import Request
+from medha.scheduler.config import SchedulerConfig
 from medha.scheduler.replica_scheduler import ReplicaScheduler
 
 Decision = tuple[tuple, tuple, int, tuple, tuple]

@@ -11,7 +11,7 @@ import argparse
 
 from medha import __version__
 from medha.cli.common import add_platform_args, predictor_from_args, scheduler_config_from_args
-from medha.core.config import SchedulerConfig
+from medha.scheduler.config import SchedulerConfig
 from medha.utils.dataclass_cli import add_dataclass_args
 
 

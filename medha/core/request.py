@@ -249,7 +249,8 @@ class Request:
     def relative_slack(self, now: float, per: str) -> float:
         """LARS's rho_r: slack in units of the prefill work still ahead, s_r / w_r(t)
         (`per="remaining"`), or of the whole prefill's, s_r / w_r^total (`per="total"`, the
-        paper's formula); SchedulerConfig.lars_slack chooses (docs/design.md compares them)."""
+        paper's formula); --lars-slack (SchedulerConfig.lars.slack) chooses (docs/design.md
+        compares them)."""
         if per == "remaining":
             return self.slack(now) / max(self.remaining_work_s, 1e-12)
         if per == "total":

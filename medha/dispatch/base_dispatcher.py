@@ -13,10 +13,10 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
-from medha.core.config import SchedulerConfig
 from medha.core.request import DEFAULT_PRIORITY_RANK, Request
 from medha.dispatch.config import DispatchSettings
 from medha.perf.predictor import Predictor
+from medha.scheduler.config import SchedulerConfig
 from medha.utils.registry import Registry
 
 

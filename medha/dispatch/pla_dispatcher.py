@@ -34,10 +34,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from medha.core.config import SchedulerConfig
 from medha.core.request import Request
 from medha.dispatch.base_dispatcher import DISPATCHERS, Dispatcher, ReplicaView, least_work
 from medha.dispatch.config import DispatchSettings
+from medha.scheduler.config import SchedulerConfig
 from medha.scheduler.policies.pla_policy import LONG, SHORT, calibrate
 
 

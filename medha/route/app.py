@@ -122,10 +122,10 @@ class Router:
         replica_keys: list[str | None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        from medha.core.config import SchedulerConfig
         from medha.dispatch.base_dispatcher import DISPATCHERS
         from medha.dispatch.config import BareDispatchSettings
         from medha.perf import make_predictor
+        from medha.scheduler.config import SchedulerConfig
         from medha.scheduler.config_defaults import resolve_config
         from medha.scheduler.packers import replica_prefill_times
 

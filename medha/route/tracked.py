@@ -29,11 +29,11 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
-from medha.core.config import SchedulerConfig
 from medha.core.request import Request
 from medha.dispatch.base_dispatcher import DecodeShare, Pending, decode_token_s
 from medha.perf.predictor import Predictor
 from medha.perf.prefill_time_cache import PrefillTimeCache
+from medha.scheduler.config import SchedulerConfig
 from medha.scheduler.packers import replica_policy
 from medha.scheduler.prefix_cache import cacheable_pages
 from medha.scheduler.replica_rules import QueueSnapshot, StepRules, prefill_order, step_budget_s

@@ -12,14 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from medha.core.config import (
-    MIN_TTFT_DEADLINE_S,
-    SchedulerConfig,
-    default_long_threshold,
-    iteration_budget,
-)
+from medha.core.config import MIN_TTFT_DEADLINE_S, default_long_threshold, iteration_budget
 from medha.perf.chunking_price import budget_for_price, chunking_price, priced_prompt
 from medha.perf.predictor import Predictor
+from medha.scheduler.config import SchedulerConfig
 
 # The TPOT target where the hardware can afford it (a reading pace; the Medha paper's), the
 # chunking price up to which it can, and the price the default budget is chosen for where it

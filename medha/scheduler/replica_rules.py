@@ -19,7 +19,8 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
-from medha.core.config import SchedulerConfig, iteration_budget
+from medha.core.config import iteration_budget
+from medha.scheduler.config import SchedulerConfig
 
 if TYPE_CHECKING:
     from medha.scheduler.policies.base_policy import Policy

@@ -40,7 +40,7 @@ class AdaptivePacker(Packer):
                 # decodes are in already): yielding there only slowed the long prefill down.
                 # rho as the lars key reads it (--lars-slack): one notion of relative slack
                 # for order and share, as in the paper (Algorithm 2 with s / w_total)
-                rho = r.relative_slack(now, cfg.lars_slack)
+                rho = r.relative_slack(now, cfg.lars.slack)
                 share = 1.0 - min(max(rho, 0.0), cfg.rho_max)
                 limit = min(budget, builder.timer.time() + share * budget)
             n = self._largest_chunk(builder, r, limit)

@@ -14,10 +14,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Collection
 from typing import TYPE_CHECKING, ClassVar
 
-from medha.core.config import SchedulerConfig, parse_chunking
+from medha.core.config import parse_chunking
 from medha.core.request import Request
 from medha.perf.predictor import Predictor
 from medha.perf.prefill_time_cache import PrefillTimeCache
+from medha.scheduler.config import SchedulerConfig
 from medha.scheduler.config_defaults import resolve_config
 from medha.scheduler.policies import Policy, make_policy
 from medha.scheduler.replica_rules import QueueSnapshot, StepRules, step_budget_s

@@ -26,7 +26,7 @@ class LarsPolicy(Policy):
     )
 
     def sort_key(self, now: float) -> SortKey:
-        per = self.config.lars_slack
+        per = self.config.lars.slack
         return lambda r: r.relative_slack(now, per)
 
     def order_prefills(
@@ -41,7 +41,7 @@ class LarsPolicy(Policy):
         deadline for it. One already predicted to miss (slack < 0) holds no one back: being
         served later moves no deadline it can still meet. Long prefills keep their place:
         their turn is what LARS and space sharing arbitrate. One pass."""
-        if not self.config.lars_serve_early or len(order) < 2:
+        if not self.config.lars.serve_early or len(order) < 2:
             return order
         threshold = self.config.long_prefill_threshold or 1 << 62  # (unresolved: none long)
         early, kept = [], []

@@ -40,9 +40,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from medha.core.config import PlaSettings, SchedulerConfig
 from medha.core.request import Request
+from medha.scheduler.config import SchedulerConfig
 from medha.scheduler.policies.base_policy import POLICIES
+from medha.scheduler.policies.config import PlaSettings
 from medha.scheduler.policies.fcfs_policy import FcfsPolicy
 
 if TYPE_CHECKING:

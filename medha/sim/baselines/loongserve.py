@@ -75,11 +75,11 @@ from functools import lru_cache
 from tqdm import tqdm
 
 from medha.core.batch import Batch, BatchResult
-from medha.core.config import SchedulerConfig
 from medha.core.request import Request, RequestState
 from medha.perf import ParallelConfig, Predictor, make_predictor
 from medha.perf.prefill_time_cache import PrefillTimeCache
 from medha.perf.ring_attention import RingPrefillTime, ring_prefill_time
+from medha.scheduler.config import SchedulerConfig
 from medha.scheduler.config_defaults import resolve_config
 from medha.scheduler.request_table import RequestTable, SchedulerStats
 from medha.sim.baselines.elastic_instances import Instance, KVLedger
