@@ -6,7 +6,13 @@ import pytest
 import torch
 
 from medha.benchmark.logits import prefill_logits
-from medha.benchmark.numerics import (
+from medha.engine import checkpoint
+from medha.engine.checkpoint import resolve_model
+from medha.engine.errors import EngineError
+from medha.engine.llm import LLM
+from medha.engine.sampling_params import SamplingParams
+from medha.scheduler.config import SchedulerConfig
+from medha.testing.numerics import (
     UNIT_ROUNDOFF,
     assert_greedy_agrees,
     assert_logits_within,
@@ -14,12 +20,6 @@ from medha.benchmark.numerics import (
     greedy_reference,
     logit_bound,
 )
-from medha.engine import checkpoint
-from medha.engine.checkpoint import resolve_model
-from medha.engine.errors import EngineError
-from medha.engine.llm import LLM
-from medha.engine.sampling_params import SamplingParams
-from medha.scheduler.config import SchedulerConfig
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0)
 BF16_LOGIT_TOLERANCE = 0.25  # two bf16 steps at logits of ~20 (measured here: 0.0)
@@ -51,7 +51,7 @@ def reference(model_dir, prompts):
 
 @pytest.fixture(scope="module")
 def bound(model_dir, prompts):
-    """The float32 rounding bound of prompts[6]'s prefill (medha/benchmark/numerics.py)."""
+    """The float32 rounding bound of prompts[6]'s prefill (medha/testing/numerics.py)."""
     return logit_bound(model_dir, prompts[6])
 
 

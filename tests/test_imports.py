@@ -185,6 +185,13 @@ def test_the_router_imports_nothing_of_the_simulator():
     assert imports_between(import_graph(), "medha.route", "medha.sim") == []
 
 
+def test_nothing_in_medha_imports_the_test_fixtures():
+    """medha/testing is the test suite's: no other package of medha/ imports it (what bench/
+    shares with the tests lives in medha/benchmark)."""
+    graph = {m: t for m, t in import_graph().items() if not _under(m, "medha.testing")}
+    assert imports_between(graph, "medha", "medha.testing") == []
+
+
 def test_the_layer_check_finds_an_import(tmp_path):
     # It must be able to fail: a function-level import and `from pkg import sim` count too.
     pkg = write_tree(
