@@ -166,6 +166,10 @@ class Dispatcher(ABC):
         config, what every replica runs, for the settings a dispatcher shares with a policy
         (the pla boundary)."""
         self.replicas = replicas
+        # The last `pick`'s predicted first-token time (absolute) of its request on the replica
+        # it chose, for a dispatcher that predicts one (slack), else None: the router passes it
+        # on to the client (x-medha-predicted-ttft-ms), to be checked against what happened.
+        self.predicted_first_token_s: float | None = None
 
     @abstractmethod
     def pick(

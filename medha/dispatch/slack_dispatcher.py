@@ -97,7 +97,7 @@ class SlackDispatcher(Dispatcher):
             others = (before[o.replica_id] for o in candidates if o is not r)
             return min(after[r.replica_id], min(others, default=math.inf))
 
-        return max(
+        chosen = max(
             candidates,
             key=lambda r: (
                 cluster_min(r),
@@ -106,3 +106,5 @@ class SlackDispatcher(Dispatcher):
                 -r.replica_id,
             ),
         )
+        self.predicted_first_token_s = ttft[chosen.replica_id]
+        return chosen

@@ -400,6 +400,8 @@ class _Exchange:
         # the client's key goes on only where the router has none of its own (a transparent
         # proxy); otherwise each replica gets the router's key for it
         self.client_auth = headers.get("authorization") if router._api_key is None else None
+        # the dispatcher's predicted TTFT on the replica of the current try (slack only)
+        self.predicted_ttft_s: float | None = None
         self.deadline_s = ttft_deadline_s(
             router.scheduler_config, routing.request, router.tracked[0]
         )
@@ -453,7 +455,10 @@ class _Exchange:
             ]
             if not candidates:
                 break
+            router.dispatcher.predicted_first_token_s = None
             view = router.dispatcher.pick(request, router.clock(), candidates)
+            predicted = router.dispatcher.predicted_first_token_s
+            self.predicted_ttft_s = None if predicted is None else predicted - request.arrival_s
             backend = router.backends[view.replica_id]
             tried.add(backend.replica_id)
             if attempt:
@@ -529,7 +534,7 @@ class _Exchange:
             view.on_first_token(rid)
             self._release()
             kind = response.headers.get("content-type", "application/json").encode()
-            await _raw(self.send, 200, data, kind)
+            await _raw(self.send, 200, data, kind, self._prediction())
             router.metrics.requests.labels("ok").inc()
             return None
         except asyncio.CancelledError as e:
@@ -618,6 +623,13 @@ class _Exchange:
         await self.send({"type": "http.response.body", "body": b"", "more_body": False})
         return None
 
+    def _prediction(self) -> list[tuple[bytes, bytes]]:
+        """The response header with the router's predicted TTFT (ms after it received the
+        request) on the replica that answers, where the dispatcher predicts one."""
+        if self.predicted_ttft_s is None:
+            return []
+        return [(b"x-medha-predicted-ttft-ms", f"{1000 * self.predicted_ttft_s:.1f}".encode())]
+
     async def _start_stream(self) -> None:
         self.sent = True
         await self.send(
@@ -627,6 +639,7 @@ class _Exchange:
                 "headers": [
                     (b"content-type", b"text/event-stream; charset=utf-8"),
                     (b"cache-control", b"no-cache"),
+                    *self._prediction(),
                 ],
             }
         )
