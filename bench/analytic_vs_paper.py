@@ -7,8 +7,8 @@ Prints a markdown table: claim, paper, ours, ratio, and whether ours is within 2
 
 from __future__ import annotations
 
-from medha.core.config import SchedulerConfig
 from medha.perf import ParallelConfig, get_model, make_predictor
+from medha.scheduler.config import SchedulerConfig
 from medha.scheduler.packers import make_packer
 
 H100_PEAK = 989e12

@@ -15,10 +15,10 @@ import random
 import statistics
 import time
 
-from medha.core.config import SchedulerConfig
 from medha.engine.config import EngineConfig
 from medha.engine.llm_engine import LLMEngine
 from medha.engine.sampling_params import SamplingParams
+from medha.scheduler.config import SchedulerConfig
 
 
 def run(engine: LLMEngine, with_long: bool, long_len: int, seed: int = 0) -> dict:

@@ -21,10 +21,10 @@ from pathlib import Path
 import torch
 
 from medha.benchmark.logits import prefill_logits
-from medha.core.config import SchedulerConfig
 from medha.engine.checkpoint import resolve_model
 from medha.engine.llm import LLM
 from medha.engine.sampling_params import SamplingParams
+from medha.scheduler.config import SchedulerConfig
 
 LENGTHS = [
     5,

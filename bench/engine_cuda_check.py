@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
-from medha.core.config import SchedulerConfig
 from medha.engine.llm import LLM
 from medha.engine.sampling_params import SamplingParams
+from medha.scheduler.config import SchedulerConfig
 
 LENGTHS = [5, 9, 17, 40, 80, 150, 260, 400]
 RUNS = [("fcfs", "static:16"), ("lars", "adaptive")]

@@ -27,8 +27,8 @@ import pytest
 
 from medha.benchmark.faults import GREEDY, PLACES, PROMPTS, inject
 from medha.benchmark.tiny_llama import build_tiny_llama
-from medha.core.config import SchedulerConfig
 from medha.engine.llm import LLM
+from medha.scheduler.config import SchedulerConfig
 
 logging.getLogger("medha.engine").setLevel(logging.ERROR)  # the failures are the point
 

@@ -28,9 +28,9 @@ import random
 import statistics
 import sys
 
-from medha.core.config import SchedulerConfig
 from medha.engine.llm import LLM
 from medha.engine.sampling_params import SamplingParams
+from medha.scheduler.config import SchedulerConfig
 
 
 def main() -> None:

@@ -18,9 +18,9 @@ import argparse
 import time
 
 from medha.analysis.schedule_match import overlaps
-from medha.core.config import SchedulerConfig
 from medha.engine.llm import LLM
 from medha.engine.sampling_params import SamplingParams
+from medha.scheduler.config import SchedulerConfig
 
 TEXT = " ".join(
     f"Report {i}: the harbour of town {i * 7 % 13} saw {i * 3 % 11} ships arrive "

@@ -44,8 +44,8 @@ def kind_of(op: str) -> str:
 
 
 def make_llm(budget: str, args):
-    from medha.core.config import SchedulerConfig
     from medha.engine.llm import LLM
+    from medha.scheduler.config import SchedulerConfig
 
     common = dict(policy="fcfs", prefix_cache="off")  # (the prompt reruns: no cache hits)
     if budget == "whole":

@@ -23,11 +23,11 @@ from medha.benchmark.hf_baselines import (
     hf_static_generate,
     make_workload,
 )
-from medha.core.config import SchedulerConfig
 from medha.engine.llm import LLM
 from medha.engine.profiler import Profiler, Shape
 from medha.engine.sampling_params import SamplingParams
 from medha.perf.hardware_specs import this_cpu
+from medha.scheduler.config import SchedulerConfig
 
 CONFIGS = {  # name -> scheduler; a throughput run wants iterations long enough for big batches
     "medha lars + adaptive (TPOT target 0.5 s)": SchedulerConfig(

@@ -31,9 +31,9 @@ RUNS = [  # policy, chunking, KV GiB, preemption mode
 
 
 def dump(text: str, out: str) -> None:
-    from medha.core.config import SchedulerConfig
     from medha.engine.llm import LLM
     from medha.engine.sampling_params import SamplingParams
+    from medha.scheduler.config import SchedulerConfig
 
     engine = {"dtype": "float32", "kernels": "torch"}
     ids = LLM("smollm2", kv_memory_gb=0.01, **engine).tokenizer.encode(text)

@@ -24,9 +24,9 @@ import time
 
 def child(model: str, device: str, only: str) -> None:
     """One tree's run (this process imports that tree's medha)."""
-    from medha.core.config import SchedulerConfig
     from medha.engine.llm import LLM
     from medha.engine.sampling_params import SamplingParams
+    from medha.scheduler.config import SchedulerConfig
 
     rng = random.Random(0)  # as medha.benchmark.hf_baselines.make_workload draws them
     requests = []

@@ -78,9 +78,9 @@ def host_kv_cache(num_blocks: int = 4096, moved: int = 512, bs: int = 16) -> dic
 
 
 def engine_tokens(model: str, dtype: str) -> dict:
-    from medha.core.config import SchedulerConfig
     from medha.engine.llm import LLM
     from medha.engine.sampling_params import SamplingParams
+    from medha.scheduler.config import SchedulerConfig
 
     params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
     text = " ".join(

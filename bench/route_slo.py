@@ -239,6 +239,9 @@ class Result:
     status: str = "ok"
     error: str = ""
     ttft_s: float | None = None
+    # the router's own prediction of it (medha route's slack dispatcher sends it in the header
+    # x-medha-predicted-ttft-ms; None for the other routers)
+    predicted_ttft_s: float | None = None
     e2e_s: float | None = None
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
@@ -271,6 +274,9 @@ async def _send(client, url: str, body: dict, headers: dict, res: Result, t0: fl
                 text = (await resp.aread()).decode(errors="replace")[:300]
                 res.status, res.error = "error", f"HTTP {resp.status_code}: {text}"
                 return
+            predicted = resp.headers.get("x-medha-predicted-ttft-ms")
+            if predicted is not None:
+                res.predicted_ttft_s = float(predicted) / 1000
             async for line in resp.aiter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
@@ -543,9 +549,16 @@ def summarize(cells: list[dict]) -> dict:
         counts = [d["requests"] for d in c["replicas"]]
         if sum(counts):
             hot.append(len(counts) * max(counts) / sum(counts))
+    # how far the router's predicted TTFT was from the measured one, per request (its own
+    # clock starts when it has read the request, the client's when it sends it: a few ms)
+    predicted = [r for r in ok if r.get("predicted_ttft_s") is not None]
+    misses = [r["ttft_s"] - r["predicted_ttft_s"] for r in predicted]
     return {
         "requests": len(reqs),
         "errors": len(reqs) - len(ok),
+        "predicted": len(predicted),
+        "predicted_ttft_abs_error_p50_s": _pct([abs(m) for m in misses], 50),
+        "predicted_ttft_error_p50_s": _pct(misses, 50),  # measured - predicted: + is late
         "short": len(short),
         "short_ttft_p50_s": _pct(short, 50),
         "short_ttft_p99_s": _pct(short, 99),
@@ -803,6 +816,13 @@ def _print(table: dict, skipped: dict, args) -> None:
                 f"{_fmt(s['hot_spot_index'], '.2f')} | {s['requests_per_s']:.3f} | "
                 f"{s['output_tokens_per_s']:.1f} | {s['errors']} |"
             )
+        for name, s in rows.items():
+            if s.get("predicted"):
+                print(
+                    f"{name}: predicted TTFT against measured over {s['predicted']} requests: "
+                    f"median |error| {s['predicted_ttft_abs_error_p50_s']:.3f} s, median "
+                    f"measured - predicted {s['predicted_ttft_error_p50_s']:+.3f} s"
+                )
     for name, why in skipped.items():
         print(f"{name}: skipped: {why}")
 

@@ -37,10 +37,10 @@ import functools
 import random
 import statistics
 
-from medha.core.config import SchedulerConfig
 from medha.core.request import Request
 from medha.perf import ParallelConfig, make_predictor
 from medha.perf.model_specs import get_model
+from medha.scheduler.config import SchedulerConfig
 from medha.sim.simulator import ClusterConfig, Simulator, kv_blocks_per_replica
 from medha.sim.workload.traces import load_trace
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import argparse
 
-from medha.core.config import SchedulerConfig
 from medha.perf import ParallelConfig
+from medha.scheduler.config import SchedulerConfig
 from medha.sim.runner import RunSpec, simulate
 from medha.sim.simulator import ClusterConfig
 from medha.sim.workload.generator import WorkloadConfig

@@ -33,8 +33,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from medha.core.config import SchedulerConfig
 from medha.perf import ParallelConfig
+from medha.scheduler.config import SchedulerConfig
 from medha.sim.config import LoongServeSettings
 from medha.sim.runner import RunOutcome, RunSpec, compare_table, simulate
 from medha.sim.simulator import ClusterConfig
@@ -57,8 +57,8 @@ class System:
     backfill: bool = False  # loongserve: later requests may pass a waiting head
     prefill_every: int = 0  # loongserve: macro iterations, as its released server runs
     pipeline: str = "stream"  # microbatch: vLLM's / Sarathi's pipeline parallelism
-    lars_slack: str = SchedulerConfig().lars_slack
-    lars_serve_early: bool = SchedulerConfig().lars_serve_early
+    lars_slack: str = SchedulerConfig().lars.slack
+    lars_serve_early: bool = SchedulerConfig().lars.serve_early
     arrival_wait_s: float | None = None  # None: the default (docs/design.md)
 
     def spec(self, predictor: str) -> RunSpec:
@@ -77,7 +77,7 @@ class System:
                 ),
             ),
             parallel=ParallelConfig(tp=self.tp, spp=self.spp),
-            scheduler=SchedulerConfig(
+            scheduler=SchedulerConfig.from_flat(
                 policy=self.policy,
                 chunking=self.chunking,
                 multi_prefill=self.multi_prefill,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from medha.analysis.cli_analyze import Curve, DeferredPrefillArgs, compute, distance
+from medha.analysis.deferred_prefill_curve import Curve, DeferredPrefillArgs, compute, distance
 from medha.perf import ParallelConfig, make_predictor
 from medha.sim.simulator import ClusterConfig
 

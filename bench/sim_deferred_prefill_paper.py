@@ -31,7 +31,6 @@ import sys
 import time
 from functools import partial
 
-from medha.analysis.cli_analyze import distance
 from medha.analysis.deferred_prefill import (
     DeferredSystem,
     StepTimes,
@@ -41,6 +40,7 @@ from medha.analysis.deferred_prefill import (
     renewal_throughput,
 )
 from medha.analysis.deferred_prefill_costs import a100_pcie_paper, vllm_predictor
+from medha.analysis.deferred_prefill_curve import distance
 from medha.analysis.deferred_prefill_sim import (
     SimPoint,
     simulate_point,

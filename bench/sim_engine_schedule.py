@@ -17,11 +17,11 @@ from __future__ import annotations
 import argparse
 
 from medha.analysis.schedule_match import engine_run, first_difference, overlaps, sim_run
-from medha.core.config import SchedulerConfig
 from medha.engine.checkpoint import resolve_model
 from medha.engine.config import EngineConfig
 from medha.engine.setup import profile_path
 from medha.engine.tokenizer import Tokenizer
+from medha.scheduler.config import SchedulerConfig
 
 TEXT = " ".join(f"line {i} of the harbour log." for i in range(1000))
 

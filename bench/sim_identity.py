@@ -23,8 +23,8 @@ import sys
 import time
 from pathlib import Path
 
-from medha.core.config import SchedulerConfig
 from medha.perf import ParallelConfig
+from medha.scheduler.config import SchedulerConfig
 from medha.scheduler.replica_scheduler import ReplicaScheduler
 from medha.sim.metrics.summary import WALL_CLOCK_KEYS
 from medha.sim.runner import RunSpec, simulate, write_run
@@ -45,6 +45,8 @@ def configs() -> list[tuple[str, dict, dict, dict, dict]]:
     out = []
 
     def add(name, cluster=None, parallel=None, scheduler=None, workload=None):
+        # a name is a configuration's key in digests.json: two of one name would hide one
+        assert all(name != o[0] for o in out), f"two configurations named {name}"
         out.append((name, cluster or {}, parallel or {}, scheduler or {}, workload or SHAREGPT))
 
     policies = ("fcfs", "edf", "lrs", "lars", "srpt", "deferred", "aligned", "priority", "pla")
@@ -103,6 +105,16 @@ def configs() -> list[tuple[str, dict, dict, dict, dict]]:
     )
     for dispatcher in ("round_robin", "least_work", "pla"):
         add(f"lars-2rep-{dispatcher}", cluster=dict(replicas=2, dispatcher=dispatcher))
+    # the dispatchers that read a replica's queue by its rules (replica_rules), without and
+    # with prefix hits
+    for dispatcher in ("slack", "prefix"):
+        add(f"lars-2rep-by-{dispatcher}", cluster=dict(replicas=2, dispatcher=dispatcher))
+        add(
+            f"lars-2rep-by-{dispatcher}-cached",
+            cluster=dict(replicas=2, dispatcher=dispatcher, kv_memory_gb=20.0),
+            scheduler=dict(prefix_cache="device"),
+            workload=MOONCAKE,
+        )
     add(
         "pla-4rep-pla",
         cluster=dict(replicas=4, dispatcher="pla"),

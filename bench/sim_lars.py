@@ -32,9 +32,10 @@ import argparse
 import numpy as np
 
 from medha.benchmark.scenarios import steady_stream
-from medha.core.config import LARS_SLACK_MODES, MIN_TTFT_DEADLINE_S, SchedulerConfig
+from medha.core.config import LARS_SLACK_MODES, MIN_TTFT_DEADLINE_S
 from medha.perf import ParallelConfig
 from medha.plan.search import capacity_search
+from medha.scheduler.config import SchedulerConfig
 from medha.sim.runner import RunSpec, simulate
 from medha.sim.simulator import ClusterConfig
 from medha.sim.workload.generator import WorkloadConfig
@@ -198,7 +199,7 @@ def main() -> None:
     ap.add_argument(
         "--lars-slack",
         choices=LARS_SLACK_MODES,
-        default=SchedulerConfig().lars_slack,
+        default=SchedulerConfig().lars.slack,
         help="capacity: the lars formula",
     )
     args = ap.parse_args()

@@ -41,11 +41,11 @@ import statistics
 import sys
 from collections.abc import Callable
 
-from medha.core.config import SchedulerConfig
 from medha.core.request import Request
 from medha.perf import ParallelConfig, Predictor, get_model, make_predictor
 from medha.perf.hardware_specs import HardwareSpec, get_hardware
 from medha.perf.predictor import WrappedPredictor
+from medha.scheduler.config import SchedulerConfig
 from medha.sim.metrics.summary import utilization
 from medha.sim.simulator import ClusterConfig, Simulator, kv_blocks_per_replica
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import argparse
 
-from medha.core.config import SchedulerConfig
 from medha.core.request import Request
 from medha.perf import ParallelConfig
+from medha.scheduler.config import SchedulerConfig
 from medha.sim.simulator import ClusterConfig, Simulator
 
 

@@ -32,9 +32,9 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from medha.core.config import SchedulerConfig
 from medha.core.request import Request
 from medha.perf import ParallelConfig
+from medha.scheduler.config import SchedulerConfig
 from medha.sim.simulator import ClusterConfig, Simulator
 
 SLO_S = 0.4

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import argparse
 
-from medha.core.config import LARS_SLACK_MODES, SchedulerConfig
+from medha.core.config import LARS_SLACK_MODES
 from medha.perf import ParallelConfig
+from medha.scheduler.config import SchedulerConfig
 from medha.sim.runner import RunSpec, compare_table, simulate
 from medha.sim.simulator import ClusterConfig
 from medha.sim.workload.generator import WorkloadConfig
@@ -24,7 +25,7 @@ PREDICTOR = "profiled"
 
 def configs(formulas: list[str]) -> list[tuple[str, dict]]:
     """(row name, scheduler settings) of every row."""
-    default = SchedulerConfig().lars_slack
+    default = SchedulerConfig().lars.slack
     rows = [("fcfs", dict(policy="fcfs", multi_prefill=False))]
     rows.append(("edf", dict(policy="edf", multi_prefill=False)))
     for multi in (False, True):

@@ -22,8 +22,8 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from medha.core.config import SchedulerConfig
 from medha.perf import ParallelConfig
+from medha.scheduler.config import SchedulerConfig
 from medha.scheduler.prefix_cache import reusable_prefix_tokens
 from medha.sim.runner import RunSpec, simulate
 from medha.sim.simulator import KV_BLOCK_SIZE, ClusterConfig, Simulator

@@ -21,9 +21,9 @@ import json
 
 import numpy as np
 
-from medha.core.config import SchedulerConfig
 from medha.core.request import PRIORITY_CLASSES
 from medha.perf import ParallelConfig
+from medha.scheduler.config import SchedulerConfig
 from medha.sim.simulator import ClusterConfig, Simulator
 from medha.sim.workload.generator import WorkloadConfig, build_requests
 

@@ -18,8 +18,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from medha.core.config import SchedulerConfig
 from medha.perf import ParallelConfig
+from medha.scheduler.config import SchedulerConfig
 from medha.sim.simulator import ClusterConfig, Simulator
 from medha.sim.workload.generator import WorkloadConfig, build_requests
 

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import argparse
 
-from medha.core.config import SchedulerConfig
 from medha.core.request import Request
 from medha.perf import ParallelConfig, make_predictor
 from medha.perf.ring_attention import context_parallel_prefill_time
+from medha.scheduler.config import SchedulerConfig
 from medha.sim.simulator import ClusterConfig, Simulator
 
 MODEL = "llama-3-8b"

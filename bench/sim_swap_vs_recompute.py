@@ -23,8 +23,8 @@ import json
 import time
 from pathlib import Path
 
-from medha.core.config import SchedulerConfig
 from medha.perf import ParallelConfig
+from medha.scheduler.config import SchedulerConfig
 from medha.sim.runner import RunSpec, simulate
 from medha.sim.simulator import ClusterConfig
 from medha.sim.workload.generator import WorkloadConfig

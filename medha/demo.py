@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from medha.core.config import SchedulerConfig
 from medha.core.request import Request
 from medha.perf import Predictor
 from medha.scheduler.block_manager import BlockManager
+from medha.scheduler.config import SchedulerConfig
 from medha.scheduler.replica_scheduler import ReplicaScheduler
 from medha.sim.replay import replay
 

@@ -28,7 +28,7 @@ import pytest
 # The test run's cache, shared by all its tests and the processes they start, is its own: not
 # the user's home, nor a MEDHA_CACHE_DIR the user exported (whose `medha profile` output the
 # engines would plan with). Its measured CPU is a fixed reference, so that every engine, server
-# and router plans the same steps on every machine (medha/benchmark/reference_cpu.py).
+# and router plans the same steps on every machine (medha/testing/reference_cpu.py).
 os.environ["MEDHA_CACHE_DIR"] = tempfile.mkdtemp(prefix="medha-test-cache-")
 # Keys and proxies of the user's shell would reach the servers, routers and clients the tests
 # start: a key the test did not set turns its requests into 401s.
@@ -36,7 +36,7 @@ for _var in ("MEDHA_API_KEY", "MEDHA_REPLICA_API_KEY", "OPENAI_API_KEY"):
     os.environ.pop(_var, None)
 os.environ["NO_PROXY"] = ",".join(filter(None, [os.environ.get("NO_PROXY"), "127.0.0.1,localhost"]))
 
-from medha.benchmark.reference_cpu import pin_reference_cpu  # noqa: E402
+from medha.testing.reference_cpu import pin_reference_cpu  # noqa: E402
 
 pin_reference_cpu()
 

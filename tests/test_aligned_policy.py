@@ -6,10 +6,10 @@ covering [0, 65536) in quarters of 16384, 4096, 1024, 256 and 64 tokens."""
 import pytest
 from conftest import toy_scheduler
 
-from medha.core.config import SchedulerConfig
 from medha.core.request import Request, RequestState
 from medha.perf import make_predictor
 from medha.scheduler.block_manager import BlockManager
+from medha.scheduler.config import SchedulerConfig
 from medha.scheduler.length_tree import LengthQuadTree
 from medha.scheduler.policies.aligned_policy import AlignedPolicy
 from medha.sim.replay import replay

@@ -4,9 +4,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from medha.core.config import SchedulerConfig
 from medha.perf import ParallelConfig, make_predictor
 from medha.perf.chunking_price import budget_for_price, chunking_price, isolated_chunk
+from medha.scheduler.config import SchedulerConfig
+from medha.scheduler.config_defaults import resolve_config
 
 GPU = make_predictor("roofline", "llama-3-8b", "h100", ParallelConfig(tp=8))
 # a machine whose lone decode step takes longer than 0.05 s, as a CPU's does (Llama-3-70B on one
@@ -53,7 +54,7 @@ def test_a_guess_finds_the_same_chunk(budget, offset, remaining, guess):
 
 
 def test_gpu_defaults_keep_the_slo_target():
-    c = SchedulerConfig().resolve(GPU)
+    c = resolve_config(SchedulerConfig(), GPU)
     assert c.tpot_target_s == c.iteration_budget_s == 0.05
     assert c.min_ttft_deadline_s == 0.5
     # a lone long prefill runs longer steps, up to half the deadline floor
@@ -61,7 +62,7 @@ def test_gpu_defaults_keep_the_slo_target():
 
 
 def test_slow_steps_take_the_defaults_from_the_price():
-    c = SchedulerConfig().resolve(SLOW)
+    c = resolve_config(SchedulerConfig(), SLOW)
     assert c.tpot_target_s > 0.05
     assert chunking_price(SLOW, c.iteration_budget_s, N) <= 1.1
     assert chunking_price(SLOW, 0.97 * c.iteration_budget_s, N) > 1.1
@@ -71,11 +72,11 @@ def test_slow_steps_take_the_defaults_from_the_price():
 
 
 def test_given_settings_win():
-    c = SchedulerConfig(iteration_budget_s=0.07).resolve(GPU)
+    c = resolve_config(SchedulerConfig(iteration_budget_s=0.07), GPU)
     assert c.arrival_wait_s == 0.07  # a budget given bounds every step
-    c = SchedulerConfig(iteration_budget_s=0.07, arrival_wait_s=0.2).resolve(GPU)
+    c = resolve_config(SchedulerConfig(iteration_budget_s=0.07, arrival_wait_s=0.2), GPU)
     assert c.arrival_wait_s == 0.2
-    c = SchedulerConfig(tpot_target_s=0.1, min_ttft_deadline_s=0.3).resolve(SLOW)
+    c = resolve_config(SchedulerConfig(tpot_target_s=0.1, min_ttft_deadline_s=0.3), SLOW)
     assert (c.iteration_budget_s, c.min_ttft_deadline_s) == (0.1, 0.3)
     with pytest.raises(ValueError, match="arrival_wait_s"):
         SchedulerConfig(arrival_wait_s=-1.0)

@@ -26,7 +26,8 @@ def test_help_lists_commands_and_config_help():
 
 
 def test_scheduler_flags_are_grouped_by_policy_and_concern():
-    from medha.core.config import SCHEDULER_GROUPS, SchedulerConfig
+    from medha.core.config import SCHEDULER_GROUPS
+    from medha.scheduler.config import SchedulerConfig
     from medha.utils.dataclass_cli import flags
 
     for f in flags(SchedulerConfig):

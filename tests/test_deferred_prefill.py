@@ -20,10 +20,10 @@ from medha.analysis.deferred_prefill import (
 from medha.analysis.deferred_prefill_sim import simulate_point
 from medha.cli import main
 from medha.core.batch import BatchResult
-from medha.core.config import SchedulerConfig
 from medha.core.request import Request
 from medha.perf import ParallelConfig
 from medha.perf.toy_predictor import FixedCostPredictor
+from medha.scheduler.config import SchedulerConfig
 from medha.sim.simulator import ClusterConfig
 from medha.sim.workload.generator import WorkloadConfig, build_requests
 

@@ -2,24 +2,22 @@
 and TrackedReplica (the router's model of a server, fed the router's events). Toy timing: a
 token costs TOKEN_S, so a prompt of n tokens is n / 1024 s of prefill work."""
 
+import dataclasses
+
 import pytest
 from conftest import TOKEN_S
 
-from medha.core.config import SchedulerConfig
 from medha.core.request import Request
+from medha.dispatch.base_dispatcher import DISPATCHERS, DecodeShare, Pending
 from medha.perf import ParallelConfig
 from medha.perf.toy_predictor import FixedCostPredictor
 from medha.route.tracked import PrefixIndex, TrackedReplica
-from medha.scheduler.block_manager import BlockManager
-from medha.scheduler.replica_scheduler import ReplicaScheduler
+from medha.scheduler.config import SchedulerConfig
+from medha.scheduler.config_defaults import resolve_config
+from medha.scheduler.packers import replica_policy, replica_prefill_times
+from medha.scheduler.policies.config import LarsSettings
+from medha.scheduler.replica_rules import prefill_order
 from medha.sim.config import ClusterConfig
-from medha.sim.dispatchers import DISPATCHERS
-from medha.sim.dispatchers.base_dispatcher import (
-    DecodeShare,
-    Pending,
-    prefill_order,
-    replica_policy,
-)
 from medha.sim.simulator import Simulator
 
 
@@ -33,16 +31,15 @@ class Clock:
 
 def tracked_cluster(n=2, policy=None, cache_tokens=1 << 20, **sched):
     sched.setdefault("iteration_budget_s", 1 / 16)
-    config = SchedulerConfig.from_flat(policy=policy, **sched)
-    template = ReplicaScheduler(config, FixedCostPredictor(TOKEN_S), BlockManager(1 << 16, 16))
+    predictor = FixedCostPredictor(TOKEN_S)
+    config = resolve_config(SchedulerConfig.from_flat(policy=policy, **sched), predictor)
+    prefill_times = replica_prefill_times(config, predictor)  # as the router builds them
     clock = Clock()
     replicas = [
-        TrackedReplica(
-            i, template.predictor, template.config, template.prefill_times, 16, cache_tokens, clock
-        )
+        TrackedReplica(i, predictor, config, prefill_times, 16, cache_tokens, clock)
         for i in range(n)
     ]
-    return replicas, template.config, clock
+    return replicas, config, clock
 
 
 def dispatcher(name, replicas, config):
@@ -105,7 +102,7 @@ def test_the_tracked_replica_learns_its_slowdown_from_requests_served_alone():
 def test_the_tracked_replica_reads_the_step_by_the_packers_rule_of_who_waits():
     # Nobody waits on the step (nothing decodes; one prefill, or long ones only): up to the
     # arrival wait; a short prefill beside another brings it back to the budget
-    # (Packer.batch_budget_s).
+    # (replica_rules.step_budget_s).
     (r,), config, clock = tracked_cluster(
         1, iteration_budget_s=1 / 16, arrival_wait_s=0.25, long_prefill_threshold=1024
     )
@@ -126,18 +123,25 @@ def test_the_tracked_replica_reads_the_step_by_the_packers_rule_of_who_waits():
 
 
 def test_pending_requests_are_ordered_as_the_replica_scheduler_orders_its_prefills():
-    lars = replica_policy(SchedulerConfig().resolve(FixedCostPredictor(TOKEN_S)))
+    lars = replica_policy(resolve_config(SchedulerConfig(), FixedCostPredictor(TOKEN_S)))
     assert lars.name == "lars"  # the adaptive packer's default
-    # LARS: relative slack over the whole prefill's work; the long one is the more urgent
-    long = Pending("long", 0.0, deadline_s=12.0, work_s=8.0, total_work_s=8.0)  # (12-8)/8
-    short = Pending("short", 0.0, deadline_s=1.0, work_s=0.2, total_work_s=0.2)  # (1-.2)/.2
-    assert [p.request_id for p in prefill_order(lars, [short, long], 0.0)] == ["long", "short"]
+    long_at = lars.config.long_prefill_threshold
+
+    def order(policy, pending):
+        return [p.request_id for p in prefill_order(policy, pending, 0.0, long_at)]
+
+    # LARS: relative slack over the whole prefill's work; the long one is the more urgent,
+    # (12-8)/8 < (1-.2)/.2, but the short one's 0.2 s fit in its 4 s of slack: served early
+    long = Pending("long", 0.0, 12.0, work_s=8.0, total_work_s=8.0, num_uncached_tokens=long_at)
+    short = Pending("short", 0.0, 1.0, work_s=0.2, total_work_s=0.2, num_uncached_tokens=200)
+    assert order(lars, [short, long]) == ["short", "long"]
+    by_key = replica_policy(dataclasses.replace(lars.config, lars=LarsSettings(serve_early=False)))
+    assert order(by_key, [short, long]) == ["long", "short"]
     edf = replica_policy(SchedulerConfig(policy="edf"))
-    assert [p.request_id for p in prefill_order(edf, [long, short], 0.0)] == ["short", "long"]
+    assert order(edf, [long, short]) == ["short", "long"]
     # a short prefill under way goes first whatever the key
-    started = Pending("started", 0.0, deadline_s=20.0, work_s=1.0, total_work_s=2.0, under_way=True)
-    order = prefill_order(edf, [long, short, started], 0.0)
-    assert [p.request_id for p in order] == ["started", "short", "long"]
+    started = Pending("started", 0.0, 20.0, 1.0, 2.0, num_uncached_tokens=2000, started=True)
+    assert order(edf, [long, short, started]) == ["started", "short", "long"]
 
 
 def test_the_slowdown_is_a_running_mean_until_the_moving_average_takes_over():
@@ -265,3 +269,35 @@ def test_one_dispatcher_picks_the_same_over_the_simulator_and_the_router(name):
             sorted(p.work_s for p in t.pending(0.0))
         )
         assert s.outstanding_work_s() == pytest.approx(t.outstanding_work_s())
+
+
+def test_a_request_answered_whole_decodes_once_its_work_drains_and_is_no_speed_sample():
+    # The router sees a whole answer's first token only at its end. Until then it is waiting
+    # while its predicted work lasts, then decoding (first token unknown, presumed on time:
+    # the replica's rule, replica_rules.on_time), and its end is no sample of the prefill.
+    (r,), config, clock = tracked_cluster(1)
+    whole = Request.from_tokens("whole", 0.0, tokens(0, 1024), 400)  # 1 s of prefill work
+    r.on_dispatch(whole, 1.5, 400, streamed=False)
+    assert [p.request_id for p in r.pending(0.5)] == ["whole"]
+    clock.t = 2.0  # drained, and past its deadline: a decode, not a late prefill
+    assert r.pending(2.0) == [] and r._decode_contexts() == [1024]
+    send(r, config, Request.from_tokens("next", 2.0, tokens(0, 4096, 1), 4))
+    assert r.step_budget_s(2.0) == config.iteration_budget_s  # it waits on the step
+    clock.t = 9.0
+    r.on_first_token("whole")  # the answer came, 9 s after it was sent
+    assert r.slowdown == 1.0
+
+
+def test_the_router_reads_the_targets_and_class_a_replica_reads():
+    from medha.route.prompt import read_request
+
+    def parsed(medha=None, headers=None):
+        body = {"prompt": "x", **({"medha": medha} if medha is not None else {})}
+        return read_request(body, [1, 2], "r", 0.0, headers or {}, 16).request
+
+    r = parsed({"ttft_slo_s": 2.0, "tpot_slo_s": 0.05, "priority": "HIGH"})
+    assert (r.ttft_deadline_s, r.tpot_target_s, r.priority_class) == (2.0, 0.05, "HIGH")
+    # the replica answers 400 to a class it does not know: the router's model of it keeps the
+    # default; llm-d's TPOT header reaches no replica, so it caps no step the router predicts
+    r = parsed({"priority": "high"}, {"x-slo-ttft-ms": "300", "x-slo-tpot-ms": "20"})
+    assert (r.ttft_deadline_s, r.tpot_target_s, r.priority_class) == (0.3, None, None)

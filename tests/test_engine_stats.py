@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from medha.core.config import SchedulerConfig
+from medha.scheduler.config import SchedulerConfig
 
 
 def test_engine_stats_follow_a_request(tiny_model):

@@ -15,12 +15,6 @@ from hypothesis import strategies as st
 
 from medha.benchmark import faults
 from medha.benchmark.faults import PLACES, PROMPTS, inject
-from medha.benchmark.numerics import (
-    GreedyReference,
-    assert_greedy_agrees,
-    assert_logprobs_agree,
-    greedy_reference,
-)
 from medha.engine.errors import (
     InvalidRequestError,
     RequestFailedError,
@@ -30,6 +24,12 @@ from medha.engine.errors import (
 from medha.engine.isolation import MAX_FORWARD_FAILURES
 from medha.engine.llm import LLM
 from medha.engine.sampling_params import SamplingParams
+from medha.testing.numerics import (
+    GreedyReference,
+    assert_greedy_agrees,
+    assert_logprobs_agree,
+    greedy_reference,
+)
 
 # the fault runs' greedy parameters, with each token's top five logprobs: the logits, which
 # every request the faults leave alone must still get right
@@ -39,7 +39,7 @@ GREEDY = dataclasses.replace(faults.GREEDY, logprobs=5)
 @pytest.fixture(scope="module")
 def llm(tiny_model):
     # small chunks: prompts prefill over several batches, beside decodes of the others
-    from medha.core.config import SchedulerConfig
+    from medha.scheduler.config import SchedulerConfig
 
     return LLM(tiny_model, SchedulerConfig(policy="fcfs", chunking="static:16"), kv_memory_gb=0.01)
 

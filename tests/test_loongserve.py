@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
-from medha.core.config import SchedulerConfig
 from medha.core.request import Request
 from medha.perf import ParallelConfig, make_predictor
 from medha.perf.ring_attention import context_parallel_prefill_time, ring_prefill_time
+from medha.scheduler.config import SchedulerConfig
 from medha.sim.baselines.loongserve import LoongServeSimulator
 from medha.sim.config import ClusterConfig, LoongServeSettings
 from medha.sim.runner import RunSpec, simulate

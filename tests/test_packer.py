@@ -3,10 +3,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from medha.core.batch import BatchResult
-from medha.core.config import CHUNKING_MODES, SchedulerConfig, parse_chunking
+from medha.core.config import CHUNKING_MODES, parse_chunking
 from medha.core.request import Request
 from medha.perf import ParallelConfig, make_predictor
 from medha.scheduler.block_manager import BlockManager
+from medha.scheduler.config import SchedulerConfig
+from medha.scheduler.config_defaults import resolve_config
 from medha.scheduler.packers import PACKERS, make_packer
 from medha.scheduler.policies.lars_policy import LarsPolicy
 from medha.scheduler.replica_scheduler import ReplicaScheduler
@@ -17,7 +19,9 @@ H100_8B_TP8 = make_predictor("roofline", "llama-3-8b", "h100", ParallelConfig(tp
 
 def gpu_scheduler(num_blocks=1 << 16, **config) -> ReplicaScheduler:
     config.setdefault("iteration_budget_s", 0.05)
-    return ReplicaScheduler(SchedulerConfig(**config), H100_8B_TP8, BlockManager(num_blocks))
+    return ReplicaScheduler(
+        SchedulerConfig.from_flat(**config), H100_8B_TP8, BlockManager(num_blocks)
+    )
 
 
 def check_budget(batch, budget, min_chunk, arrival_wait=None):
@@ -163,10 +167,7 @@ def test_lars_serves_a_short_prefill_early_where_no_one_misses_for_it(long_slack
 def test_serve_early_keeps_the_slack_of_every_request_it_passes():
     # Two shorts behind a long prefill whose slack covers only one of them: the first moves
     # ahead, the second keeps its place behind the long one.
-    lars = LarsPolicy(SchedulerConfig())
-
-    def serve_early(order, now, threshold):
-        return lars.serve_early(order, now, lambda r: r.num_tokens >= threshold)
+    lars = LarsPolicy(SchedulerConfig(long_prefill_threshold=32_768))
 
     def req(name, tokens, work, slack):
         r = Request(name, 0.0, tokens, 1)
@@ -176,10 +177,10 @@ def test_serve_early_keeps_the_slack_of_every_request_it_passes():
 
     long_ = req("long", 100_000, 10.0, 0.015)
     a, b = req("a", 100, 0.01, 5.0), req("b", 100, 0.01, 5.0)
-    assert serve_early([long_, a, b], 0.0, 32_768) == [a, long_, b]
+    assert lars.serve_early([long_, a, b], 0.0) == [a, long_, b]
     # a long request is never moved, whatever the slack ahead of it
     other = req("other", 50_000, 0.001, 5.0)
-    assert serve_early([long_, other], 0.0, 32_768) == [long_, other]
+    assert lars.serve_early([long_, other], 0.0) == [long_, other]
 
 
 def test_a_lone_long_prefill_runs_steps_of_the_arrival_wait():
@@ -311,8 +312,8 @@ def test_default_budget_leaves_room_for_a_pipeline_slot():
     cfg = SchedulerConfig(tpot_target_s=0.06)
 
     def budget(config, spp):
-        return config.resolve(
-            make_predictor("roofline", "llama-3-8b", "h100", ParallelConfig(spp=spp))
+        return resolve_config(
+            config, make_predictor("roofline", "llama-3-8b", "h100", ParallelConfig(spp=spp))
         ).iteration_budget_s
 
     assert budget(cfg, 1) == 0.06  # a batch returns exactly when the next one starts

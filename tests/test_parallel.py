@@ -15,18 +15,18 @@ import pytest
 import torch
 
 from medha.analysis.schedule_match import recording
-from medha.benchmark.numerics import (
+from medha.core.batch import BatchResult
+from medha.engine.checkpoint import resolve_model
+from medha.engine.errors import EngineError
+from medha.engine.llm import LLM
+from medha.engine.sampling_params import SamplingParams
+from medha.scheduler.config import SchedulerConfig
+from medha.testing.numerics import (
     assert_greedy_agrees,
     assert_logits_within,
     greedy_reference,
     logit_bound,
 )
-from medha.core.batch import BatchResult
-from medha.core.config import SchedulerConfig
-from medha.engine.checkpoint import resolve_model
-from medha.engine.errors import EngineError
-from medha.engine.llm import LLM
-from medha.engine.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0)
 # static chunks: the schedule, hence each GEMM's shape, does not depend on timing
@@ -91,7 +91,7 @@ LAYOUTS = {
 @functools.cache
 def _references(path: str):
     """transformers' greedy decisions on _prompts, and the rounding bound of the last one's
-    prefill (medha/benchmark/numerics.py)."""
+    prefill (medha/testing/numerics.py)."""
     llm = LLM(path, kv_memory_gb=0.01)
     prompts = _prompts(llm)
     model_dir = str(resolve_model(path))

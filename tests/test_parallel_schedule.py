@@ -3,13 +3,14 @@ same batches, issued with the same batches still in the stream pipeline, through
 stages (spp 2), and the same KVP group growth (kvp 2)."""
 
 from medha.analysis.schedule_match import engine_run, sim_run
-from medha.core.config import SchedulerConfig
 from medha.engine.checkpoint import resolve_model
 from medha.engine.tokenizer import Tokenizer
+from medha.scheduler.config import SchedulerConfig
 
 # Deadlines out of both clocks' reach: the engine runs slower than its roofline predicts, and
-# a request past its deadline changes the packer's budget (Packer.batch_budget_s, overload), so
-# a passed deadline would be a decision the engine's clock makes and the simulator's does not.
+# a request past its deadline changes the packer's budget (replica_rules.step_budget_s,
+# overload), so a passed deadline would be a decision the engine's clock makes and the
+# simulator's does not.
 SCHED = SchedulerConfig(policy="fcfs", chunking="adaptive", ttft_deadline_s=3600.0)
 PROMPT_LENS = [900, 40, 25, 60, 12]  # one long prompt first, then short ones behind it
 MAX_TOKENS = 6

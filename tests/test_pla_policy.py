@@ -9,11 +9,13 @@ import pytest
 from conftest import TOKEN_S, toy_scheduler
 
 from medha.core.batch import BatchResult
-from medha.core.config import PlaSettings, SchedulerConfig
 from medha.core.request import Request
+from medha.dispatch.pla_dispatcher import PlaDispatcher, PressureController, p90
 from medha.perf import ParallelConfig, make_predictor
 from medha.perf.graph_predictor import GRAPH_LAUNCH_S, HOST_LAYER_S, next_captured
 from medha.perf.toy_predictor import FixedCostPredictor
+from medha.scheduler.config import SchedulerConfig
+from medha.scheduler.policies.config import PlaSettings
 from medha.scheduler.policies.pla_policy import (
     LONG,
     SHORT,
@@ -24,7 +26,6 @@ from medha.scheduler.policies.pla_policy import (
     fit_latency_model,
     hol_penalty,
 )
-from medha.sim.dispatchers.pla_dispatcher import PlaDispatcher, PressureController, p90
 from medha.sim.replay import replay
 from medha.sim.simulator import ClusterConfig, Simulator
 from medha.utils.dataclass_cli import flags

@@ -1,7 +1,8 @@
 import pytest
 
-from medha.core.config import POLICY_NAMES, SchedulerConfig
+from medha.core.config import POLICY_NAMES
 from medha.core.request import Request
+from medha.scheduler.config import SchedulerConfig
 from medha.scheduler.policies import POLICIES, make_policy
 
 
@@ -59,7 +60,7 @@ def test_lars_and_edf_disagree_where_length_matters():
 
 
 def lars(per):
-    return make_policy("lars", SchedulerConfig(lars_slack=per))
+    return make_policy("lars", SchedulerConfig.from_flat(lars_slack=per))
 
 
 def test_lars_key_follows_its_formula():
@@ -67,7 +68,7 @@ def test_lars_key_follows_its_formula():
     r = req("a", 1.0, 9.0, 4.0, 3.0)
     assert lars("remaining").key(r, 2.0) == pytest.approx(4 / 3)
     assert lars("total").key(r, 2.0) == pytest.approx(4 / 4)
-    assert make_policy("lars").key(r, 2.0) == lars(SchedulerConfig().lars_slack).key(r, 2.0)
+    assert make_policy("lars").key(r, 2.0) == lars(SchedulerConfig().lars.slack).key(r, 2.0)
 
 
 def test_the_two_lars_formulas_order_the_papers_example_differently():

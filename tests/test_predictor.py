@@ -5,13 +5,13 @@ import sys
 import numpy as np
 import pytest
 
-from medha.core.config import SchedulerConfig
 from medha.perf import ParallelConfig, get_hardware, get_model, make_predictor
 from medha.perf.accuracy import op_holdout_errors, summarize
 from medha.perf.prefill_time_cache import PrefillTimeCache
 from medha.perf.profile_data import PROFILE_DIR, IterationRow, Profile, ProfileError, load_profile
 from medha.perf.profiled_predictor import IterationModel, ProfiledPredictor
 from medha.perf.roofline_predictor import RooflinePredictor
+from medha.scheduler.config import SchedulerConfig
 from medha.scheduler.packers import make_packer
 
 H100 = get_hardware("h100")

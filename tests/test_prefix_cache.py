@@ -13,11 +13,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from medha.core.batch import BatchResult
-from medha.core.config import SchedulerConfig
 from medha.core.request import Request
 from medha.perf import ParallelConfig
 from medha.perf.toy_predictor import FixedCostPredictor
 from medha.scheduler.block_manager import BlockAccountingError, BlockManager
+from medha.scheduler.config import SchedulerConfig
 from medha.scheduler.prefix_cache import (
     PrefixBlockManager,
     context_page_keys,

@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from medha.analysis.schedule_match import engine_run, sim_run
-from medha.benchmark.numerics import assert_greedy_agrees, assert_logprobs_agree, greedy_reference
-from medha.core.config import SchedulerConfig
 from medha.engine.errors import EngineError
 from medha.engine.host_kv import HostKVBlocks
 from medha.engine.llm import LLM
 from medha.engine.sampling_params import SamplingParams
+from medha.scheduler.config import SchedulerConfig
+from medha.testing.numerics import assert_greedy_agrees, assert_logprobs_agree, greedy_reference
 
 # with each token's top five logprobs: the logits, which a cache hit must give again
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=5)

@@ -5,10 +5,10 @@ import pytest
 from conftest import toy_scheduler
 
 from medha.core.batch import BatchResult
-from medha.core.config import SchedulerConfig
 from medha.core.request import PRIORITY_CLASSES, Request
 from medha.core.request import RequestState as S
 from medha.perf import ParallelConfig
+from medha.scheduler.config import SchedulerConfig
 from medha.server.protocol import PRIORITIES
 from medha.sim.replay import replay
 from medha.sim.runner import RunSpec, simulate

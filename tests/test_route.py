@@ -101,6 +101,18 @@ def test_requests_pass_through_streamed_and_not(two_stubs):
         assert 'medha_router_requests_total{outcome="ok"} 3.0' in metrics
 
 
+def test_the_slack_dispatcher_tells_the_client_its_predicted_ttft(two_stubs):
+    # What it predicted for the replica it chose, to be checked against the measured TTFT
+    # (bench/route_slo.py); a dispatcher that predicts none sends no header.
+    with router(two_stubs) as url:  # slack, the default
+        for stream in (False, True):
+            r = complete(url, stream=stream)
+            assert r.status_code == 200
+            assert 0 <= float(r.headers["x-medha-predicted-ttft-ms"]) < 60_000
+    with router(two_stubs, "--dispatcher", "round_robin") as url:
+        assert "x-medha-predicted-ttft-ms" not in complete(url).headers
+
+
 def test_a_failed_replica_is_retried_elsewhere_before_any_token_and_never_twice(two_stubs):
     a, b = two_stubs
     with router(two_stubs, "--dispatcher", "round_robin") as url:
@@ -321,7 +333,7 @@ def test_a_frozen_replica_does_not_delay_taking_a_dead_one_out():
 
 @pytest.mark.parametrize("dispatcher", ["round_robin", "least_work", "prefix", "slack", "pla"])
 def test_every_dispatcher_routes(two_stubs, dispatcher):
-    from medha.sim.config import DISPATCHER_NAMES
+    from medha.dispatch.config import DISPATCHER_NAMES
 
     assert dispatcher in DISPATCHER_NAMES
     with router(two_stubs, "--dispatcher", dispatcher) as url:

@@ -6,10 +6,12 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from medha.core.batch import BatchResult
-from medha.core.config import SchedulerConfig, default_long_threshold
+from medha.core.config import default_long_threshold
 from medha.core.request import PRIORITY_CLASSES, Request
 from medha.core.request import RequestState as S
 from medha.scheduler.block_manager import BlockManager, KvpBlockManager
+from medha.scheduler.config import SchedulerConfig
+from medha.scheduler.config_defaults import resolve_config
 from medha.scheduler.replica_scheduler import ReplicaScheduler
 from medha.sim.replay import replay
 
@@ -334,15 +336,15 @@ def test_config_is_resolved_once_and_resolve_is_idempotent():
     sched = toy_scheduler(policy="pla", iteration_budget_s=None, tpot_target_s=0.08)
     cfg = sched.config
     assert cfg.is_resolved and cfg.iteration_budget_s == 0.08  # from the TPOT target
-    assert cfg.resolve(sched.predictor) is cfg  # resolving a resolved config changes nothing
+    assert resolve_config(cfg, sched.predictor) is cfg  # a resolved config is kept as it is
     # the packer and the policy read the scheduler's resolved config, not copies of their own
     assert sched.packer.config is cfg and sched.policy.config is cfg
     assert sched.packer.iteration_budget_s == sched.policy.config.iteration_budget_s == 0.08
     # a scheduler handed a resolved config keeps that very object
     assert ReplicaScheduler(cfg, sched.predictor, BlockManager(64)).config is cfg
-    # an explicit budget is kept; resolve fills only what is missing
+    # an explicit budget is kept; resolve_config fills only what is missing
     explicit = SchedulerConfig(tpot_target_s=0.08, iteration_budget_s=0.03)
-    assert explicit.resolve(sched.predictor).iteration_budget_s == 0.03
+    assert resolve_config(explicit, sched.predictor).iteration_budget_s == 0.03
 
 
 @pytest.mark.parametrize(

@@ -493,7 +493,7 @@ def test_fuzzed_bodies_never_get_5xx(server, path, body, max_tokens):
 
 
 # A greedy stream whose choices are clear: at each of its 16 steps transformers' top two logits
-# are at least 4x rounding's bound on their gap apart (medha/benchmark/numerics.py), so that any
+# are at least 4x rounding's bound on their gap apart (medha/testing/numerics.py), so that any
 # correct float32 evaluation, in any batch, picks the same tokens. ("The history of the printing
 # press begins" has a near-tie at its 9th token: ' ' by 0.045, a bound of 0.051.)
 INNOCENT = {
@@ -539,9 +539,9 @@ def innocent_reference(server):
     """transformers' greedy continuation of INNOCENT on the server's model, in float32, with
     each step's margin and its rounding bound; and its tokens decoded one by one, as the
     server's logprobs name them."""
-    from medha.benchmark.numerics import greedy_reference
     from medha.engine.checkpoint import resolve_model
     from medha.engine.tokenizer import Tokenizer
+    from medha.testing.numerics import greedy_reference
 
     model_dir = resolve_model("smollm2")  # converted by the server, in the test run's cache
     tokenizer = Tokenizer(model_dir)
@@ -557,7 +557,7 @@ def _agrees_with_reference(tokens: list[str], innocent_reference) -> None:
     """The stream's tokens against transformers' greedy ones, by decision
     (numerics.assert_greedy_agrees): the same, or parted only at a step whose reference margin
     is within rounding. A token whose text is not the reference's is another token."""
-    from medha.benchmark.numerics import assert_greedy_agrees
+    from medha.testing.numerics import assert_greedy_agrees
 
     reference, texts = innocent_reference
     ids = [

@@ -8,10 +8,10 @@ import sys
 import pytest
 from conftest import TOKEN_S
 
-from medha.core.config import SchedulerConfig
 from medha.core.request import Request
 from medha.perf import ParallelConfig
 from medha.perf.toy_predictor import TOY_MODEL, FixedCostPredictor
+from medha.scheduler.config import SchedulerConfig
 from medha.sim.runner import RunSpec, simulate
 from medha.sim.simulator import ClusterConfig, Simulator
 from medha.sim.workload.generator import WorkloadConfig
@@ -164,7 +164,7 @@ def test_kv_parallelism_cuts_long_context_decode_time():
 
 _DETERMINISM_RUN = """
 import json
-from medha.core.config import SchedulerConfig
+from medha.scheduler.config import SchedulerConfig
 from medha.perf import ParallelConfig
 from medha.sim.metrics.summary import WALL_CLOCK_KEYS
 from medha.sim.runner import RunSpec, simulate
@@ -372,8 +372,8 @@ def test_replicas_share_the_templates_resolved_config():
 
 
 def test_the_dispatcher_names_are_the_registry():
-    from medha.sim.config import DISPATCHER_NAMES
-    from medha.sim.dispatchers import DISPATCHERS
+    from medha.dispatch.base_dispatcher import DISPATCHERS
+    from medha.dispatch.config import DISPATCHER_NAMES
 
     assert DISPATCHERS.names() == sorted(DISPATCHER_NAMES)
     with pytest.raises(ValueError, match="unknown dispatcher 'nope'"):

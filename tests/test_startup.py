@@ -11,11 +11,11 @@ import sys
 import pytest
 
 from medha.cli import main
-from medha.core.config import SchedulerConfig
 from medha.perf import ParallelConfig, make_predictor
 from medha.perf.prefill_time_cache import PrefillTimeCache
 from medha.perf.profile_data import IterationRow, Profile, ProfileError
 from medha.perf.profiled_predictor import ProfiledPredictor
+from medha.scheduler.config import SchedulerConfig
 from medha.scheduler.packers import make_packer
 from medha.sim.metrics.summary import WALL_CLOCK_KEYS
 
@@ -34,7 +34,7 @@ def test_the_cli_parser_imports_nothing_heavy():
     code = """
 import contextlib, io
 from medha.cli import main
-from medha.core.config import SchedulerConfig
+from medha.scheduler.config import SchedulerConfig
 for argv in (["--help"], ["simulate", "--help"], ["serve", "--help"], ["bench", "--help"],
              ["analyze", "deferred-prefill", "--help"], ["demo", "--help"], ["route", "--help"]):
     with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):

@@ -5,14 +5,14 @@ scheduler's side is in test_swap_preemption.py)."""
 import pytest
 import torch
 
-from medha.benchmark.numerics import assert_greedy_agrees, assert_logprobs_agree, greedy_reference
 from medha.core.batch import Batch, KVSwap
-from medha.core.config import SchedulerConfig
 from medha.core.request import Request
 from medha.engine.errors import EngineError
 from medha.engine.host_kv import HostKVBlocks
 from medha.engine.llm import LLM
 from medha.engine.sampling_params import SamplingParams
+from medha.scheduler.config import SchedulerConfig
+from medha.testing.numerics import assert_greedy_agrees, assert_logprobs_agree, greedy_reference
 
 
 def test_host_kv_cache_moves_blocks_both_ways():

@@ -7,10 +7,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from medha.core.batch import BatchResult
-from medha.core.config import SchedulerConfig
 from medha.core.request import PRIORITY_CLASSES, Request
 from medha.core.request import RequestState as S
 from medha.perf import ParallelConfig
+from medha.scheduler.config import SchedulerConfig
 from medha.sim.replay import replay
 from medha.sim.runner import RunSpec, simulate
 from medha.sim.simulator import ClusterConfig

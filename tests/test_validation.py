@@ -6,11 +6,11 @@ import pytest
 from conftest import toy_scheduler
 
 from medha.core.batch import BatchResult
-from medha.core.config import SchedulerConfig
 from medha.core.request import Request
 from medha.perf.model_specs import ModelSpec
 from medha.perf.toy_predictor import FixedCostPredictor
 from medha.scheduler.block_manager import BlockManager
+from medha.scheduler.config import SchedulerConfig
 from medha.scheduler.replica_scheduler import ReplicaScheduler
 
 
@@ -90,7 +90,7 @@ def test_more_than_the_kv_cache_can_ever_hold():
 )
 def test_bad_config(kwargs, field):
     with pytest.raises(ValueError, match=field):
-        SchedulerConfig(**kwargs)
+        SchedulerConfig.from_flat(**kwargs)  # (flat names, as flags and YAML give them)
 
 
 def test_context_limit_comes_from_the_model():

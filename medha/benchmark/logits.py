@@ -9,9 +9,9 @@ import time
 import torch
 
 from medha.core.batch import BatchResult
-from medha.core.config import SchedulerConfig
 from medha.engine.llm import LLM
 from medha.engine.sampling_params import SamplingParams
+from medha.scheduler.config import SchedulerConfig
 
 
 def prefill_logits(

@@ -5,11 +5,11 @@ every policy. The toy scheduler they run on is also the one of the tests (tests/
 
 from __future__ import annotations
 
-from medha.core.config import SchedulerConfig
 from medha.core.request import Request
 from medha.perf import ParallelConfig, make_predictor
 from medha.perf.toy_predictor import FixedCostPredictor
 from medha.scheduler.block_manager import BlockManager
+from medha.scheduler.config import SchedulerConfig
 from medha.scheduler.replica_scheduler import ReplicaScheduler
 from medha.sim.replay import replay
 

@@ -26,7 +26,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from medha.core.config import SchedulerConfig
+    from medha.scheduler.config import SchedulerConfig
     from medha.scheduler.packers import make_packer
 
     predictor = predictor_from_args(args)

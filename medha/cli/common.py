@@ -6,10 +6,10 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from medha.core.config import SchedulerConfig
 from medha.perf import PREDICTOR_HELP, ParallelConfig, Predictor, make_predictor
 from medha.perf.hardware_specs import HARDWARE_NAMES
 from medha.perf.model_specs import MODELS
+from medha.scheduler.config import SchedulerConfig
 from medha.utils.dataclass_cli import add_dataclass_args, dataclass_from_args
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ import argparse
 
 from medha import __version__
 from medha.cli.common import add_platform_args, predictor_from_args, scheduler_config_from_args
-from medha.core.config import SchedulerConfig
+from medha.scheduler.config import SchedulerConfig
 from medha.utils.dataclass_cli import add_dataclass_args
 
 
@@ -48,9 +48,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> None:
     from medha.demo import DemoWorkload, demo_table
     from medha.scheduler.block_manager import BlockManager
+    from medha.scheduler.config_defaults import resolve_config
 
     predictor = predictor_from_args(args)
-    base = scheduler_config_from_args(args).resolve(predictor)
+    base = resolve_config(scheduler_config_from_args(args), predictor)
     workload = DemoWorkload(
         num_short=args.num_short,
         short_qps=args.short_qps,

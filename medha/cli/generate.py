@@ -6,8 +6,8 @@ import argparse
 import sys
 
 from medha.cli.common import CliError, llm_from_args
-from medha.core.config import SchedulerConfig
 from medha.engine.config import EngineConfig
+from medha.scheduler.config import SchedulerConfig
 from medha.utils.dataclass_cli import add_dataclass_args
 
 EXTRA = "engine"  # what it needs beyond `pip install medha` (medha/extras.py)

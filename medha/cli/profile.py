@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 from medha.cli.common import CliError, add_engine_choice, llm_from_args, scheduler_config_from_args
-from medha.core.config import SchedulerConfig
 from medha.engine.config import EngineConfig
+from medha.scheduler.config import SchedulerConfig
 from medha.utils.dataclass_cli import add_dataclass_args, dataclass_from_args, flags
 
 # the scheduler's limits that shape what is profiled (the rest of its flags do not matter here)

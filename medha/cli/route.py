@@ -26,8 +26,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "requests it holds, their predicted work from the replicas' profile, the prefix "
         "blocks it was sent. Replicas are health-checked; a request that has streamed nothing "
         "is retried on another replica; a stream whose replica dies ends with an error event. "
-        "Per-request targets: medha's `medha: {ttft_slo_s, tpot_slo_s}` body fields or the "
-        "headers x-slo-ttft-ms / x-slo-tpot-ms. The router imports no torch.",
+        "Per-request targets: medha's `medha: {ttft_slo_s, tpot_slo_s, priority}` body fields "
+        "(which the replicas read too), or a TTFT target in the header x-slo-ttft-ms (the "
+        "router's alone). The router imports no torch.",
     )
     p.add_argument(
         "--replica",

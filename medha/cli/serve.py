@@ -12,8 +12,8 @@ from medha.cli.common import (
     llm_from_args,
     scheduler_config_from_args,
 )
-from medha.core.config import SchedulerConfig
 from medha.engine.config import EngineConfig
+from medha.scheduler.config import SchedulerConfig
 from medha.server.config import ServerConfig
 from medha.utils.dataclass_cli import add_dataclass_args, dataclass_from_args
 

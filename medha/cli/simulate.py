@@ -11,8 +11,8 @@ import typing
 from pathlib import Path
 
 from medha.cli.common import CliError
-from medha.core.config import SchedulerConfig
 from medha.perf import ParallelConfig
+from medha.scheduler.config import SchedulerConfig
 from medha.sim.config import ClusterConfig
 from medha.sim.workload.generator import WorkloadConfig
 from medha.utils.dataclass_cli import add_dataclass_args, dataclass_from_args, flags

@@ -25,6 +25,7 @@ PREFIX_HASH_BLOCK = 512  # tokens per prefix hash id in a trace (the Mooncake fo
 PRIORITY_CLASSES = ("REALTIME", "HIGH", "NORMAL", "LOW")  # most urgent first
 DEFAULT_PRIORITY_CLASS = "NORMAL"
 _PRIORITY_RANK = {name: i for i, name in enumerate(PRIORITY_CLASSES)}
+DEFAULT_PRIORITY_RANK = _PRIORITY_RANK[DEFAULT_PRIORITY_CLASS]
 
 
 class RequestState(enum.Enum):
@@ -248,7 +249,8 @@ class Request:
     def relative_slack(self, now: float, per: str) -> float:
         """LARS's rho_r: slack in units of the prefill work still ahead, s_r / w_r(t)
         (`per="remaining"`), or of the whole prefill's, s_r / w_r^total (`per="total"`, the
-        paper's formula); SchedulerConfig.lars_slack chooses (docs/design.md compares them)."""
+        paper's formula); --lars-slack (SchedulerConfig.lars.slack) chooses (docs/design.md
+        compares them)."""
         if per == "remaining":
             return self.slack(now) / max(self.remaining_work_s, 1e-12)
         if per == "total":

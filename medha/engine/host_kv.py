@@ -22,9 +22,9 @@ import dataclasses
 import torch
 
 from medha.core.batch import Batch
-from medha.core.config import SchedulerConfig
 from medha.engine.errors import EngineError
 from medha.perf import ParallelConfig
+from medha.scheduler.config import SchedulerConfig
 
 
 def size_host_memory(

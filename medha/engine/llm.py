@@ -6,11 +6,11 @@ import itertools
 
 from tqdm import tqdm
 
-from medha.core.config import SchedulerConfig
 from medha.engine.config import EngineConfig
 from medha.engine.llm_engine import LLMEngine
 from medha.engine.outputs import RequestOutput
 from medha.engine.sampling_params import SamplingParams
+from medha.scheduler.config import SchedulerConfig
 
 
 class LLM:

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 import torch
 
 from medha.core.batch import BatchResult
-from medha.core.config import SchedulerConfig
 from medha.core.request import Request
 from medha.engine.config import EngineConfig
 from medha.engine.errors import InvalidRequestError, RequestFailedError, blame
@@ -37,6 +36,7 @@ from medha.engine.sampling_params import SamplingParams
 from medha.engine.setup import EngineSetup, tune_process
 from medha.engine.tokenizer import Tokenizer
 from medha.scheduler.block_manager import BlockManager
+from medha.scheduler.config import SchedulerConfig
 from medha.scheduler.replica_scheduler import ReplicaScheduler
 
 

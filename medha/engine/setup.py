@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from medha.core.config import SchedulerConfig
 from medha.engine.checkpoint import check_checkpoint, resolve_model
 from medha.engine.config import EngineConfig
 from medha.engine.cpu_threads import ThreadGovernor, machine_busy_s, usable_cores
@@ -36,6 +35,7 @@ from medha.engine.parallel.layout import Layout
 from medha.perf import ParallelConfig, Predictor, hardware_specs, make_predictor
 from medha.perf.hardware_specs import cache_dir, get_hardware
 from medha.perf.model_specs import ModelSpec, model_from_hf_config
+from medha.scheduler.config import SchedulerConfig
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -4,9 +4,10 @@ Every step pays a fixed cost (every weight read once; per-step launch and bookke
 kernels that re-read a chunk's KV prefix, part of the attention again, so a prompt run in
 chunks that each fit a time budget B takes longer than the same prompt in one step. The ratio
 is the *chunking price* at B. It is what the default iteration budgets are derived from
-(`SchedulerConfig.resolve`): a budget is a trade between how long a step holds up a request
-that arrives during it and how much of the machine chunking spends, and the profile says where
-that trade lies on each machine (docs/design.md, "The iteration budget").
+(`resolve_config`, medha/scheduler/config_defaults.py): a budget is a trade between how long a
+step holds up a request that arrives during it and how much of the machine chunking spends,
+and the profile says where that trade lies on each machine (docs/design.md, "The iteration
+budget").
 """
 
 from __future__ import annotations

@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING
 from medha.perf.hardware_specs import cache_dir
 
 if TYPE_CHECKING:
-    from medha.core.config import SchedulerConfig
     from medha.perf.predictor import Predictor
     from medha.perf.prefill_time_cache import PrefillTimeCache
 
@@ -97,9 +96,9 @@ class StoredWalk:
     """A prefill-time cache's walk on disk: taken over when a run with the same inputs stored
     one, and stored again by `save` once this run has walked further."""
 
-    def __init__(
-        self, times: PrefillTimeCache, predictor: Predictor, config: SchedulerConfig
-    ) -> None:
+    def __init__(self, times: PrefillTimeCache, predictor: Predictor, config: object) -> None:
+        """`config`: the scheduler's config (a dataclass) that plans the walk; typed loosely,
+        since perf/ sits below the scheduler that defines it."""
         self.times = times
         fingerprint = predictor.fingerprint()
         self.path = (

@@ -74,9 +74,9 @@ def point_key(point: dict) -> str:
 def evaluate(fixed: dict, point: dict) -> Result:
     """Simulate one point; a deployment that cannot run (it does not fit, a layout the model
     does not divide into) comes back as {"error": why}, never as an exception."""
-    from medha.core.config import SchedulerConfig
     from medha.perf import ParallelConfig
     from medha.plan.space import scheduler_fields
+    from medha.scheduler.config import SchedulerConfig
     from medha.sim.config import ClusterConfig
     from medha.sim.runner import RunSpec, simulate
 

@@ -64,8 +64,8 @@ class SearchSpace:
 
     def check(self) -> None:
         """Every value builds the config it belongs to: a bad policy fails here, not in a worker."""
-        from medha.core.config import SchedulerConfig
         from medha.perf.hardware_specs import HARDWARE_NAMES
+        from medha.scheduler.config import SchedulerConfig
         from medha.sim.config import ClusterConfig
 
         for hw in self.axes["hardware"]:

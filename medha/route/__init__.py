@@ -1,2 +1,2 @@
 """`medha route`: an OpenAI-compatible router over many replicas, dispatched by the same classes
-as `medha simulate --replicas N --dispatcher X` (medha/sim/dispatchers). No torch, no engine."""
+as `medha simulate --replicas N --dispatcher X` (medha/dispatch). No torch, no engine."""

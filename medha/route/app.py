@@ -37,13 +37,13 @@ from dataclasses import dataclass
 import aiohttp
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from medha.dispatch.base_dispatcher import ttft_deadline_s
 from medha.route.backend import Backend
 from medha.route.config import RouteConfig
 from medha.route.prompt import Routing, TokenCache, load_tokenizer, prompt_pieces, read_request
 from medha.route.tracked import TrackedReplica
 from medha.server.body_guard import BodyGuard
 from medha.server.errors import RequestError
-from medha.sim.dispatchers.base_dispatcher import ttft_deadline_s
 
 log = logging.getLogger("medha.route")
 
@@ -122,12 +122,12 @@ class Router:
         replica_keys: list[str | None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        from medha.core.config import SchedulerConfig
+        from medha.dispatch.base_dispatcher import DISPATCHERS
+        from medha.dispatch.config import BareDispatchSettings
         from medha.perf import make_predictor
-        from medha.scheduler.block_manager import BlockManager
-        from medha.scheduler.replica_scheduler import ReplicaScheduler
-        from medha.sim.config import ClusterConfig
-        from medha.sim.dispatchers import DISPATCHERS
+        from medha.scheduler.config import SchedulerConfig
+        from medha.scheduler.config_defaults import resolve_config
+        from medha.scheduler.packers import replica_prefill_times
 
         if not urls:
             raise ValueError("no replicas: give --replica URL (or --spawn N)")
@@ -143,10 +143,14 @@ class Router:
         if spec == "auto":
             spec = auto_predictor(config.model, config.hardware)
         self.predictor = make_predictor(spec, config.model, config.hardware)
-        template = ReplicaScheduler(
-            SchedulerConfig(policy=config.policy), self.predictor, BlockManager(1 << 20, 16)
+        # The replicas' scheduler config (of it, only --policy is known: the rest are the
+        # defaults), resolved as their schedulers resolve it, and the prefill-time walk those
+        # read (one function for both); no scheduler is built. The tracked replicas make the
+        # policy, which rejects an unknown name.
+        self.scheduler_config = scheduler_config = resolve_config(
+            SchedulerConfig(policy=config.policy), self.predictor
         )
-        self.scheduler_config = template.config
+        prefill_times = replica_prefill_times(scheduler_config, self.predictor)
         self.backends = [
             Backend(i, u.rstrip("/").removesuffix("/v1"), keys[i] if keys else None, clock=clock)
             for i, u in enumerate(urls)
@@ -156,21 +160,17 @@ class Router:
             TrackedReplica(
                 i,
                 self.predictor,
-                template.config,
-                template.prefill_times,
+                scheduler_config,
+                prefill_times,
                 config.block_size,
                 cache,
                 clock,
             )
             for i in range(len(urls))
         ]
-        cluster = ClusterConfig(
-            model=config.model,
-            hardware=config.hardware,
-            replicas=len(urls),
-            dispatcher=config.dispatcher,
+        self.dispatcher = DISPATCHERS.get(config.dispatcher)(
+            self.tracked, BareDispatchSettings(), scheduler_config
         )
-        self.dispatcher = DISPATCHERS.get(config.dispatcher)(self.tracked, cluster, template.config)
         self.tokens = TokenCache(load_tokenizer(config.tokenizer))
         self.max_request_bytes = config.max_request_bytes or (
             64 * self.scheduler_config.max_model_len + (1 << 20)
@@ -400,6 +400,8 @@ class _Exchange:
         # the client's key goes on only where the router has none of its own (a transparent
         # proxy); otherwise each replica gets the router's key for it
         self.client_auth = headers.get("authorization") if router._api_key is None else None
+        # the dispatcher's predicted TTFT on the replica of the current try (slack only)
+        self.predicted_ttft_s: float | None = None
         self.deadline_s = ttft_deadline_s(
             router.scheduler_config, routing.request, router.tracked[0]
         )
@@ -453,7 +455,10 @@ class _Exchange:
             ]
             if not candidates:
                 break
+            router.dispatcher.predicted_first_token_s = None
             view = router.dispatcher.pick(request, router.clock(), candidates)
+            predicted = router.dispatcher.predicted_first_token_s
+            self.predicted_ttft_s = None if predicted is None else predicted - request.arrival_s
             backend = router.backends[view.replica_id]
             tried.add(backend.replica_id)
             if attempt:
@@ -481,7 +486,8 @@ class _Exchange:
         had its error event), else what failed."""
         router, rid = self.router, self.routing.request.request_id
         c = router.config
-        view.on_dispatch(self.routing.request, self.deadline_s, self.routing.expected_tokens)
+        routing = self.routing
+        view.on_dispatch(routing.request, self.deadline_s, routing.expected_tokens, routing.stream)
         router.metrics.dispatched.labels(str(b.replica_id)).inc()
         b.on_sent()
         task = asyncio.current_task()
@@ -528,7 +534,7 @@ class _Exchange:
             view.on_first_token(rid)
             self._release()
             kind = response.headers.get("content-type", "application/json").encode()
-            await _raw(self.send, 200, data, kind)
+            await _raw(self.send, 200, data, kind, self._prediction())
             router.metrics.requests.labels("ok").inc()
             return None
         except asyncio.CancelledError as e:
@@ -617,6 +623,13 @@ class _Exchange:
         await self.send({"type": "http.response.body", "body": b"", "more_body": False})
         return None
 
+    def _prediction(self) -> list[tuple[bytes, bytes]]:
+        """The response header with the router's predicted TTFT (ms after it received the
+        request) on the replica that answers, where the dispatcher predicts one."""
+        if self.predicted_ttft_s is None:
+            return []
+        return [(b"x-medha-predicted-ttft-ms", f"{1000 * self.predicted_ttft_s:.1f}".encode())]
+
     async def _start_stream(self) -> None:
         self.sent = True
         await self.send(
@@ -626,6 +639,7 @@ class _Exchange:
                 "headers": [
                     (b"content-type", b"text/event-stream; charset=utf-8"),
                     (b"cache-control", b"no-cache"),
+                    *self._prediction(),
                 ],
             }
         )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from medha.sim.config import DISPATCHER_NAMES
+from medha.dispatch.config import DISPATCHER_NAMES
 from medha.utils.registry import unknown_name
 
 ROUTE_DEFAULT_DISPATCHER = "slack"

@@ -26,7 +26,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
-from medha.core.request import Request
+from medha.core.request import PRIORITY_CLASSES, Request
 from medha.perf.hardware_specs import cache_dir
 
 CHARS_PER_TOKEN = 4
@@ -187,13 +187,22 @@ def read_request(
     expected = int(min(_positive(max_tokens, default_tokens), 1 << 20))
     medha = body.get("medha") if isinstance(body.get("medha"), dict) else {}
     ttft = _positive(medha.get("ttft_slo_s"), None)
-    tpot = _positive(medha.get("tpot_slo_s"), None)
     if ttft is None:
         ttft = _header_ms(headers, "x-slo-ttft-ms")
-    if tpot is None:
-        tpot = _header_ms(headers, "x-slo-tpot-ms")
+    # The TPOT target caps the replica's steps (replica_rules.step_budget_s), which the
+    # router's model of it predicts: only the one the replica reads, the body's.
+    tpot = _positive(medha.get("tpot_slo_s"), None)
+    priority = medha.get("priority")
+    if priority not in PRIORITY_CLASSES:
+        priority = None  # the replica's default class (it answers 400 to a bad one)
     request = Request.from_tokens(
-        request_id, now, tokens, max(1, expected), ttft_deadline_s=ttft, tpot_target_s=tpot
+        request_id,
+        now,
+        tokens,
+        max(1, expected),
+        ttft_deadline_s=ttft,
+        tpot_target_s=tpot,
+        priority_class=priority,
     )
     return Routing(request, body.get("stream") is True, expected)
 

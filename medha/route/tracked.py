@@ -29,18 +29,14 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
-from medha.core.config import SchedulerConfig
 from medha.core.request import Request
+from medha.dispatch.base_dispatcher import DecodeShare, Pending, decode_token_s
 from medha.perf.predictor import Predictor
 from medha.perf.prefill_time_cache import PrefillTimeCache
+from medha.scheduler.config import SchedulerConfig
+from medha.scheduler.packers import replica_policy
 from medha.scheduler.prefix_cache import cacheable_pages
-from medha.sim.dispatchers.base_dispatcher import (
-    DecodeShare,
-    Pending,
-    decode_token_s,
-    prefill_order,
-    replica_policy,
-)
+from medha.scheduler.replica_rules import QueueSnapshot, StepRules, prefill_order, step_budget_s
 
 # How long an ended request's record stays for the dispatchers that look back (pla's window).
 _KEEP_ENDED_S = 120.0
@@ -95,6 +91,25 @@ class Routed:
     # predicted time to first token alone (None: it shared the prefill, no sample)
     sent_s: float = 0.0
     alone_s: float | None = None
+    # whether the router sees its first token; a whole answer's comes with its end, so until
+    # then one whose predicted work has drained is taken to be decoding (first token unknown)
+    streamed: bool = True
+    cached: int = 0  # prompt tokens the replica's prefix cache was predicted to hold
+
+    @property
+    def waiting(self) -> bool:
+        """Still waiting for its first token, as far as the router can tell."""
+        return self.first_token_s is None and (self.streamed or self.work_s > 0)
+
+    @property
+    def started(self) -> bool:
+        return self.work_s < self.total_s
+
+    @property
+    def num_uncached_tokens(self) -> int:
+        """As the replica counts them: its whole context until it looks the request up, at
+        the start of its prefill."""
+        return self.request.prompt_len - (self.cached if self.started else 0)
 
 
 class TrackedReplica:
@@ -124,21 +139,35 @@ class TrackedReplica:
         self._samples = 0
         self._policy = replica_policy(config)
         self._long = config.long_prefill_threshold
+        self._rules = StepRules.of(config, predictor.parallel.spp)
         self._live: dict[str, Routed] = {}
         self._queue: list[Routed] = []  # those without a first token
         self._ended: OrderedDict[str, Routed] = OrderedDict()
         self._anchor = clock()
 
     # ---- events (the proxy's) ----------------------------------------------------------------
-    def on_dispatch(self, request: Request, deadline_s: float, expected_tokens: int) -> None:
+    def on_dispatch(
+        self, request: Request, deadline_s: float, expected_tokens: int, streamed: bool = True
+    ) -> None:
         now = self.clock()
         self._drain(now)
-        work = self.prefill_work_s(request, self.cached_tokens(request))
-        routed = Routed(request, deadline_s, work, expected_tokens, total_s=work, sent_s=now)
-        if self._queue:  # they share the prefill from now on: none of them is a sample
-            for other in self._queue:
+        cached = self.cached_tokens(request)
+        work = self.prefill_work_s(request, cached)
+        routed = Routed(
+            request,
+            deadline_s,
+            work,
+            expected_tokens,
+            total_s=work,
+            sent_s=now,
+            streamed=streamed,
+            cached=cached,
+        )
+        sharing = [r for r in self._queue if r.waiting]
+        if sharing:  # they share the prefill from now on: none of them is a sample
+            for other in sharing:
                 other.alone_s = None
-        else:
+        elif streamed:  # (a whole answer's "first token" is its end: no sample of the prefill)
             wait = self.iteration_left_s(now) / self.slowdown
             alone = wait + work * self._decode_share.stretch(self._decode_contexts())
             routed.alone_s = alone if alone >= _SAMPLE_MIN_S else None
@@ -187,7 +216,7 @@ class TrackedReplica:
         if dt <= 0 or not self._queue:
             return
         dt /= self.prefill_stretch()
-        for p in prefill_order(self._policy, [self._pending(r) for r in self._queue], now):
+        for p in self._waiting_in_order(now):
             r = self._live[p.request_id]
             take = min(r.work_s, dt)
             r.work_s -= take
@@ -204,51 +233,61 @@ class TrackedReplica:
         )
 
     def _pending(self, r: Routed) -> Pending:
-        under_way = r.work_s < r.total_s and r.request.prompt_len < self._long
         return Pending(
             r.request.request_id,
             r.request.arrival_s,
             r.deadline_s,
             r.work_s,
             r.total_s,
-            under_way,
-            r.request.prompt_len >= self._long,
+            r.num_uncached_tokens,
+            r.started,
+            r.request.priority_rank,
         )
+
+    def _waiting_in_order(self, now: float) -> list[Pending]:
+        """The requests waiting for their first token, in the replica's prefill order (its
+        queue's order is the order the router sent them in)."""
+        waiting = [self._pending(r) for r in self._queue if r.waiting]
+        return prefill_order(self._policy, waiting, now, self._long)
 
     def pending(self, now: float) -> list[Pending]:
         self._drain(now)
-        return [self._pending(r) for r in self._queue]
+        return [self._pending(r) for r in self._queue if r.waiting]
 
     def iteration_left_s(self, now: float) -> float:
-        """Half an iteration of what it runs: its budget while prefills wait (the arrival wait
-        when nobody waits on the step, by the packer's rule, Packer.batch_budget_s: nothing
-        decoding after an on-time first token, and one prefill or only long ones and ones past
-        their deadline; less when their work left is less), a decode iteration while it only
-        decodes."""
+        """Half an iteration of what it runs: its step's budget while prefills wait
+        (`step_budget_s`; less when their work left is less), a decode iteration while it
+        only decodes."""
         contexts = self._decode_contexts()
         decoding = self._decode_share.decode_iteration_s(contexts)
-        if self._queue:
-            config = self.scheduler_config
-            on_time = any(
-                r.first_token_s is not None and r.first_token_s <= r.deadline_s
-                for r in self._live.values()
-            )
-            alone = not on_time and (
-                len(self._queue) == 1
-                or all(
-                    r.request.prompt_len >= self._long or r.deadline_s < now for r in self._queue
-                )
-            )
-            budget = (config.arrival_wait_s if alone else config.iteration_budget_s) or math.inf
+        if any(r.waiting for r in self._queue):
+            budget = self.step_budget_s(now) or math.inf
             decoding = min(budget, decoding + sum(r.work_s for r in self._queue))
         return 0.5 * self.slowdown * decoding
 
+    def step_budget_s(self, now: float) -> float:
+        """The time budget of the step the replica runs now, by its rules
+        (replica_rules.step_budget_s) over what the router knows of its queue."""
+        decoding = [r for r in self._live.values() if not r.waiting]
+        targets = [t for r in decoding if (t := r.request.tpot_target_s) is not None]
+        snapshot = QueueSnapshot(
+            now, [r for r in self._queue if r.waiting], decoding, min(targets, default=None)
+        )
+        floor = [(self._rules.min_chunk_tokens, 0)]
+        return step_budget_s(
+            snapshot,
+            self._rules,
+            lambda: self.predictor.shape_time(floor, self._decode_contexts()),
+        )
+
+    def waiting_order(self, now: float) -> list[str]:
+        """The ids of the requests waiting for their first token, in the order the router
+        predicts the replica prefills them."""
+        self._drain(now)
+        return [p.request_id for p in self._waiting_in_order(now)]
+
     def _decode_contexts(self) -> list[int]:
-        return [
-            r.request.prompt_len + r.tokens
-            for r in self._live.values()
-            if r.first_token_s is not None
-        ]
+        return [r.request.prompt_len + r.tokens for r in self._live.values() if not r.waiting]
 
     def prefill_stretch(self) -> float:
         return self.slowdown * self._decode_share.stretch(self._decode_contexts())

@@ -7,6 +7,8 @@ what the arbiter decided, so a packer needs neither.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from medha.core.batch import Batch
 from medha.core.request import Request
 from medha.perf.predictor import BatchTimer
@@ -24,11 +26,9 @@ class BatchBuilder:
         now: float,
         max_seqs: int,
         max_tokens: int | None,
-        long_threshold: int,
     ) -> None:
         self._requests = requests
         self._kv = kv
-        self.long_threshold = long_threshold
         self.batch = batch
         self.timer = timer
         self.now = now
@@ -43,14 +43,10 @@ class BatchBuilder:
         return not (self.batch.decodes or self.batch.prefills)
 
     @property
-    def any_decoding_on_time(self) -> bool:
-        """Whether any request decoding (in this batch or in one still running) had its first
-        token by its deadline: only those can still meet their SLO, and so wait on the step's
-        length."""
-        return any(
-            (first := r.first_token_s) is None or first <= r.deadline_s
-            for r in self._requests.decoding.values()
-        )
+    def decoding(self) -> Collection[Request]:
+        """The requests decoding, in this batch or in one still running (who may wait on the
+        step's length: replica_rules.nobody_waits)."""
+        return self._requests.decoding.values()
 
     @property
     def num_prefills(self) -> int:

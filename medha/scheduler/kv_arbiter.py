@@ -20,12 +20,12 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from medha.core.batch import Batch, KVSwap
-from medha.core.config import SchedulerConfig
 from medha.core.request import Request, RequestState
 from medha.perf.predictor import Predictor
 from medha.perf.prefill_time_cache import PrefillTimeCache
 from medha.perf.swap_cost import SwapCost
 from medha.scheduler.block_manager import BlockAccountingError, BlockManager
+from medha.scheduler.config import SchedulerConfig
 from medha.scheduler.policies import Policy
 from medha.scheduler.prefix_cache import (
     PrefixBlockManager,

@@ -20,15 +20,16 @@ import math
 from collections.abc import Collection, Iterable, Iterator
 
 from medha.core.batch import Batch, BatchResult, Chunk
-from medha.core.config import SchedulerConfig
 from medha.core.request import Request, RequestState
 from medha.perf.predictor import Predictor
 from medha.perf.prefill_time_cache import PrefillTimeCache
 from medha.scheduler.batch_builder import BatchBuilder
 from medha.scheduler.block_manager import BlockManager
+from medha.scheduler.config import SchedulerConfig
+from medha.scheduler.config_defaults import resolve_config
 from medha.scheduler.kv_arbiter import KVArbiter
-from medha.scheduler.packers import Packer, make_packer
-from medha.scheduler.policies import make_policy
+from medha.scheduler.packers import Packer, make_packer, replica_policy, replica_prefill_times
+from medha.scheduler.replica_rules import prefill_order
 from medha.scheduler.request_table import RequestTable, SchedulerInvariantError, SchedulerStats
 
 __all__ = ["ReplicaScheduler", "SchedulerInvariantError", "SchedulerStats"]
@@ -53,18 +54,13 @@ class ReplicaScheduler:
         sizeable share of its time)."""
         self.block_tables = block_tables
         # The one resolution of the config: the packer, the policy, the KV arbiter and the
-        # simulator's metrics all read this object's defaults (resolve returns it unchanged).
-        self.config = config = config.resolve(predictor)
+        # simulator's metrics all read this object's defaults (resolve_config returns it unchanged).
+        self.config = config = resolve_config(config, predictor)
         self.predictor = predictor
         self.packer = make_packer(config, predictor)
-        self.policy = make_policy(config.policy or self.packer.default_policy, config)
+        self.policy = replica_policy(config)
         self.max_model_len: int = config.max_model_len
-        self.prefill_times = prefill_times or PrefillTimeCache(
-            predictor,
-            self.packer.plan_isolated,
-            self.max_model_len,
-            overlapped=config.pipeline == "stream",
-        )
+        self.prefill_times = prefill_times or replica_prefill_times(config, predictor)
         self.policy.bind(predictor, blocks, self.max_model_len)
         self._max_batch_tokens = self.packer.max_batch_tokens(self.max_model_len)
         self.long_threshold: int = config.long_prefill_threshold
@@ -250,7 +246,6 @@ class ReplicaScheduler:
             now,
             max_seqs,
             self._max_batch_tokens,
-            self.long_threshold,
         )
 
     def _add_prefills(self, builder: BatchBuilder, now: float) -> None:
@@ -273,7 +268,8 @@ class ReplicaScheduler:
                 and not (one_each and r.num_inflight_batches)
             ]
         if queue:
-            candidates = _Candidates(self._prefill_order(queue, now), self, builder)
+            order = prefill_order(self.policy, queue, now, self.long_threshold)
+            candidates = _Candidates(order, self, builder)
             self.packer.pack(now, candidates, builder)
             for r in candidates.attached:  # a cached prefix taken by a request left out
                 requests.detach_cached(r)
@@ -299,25 +295,6 @@ class ReplicaScheduler:
             builder = self._builder(batch, now, self.config.max_num_seqs)
             self._add_decodes(builder)
         return builder
-
-    def _prefill_order(self, queue: list[Request], now: float) -> list[Request]:
-        """Policy order, except that a short prefill already under way goes first (within a
-        class, under a class policy).
-
-        Slack-based keys rise as a request is served (its remaining work shrinks while its
-        slack stays), so without this rule short prefills would take turns, each finishing
-        just before its deadline instead of one after the other. Long prefills stay in policy
-        order: their share is what space sharing and LARS arbitrate.
-        """
-        first = [r for r in queue if self.goes_first(r)]
-        if first:
-            queue = [r for r in queue if not self.goes_first(r)]
-        return self.policy.order_prefills(first, queue, now)
-
-    def goes_first(self, r: Request) -> bool:
-        """Whether `r` is a short prefill already under way, which `_prefill_order` finishes
-        before any other (the dispatchers' view of a replica reads it too)."""
-        return r.started and r.num_tokens < self.long_threshold
 
     def _add_decodes(self, builder: BatchBuilder) -> None:
         now = builder.now

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from medha.core.batch import Batch, BatchResult
 from medha.core.request import Request
+from medha.dispatch.base_dispatcher import DecodeShare, Pending, decode_token_s
 from medha.scheduler.replica_scheduler import ReplicaScheduler
-from medha.sim.dispatchers.base_dispatcher import DecodeShare, Pending, decode_token_s
 
 
 class SimReplica:
@@ -76,19 +76,7 @@ class SimReplica:
 
     # ---- ReplicaView -------------------------------------------------------------------------
     def pending(self, now: float) -> list[Pending]:
-        return [
-            Pending(
-                r.request_id,
-                r.arrival_s,
-                r.deadline_s,
-                r.remaining_work_s,
-                r.total_work_s,
-                self.scheduler.goes_first(r),
-                r.num_uncached_tokens >= self.scheduler.long_threshold,
-            )
-            for r in self.scheduler.live_requests()
-            if r.first_token_s is None
-        ]
+        return [Pending.of(r) for r in self.scheduler.live_requests() if r.first_token_s is None]
 
     def iteration_left_s(self, now: float) -> float:
         return max(0.0, self._stage_free_at[0] - now) if self.inflight else 0.0

@@ -13,9 +13,9 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from medha.core.config import SchedulerConfig
 from medha.perf import ParallelConfig
 from medha.perf.swap_cost import SwapCost
+from medha.scheduler.config import SchedulerConfig
 from medha.scheduler.prefix_cache import reusable_prefix_tokens
 from medha.sim.metrics.summary import (
     RequestMetrics,

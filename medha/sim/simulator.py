@@ -11,16 +11,16 @@ from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
-from medha.core.config import SchedulerConfig
 from medha.core.request import Request
+from medha.dispatch.base_dispatcher import DISPATCHERS, Dispatcher
 from medha.perf import ParallelConfig, Predictor, make_predictor
 from medha.perf.model_specs import ModelSpec
 from medha.perf.prefill_time_cache import PrefillTimeCache
 from medha.perf.setup_cache import StoredWalk
 from medha.scheduler.block_manager import BlockManager
+from medha.scheduler.config import SchedulerConfig
 from medha.scheduler.replica_scheduler import ReplicaScheduler
 from medha.sim.config import ClusterConfig
-from medha.sim.dispatchers import DISPATCHERS, Dispatcher
 from medha.sim.metrics.iteration_log import IterationLog
 from medha.sim.replica import SimReplica
 

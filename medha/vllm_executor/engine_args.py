@@ -11,8 +11,8 @@ import dataclasses
 import json
 import os
 
-from medha.core.config import SchedulerConfig
 from medha.engine.config import EngineConfig
+from medha.scheduler.config import SchedulerConfig
 from medha.utils.dataclass_cli import to_flat
 
 SCHEDULER_CLS = "medha.vllm_executor.MedhaScheduler"

@@ -36,10 +36,10 @@ from dataclasses import dataclass, field
 import numpy as np
 from tqdm import tqdm
 
-from medha.core.config import SchedulerConfig
 from medha.engine.config import EngineConfig
 from medha.perf.profile_data import IterationRow, Profile
 from medha.perf.profiled_predictor import IterationModel
+from medha.scheduler.config import SchedulerConfig
 
 PREFILL_CHUNKS = (16, 64, 256, 512, 1024, 2048)
 PREFILL_OFFSETS = (0, 1024, 3072, 6144)

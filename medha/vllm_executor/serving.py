@@ -32,7 +32,7 @@ from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError as VllmEngineDeadError
 from vllm.v1.metrics.loggers import StatLoggerBase
 
-from medha.core.config import SchedulerConfig, parse_chunking
+from medha.core.config import parse_chunking
 from medha.core.request import Request
 from medha.engine.config import EngineConfig
 from medha.engine.errors import EngineDeadError, InvalidRequestError, RequestFailedError
@@ -41,6 +41,7 @@ from medha.engine.llm_engine import EngineStats, check_prompt
 from medha.engine.outputs import RequestOutput
 from medha.engine.sampling_params import SamplingParams
 from medha.engine.tokenizer import Tokenizer
+from medha.scheduler.config import SchedulerConfig
 from medha.scheduler.packers import PACKERS
 from medha.server.async_engine import QueueFullError
 from medha.server.metrics import ServerMetrics

@@ -14,11 +14,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from medha.core.config import SchedulerConfig
 from medha.perf import ParallelConfig, get_hardware, make_predictor
 from medha.perf.hardware_specs import cache_dir
 from medha.perf.model_specs import model_from_hf_config
 from medha.scheduler.block_manager import BlockManager
+from medha.scheduler.config import SchedulerConfig
 from medha.scheduler.replica_scheduler import ReplicaScheduler
 from medha.utils.dataclass_cli import flags
 

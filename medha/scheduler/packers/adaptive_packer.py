@@ -15,6 +15,7 @@ from medha.core.request import Request
 from medha.perf.chunking_price import isolated_chunk
 from medha.scheduler.batch_builder import BatchBuilder
 from medha.scheduler.packers.base_packer import PACKERS, Packer
+from medha.scheduler.replica_rules import is_long
 
 
 @PACKERS.register("adaptive")
@@ -24,14 +25,13 @@ class AdaptivePacker(Packer):
     def pack(self, now: float, queue: Collection[Request], builder: BatchBuilder) -> None:
         cfg = self.config
         budget = self.batch_budget_s(builder, queue)  # who waits on the step bounds it
-        has_long = False
+        has_long, threshold = False, self.rules.long_threshold
         for r in queue:
-            # long by the work left to plan: a prompt mostly served by the prefix cache is not
-            is_long = r.num_uncached_tokens >= builder.long_threshold
-            if is_long and has_long:
+            long = is_long(r, threshold)  # after its look-up: a prefix hit makes it short
+            if long and has_long:
                 continue  # two long prefills would split the budget and both fall behind
             limit = budget
-            if is_long and cfg.space_sharing and cfg.multi_prefill and len(queue) > 1:
+            if long and cfg.space_sharing and cfg.multi_prefill and len(queue) > 1:
                 # A long prefill with slack to spare takes a smaller share of the iteration,
                 # leaving the rest to the requests behind it; one with no slack takes it all,
                 # and so does one with nobody behind it (an arrival joins the next iteration
@@ -40,7 +40,7 @@ class AdaptivePacker(Packer):
                 # decodes are in already): yielding there only slowed the long prefill down.
                 # rho as the lars key reads it (--lars-slack): one notion of relative slack
                 # for order and share, as in the paper (Algorithm 2 with s / w_total)
-                rho = r.relative_slack(now, cfg.lars_slack)
+                rho = r.relative_slack(now, cfg.lars.slack)
                 share = 1.0 - min(max(rho, 0.0), cfg.rho_max)
                 limit = min(budget, builder.timer.time() + share * budget)
             n = self._largest_chunk(builder, r, limit)
@@ -54,7 +54,7 @@ class AdaptivePacker(Packer):
                 else:
                     continue  # a request with less KV may still fit
             added = builder.add_prefill(r, n)
-            if added and is_long:
+            if added and long:
                 has_long = True
             if added and not cfg.multi_prefill:
                 break

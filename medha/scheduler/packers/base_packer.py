@@ -14,9 +14,14 @@ from abc import ABC, abstractmethod
 from collections.abc import Collection
 from typing import TYPE_CHECKING, ClassVar
 
-from medha.core.config import SchedulerConfig, iteration_budget, parse_chunking
+from medha.core.config import parse_chunking
 from medha.core.request import Request
 from medha.perf.predictor import Predictor
+from medha.perf.prefill_time_cache import PrefillTimeCache
+from medha.scheduler.config import SchedulerConfig
+from medha.scheduler.config_defaults import resolve_config
+from medha.scheduler.policies import Policy, make_policy
+from medha.scheduler.replica_rules import QueueSnapshot, StepRules, step_budget_s
 from medha.utils.registry import Registry
 
 if TYPE_CHECKING:
@@ -32,56 +37,18 @@ class Packer(ABC):
         self.config = config
         self.predictor = predictor
         self.iteration_budget_s: float = config.iteration_budget_s
-        self._spp = predictor.parallel.spp
+        self.rules = StepRules.of(config, predictor.parallel.spp)
 
     def batch_budget_s(self, builder: BatchBuilder, queue: Collection[Request] = ()) -> float:
-        """The time budget of the batch being built, from who waits for the step to end:
-
-        - decodes (their next token): the iteration budget, or less when one of them has its
-          own TPOT target (the API's tpot_slo_s): at most that target, scaled for pipelining
-          as the default budget is, never below the decodes plus one fresh --min-chunk-tokens
-          prefill chunk (a request still in prefill is judged by its TTFT, not its TPOT);
-        - short prefills beside others in `queue` (their first token, or their turn): the
-          iteration budget;
-        - nobody (no request decoding, and one prefill alone or long ones only):
-          `arrival_wait_s`, the longest a request arriving during the step may wait, so that
-          a long prefill alone runs in few large chunks (docs/design.md, "The iteration
-          budget"). Under overload a request that has missed its TTFT deadline (decoding
-          after a late first token, or still waiting past it) can no longer meet its SLO and
-          waits on no step either: when every one has, steps run to the arrival wait, which
-          buys throughput (the queue drains sooner) where small steps buy nobody's SLO.
-
-        Packers that size chunks by time (adaptive) use it; token-budget ones (static, none)
-        have no time budget to bound."""
-        if self._nobody_waits(builder, queue):
-            return self.config.arrival_wait_s
-        target = builder.tpot_target_s
-        if target is None:
-            return self.iteration_budget_s
-        capped = min(self.iteration_budget_s, iteration_budget(target, self._spp))
-        # A target never stops the prefills: the batch keeps room for one minimum chunk of a
-        # new prompt beside its decodes, or one client asking for token times the hardware
-        # cannot give would hold every newcomer at zero progress until it finished.
-        floor = builder.time_with_chunk(self.config.min_chunk_tokens, 0)
-        return max(capped, min(floor, self.iteration_budget_s))
-
-    def _nobody_waits(self, builder: BatchBuilder, queue: Collection[Request]) -> bool:
-        """Whether nobody waits on this step's end: no request is decoding on time (one in a
-        batch still in the pipeline joins the next step too) and `queue` holds one prefill
-        alone, or long ones and late ones only (a long prefill waits for its whole prefill,
-        not a step; a late one, past its TTFT deadline, for nothing the step could save).
-        Read from the queue's shape and, once deadlines have passed, the deadlines: while
-        every deadline is ahead of both clocks the simulator, given the engine's requests,
-        makes the engine's decisions (analysis/schedule_match.py)."""
-        if self.config.arrival_wait_s <= self.iteration_budget_s:
-            return False
-        if builder.any_decoding_on_time:
-            return False
+        """The time budget of the batch being built, from who waits for the step to end
+        (replica_rules.step_budget_s): `queue` as it stands before anyone is looked up in the
+        prefix cache, the requests decoding, the tightest own TPOT target among the batch's
+        decodes. Packers that size chunks by time (adaptive) use it; token-budget ones
+        (static, none) have no time budget to bound."""
         waiting = getattr(queue, "requests", queue)  # (the scheduler's, without look-ups)
-        if len(waiting) <= 1:
-            return True
-        long, now = builder.long_threshold, builder.now
-        return all(r.num_uncached_tokens >= long or r.deadline_s < now for r in waiting)
+        snapshot = QueueSnapshot(builder.now, waiting, builder.decoding, builder.tpot_target_s)
+        min_chunk = self.rules.min_chunk_tokens
+        return step_budget_s(snapshot, self.rules, lambda: builder.time_with_chunk(min_chunk, 0))
 
     def is_full(self, builder: BatchBuilder) -> bool:
         """Whether the batch has no room for another prefill chunk: the scheduler hands the
@@ -108,7 +75,29 @@ PACKERS: Registry[Packer] = Registry("chunking mode", __package__, suffix="_pack
 
 def make_packer(config: SchedulerConfig, predictor: Predictor) -> Packer:
     """The packer of `config`'s chunking mode. The scheduler passes its resolved config, which
-    `resolve` returns unchanged; a tool that builds a packer alone gets the same defaults."""
-    config = config.resolve(predictor)
+    `resolve_config` returns unchanged; a tool that builds a packer alone gets the same defaults."""
+    config = resolve_config(config, predictor)
     mode, arg = parse_chunking(config.chunking)
     return PACKERS.get(mode)(config, predictor, arg)
+
+
+def replica_policy(config: SchedulerConfig) -> Policy:
+    """The policy a replica running `config` orders its prefills by: `config`'s, else its
+    chunking mode's default (lars for adaptive chunking, fcfs for the others). A replica binds
+    its own; the dispatchers and the router read an unbound one."""
+    mode, _ = parse_chunking(config.chunking)
+    return make_policy(config.policy or PACKERS.get(mode).default_policy, config)
+
+
+def replica_prefill_times(config: SchedulerConfig, predictor: Predictor) -> PrefillTimeCache:
+    """The prefill-time walk (Algorithm 3) of a replica that runs `config`: its packer's
+    isolated chunks up to its context length, overlapped across pipeline stages unless the
+    pipeline is microbatched. ReplicaScheduler builds its own with this and the router its
+    model of a replica, so both read the same times without the router building a scheduler."""
+    config = resolve_config(config, predictor)
+    return PrefillTimeCache(
+        predictor,
+        make_packer(config, predictor).plan_isolated,
+        config.max_model_len,
+        overlapped=config.pipeline == "stream",
+    )

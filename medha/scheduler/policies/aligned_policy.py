@@ -53,9 +53,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from medha.core.config import SchedulerConfig
 from medha.core.request import Request, RequestState
 from medha.perf.swap_cost import SwapCost
+from medha.scheduler.config import SchedulerConfig
 from medha.scheduler.length_tree import LengthNode, LengthQuadTree
 from medha.scheduler.policies.base_policy import POLICIES
 from medha.scheduler.policies.fcfs_policy import FcfsPolicy

@@ -19,13 +19,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, ClassVar
 
-from medha.core.config import SchedulerConfig
 from medha.core.request import Request, RequestState
 from medha.utils.registry import Registry
 
 if TYPE_CHECKING:
     from medha.perf.predictor import Predictor
     from medha.scheduler.block_manager import BlockManager
+    from medha.scheduler.config import SchedulerConfig
 
 SortKey = Callable[[Request], float]
 StepTime = Callable[[list[int]], float]
@@ -36,7 +36,13 @@ class Policy(ABC):
     summary: ClassVar[str]
 
     def __init__(self, config: SchedulerConfig | None = None) -> None:
-        self.config = config or SchedulerConfig()
+        if config is None:
+            # (here, not at the top: SchedulerConfig's module imports the policies' settings,
+            # whose package's __init__ imports this module)
+            from medha.scheduler.config import SchedulerConfig
+
+            config = SchedulerConfig()
+        self.config = config
 
     def admit(
         self, queue: list[Request], is_live: Callable[[str], bool], now: float
@@ -93,12 +99,6 @@ class Policy(ABC):
             return rest
         first.sort(key=key)
         return first + rest
-
-    def serve_early(self, order: list, now: float, is_long: Callable[[object], bool]) -> list:
-        """`order` (prefill-phase requests, or a dispatcher's view of them, in this policy's
-        order) with the requests this policy serves ahead of it moved up: none by default
-        (LARS moves short prefills up where no one misses for them)."""
-        return order
 
     def eviction_rank(self, now: float) -> Callable[[Request], tuple]:
         """Who keeps its KV when blocks run short: lower ranks are kept longer. Running decodes

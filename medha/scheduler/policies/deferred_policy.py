@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from itertools import islice
 
-from medha.core.config import SchedulerConfig
 from medha.core.request import Request
+from medha.scheduler.config import SchedulerConfig
 from medha.scheduler.policies.base_policy import POLICIES
 from medha.scheduler.policies.fcfs_policy import FcfsPolicy
 

@@ -1,7 +1,6 @@
-from collections.abc import Callable
-
 from medha.core.request import Request
 from medha.scheduler.policies.base_policy import POLICIES, Policy, SortKey
+from medha.scheduler.replica_rules import is_long
 
 
 @POLICIES.register("lars")
@@ -27,35 +26,30 @@ class LarsPolicy(Policy):
     )
 
     def sort_key(self, now: float) -> SortKey:
-        per = self.config.lars_slack
+        per = self.config.lars.slack
         return lambda r: r.relative_slack(now, per)
 
     def order_prefills(
         self, first: list[Request], rest: list[Request], now: float
     ) -> list[Request]:
-        threshold = self.config.long_prefill_threshold or 1 << 62
-        return self.serve_early(
-            super().order_prefills(first, rest, now),
-            now,
-            lambda r: r.num_uncached_tokens >= threshold,
-        )
+        return self.serve_early(super().order_prefills(first, rest, now), now)
 
-    def serve_early(self, order: list, now: float, is_long: Callable[[object], bool]) -> list:
-        """`order` with each short prefill (not `is_long`) moved ahead of the requests before
-        it when its remaining work fits within the slack each of them has left after the ones
-        moved ahead before it: none of them is then predicted to miss its deadline for it. One
-        already predicted to miss (slack < 0) holds no one back: being served later moves no
-        deadline it can still meet. Long prefills keep their place: their turn is what LARS
-        and space sharing arbitrate. One pass; the dispatchers' prediction of a replica's
-        order (`prefill_order`) runs it on their view of its queue."""
-        if not self.config.lars_serve_early or len(order) < 2:
+    def serve_early(self, order: list[Request], now: float) -> list[Request]:
+        """`order` with each short prefill (not `replica_rules.is_long`) moved ahead of the
+        requests before it when its remaining work fits within the slack each of them has left
+        after the ones moved ahead before it: none of them is then predicted to miss its
+        deadline for it. One already predicted to miss (slack < 0) holds no one back: being
+        served later moves no deadline it can still meet. Long prefills keep their place:
+        their turn is what LARS and space sharing arbitrate. One pass."""
+        if not self.config.lars.serve_early or len(order) < 2:
             return order
+        threshold = self.config.long_prefill_threshold or 1 << 62  # (unresolved: none long)
         early, kept = [], []
         spare = float("inf")  # least slack among the kept requests that can still meet theirs
         moved = 0.0  # work of the requests moved ahead of all the kept ones
         for r in order:
             work = r.remaining_work_s
-            if not is_long(r) and moved + work <= spare:
+            if not is_long(r, threshold) and moved + work <= spare:
                 early.append(r)
                 moved += work
                 continue

@@ -28,7 +28,7 @@ disaggregation). The pieces, each as the paper gives it (section 2.1, section 3,
 
 While short prefills wait and nothing else runs, `wake_at` tells the executor when to ask
 again. Spatial disaggregation across instances is the `pla` dispatcher
-(medha/sim/dispatchers/pla_dispatcher.py).
+(medha/dispatch/pla_dispatcher.py).
 """
 
 from __future__ import annotations
@@ -40,9 +40,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from medha.core.config import PlaSettings, SchedulerConfig
 from medha.core.request import Request
+from medha.scheduler.config import SchedulerConfig
 from medha.scheduler.policies.base_policy import POLICIES
+from medha.scheduler.policies.config import PlaSettings
 from medha.scheduler.policies.fcfs_policy import FcfsPolicy
 
 if TYPE_CHECKING:

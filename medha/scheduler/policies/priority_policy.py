@@ -20,8 +20,8 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
-from medha.core.config import SchedulerConfig
 from medha.core.request import PRIORITY_CLASSES, Request, RequestState
+from medha.scheduler.config import SchedulerConfig
 from medha.scheduler.policies.base_policy import (
     POLICIES,
     Policy,

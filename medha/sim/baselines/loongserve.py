@@ -75,11 +75,12 @@ from functools import lru_cache
 from tqdm import tqdm
 
 from medha.core.batch import Batch, BatchResult
-from medha.core.config import SchedulerConfig
 from medha.core.request import Request, RequestState
 from medha.perf import ParallelConfig, Predictor, make_predictor
 from medha.perf.prefill_time_cache import PrefillTimeCache
 from medha.perf.ring_attention import RingPrefillTime, ring_prefill_time
+from medha.scheduler.config import SchedulerConfig
+from medha.scheduler.config_defaults import resolve_config
 from medha.scheduler.request_table import RequestTable, SchedulerStats
 from medha.sim.baselines.elastic_instances import Instance, KVLedger
 from medha.sim.config import ClusterConfig
@@ -145,7 +146,7 @@ class LoongServeSimulator:
         )
         hw = self.predictor.hardware
         check_layout(self.predictor.model, parallel)
-        self.scheduler_config = scheduler.resolve(self.predictor)
+        self.scheduler_config = resolve_config(scheduler, self.predictor)
         self.max_model_len = self.scheduler_config.max_model_len
         self.check = check
         s = self.settings

@@ -25,15 +25,15 @@ from __future__ import annotations
 
 import math
 
-from medha.sim.dispatchers.base_dispatcher import (
+from medha.dispatch.base_dispatcher import (
     DISPATCHERS,
     Dispatcher,
     Pending,
     ReplicaView,
-    prefill_order,
-    replica_policy,
     ttft_deadline_s,
 )
+from medha.scheduler.packers import replica_policy
+from medha.scheduler.replica_rules import prefill_order
 
 
 def relative_slack(p: Pending, first_token_s: float) -> float:
@@ -47,6 +47,7 @@ class SlackDispatcher(Dispatcher):
         super().__init__(replicas, cluster, scheduler)
         self.config = scheduler
         self.policy = replica_policy(scheduler)
+        self._long = scheduler.long_prefill_threshold
 
     def predicted_first_tokens(
         self, replica: ReplicaView, pending: list[Pending], now: float
@@ -55,7 +56,7 @@ class SlackDispatcher(Dispatcher):
         the replica serves them; and the stretch of its prefill work (its decodes' share)."""
         stretch = replica.prefill_stretch()
         out, t = [], now + replica.iteration_left_s(now)
-        for p in prefill_order(self.policy, pending, now):
+        for p in prefill_order(self.policy, pending, now, self._long):
             t += p.work_s * stretch
             out.append((p, t))
         return out, stretch
@@ -68,8 +69,16 @@ class SlackDispatcher(Dispatcher):
             rid = r.replica_id
             cached = r.cached_tokens(request)
             work = r.prefill_work_s(request, cached)
-            long = request.prompt_len - cached >= self.config.long_prefill_threshold
-            new = Pending(request.request_id, request.arrival_s, deadline, work, work, long=long)
+            # not started: long by its whole prompt until the replica looks it up
+            new = Pending(
+                request.request_id,
+                request.arrival_s,
+                deadline,
+                work,
+                work,
+                request.prompt_len,
+                priority_rank=request.priority_rank,
+            )
             firsts, stretch = self.predicted_first_tokens(r, [*r.pending(now), new], now)
             # the smallest relative slack with the new request (after) and without it
             # (before: those it would go ahead of get their first token its work sooner)
@@ -88,7 +97,7 @@ class SlackDispatcher(Dispatcher):
             others = (before[o.replica_id] for o in candidates if o is not r)
             return min(after[r.replica_id], min(others, default=math.inf))
 
-        return max(
+        chosen = max(
             candidates,
             key=lambda r: (
                 cluster_min(r),
@@ -97,3 +106,5 @@ class SlackDispatcher(Dispatcher):
                 -r.replica_id,
             ),
         )
+        self.predicted_first_token_s = ttft[chosen.replica_id]
+        return chosen

@@ -1,4 +1,4 @@
-from medha.sim.dispatchers.base_dispatcher import DISPATCHERS, Dispatcher, least_work
+from medha.dispatch.base_dispatcher import DISPATCHERS, Dispatcher, least_work
 
 
 @DISPATCHERS.register("least_work")

@@ -1,4 +1,4 @@
-from medha.sim.dispatchers.base_dispatcher import DISPATCHERS, Dispatcher
+from medha.dispatch.base_dispatcher import DISPATCHERS, Dispatcher
 
 
 @DISPATCHERS.register("round_robin")

@@ -9,7 +9,7 @@ a single replica holds keeps its requests only while that replica is not overloa
 complaint about cache-aware routers: one shared prompt pulls all traffic onto one replica).
 """
 
-from medha.sim.dispatchers.base_dispatcher import DISPATCHERS, Dispatcher
+from medha.dispatch.base_dispatcher import DISPATCHERS, Dispatcher
 
 
 @DISPATCHERS.register("prefix")

@@ -22,7 +22,7 @@ class; least work is what a pull would give). Every control period the controlle
   instance moves; it finishes what it holds and takes the other class from then on.
 
 The paper gives no values for the weights, tau, n_min, the cool-down or the period; the
-defaults (medha/sim/config.py) are ours. With one instance there are no pools: it serves both
+defaults (medha/dispatch/config.py) are ours. With one instance there are no pools: it serves both
 classes, and the `pla` policy separates them in time.
 """
 
@@ -34,11 +34,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from medha.core.config import SchedulerConfig
 from medha.core.request import Request
+from medha.dispatch.base_dispatcher import DISPATCHERS, Dispatcher, ReplicaView, least_work
+from medha.dispatch.config import DispatchSettings
+from medha.scheduler.config import SchedulerConfig
 from medha.scheduler.policies.pla_policy import LONG, SHORT, calibrate
-from medha.sim.config import ClusterConfig
-from medha.sim.dispatchers.base_dispatcher import DISPATCHERS, Dispatcher, ReplicaView, least_work
 
 
 def p90(values: list[float]) -> float:
@@ -89,7 +89,7 @@ class PlaDispatcher(Dispatcher):
     """Short and long prefill pools, routed by L_m(H), resized by instance pressure."""
 
     def __init__(
-        self, replicas: list[ReplicaView], cluster: ClusterConfig, scheduler: SchedulerConfig
+        self, replicas: list[ReplicaView], cluster: DispatchSettings, scheduler: SchedulerConfig
     ) -> None:
         super().__init__(replicas, cluster, scheduler)
         settings = self.settings = cluster.pla

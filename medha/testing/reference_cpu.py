@@ -25,4 +25,4 @@ REFERENCE_CPU = cpu_spec(peak_flops=150e9, mem_bw=40e9, mem_bytes=24 * 2.0**30)
 
 def pin_reference_cpu() -> None:
     """Store REFERENCE_CPU as this machine's measured CPU in $MEDHA_CACHE_DIR."""
-    store_cpu_spec(REFERENCE_CPU, "medha/benchmark/reference_cpu.py")
+    store_cpu_spec(REFERENCE_CPU, "medha/testing/reference_cpu.py")

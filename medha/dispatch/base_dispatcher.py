@@ -13,58 +13,51 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
-from medha.core.config import SchedulerConfig, parse_chunking
-from medha.core.request import Request
+from medha.core.request import DEFAULT_PRIORITY_RANK, Request
+from medha.dispatch.config import DispatchSettings
 from medha.perf.predictor import Predictor
-from medha.scheduler.packers import PACKERS
-from medha.scheduler.policies import Policy, make_policy
-from medha.sim.config import ClusterConfig
+from medha.scheduler.config import SchedulerConfig
 from medha.utils.registry import Registry
 
 
 @dataclass(frozen=True, slots=True)
 class Pending:
     """A request a replica holds that has not had its first token: what its TTFT still waits
-    for. `deadline_s` is absolute; `work_s` the predicted prefill time still ahead of it,
-    `total_work_s` its whole prefill's (what it had when admitted); `under_way`: a prefill
-    shorter than the long threshold that has started, which the replica finishes before
-    any other (ReplicaScheduler.goes_first)."""
+    for, under the names a Request has for what the replica's rules (replica_rules) and its
+    policy's key read. `deadline_s` is absolute; `work_s` the predicted prefill time still
+    ahead of it, `total_work_s` its whole prefill's (what it had when admitted);
+    `num_uncached_tokens` and `started` as the Request's (nothing is cached before it starts:
+    a replica looks a request up just before its first chunk)."""
 
     request_id: str
     arrival_s: float
     deadline_s: float
     work_s: float
-    total_work_s: float = 0.0
-    under_way: bool = False
-    long: bool = False  # a prompt of at least the long threshold (LARS never serves it early)
+    total_work_s: float
+    num_uncached_tokens: int
+    started: bool = False
+    priority_rank: int = DEFAULT_PRIORITY_RANK
 
-    # what the policies' keys read of a Request, by the same formulas
+    @classmethod
+    def of(cls, r: Request) -> Pending:
+        """A replica's own request, as it stands."""
+        return cls(
+            r.request_id,
+            r.arrival_s,
+            r.deadline_s,
+            r.remaining_work_s,
+            r.total_work_s,
+            r.num_uncached_tokens,
+            r.started,
+            r.priority_rank,
+        )
+
     @property
     def remaining_work_s(self) -> float:
         return self.work_s
 
     slack = Request.slack
     relative_slack = Request.relative_slack
-
-
-def replica_policy(config: SchedulerConfig) -> Policy:
-    """The policy the replicas run (`config`'s, else its packer's default)."""
-    mode, _ = parse_chunking(config.chunking)
-    return make_policy(config.policy or PACKERS.get(mode).default_policy, config)
-
-
-def prefill_order(policy: Policy, pending: list[Pending], now: float) -> list[Pending]:
-    """`pending` in the order the replica prefills them: short prefills under way first, then
-    the policy's key (ties: arrival), then the ones it serves early (`Policy.serve_early`). A
-    policy whose key reads more than a Pending carries (a class policy's priority) orders by
-    deadline here."""
-    try:
-        key = policy.sort_key(now)
-        keyed = [(not p.under_way, key(p), p.arrival_s, p.request_id, p) for p in pending]
-    except AttributeError:
-        keyed = [(not p.under_way, p.deadline_s, p.arrival_s, p.request_id, p) for p in pending]
-    keyed.sort(key=lambda k: k[:4])
-    return policy.serve_early([k[4] for k in keyed], now, lambda p: p.long)
 
 
 class ReplicaView(Protocol):
@@ -166,12 +159,17 @@ class Dispatcher(ABC):
     name: ClassVar[str]
 
     def __init__(
-        self, replicas: list[ReplicaView], cluster: ClusterConfig, scheduler: SchedulerConfig
+        self, replicas: list[ReplicaView], cluster: DispatchSettings, scheduler: SchedulerConfig
     ) -> None:
-        """`cluster` carries the dispatcher's own settings; `scheduler` is the deployment's
-        (resolved) scheduler config, what every replica runs, for the settings a dispatcher
-        shares with a policy (the pla boundary)."""
+        """`cluster` carries the dispatcher's own settings (the simulator's ClusterConfig, the
+        router's BareDispatchSettings); `scheduler` is the deployment's (resolved) scheduler
+        config, what every replica runs, for the settings a dispatcher shares with a policy
+        (the pla boundary)."""
         self.replicas = replicas
+        # The last `pick`'s predicted first-token time (absolute) of its request on the replica
+        # it chose, for a dispatcher that predicts one (slack), else None: the router passes it
+        # on to the client (x-medha-predicted-ttft-ms), to be checked against what happened.
+        self.predicted_first_token_s: float | None = None
 
     @abstractmethod
     def pick(

@@ -1,0 +1,168 @@
+"""A replica's rules for its next step, in one place: who is long, which prefill is under way,
+who waits on the step (and so the step's time budget), and the order the prefills are served in.
+
+Three fronts apply them to a replica's queue: the replica itself (the packer sizes its step by
+`step_budget_s`, ReplicaScheduler orders its prefills by `prefill_order`), the simulator's
+replicas as the dispatchers see them, and the router's model of a real replica
+(medha/route/tracked.py). Each hands the rules a `QueueSnapshot` of the requests as it knows
+them: the replica its Requests, the router its estimates (the work left, the first tokens it
+has seen, the prefix it expects cached). The rules read nothing else, so the router predicts
+the step the replica runs by the same code that runs it.
+
+What a rule reads of a waiting request is what a Request has (`Waiting`); the dispatchers' view
+of one (`medha.dispatch.Pending`) has the same names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, TypeVar
+
+from medha.core.config import iteration_budget
+from medha.scheduler.config import SchedulerConfig
+
+if TYPE_CHECKING:
+    from medha.scheduler.policies.base_policy import Policy
+
+
+class Waiting(Protocol):
+    """A request waiting for its first token, as the rules read it (a Request is one). A
+    policy's key reads more of it: its arrival, deadline, work left and whole (LARS's relative
+    slack), its priority class."""
+
+    deadline_s: float
+
+    @property
+    def num_uncached_tokens(self) -> int:
+        """Context tokens the prefix cache does not supply, as of its latest look-up (none
+        before its prefill starts: a request is looked up just before its first chunk)."""
+
+    @property
+    def started(self) -> bool:
+        """Whether a chunk of its (re)started prefill has been scheduled."""
+
+
+class Decoding(Protocol):
+    """A request past its prefill, decoding."""
+
+    deadline_s: float
+
+    @property
+    def first_token_s(self) -> float | None:
+        """When its first token came (None: not known, as the router's model has it of a
+        request it sees no stream of)."""
+
+
+W = TypeVar("W", bound=Waiting)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSnapshot:
+    """A replica's queue at `now`, by reference (the simulator takes one every step)."""
+
+    now: float
+    waiting: Collection[Waiting]  # prefill-phase requests the step may serve, in queue order
+    decoding: Iterable[Decoding]  # decoding, in this step or in one still running
+    tpot_target_s: float | None = None  # the tightest own TPOT target among the step's decodes
+
+
+@dataclass(frozen=True, slots=True)
+class StepRules:
+    """The settings the rules read, from a replica's resolved config."""
+
+    long_threshold: int
+    iteration_budget_s: float
+    arrival_wait_s: float
+    min_chunk_tokens: int
+    spp: int
+
+    @classmethod
+    def of(cls, config: SchedulerConfig, spp: int) -> StepRules:
+        return cls(
+            config.long_prefill_threshold,
+            config.iteration_budget_s,
+            config.arrival_wait_s,
+            config.min_chunk_tokens,
+            spp,
+        )
+
+
+def is_long(r: Waiting, threshold: int) -> bool:
+    """A long prefill, by the work left to plan: a prompt mostly served from the prefix cache is
+    not one. A long prefill waits for its whole prefill, not a step; LARS never serves it early
+    and space sharing gives it a share of the step."""
+    return r.num_uncached_tokens >= threshold
+
+
+def under_way(r: Waiting, threshold: int) -> bool:
+    """A short prefill that has started, which the replica finishes before any other."""
+    return r.started and not is_long(r, threshold)
+
+
+def on_time(d: Decoding) -> bool:
+    """Whether a decoding request had its first token by its deadline (or may have: a first
+    token not known is presumed on time). Only those can still meet their SLO, and so wait on
+    the length of every step."""
+    first = d.first_token_s
+    return first is None or first <= d.deadline_s
+
+
+def nobody_waits(q: QueueSnapshot, rules: StepRules) -> bool:
+    """Whether nobody waits on this step's end: nothing decodes on time and the queue holds one
+    prefill alone, or long ones and late ones only (a long prefill waits for its whole prefill;
+    a late one, past its TTFT deadline, for nothing a step could save). Read from the queue's
+    shape and, once deadlines have passed, the deadlines: while every deadline is ahead of
+    both clocks the simulator, given the engine's requests, makes the engine's decisions
+    (analysis/schedule_match.py)."""
+    if rules.arrival_wait_s <= rules.iteration_budget_s:
+        return False  # the cheap exit first: the step is the budget either way
+    if any(on_time(d) for d in q.decoding):
+        return False
+    if len(q.waiting) <= 1:
+        return True
+    long, now = rules.long_threshold, q.now
+    return all(is_long(r, long) or r.deadline_s < now for r in q.waiting)
+
+
+def step_budget_s(q: QueueSnapshot, rules: StepRules, floor_s: Callable[[], float]) -> float:
+    """The time budget of the step, from who waits for it to end:
+
+    - decodes (their next token): the iteration budget, or less when one of them has its own
+      TPOT target (the API's tpot_slo_s): at most that target, scaled for pipelining as the
+      default budget is, never below `floor_s()`, the step's decodes plus one fresh
+      --min-chunk-tokens prefill chunk (a request still in prefill is judged by its TTFT, not
+      its TPOT; called only when a target exists);
+    - short prefills beside others (their first token, or their turn): the iteration budget;
+    - nobody (`nobody_waits`): the arrival wait, the longest a request arriving during the step
+      may wait, so that a long prefill alone runs in few large chunks (docs/design.md, "The
+      iteration budget"). Under overload, when every request has missed its TTFT deadline,
+      steps run to the arrival wait too: that buys throughput (the queue drains sooner) where
+      small steps buy nobody's SLO."""
+    if nobody_waits(q, rules):
+        return rules.arrival_wait_s
+    budget = rules.iteration_budget_s
+    if q.tpot_target_s is None:
+        return budget
+    capped = min(budget, iteration_budget(q.tpot_target_s, rules.spp))
+    # A target never stops the prefills: the step keeps room for one minimum chunk of a new
+    # prompt beside its decodes, or one client asking for token times the hardware cannot give
+    # would hold every newcomer at zero progress until it finished.
+    return max(capped, min(floor_s(), budget))
+
+
+def prefill_order(policy: Policy, queue: Iterable[W], now: float, threshold: int) -> list[W]:
+    """`queue` (in the replica's queue order) in the order the replica serves it: the policy's
+    (`Policy.order_prefills`: its key, ties in queue order; a class policy by class first; LARS
+    moves short prefills up where no one misses for them), except that a short prefill already
+    under way goes first (within its class, under a class policy).
+
+    Slack-based keys rise as a request is served (its remaining work shrinks while its slack
+    stays), so without that exception short prefills would take turns, each finishing just
+    before its deadline instead of one after the other. Long prefills stay in policy order:
+    their share is what space sharing and LARS arbitrate."""
+    first: list[W] = []
+    rest: list[W] = []
+    for r in queue:
+        (first if under_way(r, threshold) else rest).append(r)
+    return policy.order_prefills(first, rest, now)
