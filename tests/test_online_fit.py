@@ -133,3 +133,53 @@ def test_nonnegative_least_squares_keeps_every_coefficient_at_or_above_zero():
     assert nonnegative_least_squares(gram, [3.0, 3.0]) == pytest.approx([1.0, 1.0])
     with pytest.raises(ValueError):
         CorrectedPredictor(base()).set_theta((0.0, 0.0, -1.0, 1.0, 1.0))
+
+
+def test_a_scheduler_with_a_learner_plans_by_what_its_batches_took():
+    """ReplicaScheduler corrects its predictor from each batch's measured time, and its
+    prefill-time walk and the work of the requests still in prefill follow; without a learner
+    (the simulator) nothing moves."""
+    from medha.benchmark.scenarios import TOKEN_S
+    from medha.core.batch import BatchResult
+    from medha.core.request import Request
+    from medha.perf.toy_predictor import FixedCostPredictor
+    from medha.scheduler.block_manager import BlockManager
+    from medha.scheduler.config import SchedulerConfig
+    from medha.scheduler.packers import replica_prefill_times
+    from medha.scheduler.replica_scheduler import ReplicaScheduler
+
+    # the engine: 40 ms a step more, and every token twice the base's price
+    truth = CorrectedPredictor(FixedCostPredictor(TOKEN_S))
+    truth.set_theta((0.04, 0.0, 2.0, 1.0, 1.0))
+
+    def run(learn: bool):
+        p = CorrectedPredictor(FixedCostPredictor(TOKEN_S))
+        config = SchedulerConfig(iteration_budget_s=0.25, arrival_wait_s=0.25)
+        sched = ReplicaScheduler(
+            config, p, BlockManager(1 << 14), learner=StepLearner(p) if learn else None
+        )
+        now, ratios = 0.0, []
+        for i in range(12):
+            sched.add_request(Request(f"r{i}", now, 600 + 50 * i, 24), now)
+        late = Request("late", now, 3000, 4)
+        sched.add_request(late, now)
+        first_estimate = late.total_work_s
+        while sched.has_unfinished():
+            batch = sched.schedule(now)
+            took = truth.batch_time(batch)
+            ratios.append(took / batch.predicted_time_s)
+            now += took
+            sched.update(batch, BatchResult(took), now)
+        return p, sched, ratios, first_estimate, late
+
+    p, sched, ratios, first_estimate, late = run(learn=True)
+    assert abs(ratios[0] - 1) > 0.5  # the first batch was planned from the base model
+    assert statistics.median(abs(r - 1) for r in ratios[10:]) <= 0.05
+    assert p.version > 0 and p.theta != BASE_THETA
+    # the prefill-time walk followed the model: the long prompt's time alone, in the steps
+    # the packer plans, is now close to the engine's, where the base model's was far off
+    alone = replica_prefill_times(sched.config, truth).time(3000)
+    assert abs(first_estimate / alone - 1) > 0.3
+    assert abs(sched.prefill_times.time(3000) / alone - 1) <= 0.05
+    p, sched, ratios, _, _ = run(learn=False)
+    assert p.version == 0 and statistics.median(abs(r - 1) for r in ratios[10:]) > 0.5

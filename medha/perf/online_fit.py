@@ -89,6 +89,21 @@ class CorrectedPredictor(WrappedPredictor):
         return f"{self.inner.describe()}, corrected online ({parts})"
 
 
+def probe_shapes(max_context: int) -> list[tuple[list[tuple[int, int]], list[int]]]:
+    """A lone decode, a decode batch, chunks short and long, alone and after a KV prefix, a
+    chunk beside decodes (within `max_context`)."""
+    top = max(64, min(max_context, 1 << 17))
+    chunk, ctx = min(2048, top // 2), min(1024, top // 2)
+    return [
+        ([], [ctx]),
+        ([], [ctx] * 32),
+        ([(32, 0)], []),
+        ([(chunk, 0)], []),
+        ([(chunk, top - chunk)], []),
+        ([(chunk // 4, top // 2)], [ctx] * 8),
+    ]
+
+
 class StepLearner:
     """Fits a CorrectedPredictor's theta to the measured time of each batch it is shown.
 
@@ -131,6 +146,25 @@ class StepLearner:
             [prior_batches * scales[i] if i == j else 0.0 for j in range(k)] for i in range(k)
         ]
         self._prior_rhs = [prior_batches * c * t for c, t in zip(scales, BASE_THETA)]
+        self._probes = probe_shapes(predictor.model.max_context)
+        self._acknowledged = self.probe_times()
+
+    def probe_times(self) -> list[float]:
+        """The corrected model's times of the probe shapes (a lone decode, a decode batch,
+        chunks short and long, alone, after a KV prefix and beside decodes): what the
+        scheduler checks to tell whether its tables must follow the correction."""
+        p = self.predictor
+        return [p.shape_time(prefills, decodes) for prefills, decodes in self._probes]
+
+    def moved(self, threshold: float = 0.03) -> bool:
+        """Whether a probe's time moved more than `threshold` (relative) since the last call
+        that said so (or since the start): then the tables derived from the model (the
+        prefill-time walk, the requests' predicted work) are out of date."""
+        now = self.probe_times()
+        if any(abs(a / b - 1) > threshold for a, b in zip(now, self._acknowledged) if b > 0):
+            self._acknowledged = now
+            return True
+        return False
 
     def observe(
         self,
