@@ -5,7 +5,10 @@
 SmolLM2-135M on CPU. The short requests (64-token prompts, 16 output tokens) arrive 0.5 s after
 the long one. Their TTFT is measured alone (no long request), behind the long one under
 lars (or each of --policies) + adaptive chunking, and behind it under non-preemptive fcfs
-(whole prompts).
+(whole prompts). Each engine's batches are also timed against its predictor's prediction: the
+median |measured / predicted - 1| over every batch from the first, and after how many batches
+eight in a row were within 15% (--calibrate off: the model as it starts, a profile or the
+roofline; online, the default: corrected from each batch as it runs).
 """
 
 from __future__ import annotations
@@ -56,6 +59,14 @@ def run(engine: LLMEngine, with_long: bool, long_len: int, seed: int = 0) -> dic
     }
 
 
+def prediction_error(samples: list[tuple]) -> tuple[float, int, int | None]:
+    """(median |measured / predicted - 1| over every batch, how many, after how many batches
+    eight in a row were within 15%: None if never)."""
+    errors = [abs(measured / predicted - 1) for *_, measured, predicted in samples if predicted]
+    settled = next((i for i in range(len(errors) - 7) if max(errors[i : i + 8]) <= 0.15), None)
+    return statistics.median(errors), len(errors), settled
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -71,6 +82,12 @@ def main() -> None:
         default="lars",
         help="policies to run with adaptive chunking at each budget, e.g. lars,edf,srpt "
         "(edf and srpt put the short requests first: the most a scheduler can give them)",
+    )
+    ap.add_argument(
+        "--calibrate",
+        default=None,
+        choices=("online", "off"),
+        help="every engine's --calibrate (default: the engine's, online)",
     )
     ap.add_argument(
         "--prefix-cache",
@@ -97,9 +114,10 @@ def main() -> None:
     )
     print("| scheduler | short TTFT p50 alone | p50 behind the long one | max behind | long TTFT |")
     print("|---|---|---|---|---|")
-    results = {}
+    results, accuracy = {}, {}
     for name, cfg in configs:
-        engine = LLMEngine(EngineConfig(model="smollm2"), cfg)
+        engine = LLMEngine(EngineConfig(model="smollm2", calibrate=args.calibrate), cfg)
+        engine.metrics.keep_samples = True
         run(engine, False, args.long_len, seed=1)  # warm-up
         alone = run(engine, False, args.long_len)
         behind = run(engine, True, args.long_len, seed=0 if cache == "off" else 2)
@@ -108,6 +126,12 @@ def main() -> None:
             f"| {name} | {alone['short_p50']:.3f} s | {behind['short_p50']:.3f} s | "
             f"{behind['short_max']:.3f} s | {behind['long']:.1f} s |"
         )
+        accuracy[name] = prediction_error(engine.metrics.samples)
+    print(f"\npredicted batch times (--calibrate {engine.config.calibrate}):")
+    for name, (median, n, settled) in accuracy.items():
+        when = f"after {settled} batches" if settled is not None else "never"
+        print(f"  {name}: median |measured / predicted - 1| {median:.3f} over {n} batches; "
+              f"eight in a row within 15% {when}")  # fmt: skip
     fcfs = results.pop("fcfs, no chunking")
     # No scheduler gets a short request's TTFT below its time alone, so fcfs's own convoy
     # bounds the ratio any scheduler can show against it.

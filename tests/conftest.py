@@ -39,6 +39,10 @@ os.environ["NO_PROXY"] = ",".join(filter(None, [os.environ.get("NO_PROXY"), "127
 from medha.testing.reference_cpu import pin_reference_cpu  # noqa: E402
 
 pin_reference_cpu()
+# ... and its engines keep that CPU's model: an engine that corrected it from its own measured
+# steps (--calibrate online, the default) would plan by this machine's speed of the moment.
+# The tests of the correction turn it on themselves.
+os.environ["MEDHA_CALIBRATE"] = "off"
 
 # The toy scheduler of the paper's scenarios (bench/scheduling_scenarios.py runs them too);
 # tests import both names from here.

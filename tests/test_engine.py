@@ -122,6 +122,31 @@ def test_an_engine_config_checks_itself_when_made(field, value, message):
         EngineConfig(**{field: value})
 
 
+def test_an_engine_learns_its_own_step_times(prompts):
+    """--calibrate online (the default outside the tests): each batch's measured time corrects
+    the predictor, which here starts as the test suite's fixed reference CPU, whatever this
+    machine is; off keeps the model as it is."""
+    import statistics
+
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    llm = LLM("smollm2", kv_memory_gb=0.5, calibrate="online")
+    engine = llm.engine
+    engine.metrics.keep_samples = True
+    for _ in range(3):
+        llm.generate(prompts, params)
+    samples = engine.metrics.samples
+    corrected = [abs(m / p - 1) for *_, m, p in samples[len(samples) // 2 :]]
+    base = [
+        abs(m / engine.predictor.inner.shape_time(pf, dec) - 1)
+        for pf, dec, m, _ in samples[len(samples) // 2 :]
+    ]
+    assert engine.predictor.version > 0
+    assert statistics.median(corrected) <= 0.25, (statistics.median(corrected), len(samples))
+    assert statistics.median(corrected) < statistics.median(base)
+    fixed = LLM("smollm2", kv_memory_gb=0.5, calibrate="off").engine
+    assert fixed.scheduler.learner is None and not hasattr(fixed.predictor, "version")
+
+
 def test_bf16_engine_against_transformers_in_bf16(model_dir, prompts):
     """In bf16 the prefill is transformers' (the same kernels, the same order of sums), so
     its logits agree. First tokens agree where they are no near-tie in bf16, and what a

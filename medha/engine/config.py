@@ -6,6 +6,7 @@ size) once, for the engine that runs it."""
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 
 from medha.engine.errors import EngineError
@@ -13,6 +14,12 @@ from medha.engine.errors import EngineError
 DEVICES = ("cpu", "cuda", "auto")
 DTYPES = ("float32", "bfloat16", "float16")  # or auto
 KERNELS = ("auto", "torch", "vllm")
+# How the engine's predictor learns the engine: online, from the measured time of every batch
+# it runs (medha/perf/online_fit.py); off, never (its profile or the roofline as they are).
+CALIBRATE_MODES = ("online", "off")
+# The default of --calibrate where it is not given: the test suite sets it to off, so that its
+# engines plan exactly as the simulator over the same fixed reference CPU
+CALIBRATE_ENV = "MEDHA_CALIBRATE"
 
 
 @dataclass
@@ -71,6 +78,18 @@ class EngineConfig:
                 "profile` if there is one, else the roofline model of the measured device), "
                 "roofline, or profiled:PATH"
             )
+        },
+    )
+    calibrate: str | None = field(
+        default=None,
+        metadata={
+            "help": (
+                "how the scheduler's batch-time model learns this engine: online (each "
+                "batch's measured time corrects it: a fixed cost per step, per sequence, the "
+                "token-parallel work and the attention, each reweighted; its tables follow) "
+                f"or off (default: ${CALIBRATE_ENV}, else online)"
+            ),
+            "choices": CALIBRATE_MODES,
         },
     )
     threads: int | None = field(default=None, metadata={"help": "CPU threads (default: all)"})
@@ -134,6 +153,12 @@ class EngineConfig:
         ):
             raise EngineError(
                 f"block_size must be an integer in [1, 65536], got {self.block_size!r}"
+            )
+        if self.calibrate is None:
+            self.calibrate = os.environ.get(CALIBRATE_ENV) or "online"
+        if self.calibrate not in CALIBRATE_MODES:
+            raise EngineError(
+                f"calibrate must be one of {', '.join(CALIBRATE_MODES)}, got {self.calibrate!r}"
             )
         if self.threads is not None and not (isinstance(self.threads, int) and self.threads >= 1):
             raise EngineError(f"threads must be a positive integer, got {self.threads!r}")

@@ -35,6 +35,7 @@ from medha.engine.outputs import RequestOutput, RequestState, request_output
 from medha.engine.sampling_params import SamplingParams
 from medha.engine.setup import EngineSetup, tune_process
 from medha.engine.tokenizer import Tokenizer
+from medha.perf.online_fit import CorrectedPredictor, StepLearner
 from medha.scheduler.block_manager import BlockManager
 from medha.scheduler.config import SchedulerConfig
 from medha.scheduler.replica_scheduler import ReplicaScheduler
@@ -73,9 +74,14 @@ class LLMEngine:
         self.pipeline = self.workers and self.workers.pipeline  # None: no stages
         self.runner = setup.model_runner(self.workers)
         self._inflight: collections.deque = collections.deque()  # pipelined batches
-        self.predictor = setup.predictor()
+        self.predictor, learner = setup.predictor(), None
+        # a pipeline's batch times overlap other batches', so they time no one batch: the
+        # model is corrected only where each batch runs alone
+        if self.config.calibrate == "online" and self.pipeline is None:
+            self.predictor = CorrectedPredictor(self.predictor)
+            learner = StepLearner(self.predictor)
         blocks = BlockManager.for_layout(setup.num_blocks, self.config.block_size, setup.parallel)
-        self.scheduler = ReplicaScheduler(scheduler, self.predictor, blocks)
+        self.scheduler = ReplicaScheduler(scheduler, self.predictor, blocks, learner=learner)
         self.swap_blocks = HostKVBlocks.for_swap_pool(scheduler, self.runner)
         self.prefix_host_blocks = HostKVBlocks.for_prefix_host_tier(scheduler, self.runner)
         self._states: dict[str, RequestState] = {}

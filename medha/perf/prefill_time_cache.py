@@ -63,6 +63,11 @@ class PrefillTimeCache:
             self.boundaries.append(k)
             self.cumulative_s.append(t)
 
+    def reset(self) -> None:
+        """Forget the walk: the predictor (or its correction) changed, so every chunk the
+        packer would plan and its time may have; the next question walks again."""
+        self.boundaries, self.cumulative_s, self.chunks = [0], [0.0], []
+
     def walked(self) -> dict:
         """The walk so far, as JSON data (the simulator keeps it on disk)."""
         return {"chunks": self.chunks, "cumulative_s": self.cumulative_s}

@@ -21,6 +21,7 @@ from collections.abc import Collection, Iterable, Iterator
 
 from medha.core.batch import Batch, BatchResult, Chunk
 from medha.core.request import Request, RequestState
+from medha.perf.online_fit import StepLearner
 from medha.perf.predictor import Predictor
 from medha.perf.prefill_time_cache import PrefillTimeCache
 from medha.scheduler.batch_builder import BatchBuilder
@@ -47,6 +48,7 @@ class ReplicaScheduler:
         blocks: BlockManager,
         prefill_times: PrefillTimeCache | None = None,
         block_tables: bool = True,
+        learner: StepLearner | None = None,
     ) -> None:
         """`prefill_times` lets replicas with the same predictor and packer share one cache.
         `block_tables`: each chunk of a batch carries its request's KV block ids, what an engine
@@ -85,6 +87,9 @@ class ReplicaScheduler:
         # how much longer than predicted batches run, averaged over recent ones (1 in the
         # simulator, whose batches take their predicted time)
         self.step_scale = 1.0
+        # an executor's: corrects `predictor` (a CorrectedPredictor) from the measured time of
+        # each batch; the simulator has none, its predictor is the truth there and stays put
+        self.learner = learner
 
     @property
     def blocks(self) -> BlockManager:
@@ -364,7 +369,24 @@ class ReplicaScheduler:
         predicted, measured = batch.predicted_time_s, result.duration_s
         if predicted > 0 and 0 < measured < math.inf:
             self.step_scale += STEP_SCALE_WEIGHT * (measured / predicted - self.step_scale)
+            if self.learner is not None:
+                self._learn(batch, measured)
         return self.requests.complete(batch, result, now)
+
+    def _learn(self, batch: Batch, measured_s: float) -> None:
+        """Correct the predictor from one batch's measured time (its shape as it ran: the
+        vLLM executor revises a batch's chunks to what vLLM ran before `update`). A batch that
+        copied KV is left out: the copies' time is not the model's. When the correction moves
+        the model, the prefill-time walk and the predicted work of the requests in prefill
+        follow it."""
+        if batch.swap_in or batch.swap_out or batch.cache_in or batch.cache_out:
+            return
+        prefills = [(c.num_tokens, c.start) for c in batch.prefills]
+        if self.learner.observe(prefills, [c.start for c in batch.decodes], measured_s) and (
+            self.learner.moved()
+        ):
+            self.prefill_times.reset()
+            self.requests.reprice()
 
     def _decode_step_time(self, kv_lens: list[int]) -> float:
         """A decode step over these context lengths as the executor will run it: predicted,

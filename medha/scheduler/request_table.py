@@ -200,6 +200,16 @@ class RequestTable:
             self.kv.free(r.request_id)
             r.num_computed = r.num_scheduled = r.num_cached_tokens = 0
 
+    def reprice(self) -> None:
+        """Price again the prefill work of every request still in its prefill, after the
+        prefill-time walk changed (the predictor was corrected from measured steps): the work
+        ahead of it, and its whole prefill's (from its cached prefix on). Deadlines stay: they
+        were promised at admission."""
+        times = self.prefill_times
+        for r in self._prefilling.values():
+            r.total_work_s = max(times.remaining(r.num_tokens, r.num_cached_tokens), 1e-12)
+            r.remaining_work_s = times.remaining(r.num_tokens, r.num_computed)
+
     def evict(self, evictions: Iterable[Eviction], batch: Batch) -> None:
         """Apply the KV arbiter's evictions for `batch`: a recomputed request (its KV dropped)
         waits to prefill its whole context again; a swapped-out one keeps its progress and

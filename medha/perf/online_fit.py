@@ -1,0 +1,259 @@
+"""A predictor corrected online from the batches the engine runs (issue 48, item 2).
+
+Whatever model the engine starts with (the roofline of its hardware, or a profile taken on a
+quiet machine or over another context range) is off the engine as it runs now by a few
+factors that the batch's shape separates: a fixed cost per step (launches, Python, sampling),
+a cost per sequence, the token-parallel work (weights read, GEMMs), the attention of prefill
+chunks over their KV prefix, and the attention of decodes. `CorrectedPredictor` keeps its base
+model's split and scales each part by a coefficient,
+
+    time = f + s * num_seqs + alpha * base.linear_time + beta * base.prefill_attention
+           + gamma * base.decode_attention,
+
+so the packer's O(1) probes (`BatchTimer`) keep working, and `StepLearner` fits
+theta = (f, s, alpha, beta, gamma) to the measured step times: weighted least squares on the
+relative error (a 10 ms step off by 5 ms counts as much as a 1 s step off by 0.5 s), every
+coefficient >= 0, with a prior that the base model is right (worth `prior_batches` batches)
+and a forgetting factor per batch, so that
+the fit follows a machine whose speed changes (other load beside it) and is deterministic: it
+counts batches, not seconds. The simulator never attaches a learner: its predictor is the
+truth there and does not drift.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Sequence
+
+from medha.perf.predictor import Predictor, WrappedPredictor
+
+# theta's parts, and the base model's own: nothing fixed or per sequence beyond the base's, each
+# of its parts at its own weight
+NAMES = ("fixed_s", "per_seq_s", "linear", "prefill_attention", "decode_attention")
+BASE_THETA = (0.0, 0.0, 1.0, 1.0, 1.0)
+# the decode batch whose time sets the scale of the fixed and per-sequence costs in the prior
+REF_SEQS = 32
+
+
+class CorrectedPredictor(WrappedPredictor):
+    """`inner`'s times with each part scaled by the fitted coefficients `theta`. The object stays
+    the same as the fit moves (`version` counts the changes), so everyone holding it (batch
+    timers, packers, the prefill-time walk) reads the corrected model; tables derived from it
+    must be rebuilt when `version` changes."""
+
+    name = "corrected"
+
+    def __init__(self, inner: Predictor) -> None:
+        super().__init__(inner)
+        self.theta: tuple[float, float, float, float, float] = BASE_THETA
+        self.version = 0
+
+    def set_theta(self, theta: Sequence[float]) -> None:
+        theta = tuple(float(x) for x in theta)
+        if len(theta) != len(NAMES) or any(not x >= 0 for x in theta):
+            raise ValueError(f"theta must be {len(NAMES)} numbers >= 0, got {theta!r}")
+        if theta != self.theta:
+            self.theta = theta
+            self.version += 1
+
+    def linear_time(self, num_tokens: int, num_seqs: int) -> float:
+        f, s, alpha, _, _ = self.theta
+        return f + s * num_seqs + alpha * self.inner.linear_time(num_tokens, num_seqs)
+
+    def prefill_attention_time(self, num_tokens: int, kv_offset: int) -> float:
+        return self.theta[3] * self.inner.prefill_attention_time(num_tokens, kv_offset)
+
+    def decode_attention_time(self, kv_len: int) -> float:
+        return self.theta[4] * self.inner.decode_attention_time(kv_len)
+
+    def decode_attention_total(self, kv_lens: list[int]) -> float:
+        return self.theta[4] * self.inner.decode_attention_total(kv_lens)
+
+    def features(
+        self, prefills: Iterable[tuple[int, int]], decode_kv_lens: Sequence[int]
+    ) -> tuple[float, float, float, float, float]:
+        """phi of a batch given as (chunk, kv_offset) pairs and decode KV lengths: its time is
+        the dot product of phi and theta."""
+        inner = self.inner
+        num_tokens, num_seqs, prefill_attention = len(decode_kv_lens), len(decode_kv_lens), 0.0
+        for n, k in prefills:
+            num_tokens += n
+            num_seqs += 1
+            prefill_attention += inner.prefill_attention_time(n, k)
+        linear = inner.linear_time(num_tokens, num_seqs) if num_seqs else 0.0
+        decode = inner.decode_attention_total(list(decode_kv_lens)) if decode_kv_lens else 0.0
+        return (1.0, float(num_seqs), linear, prefill_attention, decode)
+
+    def describe(self) -> str:
+        parts = ", ".join(f"{n}={v:.4g}" for n, v in zip(NAMES, self.theta))
+        return f"{self.inner.describe()}, corrected online ({parts})"
+
+
+def probe_shapes(max_context: int) -> list[tuple[list[tuple[int, int]], list[int]]]:
+    """A lone decode, a decode batch, chunks short and long, alone and after a KV prefix, a
+    chunk beside decodes (within `max_context`)."""
+    top = max(64, min(max_context, 1 << 17))
+    chunk, ctx = min(2048, top // 2), min(1024, top // 2)
+    return [
+        ([], [ctx]),
+        ([], [ctx] * 32),
+        ([(32, 0)], []),
+        ([(chunk, 0)], []),
+        ([(chunk, top - chunk)], []),
+        ([(chunk // 4, top // 2)], [ctx] * 8),
+    ]
+
+
+class StepLearner:
+    """Fits a CorrectedPredictor's theta to the measured time of each batch it is shown.
+
+    `prior_batches`: how much the prior that the base model is right weighs, in batches each
+    100% off on a part of the step alone: small, a ridge that settles the parts no batch has
+    spoken for yet (a part such as a chunk's attention is a few percent of most steps, so each
+    batch tells little of it, and even one batch's worth of prior held it back for hundreds);
+    `forget`: each batch's weight is multiplied by this at every later one (0.98: about the
+    last 50 batches count); `outlier`: a batch measured this many times its prediction, once
+    `settled` batches have been seen, counts a quarter (a stall, a page fault, a machine
+    hiccup must not move the model much)."""
+
+    def __init__(
+        self,
+        predictor: CorrectedPredictor,
+        prior_batches: float = 0.01,
+        forget: float = 0.98,
+        outlier: float = 2.0,
+        settled: int = 8,
+    ) -> None:
+        if not 0 < forget <= 1:
+            raise ValueError(f"forget must lie in (0, 1], got {forget!r}")
+        self.predictor = predictor
+        self.forget = forget
+        self.outlier = outlier
+        self.settled = settled
+        self.observed = 0
+        k = len(NAMES)
+        self._gram = [[0.0] * k for _ in range(k)]  # sum of w phi phi^T, forgotten over time
+        self._rhs = [0.0] * k  # sum of w phi y
+        # the prior, that the base model is right: a penalty on the distance of its parts'
+        # weights from 1 (`prior_batches`), never forgotten, so that a part no batch has
+        # spoken for keeps the base's weight. The fixed and per-sequence
+        # costs get only a token one (1e-6 of it, against the time of a typical decode batch):
+        # the base prices what it knows of them already, and a prior at 0 would hold back the
+        # one correction every engine needs (its launches and Python on every step).
+        ref_s = max(predictor.inner.shape_time((), [1024] * REF_SEQS), 1e-9)
+        scales = (1e-6 / ref_s**2, 1e-6 * (REF_SEQS / ref_s) ** 2, 1.0, 1.0, 1.0)
+        self._prior_gram = [
+            [prior_batches * scales[i] if i == j else 0.0 for j in range(k)] for i in range(k)
+        ]
+        self._prior_rhs = [prior_batches * c * t for c, t in zip(scales, BASE_THETA)]
+        self._probes = probe_shapes(predictor.model.max_context)
+        self._acknowledged = self.probe_times()
+
+    def probe_times(self) -> list[float]:
+        """The corrected model's times of the probe shapes (a lone decode, a decode batch,
+        chunks short and long, alone, after a KV prefix and beside decodes): what the
+        scheduler checks to tell whether its tables must follow the correction."""
+        p = self.predictor
+        return [p.shape_time(prefills, decodes) for prefills, decodes in self._probes]
+
+    def moved(self, threshold: float = 0.03) -> bool:
+        """Whether a probe's time moved more than `threshold` (relative) since the last call
+        that said so (or since the start): then the tables derived from the model (the
+        prefill-time walk, the requests' predicted work) are out of date."""
+        now = self.probe_times()
+        if any(abs(a / b - 1) > threshold for a, b in zip(now, self._acknowledged) if b > 0):
+            self._acknowledged = now
+            return True
+        return False
+
+    def observe(
+        self,
+        prefills: Iterable[tuple[int, int]],
+        decode_kv_lens: Sequence[int],
+        measured_s: float,
+    ) -> bool:
+        """Take one batch (its chunks as (num_tokens, kv_offset), its decodes' KV lengths) and
+        its measured time; refit. Returns whether theta changed."""
+        if not measured_s > 0 or measured_s == float("inf"):
+            return False
+        p = self.predictor
+        phi = p.features(list(prefills), decode_kv_lens)
+        if phi[1] == 0:
+            return False  # an empty batch says nothing of the model
+        weight = 1.0
+        predicted = sum(a * b for a, b in zip(phi, p.theta))
+        if self.observed >= self.settled and predicted > 0:
+            ratio = measured_s / predicted
+            if ratio > self.outlier or ratio < 1 / self.outlier:
+                weight = 0.25
+        for row in self._gram:
+            for j in range(len(row)):
+                row[j] *= self.forget
+        for j in range(len(self._rhs)):
+            self._rhs[j] *= self.forget
+        _accumulate(self._gram, self._rhs, phi, measured_s, weight)
+        self.observed += 1
+        gram = [[a + b for a, b in zip(r, q)] for r, q in zip(self._gram, self._prior_gram)]
+        rhs = [a + b for a, b in zip(self._rhs, self._prior_rhs)]
+        before = p.version
+        p.set_theta(nonnegative_least_squares(gram, rhs))
+        return p.version != before
+
+
+def _accumulate(gram, rhs, phi, y: float, weight: float) -> None:
+    """Add one observation to the normal equations of the relative error: (phi.theta - y) / y."""
+    w = weight / (y * y)
+    for i, a in enumerate(phi):
+        if a == 0.0:
+            continue
+        rhs[i] += w * a * y
+        row = gram[i]
+        for j, b in enumerate(phi):
+            row[j] += w * a * b
+
+
+def nonnegative_least_squares(gram: list[list[float]], rhs: list[float]) -> list[float]:
+    """argmin over theta >= 0 of theta^T G theta - 2 rhs^T theta (the normal equations G, rhs),
+    by trying every set of free coefficients (2^k systems of at most k x k: k = 5 here) and
+    keeping the best feasible one. Coefficients whose feature was never seen stay 0."""
+    k = len(rhs)
+    seen = [i for i in range(k) if gram[i][i] > 0]
+    best, best_cost = [0.0] * k, 0.0
+    for size in range(1, len(seen) + 1):
+        for free in itertools.combinations(seen, size):
+            sub = [[gram[i][j] for j in free] for i in free]
+            x = _solve(sub, [rhs[i] for i in free])
+            if x is None or any(v < 0 for v in x):
+                continue
+            theta = [0.0] * k
+            for i, v in zip(free, x):
+                theta[i] = v
+            cost = sum(theta[i] * gram[i][j] * theta[j] for i in free for j in free) - 2 * sum(
+                rhs[i] * theta[i] for i in free
+            )
+            if cost < best_cost:
+                best, best_cost = theta, cost
+    return best
+
+
+def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
+    """Gaussian elimination with partial pivoting; None for a (near-)singular system."""
+    n = len(b)
+    m = [row[:] + [b[i]] for i, row in enumerate(a)]
+    scale = max((abs(x) for row in a for x in row), default=0.0)
+    if scale == 0:
+        return None
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(m[r][col]))
+        if abs(m[pivot][col]) <= 1e-12 * scale:
+            return None
+        m[col], m[pivot] = m[pivot], m[col]
+        for r in range(col + 1, n):
+            factor = m[r][col] / m[col][col]
+            if factor:
+                for c in range(col, n + 1):
+                    m[r][c] -= factor * m[col][c]
+    x = [0.0] * n
+    for r in range(n - 1, -1, -1):
+        x[r] = (m[r][n] - sum(m[r][c] * x[c] for c in range(r + 1, n))) / m[r][r]
+    return x

@@ -1,0 +1,185 @@
+"""The online correction of a predictor from measured step times (medha/perf/online_fit.py):
+it converges to an engine that runs at other speeds than its base model says, from the first
+batches; it follows an engine whose speed changes; one stall does not throw it;
+with no batches it is the base model."""
+
+import random
+import statistics
+
+import pytest
+
+from medha.perf import ParallelConfig
+from medha.perf.hardware_specs import get_hardware
+from medha.perf.model_specs import get_model
+from medha.perf.online_fit import (
+    BASE_THETA,
+    CorrectedPredictor,
+    StepLearner,
+    nonnegative_least_squares,
+)
+from medha.perf.roofline_predictor import RooflinePredictor
+
+
+def base():
+    return RooflinePredictor(get_model("llama-3-8b"), get_hardware("a100"), ParallelConfig())
+
+
+def engine(theta):
+    """A stand-in for the engine: the base model with other weights on its parts."""
+    truth = CorrectedPredictor(base())
+    truth.set_theta(theta)
+    return truth
+
+
+def batches(n, seed=0):
+    """Shapes a serving engine runs: decodes alone, chunks alone at various KV offsets, mixed."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        decodes = [rng.randint(64, 8192) for _ in range(rng.choice([0, 0, 1, 4, 16, 64]))]
+        prefills = []
+        if not decodes or rng.random() < 0.5:
+            n_tok = rng.choice([32, 128, 512, 2048])
+            prefills.append((n_tok, rng.choice([0, 0, 1024, 8192, 30000])))
+        out.append((prefills, decodes))
+    return out
+
+
+def errors(predictor, truth, shapes):
+    return [abs(predictor.shape_time(p, d) / truth.shape_time(p, d) - 1) for p, d in shapes]
+
+
+def test_with_no_batches_it_is_the_base_model():
+    p = CorrectedPredictor(base())
+    learner = StepLearner(p)
+    assert p.theta == BASE_THETA and learner.observed == 0 and p.version == 0
+    for prefills, decodes in batches(20):
+        assert p.shape_time(prefills, decodes) == pytest.approx(
+            p.inner.shape_time(prefills, decodes), rel=1e-12
+        )
+
+
+@pytest.mark.parametrize(
+    "theta",
+    [
+        (0.024, 0.0, 1.0, 1.0, 1.0),  # a fixed cost the roofline leaves out (launches, Python)
+        (0.005, 0.0002, 2.5, 1.0, 1.0),  # slower GEMMs
+        (0.0, 0.0, 1.0, 4.0, 2.0),  # slower attention, prefill more than decode
+        (0.03, 0.0005, 1.8, 2.4, 1.3),  # all of it
+    ],
+)
+def test_it_converges_to_the_engines_step_times(theta):
+    # (the parts need not come out exactly: a decode's attention and its per-sequence cost
+    # grow together, and the fit may trade one for the other; the step times must come out)
+    truth = engine(theta)
+    p = CorrectedPredictor(base())
+    learner = StepLearner(p)
+    held_out = batches(200, seed=99)
+    before = statistics.median(errors(p, truth, held_out))
+    for i, (prefills, decodes) in enumerate(batches(60)):
+        learner.observe(prefills, decodes, truth.shape_time(prefills, decodes))
+        if i == 19:
+            after_20 = statistics.median(errors(p, truth, held_out))
+    final = errors(p, truth, held_out)
+    assert before > 0.15  # the base model was off
+    assert after_20 <= 0.05  # 20 batches
+    assert statistics.median(final) <= 0.02 and max(final) <= 0.1
+    assert p.version > 0
+
+
+def test_it_follows_an_engine_that_slows_down_and_a_stall_does_not_throw_it():
+    truth = engine((0.01, 0.0, 1.5, 2.0, 1.2))
+    p = CorrectedPredictor(base())
+    learner = StepLearner(p)
+    shapes = batches(400, seed=3)
+    held_out = batches(200, seed=98)
+    for prefills, decodes in shapes[:100]:
+        learner.observe(prefills, decodes, truth.shape_time(prefills, decodes))
+    settled = p.theta
+    # one step stalls 20x: a quarter weight, one batch of about fifty
+    prefills, decodes = shapes[100]
+    learner.observe(prefills, decodes, 20 * truth.shape_time(prefills, decodes))
+    assert statistics.median(errors(p, truth, held_out)) <= 0.05
+    # the machine gets busier: everything 1.4x slower
+    slower = engine(tuple(1.4 * x for x in truth.theta))
+    for prefills, decodes in shapes[101:300]:
+        learner.observe(prefills, decodes, slower.shape_time(prefills, decodes))
+    assert statistics.median(errors(p, slower, held_out)) <= 0.02
+    assert p.theta != settled
+
+
+def test_the_fit_is_deterministic_and_ignores_what_says_nothing():
+    truth = engine((0.02, 0.0, 2.0, 2.0, 2.0))
+    a, b = CorrectedPredictor(base()), CorrectedPredictor(base())
+    la, lb = StepLearner(a), StepLearner(b)
+    for prefills, decodes in batches(30, seed=5):
+        t = truth.shape_time(prefills, decodes)
+        la.observe(prefills, decodes, t)
+        lb.observe(prefills, decodes, t)
+    assert a.theta == b.theta
+    theta, seen = a.theta, la.observed
+    assert not la.observe([], [], 1.0)  # an empty batch
+    assert not la.observe([(32, 0)], [], 0.0)  # no time
+    assert not la.observe([(32, 0)], [], float("nan"))
+    assert a.theta == theta and la.observed == seen
+
+
+def test_nonnegative_least_squares_keeps_every_coefficient_at_or_above_zero():
+    # unconstrained solution (2, -1): the best with x >= 0 puts the second at 0
+    gram = [[2.0, 1.0], [1.0, 2.0]]
+    rhs = [3.0, 0.0]  # G (2, -1) = (3, 0)
+    x = nonnegative_least_squares(gram, rhs)
+    assert x[1] == 0.0 and x[0] == pytest.approx(1.5)  # argmin 2 x^2 - 6 x
+    assert nonnegative_least_squares(gram, [3.0, 3.0]) == pytest.approx([1.0, 1.0])
+    with pytest.raises(ValueError):
+        CorrectedPredictor(base()).set_theta((0.0, 0.0, -1.0, 1.0, 1.0))
+
+
+def test_a_scheduler_with_a_learner_plans_by_what_its_batches_took():
+    """ReplicaScheduler corrects its predictor from each batch's measured time, and its
+    prefill-time walk and the work of the requests still in prefill follow; without a learner
+    (the simulator) nothing moves."""
+    from medha.benchmark.scenarios import TOKEN_S
+    from medha.core.batch import BatchResult
+    from medha.core.request import Request
+    from medha.perf.toy_predictor import FixedCostPredictor
+    from medha.scheduler.block_manager import BlockManager
+    from medha.scheduler.config import SchedulerConfig
+    from medha.scheduler.packers import replica_prefill_times
+    from medha.scheduler.replica_scheduler import ReplicaScheduler
+
+    # the engine: 40 ms a step more, and every token twice the base's price
+    truth = CorrectedPredictor(FixedCostPredictor(TOKEN_S))
+    truth.set_theta((0.04, 0.0, 2.0, 1.0, 1.0))
+
+    def run(learn: bool):
+        p = CorrectedPredictor(FixedCostPredictor(TOKEN_S))
+        config = SchedulerConfig(iteration_budget_s=0.25, arrival_wait_s=0.25)
+        sched = ReplicaScheduler(
+            config, p, BlockManager(1 << 14), learner=StepLearner(p) if learn else None
+        )
+        now, ratios = 0.0, []
+        for i in range(12):
+            sched.add_request(Request(f"r{i}", now, 600 + 50 * i, 24), now)
+        late = Request("late", now, 3000, 4)
+        sched.add_request(late, now)
+        first_estimate = late.total_work_s
+        while sched.has_unfinished():
+            batch = sched.schedule(now)
+            took = truth.batch_time(batch)
+            ratios.append(took / batch.predicted_time_s)
+            now += took
+            sched.update(batch, BatchResult(took), now)
+        return p, sched, ratios, first_estimate, late
+
+    p, sched, ratios, first_estimate, late = run(learn=True)
+    assert abs(ratios[0] - 1) > 0.5  # the first batch was planned from the base model
+    assert statistics.median(abs(r - 1) for r in ratios[10:]) <= 0.05
+    assert p.version > 0 and p.theta != BASE_THETA
+    # the prefill-time walk followed the model: the long prompt's time alone, in the steps
+    # the packer plans, is now close to the engine's, where the base model's was far off
+    alone = replica_prefill_times(sched.config, truth).time(3000)
+    assert abs(first_estimate / alone - 1) > 0.3
+    assert abs(sched.prefill_times.time(3000) / alone - 1) <= 0.05
+    p, sched, ratios, _, _ = run(learn=False)
+    assert p.version == 0 and statistics.median(abs(r - 1) for r in ratios[10:]) > 0.5
