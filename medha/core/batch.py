@@ -87,6 +87,14 @@ class Batch:
     def __len__(self) -> int:
         return self.num_seqs
 
+    def shape(self) -> tuple[tuple[tuple[int, int], ...], tuple[int, ...]]:
+        """What a predictor prices: (num_tokens, kv_offset) of each prefill chunk and the KV
+        length each decode attends to."""
+        return (
+            tuple((c.num_tokens, c.start) for c in self.prefills),
+            tuple(c.start for c in self.decodes),
+        )
+
     def describe(self) -> str:
         parts = [f"{len(self.decodes)} decodes"]
         parts += [f"{c.request.request_id}[{c.start}:{c.end}]" for c in self.prefills]

@@ -336,11 +336,4 @@ class EngineMetrics:
     def record(self, batch, duration: float) -> None:
         self.iterations += 1
         if self.keep_samples:
-            self.samples.append(
-                (
-                    tuple((c.num_tokens, c.start) for c in batch.prefills),
-                    tuple(c.start for c in batch.decodes),
-                    duration,
-                    batch.predicted_time_s,
-                )
-            )
+            self.samples.append((*batch.shape(), duration, batch.predicted_time_s))

@@ -63,9 +63,7 @@ class Predictor(ABC):
         return t.time()
 
     def batch_time(self, batch: Batch) -> float:
-        return self.shape_time(
-            ((c.num_tokens, c.start) for c in batch.prefills), (c.start for c in batch.decodes)
-        )
+        return self.shape_time(*batch.shape())
 
     def fingerprint(self) -> dict | None:
         """Everything its predictions depend on, as JSON data, for tables derived from them

@@ -46,9 +46,7 @@ class PrefillTimeCache:
         # costs one stage time; the last one also has to drain through the other stages.
         # Without the overlap a chunk costs its whole time through all stages.
         self._stage_share = 1.0 / spp
-        self.boundaries = [0]
-        self.cumulative_s = [0.0]
-        self.chunks: list[int] = []
+        self.reset()
 
     def _walk_to(self, num_tokens: int) -> None:
         """Walk on until a chunk boundary reaches `num_tokens`."""
@@ -66,7 +64,9 @@ class PrefillTimeCache:
     def reset(self) -> None:
         """Forget the walk: the predictor (or its correction) changed, so every chunk the
         packer would plan and its time may have; the next question walks again."""
-        self.boundaries, self.cumulative_s, self.chunks = [0], [0.0], []
+        self.boundaries: list[int] = [0]
+        self.cumulative_s: list[float] = [0.0]
+        self.chunks: list[int] = []
 
     def walked(self) -> dict:
         """The walk so far, as JSON data (the simulator keeps it on disk)."""

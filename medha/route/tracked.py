@@ -138,7 +138,6 @@ class TrackedReplica:
         self.slowdown = 1.0  # measured time to first token / predicted (see the module)
         self._samples = 0
         self._policy = replica_policy(config)
-        self._long = config.long_prefill_threshold
         self._rules = StepRules.of(config, predictor.parallel.spp)
         self._live: dict[str, Routed] = {}
         self._queue: list[Routed] = []  # those without a first token
@@ -248,7 +247,7 @@ class TrackedReplica:
         """The requests waiting for their first token, in the replica's prefill order (its
         queue's order is the order the router sent them in)."""
         waiting = [self._pending(r) for r in self._queue if r.waiting]
-        return prefill_order(self._policy, waiting, now, self._long)
+        return prefill_order(self._policy, waiting, now, self._rules.long_threshold)
 
     def pending(self, now: float) -> list[Pending]:
         self._drain(now)

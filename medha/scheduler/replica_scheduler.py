@@ -381,10 +381,7 @@ class ReplicaScheduler:
         follow it."""
         if batch.swap_in or batch.swap_out or batch.cache_in or batch.cache_out:
             return
-        prefills = [(c.num_tokens, c.start) for c in batch.prefills]
-        if self.learner.observe(prefills, [c.start for c in batch.decodes], measured_s) and (
-            self.learner.moved()
-        ):
+        if self.learner.observe(*batch.shape(), measured_s) and self.learner.moved():
             self.prefill_times.reset()
             self.requests.reprice()
 

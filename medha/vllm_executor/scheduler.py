@@ -214,10 +214,7 @@ class MedhaScheduler(Scheduler):
         _, batch, started = self._inflight.popleft()
         ran_s = self.clock() - started
         if batch.chunks:
-            prefills = tuple((c.num_tokens, c.start) for c in batch.prefills)
-            self.steps.append(
-                IterationRow(1, prefills, tuple(c.start for c in batch.decodes), ran_s)
-            )
+            self.steps.append(IterationRow(1, *batch.shape(), ran_s))
         stopped = frozenset(
             o.request_id
             for client in outputs.values()
