@@ -123,10 +123,12 @@ def test_an_engine_config_checks_itself_when_made(field, value, message):
 
 
 def test_an_engine_learns_its_own_step_times(prompts):
-    """--calibrate online (the default outside the tests): each batch's measured time corrects
-    the predictor, which here starts as the test suite's fixed reference CPU, whatever this
-    machine is; off keeps the model as it is."""
-    import statistics
+    """--calibrate online (the default outside the tests): every batch's shape and measured
+    time reach the learner, which corrects the engine's predictor; off keeps the model as it
+    is. How well the correction converges is tests/test_online_fit.py's question (an engine
+    of known speeds) and bench/engine_convoy.py's (this machine): asserting it on measured
+    times here would let the machine's noise decide the test."""
+    from medha.perf.online_fit import CorrectedPredictor, StepLearner
 
     params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
     llm = LLM("smollm2", kv_memory_gb=0.5, calibrate="online")
@@ -135,14 +137,15 @@ def test_an_engine_learns_its_own_step_times(prompts):
     for _ in range(3):
         llm.generate(prompts, params)
     samples = engine.metrics.samples
-    corrected = [abs(m / p - 1) for *_, m, p in samples[len(samples) // 2 :]]
-    base = [
-        abs(m / engine.predictor.inner.shape_time(pf, dec) - 1)
-        for pf, dec, m, _ in samples[len(samples) // 2 :]
-    ]
     assert engine.predictor.version > 0
-    assert statistics.median(corrected) <= 0.25, (statistics.median(corrected), len(samples))
-    assert statistics.median(corrected) < statistics.median(base)
+    assert engine.scheduler.learner.observed == len(samples) > 0
+    # the same batches, replayed into a learner of its own, give the same model: the engine
+    # fed it each batch as it ran, with its measured time, and nothing else
+    replayed = CorrectedPredictor(engine.predictor.inner)
+    learner = StepLearner(replayed)
+    for prefills, decodes, measured, _ in samples:
+        learner.observe(prefills, decodes, measured)
+    assert replayed.theta == engine.predictor.theta
     fixed = LLM("smollm2", kv_memory_gb=0.5, calibrate="off").engine
     assert fixed.scheduler.learner is None and not hasattr(fixed.predictor, "version")
 
