@@ -133,6 +133,7 @@ MODULE_TIERS = {
     "test_startup.py": ("core", "engine"),  # one test loads the engine
     "test_swap_engine.py": ("engine",),
     "test_tiers.py": ("engine",),
+    "test_triton_decode.py": ("engine",),
     "test_vllm_executor.py": ("vllm",),  # it reruns core without torch, as long as core itself
     "test_vllm_scheduler.py": ("vllm",),
     "test_vllm_serve.py": ("vllm",),

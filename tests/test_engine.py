@@ -281,6 +281,29 @@ def test_stop_strings_and_token_ids(llm, prompts):
     assert out.token_ids == full.token_ids[: full.token_ids.index(tok) + 1]
 
 
+def test_streamed_text_adds_up_to_the_whole_outputs_decoding(llm):
+    """The Detokenizer decodes a window of the last ids per token, not the whole output: its
+    pieces still add up to decoding every id at once, for real text (multi-byte characters
+    split across tokens included) and random ids (special tokens among them)."""
+    import random
+
+    from medha.engine.tokenizer import Detokenizer
+
+    tok = llm.tokenizer
+    text = Path(__file__).read_text()[:3000] + " héllo wörld, 日本語のテキスト 🙂🎉 ünïcödé"
+    ids = tok.encode(text)
+    rng = random.Random(0)
+    for trial in range(200):
+        if trial % 2:
+            seq = [rng.randrange(0, tok.vocab_size) for _ in range(rng.randrange(1, 60))]
+        else:
+            at = rng.randrange(0, len(ids) - 80)
+            seq = ids[at : at + rng.randrange(1, 80)]
+        d = Detokenizer(tok, [])
+        streamed = "".join(d.add(t) for t in seq) + d.flush()
+        assert streamed == tok.decode(seq).removesuffix("\ufffd"), seq
+
+
 def test_logprobs(llm, prompts, reference):
     out = llm.generate([prompts[3]], SamplingParams(max_tokens=6, temperature=0, logprobs=3))[0]
     assert_greedy_agrees([[s.token for s in out.logprobs]], reference.select([3], 6))

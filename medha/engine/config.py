@@ -92,6 +92,17 @@ class EngineConfig:
             "choices": CALIBRATE_MODES,
         },
     )
+    cuda_graphs: bool = field(
+        default=True,
+        metadata={
+            "help": (
+                "on CUDA (torch's kernels, one process): capture each decode-only step's forward "
+                "pass as a CUDA graph at start, one per padded batch size up to max_num_seqs "
+                "(at most 256), and replay it instead of launching its kernels one by one; "
+                "--no-cuda-graphs runs every step eagerly"
+            )
+        },
+    )
     threads: int | None = field(default=None, metadata={"help": "CPU threads (default: all)"})
     tp: int = field(
         default=1,

@@ -73,6 +73,9 @@ class LLMEngine:
         self.workers = setup.start_workers()
         self.pipeline = self.workers and self.workers.pipeline  # None: no stages
         self.runner = setup.model_runner(self.workers)
+        # (on a CPU, where the tests run CUDA's decode path, the graphs' padded steps run eagerly)
+        if self.runner.triton_decode and self.workers is None and self.config.cuda_graphs:
+            self.runner.capture_decode_graphs(scheduler.max_num_seqs, scheduler.max_model_len)
         self._inflight: collections.deque = collections.deque()  # pipelined batches
         self.predictor, learner = setup.predictor(), None
         # a pipeline's batch times overlap other batches', so they time no one batch: the

@@ -5,6 +5,9 @@ returns logits for the sampling positions."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,11 +16,25 @@ import torch
 from medha.core.batch import Batch
 from medha.engine.errors import blame
 from medha.engine.layers import vllm_kernels
-from medha.engine.layers.attention import AttentionMetadata, DecodeGroup, PrefillSpan, Workspace
+from medha.engine.layers.attention import (
+    AttentionMetadata,
+    DecodeGroup,
+    DecodePages,
+    PrefillSpan,
+    Workspace,
+)
 from medha.engine.models.llama import LlamaArgs, LlamaForCausalLM
 from medha.engine.parallel.kv_parallel import SINGLE_GROUP, KvParallel, build_view
 from medha.engine.parallel.stage import WHOLE, Stage
 from medha.engine.parallel.tensor_parallel import SINGLE, TensorParallel
+
+# Which kernel attends the decodes on torch's ops: auto (Triton on CUDA, the torch path
+# elsewhere), torch, or triton, which on a CPU runs CUDA's decode path in Triton's interpreter
+# (TRITON_INTERPRET=1 turns it on) with the CUDA graphs' padded steps run eagerly: for the
+# tests that check it against the torch path where no GPU is, and A/B runs on a GPU
+DECODE_KERNEL_ENV = "MEDHA_DECODE_KERNEL"
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -31,6 +48,10 @@ class StepInput:
     prefills: list[PrefillSpan]
     sample_rows: list[int] | None  # None: logits of every row
     paged: vllm_kernels.PagedBatch | None = None  # with vLLM's kernels, instead of the groups
+    # on CUDA (the Triton decode kernel), instead of the groups: each decode's block ids
+    # [D, width] int32 and its context [D] int32
+    decode_tables: torch.Tensor | None = None
+    decode_lens: torch.Tensor | None = None
 
     def to(self, device: torch.device) -> StepInput:
         if device.type == "cpu":
@@ -83,14 +104,28 @@ class ModelRunner:
         ).to(device)
         model.load_checkpoint(path, dtype, device)
         self.kernels = kernels
+        # CUDA's decodes run in one Triton kernel that reads the blocks in place
+        self.triton_decode = (
+            os.environ.get(DECODE_KERNEL_ENV, "auto")
+            in (("auto", "triton") if device.type == "cuda" else ("triton",))
+            and kernels == "torch"
+            and kvp.size == 1
+            and importlib.util.find_spec("triton") is not None
+        )
+        self.graphs = None  # CUDA graphs of decode steps (capture_decode_graphs)
+        if device.type == "cuda" and dtype != torch.float32 and kernels == "torch":
+            model.fuse_projections()
         if kernels == "vllm":
             model.use_vllm_kernels()
             self.isa = vllm_kernels.attention_isa(dtype, block_size)
         self.model = model.eval()
         self.workspace = Workspace()
         a = self.args
-        # this rank's KV heads only; the layout is in layers/attention
-        shape = (model.layers[0].self_attn.kvh, num_blocks * block_size, a.head_dim)
+        # this rank's KV heads only; the layout is in layers/attention. On CUDA one more block
+        # than the scheduler's: where a CUDA graph's padding rows write their K/V
+        self.spare_block = num_blocks if self.triton_decode else None
+        slots = (num_blocks + (self.spare_block is not None)) * block_size
+        shape = (model.layers[0].self_attn.kvh, slots, a.head_dim)
         # zeros, not empty: stale memory can hold denormals or NaNs, which slow CPU math down
         # even where the attention mask hides them
         self.kv_caches = [
@@ -158,13 +193,21 @@ class ModelRunner:
         # decodes first, sorted by context so that each attention group pads little
         decodes = sorted(batch.decodes, key=lambda c: c.start)
         groups: list[DecodeGroup] = []
-        if self.kernels == "vllm":  # one kernel call attends them all: no groups
+        tables = lens = None
+        if self.kernels == "vllm" or self.triton_decode:  # one kernel call attends them all
             slot_parts.append(
                 torch.tensor(
                     [c.block_table[c.start // bs] * bs + c.start % bs for c in decodes],
                     dtype=torch.long,
                 )
             )
+            if self.triton_decode and decodes:  # it reads each context by its block table
+                width = max(len(c.block_table) for c in decodes)
+                tables = torch.tensor(
+                    [c.block_table + [0] * (width - len(c.block_table)) for c in decodes],
+                    dtype=torch.int32,
+                )
+                lens = torch.tensor([c.start + 1 for c in decodes], dtype=torch.int32)
         else:
             start = 0
             while start < len(decodes):
@@ -207,6 +250,8 @@ class ModelRunner:
             spans,
             None if all_logits else sample_rows,
             self._paged(decodes, batch.prefills) if self.kernels == "vllm" else None,
+            tables,
+            lens,
         )
         return step, sample_chunks
 
@@ -237,6 +282,9 @@ class ModelRunner:
             workspace=self.workspace,
             kvp=build_view(step, self.kvp, self.block_size) if self.kvp.size > 1 else None,
         )
+        if step.decode_tables is not None:
+            kvh = self.model.layers[0].self_attn.kvh
+            meta.pages = DecodePages.of(step.decode_tables, step.decode_lens, kvh)
         if step.paged is not None:
             attn = self.model.layers[0].self_attn
             meta.paged = vllm_kernels.plan(
@@ -245,6 +293,25 @@ class ModelRunner:
         if hidden is not None:
             hidden = hidden.to(self.device)
         return self.model(step.ids, step.positions, self.kv_caches, meta, hidden)
+
+    def capture_decode_graphs(self, max_num_seqs: int, max_model_len: int) -> None:
+        """CUDA graphs of decode-only steps (engine/cuda_graphs.py): from now on such a step
+        replays one instead of launching its kernels one by one."""
+        from medha.engine.cuda_graphs import DecodeGraphs
+
+        try:
+            self.graphs = DecodeGraphs(
+                self.model,
+                self.kv_caches,
+                self.block_size,
+                self.spare_block,
+                self.workspace,
+                max_num_seqs,
+                max_model_len,
+            )
+        except Exception as e:  # a driver or kernel that cannot be captured: serve eagerly
+            log.warning("CUDA graph capture failed (%s): decode steps run eagerly", e)
+            self.graphs = None
 
     @torch.inference_mode()
     def logits(self, step: StepInput, hidden: torch.Tensor) -> torch.Tensor:
@@ -260,6 +327,10 @@ class ModelRunner:
 
     def run(self, step: StepInput) -> torch.Tensor:
         """The whole model on this process (one TP rank of it)."""
+        if self.graphs is not None:
+            logits = self.graphs.replay(step)
+            if logits is not None:
+                return logits
         return self.logits(step, self.forward(step))
 
     def execute(self, batch: Batch, all_logits: bool = False) -> tuple[torch.Tensor, list]:

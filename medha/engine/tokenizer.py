@@ -24,6 +24,15 @@ class Tokenizer:
         # BPE, more for SentencePiece's byte fallback "<0x0A>"): every token covers at most
         # this many characters of a text, which bounds a text's token count from below.
         self.max_token_chars = max(1, max(len(t) for t in self._tok.get_vocab()))
+        # The Rust tokenizer's decode where transformers' would only wrap it (a fast tokenizer,
+        # no clean-up of spaces): transformers' wrapper converts every id in Python first,
+        # 3.3 ms a step for 64 requests detokenizing on an H200's host, a fifth of the step
+        backend = getattr(self._tok, "_tokenizer", None)
+        self._backend_decode = (
+            backend.decode
+            if backend is not None and not self._tok.clean_up_tokenization_spaces
+            else None
+        )
 
     def min_tokens(self, text: str) -> int:
         """A lower bound on len(encode(text)), computed without tokenizing. (It assumes the
@@ -57,6 +66,8 @@ class Tokenizer:
         return ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        if self._backend_decode is not None:
+            return self._backend_decode(ids, skip_special_tokens=skip_special_tokens)
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(
@@ -118,12 +129,20 @@ def _check_text(text: str, param: str) -> None:
 
 class Detokenizer:
     """Output text grown token by token. Text that might be the start of a stop string, or an
-    incomplete UTF-8 sequence, is held back until it is safe to emit."""
+    incomplete UTF-8 sequence, is held back until it is safe to emit.
+
+    Each token decodes only a window of the last few ids, not the whole output (which made a
+    long answer's detokenization quadratic): the window's text from `_prefix` to `_read` was
+    already taken, and whatever decoding up to the new token adds beyond it is the new text.
+    Decoding both from the same first id keeps a tokenizer's rule for a leading space the
+    same in both, so the pieces add up to the whole output's decoding (vLLM's scheme)."""
 
     def __init__(self, tokenizer: Tokenizer, stop: list[str]) -> None:
         self._tok = tokenizer
         self._stop = stop
         self._ids: list[int] = []
+        self._prefix = self._read = 0  # the window: ids[_prefix:_read] are in _decoded
+        self._decoded = ""  # the output's text so far, as decoded
         self.text = ""  # everything decoded so far (stop string excluded once found)
         self._emitted = 0
         self.stopped = False
@@ -131,9 +150,14 @@ class Detokenizer:
     def add(self, token: int) -> str:
         """Append one token; returns the newly safe text (maybe empty)."""
         self._ids.append(token)
-        text = self._tok.decode(self._ids)
-        if text.endswith("\ufffd"):  # a multi-byte character is not complete yet
+        taken = self._tok.decode(self._ids[self._prefix : self._read])
+        window = self._tok.decode(self._ids[self._prefix :])
+        # a multi-byte character not complete yet, or a token with no text (a special one)
+        if window.endswith("\ufffd") or len(window) <= len(taken):
             return ""
+        self._decoded += window[len(taken) :]
+        self._prefix, self._read = self._read, len(self._ids)
+        text = self._decoded
         self.text = text
         hold = 0
         for s in self._stop:

@@ -68,10 +68,11 @@ class LlamaAttention(nn.Module):
         )
         self.o_proj = _row_linear(self.h * self.d, a.hidden_size, a.attention_bias, tp)
         self.scale = self.d**-0.5
+        self.fused = False  # q, k and v as one GEMM on torch's ops (fuse_projections)
 
     def qkv(self, x: torch.Tensor) -> list[torch.Tensor]:
         sizes = [self.h * self.d, self.kvh * self.d, self.kvh * self.d]
-        if type(self.qkv_proj) is not nn.Linear:  # packed for vLLM's kernels
+        if self.fused or type(self.qkv_proj) is not nn.Linear:  # one GEMM
             return self.qkv_proj(x).split(sizes, dim=-1)
         # on torch's ops, three GEMMs over views of the fused weight, as transformers runs
         # them: one fused GEMM is bitwise the same on some CPUs but not on others (oneDNN's
@@ -182,6 +183,28 @@ class LlamaForCausalLM(nn.Module):
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         pad = gemm_row_padding(m, hidden.device, exact=m > 1)
         return F.linear(_pad_rows(hidden, pad), weight)[:m].float()
+
+    def fuse_projections(self) -> None:
+        """After loading, on CUDA in bf16/fp16: q, k and v as one GEMM, gate and up as one, so
+        that a decode step launches two fewer GEMMs per layer and reads each input once. (Not
+        on CPU, where three GEMMs keep transformers' sums bitwise, and two N=I products beat
+        one N=2I; not in fp32, the exact reference.)"""
+        for layer in self.layers:
+            layer.self_attn.fused = True
+            mlp = layer.mlp
+            gate_up = nn.Linear(
+                mlp.gate_proj.in_features,
+                2 * mlp.gate_proj.out_features,
+                bias=mlp.gate_proj.bias is not None,
+                device=mlp.gate_proj.weight.device,
+                dtype=mlp.gate_proj.weight.dtype,
+            )
+            with torch.no_grad():
+                gate_up.weight.copy_(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))
+                if gate_up.bias is not None:
+                    gate_up.bias.copy_(torch.cat([mlp.gate_proj.bias, mlp.up_proj.bias]))
+            mlp.gate_up = gate_up
+            mlp.gate_proj = mlp.up_proj = None
 
     def use_vllm_kernels(self) -> None:
         """After loading: every local linear layer (and the LM head) becomes a oneDNN GEMM on

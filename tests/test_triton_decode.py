@@ -1,0 +1,145 @@
+"""CUDA's decode path where no GPU is: the Triton decode kernel (layers/triton_decode.py) runs
+in Triton's interpreter on CPU, and the engine's CUDA decode path (that kernel, the spare
+block, the CUDA graphs' padded steps, run eagerly here) against the torch path in float32.
+
+Triton's interpreter is chosen when triton is imported (TRITON_INTERPRET=1), so each check
+runs in a process of its own."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from medha.engine.cuda_graphs import capture_sizes
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_interpreted(script: str, tmp_path: Path, **env) -> dict:
+    out = tmp_path / "out.json"
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(out)],
+        cwd=ROOT,
+        env={
+            **os.environ,
+            "TRITON_INTERPRET": "1",
+            "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+            **env,
+        },
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+KERNEL = r"""
+import json, random, sys
+import torch
+from medha.engine.layers.triton_decode import paged_decode
+
+torch.manual_seed(0)
+errors = {}
+for kvh, heads, d, bs in ((3, 9, 64, 16), (2, 8, 32, 32)):
+    lens = [1, 15, 16, 17, 63, 64, 65, 200]
+    nblocks = sum(-(-n // bs) for n in lens) + 3
+    k, v = torch.randn(kvh, nblocks * bs, d), torch.randn(kvh, nblocks * bs, d)
+    order = list(range(nblocks))
+    random.Random(1).shuffle(order)
+    tables, i = [], 0
+    for n in lens:
+        tables.append(order[i : i + -(-n // bs)])
+        i += len(tables[-1])
+    width = max(map(len, tables))
+    table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
+    q = torch.randn(len(lens), heads, d)
+    for splits in (1, 3, 40):  # 40: more shares than a context has tiles
+        n_t = torch.tensor(lens, dtype=torch.int32)
+        out = paged_decode(q, k, v, table, n_t, bs, d**-0.5, splits)
+        worst = 0.0
+        for r, n in enumerate(lens):
+            pos = torch.arange(n)
+            slots = torch.tensor(tables[r])[pos // bs] * bs + pos % bs
+            qg = q[r].view(kvh, heads // kvh, d)
+            ref = torch.softmax(qg @ k[:, slots].transpose(-1, -2) * d**-0.5, -1) @ v[:, slots]
+            worst = max(worst, (ref.reshape(heads, d) - out[r]).abs().max().item())
+        errors[f"{kvh}x{heads // kvh} d{d} page{bs} splits{splits}"] = worst
+json.dump(errors, open(sys.argv[1], "w"))
+"""
+
+
+def test_the_decode_kernel_attends_each_context_through_its_block_table(tmp_path):
+    """Every decode's output is exact softmax attention over its own blocks, wherever they lie,
+    for GQA groups of 3 and 4, contexts of 1 token to past several pages and tiles, one share
+    or many (an empty share weighs nothing in the merge)."""
+    errors = run_interpreted(KERNEL, tmp_path)
+    assert len(errors) == 6
+    assert max(errors.values()) < 1e-5, errors
+
+
+ENGINE = r"""
+import json, os, random, sys
+from medha.benchmark.tiny_llama import build_tiny_llama
+from medha.engine.llm import LLM
+from medha.engine.sampling_params import SamplingParams
+from medha.scheduler.config import SchedulerConfig
+
+# weights wide enough that greedy tokens vary (the default tiny model repeats one token)
+path = build_tiny_llama(sys.argv[1] + ".model", initializer_range=0.3)
+rng = random.Random(0)
+prompts = [[rng.randrange(3, 40000) for _ in range(n)] for n in (5, 17, 40, 90, 150)]
+params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True, logprobs=0)
+out = {}
+for policy, chunking in (("fcfs", "static:16"), ("lars", "adaptive")):
+    for kernel, graphs in (("torch", True), ("triton", True), ("triton", False)):
+        os.environ["MEDHA_DECODE_KERNEL"] = kernel
+        llm = LLM(path, SchedulerConfig(policy=policy, chunking=chunking, prefix_cache="off"),
+                  device="cpu", dtype="float32", kernels="torch", kv_memory_gb=0.01,
+                  cuda_graphs=graphs)
+        runner = llm.engine.runner
+        done = llm.generate(prompts, params)
+        out[f"{policy}/{kernel}/{graphs}"] = {
+            "tokens": [o.token_ids for o in done],
+            "logprobs": [[s.logprob for s in o.logprobs] for o in done],
+            "triton": runner.triton_decode,
+            "spare": runner.spare_block,
+            "slots": runner.kv_caches[0][0].shape[1],
+            "blocks": llm.engine.scheduler.blocks.num_blocks,
+            "replays": None if runner.graphs is None else runner.graphs.replays,
+        }
+json.dump(out, open(sys.argv[1], "w"))
+"""
+
+
+def test_cuda_decode_path_gives_the_torch_paths_tokens(tmp_path):
+    """The Triton kernel, eagerly and in the CUDA graphs' padded steps (five decodes padded to
+    a captured size of 8, their padding writing into the spare block), gives the torch path's
+    greedy tokens, and its logprobs to float32 rounding, under fixed and adaptive chunks."""
+    out = run_interpreted(ENGINE, tmp_path)
+    for policy in ("fcfs", "lars"):
+        base = out[f"{policy}/torch/True"]
+        assert not base["triton"] and base["replays"] is None and base["spare"] is None
+        assert len({t for toks in base["tokens"] for t in toks}) > 10  # not one token repeated
+        for graphs in (True, False):
+            got = out[f"{policy}/triton/{graphs}"]
+            assert got["triton"]
+            assert got["spare"] == got["blocks"]  # one block past the scheduler's
+            assert got["slots"] == (got["blocks"] + 1) * (got["slots"] // (got["blocks"] + 1))
+            assert (got["replays"] or 0) > 0 if graphs else got["replays"] is None
+            assert got["tokens"] == base["tokens"]
+            worst = max(
+                abs(a - b) for x, y in zip(got["logprobs"], base["logprobs"]) for a, b in zip(x, y)
+            )
+            assert worst < 1e-4
+
+
+def test_graph_sizes_cover_every_batch_up_to_the_limit():
+    assert capture_sizes(256) == [1, 2, 4, 8, *range(16, 257, 16)]
+    assert capture_sizes(5) == [1, 2, 4, 5]
+    assert capture_sizes(1) == [1]
+    assert capture_sizes(1000)[-1] == 256  # the largest graph; bigger batches run eagerly
+    for limit in (1, 3, 17, 100, 256):
+        sizes = capture_sizes(limit)
+        assert sizes[-1] == limit and sizes == sorted(set(sizes))
