@@ -15,8 +15,9 @@ import argparse
 import numpy as np
 
 from medha.engine.llm_engine import EngineConfig, LLMEngine
-from medha.engine.profiler import Profiler, grid, random_mixed
+from medha.engine.profiler import Profiler
 from medha.perf import ParallelConfig, make_predictor
+from medha.perf.grid import grid, random_mixed
 from medha.perf.profile_data import load_profile
 from medha.perf.profiled_predictor import ProfiledPredictor
 

@@ -24,8 +24,9 @@ from medha.benchmark.hf_baselines import (
     make_workload,
 )
 from medha.engine.llm import LLM
-from medha.engine.profiler import Profiler, Shape
+from medha.engine.profiler import Profiler
 from medha.engine.sampling_params import SamplingParams
+from medha.perf.grid import Shape
 from medha.perf.hardware_specs import this_cpu
 from medha.scheduler.config import SchedulerConfig
 

@@ -294,7 +294,8 @@ def test_profile_runs_on_a_parallel_layout(tiny_model, tmp_path):
     import subprocess
     import sys
 
-    from medha.engine.profiler import Profiler, grid
+    from medha.engine.profiler import Profiler
+    from medha.perf.grid import grid
     from medha.perf.profile_data import load_profile
 
     out = tmp_path / "p.json"

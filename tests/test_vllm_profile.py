@@ -193,3 +193,18 @@ def test_scheduler_plans_with_the_profile_by_default(profiled, tiny_vllm_model):
 def test_user_errors_exit_2_naming_the_flag(argv, message, capsys):
     assert main(["profile", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_full_grid_reaches_the_context_and_the_batch_limit():
+    """The full grid's prefix offsets, decode batches and decode KV double past the fixed
+    values up to the limits it is given (issue 48, item 3); the quick one stays coarse."""
+    full = profiler.workloads(131072, 2048, 512, 10**8, 16, 49152)
+    names = {w.name for w in full}
+    assert "prefill 16 after 98304" in names
+    assert "512 decodes over 64" in names
+    assert "1 decodes over 65536" in names
+    assert all(len(p) < 131072 for w in full for p in w.prompts)
+    short = profiler.workloads(8192, 2048, 256, 10**8, 16, 49152)
+    assert max(len(p) for w in short for p in w.prompts) < 8192
+    quick = profiler.workloads(131072, 2048, 512, 10**8, 16, 49152, quick=True)
+    assert len(quick) < len(short) < len(full)

@@ -56,13 +56,19 @@ def run(args: argparse.Namespace) -> None:
         return
     if args.vllm_arg:
         raise CliError("--vllm-arg needs --engine vllm")
-    from medha.engine.profiler import Profiler, grid
+    from medha.engine.profiler import Profiler
+    from medha.perf.grid import grid
 
     llm = llm_from_args(args)
     engine = llm.engine
     out = args.out or engine.profile_path
     shapes = grid(
-        engine.max_model_len, engine.kv_capacity_tokens, args.mixed, args.seed, quick=args.quick
+        engine.max_model_len,
+        engine.kv_capacity_tokens,
+        args.mixed,
+        args.seed,
+        quick=args.quick,
+        max_num_seqs=engine.scheduler.config.max_num_seqs,
     )
     print(
         f"profiling {engine.spec.name} on {engine.device.type}: {len(shapes)} batch shapes",

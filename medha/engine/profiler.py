@@ -1,70 +1,24 @@
 """`medha profile`: measure this machine's iteration times for the fitted predictor.
 
 Every measurement is a real forward pass of the engine's model runner over a synthetic batch
-(prefill chunks of n tokens after k cached ones, decodes over KV of given lengths), timed after
-a warm-up run of the same shape. The result is a medha JSON profile of whole iterations, which
-`--predictor profiled:PATH` fits jointly (see medha/perf/profiled_predictor.py).
+(prefill chunks of n tokens after k cached ones, decodes over KV of given lengths; the shapes
+are medha/perf/grid.py's), timed after a warm-up run of the same shape. The result is a medha
+JSON profile of whole iterations, which `--predictor profiled:PATH` fits jointly (see
+medha/perf/profiled_predictor.py).
 """
 
 from __future__ import annotations
 
 import random
 import time
-from dataclasses import dataclass
 
 from tqdm import tqdm
 
 from medha.core.batch import Batch, Chunk
 from medha.core.request import Request
 from medha.engine.llm_engine import LLMEngine
+from medha.perf.grid import Shape
 from medha.perf.profile_data import IterationRow, Profile
-
-PREFILL_CHUNKS = (1, 8, 32, 128, 512, 1024, 2048)
-PREFILL_OFFSETS = (0, 1024, 3072, 6144)
-DECODE_BATCHES = (1, 4, 16, 64)
-DECODE_KV = (128, 1024, 4096)
-
-
-@dataclass
-class Shape:
-    prefills: tuple[tuple[int, int], ...]  # (chunk, kv offset)
-    decode_kv: tuple[int, ...]
-
-    def kv_tokens(self) -> int:
-        """KV tokens the batch's requests hold, rounded up to 16-token blocks."""
-        return sum(-(-(n + k) // 16) * 16 for n, k in self.prefills) + sum(
-            -(-(kv + 1) // 16) * 16 for kv in self.decode_kv
-        )
-
-
-def grid(max_len: int, capacity: int, mixed: int, seed: int, quick: bool = False) -> list[Shape]:
-    """Shapes to time; `capacity` (KV tokens the cache holds) bounds each batch's contexts."""
-    chunks = PREFILL_CHUNKS[::2] if quick else PREFILL_CHUNKS
-    shapes = [Shape(((n, k),), ()) for n in chunks for k in PREFILL_OFFSETS if n + k <= max_len]
-    shapes += [Shape((), (kv,) * b) for b in DECODE_BATCHES for kv in DECODE_KV if kv < max_len]
-    shapes += random_mixed(mixed, max_len, capacity, seed)
-    return [s for s in shapes if s.kv_tokens() <= capacity]
-
-
-def random_mixed(count: int, max_len: int, capacity: int, seed: int) -> list[Shape]:
-    """Batches like a busy server runs: a few prefill chunks beside many decodes."""
-    rng = random.Random(seed)
-    out: list[Shape] = []
-    while len(out) < count:
-        prefills = []
-        for _ in range(rng.choice((0, 1, 1, 2))):
-            n = rng.choice((16, 64, 128, 256, 512, 1024))
-            prefills.append((n, rng.randrange(0, max(1, min(max_len - n - 1, 6000)))))
-        decodes = tuple(
-            rng.randrange(16, min(max_len - 1, 4096))
-            for _ in range(rng.choice((0, 1, 4, 8, 16, 32, 48)))
-        )
-        if not prefills and not decodes:
-            decodes = (256,)
-        shape = Shape(tuple(prefills), decodes)
-        if shape.kv_tokens() <= capacity:
-            out.append(shape)
-    return out
 
 
 class Profiler:

@@ -37,6 +37,7 @@ import numpy as np
 from tqdm import tqdm
 
 from medha.engine.config import EngineConfig
+from medha.perf.grid import doubling
 from medha.perf.profile_data import IterationRow, Profile
 from medha.perf.profiled_predictor import IterationModel
 from medha.scheduler.config import SchedulerConfig
@@ -79,7 +80,9 @@ def workloads(
         return [rng.randrange(100, vocab - 100) for _ in range(n)]
 
     chunks = PREFILL_CHUNKS[::2] if quick else PREFILL_CHUNKS
-    offsets = PREFILL_OFFSETS[:2] if quick else PREFILL_OFFSETS
+    # up to the context and max_num_seqs, as medha's own grid (medha/perf/grid.py): offsets,
+    # decode batches and decode KV doubling past the fixed values while they fit
+    offsets = PREFILL_OFFSETS[:2] if quick else doubling(PREFILL_OFFSETS, max_len - chunks[0] - 1)
     out: list[Workload] = []
     for k in offsets:
         prefix = tokens(k)
@@ -91,8 +94,8 @@ def workloads(
             for _ in range(PREFILL_REPEATS):
                 warm = [prefix] if k else []
                 out.append(Workload(f"prefill {n} after {k}", [prefix + tokens(n)], [1], warm))
-    batches = DECODE_BATCHES[::2] if quick else DECODE_BATCHES
-    kvs = DECODE_KV[:2] if quick else DECODE_KV
+    batches = DECODE_BATCHES[::2] if quick else doubling(DECODE_BATCHES, max_seqs)
+    kvs = DECODE_KV[:2] if quick else doubling(DECODE_KV, max_len - DECODE_STEPS - 1)
     for kv in kvs:
         shared = (kv - 16) // block * block
         for b in batches:
