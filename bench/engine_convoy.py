@@ -18,6 +18,7 @@ import random
 import statistics
 import time
 
+from medha.benchmark.step_errors import prediction_error
 from medha.engine.config import EngineConfig
 from medha.engine.llm_engine import LLMEngine
 from medha.engine.sampling_params import SamplingParams
@@ -57,14 +58,6 @@ def run(engine: LLMEngine, with_long: bool, long_len: int, seed: int = 0) -> dic
         "short_max": max(shorts),
         "long": ttft.get("long"),
     }
-
-
-def prediction_error(samples: list[tuple]) -> tuple[float, int, int | None]:
-    """(median |measured / predicted - 1| over every batch, how many, after how many batches
-    eight in a row were within 15%: None if never)."""
-    errors = [abs(measured / predicted - 1) for *_, measured, predicted in samples if predicted]
-    settled = next((i for i in range(len(errors) - 7) if max(errors[i : i + 8]) <= 0.15), None)
-    return statistics.median(errors), len(errors), settled
 
 
 def main() -> None:
@@ -126,7 +119,7 @@ def main() -> None:
             f"| {name} | {alone['short_p50']:.3f} s | {behind['short_p50']:.3f} s | "
             f"{behind['short_max']:.3f} s | {behind['long']:.1f} s |"
         )
-        accuracy[name] = prediction_error(engine.metrics.samples)
+        accuracy[name] = prediction_error([(m, p) for *_, m, p in engine.metrics.samples])
     print(f"\npredicted batch times (--calibrate {engine.config.calibrate}):")
     for name, (median, n, settled) in accuracy.items():
         when = f"after {settled} batches" if settled is not None else "never"

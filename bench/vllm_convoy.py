@@ -7,7 +7,10 @@ SmolLM2-135M on this machine, every server with the same flags
 (medha/benchmark/vllm_servers.py: vLLM's dtype, 2,048 tokens and 128 sequences per step). A
 6,000-token prompt, then 8 short prompts (64 tokens, 16 output tokens each) 0.5 s later; and the
 same 8 short prompts alone. For each server, the short requests' TTFT p50 alone and behind the
-long prompt, their ratio, and the long prompt's TTFT.
+long prompt, their ratio, and the long prompt's TTFT; for each medha contender, how far its
+predicted step times were from the measured ones, every step from the server's first (the
+scheduler's MEDHA_STEP_LOG; the default `calibrate: online` corrects the model as it runs,
+`"calibrate": "off"` in --medha keeps it as it starts).
 Contenders: `python -m vllm.entrypoints.openai.api_server` with its default scheduler, and the
 same with `--scheduler-cls medha.vllm_executor.MedhaScheduler --additional-config
 '{"medha": ...}'` (or, with --front medha, `medha serve --engine vllm`); one server at a time,
@@ -19,12 +22,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import statistics
 import sys
+import tempfile
 import time
 
 from medha.benchmark.local_server import alternated, local_server
+from medha.benchmark.step_errors import prediction_error, read_step_log
 from medha.benchmark.vllm_servers import add_server_args, server_command, server_flags
 
 DEFAULT_MEDHA = {"policy": "lars", "chunking": "adaptive"}
@@ -82,13 +88,18 @@ def main() -> None:
     flags = server_flags(args)
     settings = [json.loads(m) for m in args.medha or [json.dumps(DEFAULT_MEDHA)]]
     contenders = {"vLLM": None} | {label(m): m for m in settings}
-    rows = []
+    rows, errors = [], []
+    logs = tempfile.mkdtemp(prefix="vllm-convoy-steps-")
     for rnd, name in alternated(list(contenders), args.rounds):
         command = server_command(flags, contenders[name], args.front)
-        with local_server(command, quiet=not args.verbose) as url:
+        step_log = os.path.join(logs, f"{rnd}-{len(rows)}.jsonl")
+        env = dict(os.environ, MEDHA_STEP_LOG=step_log)
+        with local_server(command, quiet=not args.verbose, env=env) as url:
             asyncio.run(scenario(url, False, 99))  # warm-up
             alone = asyncio.run(scenario(url, False, rnd))
             behind = asyncio.run(scenario(url, True, rnd))
+        if contenders[name] is not None and os.path.exists(step_log):
+            errors.append((name, rnd, *prediction_error(read_step_log(step_log))))
         row = (name, rnd, alone["short_p50"], behind["short_p50"], behind["short_max"])
         rows.append((*row, behind["long"]))
         print(
@@ -107,6 +118,13 @@ def main() -> None:
             f"| {rnd} | {name} | {alone:.3f} s | {behind:.3f} s | {behind / alone:.2f}x | "
             f"{worst:.3f} s | {long:.2f} s |"
         )
+    print()
+    print("| round | scheduler | median abs(measured / predicted - 1), every step from the "
+          "first | steps | 8 in a row within 15% after |")  # fmt: skip
+    print("|---|---|---|---|---|")
+    for name, rnd, median, count, settled in errors:
+        after = "never" if settled is None else f"{settled} steps"
+        print(f"| {rnd} | {name} | {median:.3f} | {count} | {after} |")
     print()
     for rnd in range(args.rounds):
         plain = next(r for r in rows if r[1] == rnd and r[0] == "vLLM")

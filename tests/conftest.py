@@ -18,7 +18,9 @@ on it; and a `-m core` run stops at a module with core tests that loads torch.
 This file imports no torch: the core tier loads it too.
 """
 
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -29,7 +31,11 @@ import pytest
 # the user's home, nor a MEDHA_CACHE_DIR the user exported (whose `medha profile` output the
 # engines would plan with). Its measured CPU is a fixed reference, so that every engine, server
 # and router plans the same steps on every machine (medha/testing/reference_cpu.py).
-os.environ["MEDHA_CACHE_DIR"] = tempfile.mkdtemp(prefix="medha-test-cache-")
+# It goes with the run: each held a converted SmolLM2 (0.5 GB), and 366 left behind by earlier
+# runs filled this machine's disk.
+_CACHE = tempfile.mkdtemp(prefix="medha-test-cache-")
+os.environ["MEDHA_CACHE_DIR"] = _CACHE
+atexit.register(shutil.rmtree, _CACHE, True)
 # Keys and proxies of the user's shell would reach the servers, routers and clients the tests
 # start: a key the test did not set turns its requests into 401s.
 for _var in ("MEDHA_API_KEY", "MEDHA_REPLICA_API_KEY", "OPENAI_API_KEY"):

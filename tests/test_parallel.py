@@ -315,6 +315,8 @@ def test_profile_runs_on_a_parallel_layout(tiny_model, tmp_path):
             "256",
             "--kv-memory-gb",
             "0.05",
+            "--dtype",  # (auto could differ between this process and the CLI's: KV capacity)
+            "float32",
             "--quick",
             "--mixed",
             "2",
@@ -329,9 +331,13 @@ def test_profile_runs_on_a_parallel_layout(tiny_model, tmp_path):
     assert done.returncode == 0, done.stderr
     rows = load_profile(out).iteration_rows
     # the shapes the profiler plans for this engine, each timed once
-    llm = LLM(tiny_model, kv_memory_gb=0.05, spp=2, kvp=2, max_tokens_per_kvp_group=256)
+    llm = LLM(
+        tiny_model, kv_memory_gb=0.05, dtype="float32", spp=2, kvp=2, max_tokens_per_kvp_group=256
+    )
     try:
-        shapes = grid(llm.engine.max_model_len, llm.engine.kv_capacity_tokens, 2, 0, quick=True)
+        e = llm.engine
+        seqs = e.scheduler.config.max_num_seqs
+        shapes = grid(e.max_model_len, e.kv_capacity_tokens, 2, 0, quick=True, max_num_seqs=seqs)
         assert [(r.prefills, r.decode_kv) for r in rows] == [
             (s.prefills, s.decode_kv) for s in shapes
         ]

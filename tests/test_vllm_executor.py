@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import os
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -262,10 +263,35 @@ def test_settings_are_checked():
         scheduler_settings({"medha": {"polcy": "lars"}})
     with pytest.raises(ValueError, match="max_num_seqs"):
         scheduler_settings({"medha": {"max_num_seqs": 4}})
+    # (the test run sets $MEDHA_CALIBRATE to off, the default of `calibrate`)
     assert scheduler_settings({"medha": {"policy": "edf", "predictor": "roofline"}}) == (
         {"policy": "edf"},
         "roofline",
+        "off",
     )
+    assert scheduler_settings({"medha": {"calibrate": "online"}})[2] == "online"
+    with pytest.raises(ValueError, match="calibrate must be one of"):
+        scheduler_settings({"medha": {"calibrate": "sometimes"}})
+
+
+def test_medhas_scheduler_on_vllm_learns_its_step_times(model, greedy, tmp_path, monkeypatch):
+    """With `calibrate: online`, every step vLLM ran (its shape as revised, its time from
+    `schedule` to `update_from_output`) reaches the learner, which moves the model off the
+    roofline it started from; the step log holds each step's measured time beside the
+    prediction it was planned with, and the tokens stay the model's."""
+    from medha.perf.online_fit import CorrectedPredictor
+
+    log = tmp_path / "steps.jsonl"
+    monkeypatch.setenv("MEDHA_STEP_LOG", str(log))
+    llm = _llm(model, {**CONFIGS["lars-adaptive"], "calibrate": "online"})
+    sched = _scheduler(llm)
+    assert isinstance(sched.medha.predictor, CorrectedPredictor)
+    assert_greedy_agrees(_generate(llm, _prompts(12)), greedy)
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(rows) == len(sched.steps) == sched.medha.learner.observed > 10
+    assert [r["measured_s"] for r in rows] == [s.seconds for s in sched.steps]
+    assert all(r["predicted_s"] > 0 for r in rows)
+    assert sched.medha.predictor.version > 0  # the fake clock's steps are not the roofline's
 
 
 def test_vllms_own_openai_server_with_medhas_scheduler(model, tmp_path):
@@ -311,3 +337,13 @@ def test_vllms_own_openai_server_with_medhas_scheduler(model, tmp_path):
         assert chat.choices[0].finish_reason == "length"
     text = log.read_text()
     assert "MedhaScheduler" in text and "medha_tpot_slo_s ignored" in text
+
+
+def test_medha_serve_passes_its_calibrate_flag_to_the_scheduler(model):
+    from medha.engine.config import EngineConfig
+    from medha.scheduler.config import SchedulerConfig
+    from medha.vllm_executor.engine_args import vllm_engine_args
+
+    for mode in ("online", "off"):
+        kwargs = vllm_engine_args(EngineConfig(model=model, calibrate=mode), SchedulerConfig(), {})
+        assert scheduler_settings(kwargs["additional_config"])[2] == mode

@@ -73,8 +73,8 @@ def vllm_engine_args(
     directory), --dtype (auto: vLLM's choice, bfloat16 where the CPU has it), --kv-memory-gb
     (vLLM's kv_cache_memory_bytes), --block-size (vLLM's own choice while it is medha's default:
     vLLM's CPU attention refuses 16, it takes multiples of 32), --tp (tensor_parallel_size),
-    --predictor and the scheduler flags (the `medha` object of additional_config, read by
-    MedhaScheduler), --prefix-cache (vLLM's enable_prefix_caching: off or device; left out,
+    --predictor, --calibrate and the scheduler flags (the `medha` object of additional_config,
+    read by MedhaScheduler), --prefix-cache (vLLM's enable_prefix_caching: off or device; left out,
     vLLM's default, on),
     --max-model-len / --max-num-seqs / --max-batch-tokens (vLLM's own limits). --threads sets
     the CPU cores vLLM binds its OpenMP threads to (VLLM_CPU_OMP_THREADS_BIND, in this
@@ -100,6 +100,7 @@ def vllm_engine_args(
         if name not in _OWNED_BY_VLLM and name != "prefix_cache" and value != defaults[name]
     }
     medha["predictor"] = engine.predictor
+    medha["calibrate"] = engine.calibrate  # resolved: --calibrate, else $MEDHA_CALIBRATE
     args = {
         "model": model,
         "dtype": engine.dtype,

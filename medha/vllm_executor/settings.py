@@ -3,7 +3,9 @@
 The settings are medha's `SchedulerConfig` fields (the `medha serve` scheduler flags without
 the dashes), passed in vLLM's `--additional-config '{"medha": {...}}'`, plus `predictor`: the
 step-time model the packer plans with (`auto`, the default, is this machine's vLLM profile from
-`medha profile --engine vllm` when there is one, else the roofline of this hardware).
+`medha profile --engine vllm` when there is one, else the roofline of this hardware), and
+`calibrate`: `online` (the default, or $MEDHA_CALIBRATE) corrects that model from every
+step's measured time as medha's engine does (medha/perf/online_fit.py), `off` keeps it.
 
 vLLM's own limits win where both have one: max_model_len, max_num_seqs and the tokens per step
 (`--max-num-batched-tokens`), since vLLM's model runner is sized by them.
@@ -14,16 +16,18 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from medha.engine.config import CALIBRATE_ENV, CALIBRATE_MODES
 from medha.perf import ParallelConfig, get_hardware, make_predictor
 from medha.perf.hardware_specs import cache_dir
 from medha.perf.model_specs import model_from_hf_config
+from medha.perf.online_fit import CorrectedPredictor, StepLearner
 from medha.scheduler.block_manager import BlockManager
 from medha.scheduler.config import SchedulerConfig
 from medha.scheduler.replica_scheduler import ReplicaScheduler
 from medha.utils.dataclass_cli import flags
 
 _VLLM_OWNS = ("max_model_len", "max_num_seqs", "max_batch_tokens")
-_OTHER_KEYS = ("predictor",)
+_OTHER_KEYS = ("predictor", "calibrate")
 
 
 def vllm_profile_path(model: str, device: str, dtype: str, tp: int = 1) -> Path:
@@ -40,15 +44,17 @@ def vllm_dtype(model_config) -> str:
     return str(model_config.dtype).removeprefix("torch.")
 
 
-def scheduler_settings(additional_config) -> tuple[dict, str]:
-    """The `medha` object of vLLM's additional config: (SchedulerConfig fields, predictor)."""
+def scheduler_settings(additional_config) -> tuple[dict, str, str]:
+    """The `medha` object of vLLM's additional config: (SchedulerConfig fields, predictor,
+    calibrate)."""
     settings = dict((additional_config or {}).get("medha") or {})
     known = {f.name for f in flags(SchedulerConfig)}
     unknown = sorted(set(settings) - known - set(_OTHER_KEYS))
     if unknown:
         raise ValueError(
             f"unknown medha setting(s) {', '.join(unknown)} in --additional-config; "
-            f"expected SchedulerConfig fields ({', '.join(sorted(known))}) or predictor"
+            f"expected SchedulerConfig fields ({', '.join(sorted(known))}), predictor or "
+            "calibrate"
         )
     owned = sorted(set(settings) & set(_VLLM_OWNS))
     if owned:
@@ -57,11 +63,16 @@ def scheduler_settings(additional_config) -> tuple[dict, str]:
             "--max-num-batched-tokens), not in the medha settings"
         )
     predictor = settings.pop("predictor", "auto")
-    return settings, predictor
+    calibrate = settings.pop("calibrate", None) or os.environ.get(CALIBRATE_ENV) or "online"
+    if calibrate not in CALIBRATE_MODES:
+        raise ValueError(
+            f"calibrate must be one of {', '.join(CALIBRATE_MODES)}, got {calibrate!r}"
+        )
+    return settings, predictor, calibrate
 
 
 def build_replica_scheduler(vllm_config, kv_cache_config, max_step_tokens: int) -> ReplicaScheduler:
-    fields, predictor_spec = scheduler_settings(vllm_config.additional_config)
+    fields, predictor_spec, calibrate = scheduler_settings(vllm_config.additional_config)
     model_config = vllm_config.model_config
     device = "cuda" if vllm_config.device_config.device_type == "cuda" else "cpu"
     if predictor_spec == "auto":
@@ -98,4 +109,8 @@ def build_replica_scheduler(vllm_config, kv_cache_config, max_step_tokens: int) 
     # vLLM keeps one of its blocks aside (the null block): the rest hold requests' KV
     block_size = vllm_config.cache_config.block_size
     blocks = BlockManager(kv_cache_config.num_blocks - 1, block_size)
-    return ReplicaScheduler(config, predictor, blocks, block_tables=False)
+    learner = None
+    if calibrate == "online":  # each step's time, from `schedule` to `update_from_output`
+        predictor = CorrectedPredictor(predictor)
+        learner = StepLearner(predictor)
+    return ReplicaScheduler(config, predictor, blocks, block_tables=False, learner=learner)
