@@ -82,6 +82,13 @@ def main() -> None:
         help="medha's settings (JSON); repeat for several medha contenders, each run beside "
         f"plain vLLM in every round (default: {json.dumps(DEFAULT_MEDHA)})",
     )
+    ap.add_argument(
+        "--plain-bind",
+        default=None,
+        metavar="CORES",
+        help="VLLM_CPU_OMP_THREADS_BIND of plain vLLM's server only, e.g. 0-1 for both cores "
+        "of this machine (default: vLLM's own binding, every core but one, as medha's servers)",
+    )
     ap.add_argument("--verbose", action="store_true", help="the servers' logs")
     add_server_args(ap)
     args = ap.parse_args()
@@ -94,6 +101,8 @@ def main() -> None:
         command = server_command(flags, contenders[name], args.front)
         step_log = os.path.join(logs, f"{rnd}-{len(rows)}.jsonl")
         env = dict(os.environ, MEDHA_STEP_LOG=step_log)
+        if contenders[name] is None and args.plain_bind:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = args.plain_bind
         with local_server(command, quiet=not args.verbose, env=env) as url:
             asyncio.run(scenario(url, False, 99))  # warm-up
             alone = asyncio.run(scenario(url, False, rnd))
@@ -109,7 +118,9 @@ def main() -> None:
             file=sys.stderr,
             flush=True,
         )
-    print(f"\n{flags}; front {args.front}\n")
+    print(
+        f"\n{flags}; front {args.front}; plain vLLM bound to {args.plain_bind or 'its default'}\n"
+    )
     print("| round | scheduler | short TTFT p50 alone | behind the long one | ratio | max behind "
           "| long TTFT |")  # fmt: skip
     print("|---|---|---|---|---|---|---|")
