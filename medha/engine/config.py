@@ -165,11 +165,16 @@ class EngineConfig:
             raise EngineError(
                 f"block_size must be an integer in [1, 65536], got {self.block_size!r}"
             )
-        if self.calibrate is None:
-            self.calibrate = os.environ.get(CALIBRATE_ENV) or "online"
-        if self.calibrate not in CALIBRATE_MODES:
-            raise EngineError(
-                f"calibrate must be one of {', '.join(CALIBRATE_MODES)}, got {self.calibrate!r}"
-            )
+        self.calibrate = resolve_calibrate(self.calibrate)
         if self.threads is not None and not (isinstance(self.threads, int) and self.threads >= 1):
             raise EngineError(f"threads must be a positive integer, got {self.threads!r}")
+
+
+def resolve_calibrate(mode: str | None) -> str:
+    """--calibrate as given, else $MEDHA_CALIBRATE, else online; EngineError (a ValueError)
+    naming the choices for anything else. medha's engine and its scheduler on vLLM both read
+    it through here."""
+    mode = mode or os.environ.get(CALIBRATE_ENV) or "online"
+    if mode not in CALIBRATE_MODES:
+        raise EngineError(f"calibrate must be one of {', '.join(CALIBRATE_MODES)}, got {mode!r}")
+    return mode

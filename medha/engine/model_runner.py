@@ -37,6 +37,15 @@ DECODE_KERNEL_ENV = "MEDHA_DECODE_KERNEL"
 log = logging.getLogger(__name__)
 
 
+def padded_tables(chunks, dtype: torch.dtype) -> torch.Tensor:
+    """The chunks' block tables as one [chunks, widest] tensor, each row padded with block 0
+    (never read: every kernel stops at its own context)."""
+    width = max(len(c.block_table) for c in chunks)
+    return torch.tensor(
+        [c.block_table + [0] * (width - len(c.block_table)) for c in chunks], dtype=dtype
+    )
+
+
 @dataclass
 class StepInput:
     """One batch as plain tensors: all a rank needs to run it, picklable for the workers."""
@@ -152,13 +161,12 @@ class ModelRunner:
         bs = self.block_size
         chunks = decodes[start:end]
         lens = torch.tensor([c.start + 1 for c in chunks])  # contexts incl. the new token
-        rows = [c.block_table for c in chunks]
-        width = max(len(t) for t in rows)
-        table = torch.tensor([t + [0] * (width - len(t)) for t in rows], dtype=torch.long)
+        table = padded_tables(chunks, torch.long)
+        width = table.shape[1]
         last = lens - 1
         slot_parts.append(table[torch.arange(len(chunks)), last // bs] * bs + last % bs)
         mask = (torch.arange(width * bs)[None, :] < lens[:, None])[None, :, None, :]
-        lone = self._slots(rows[0], 0, int(lens[0])) if len(chunks) == 1 else None
+        lone = self._slots(chunks[0].block_table, 0, int(lens[0])) if len(chunks) == 1 else None
         return DecodeGroup(start, end, table.reshape(-1), mask, lone)
 
     def chunk_inputs(self, batch: Batch) -> dict[str, list[int]]:
@@ -202,11 +210,7 @@ class ModelRunner:
                 )
             )
             if self.triton_decode and decodes:  # it reads each context by its block table
-                width = max(len(c.block_table) for c in decodes)
-                tables = torch.tensor(
-                    [c.block_table + [0] * (width - len(c.block_table)) for c in decodes],
-                    dtype=torch.int32,
-                )
+                tables = padded_tables(decodes, torch.int32)
                 lens = torch.tensor([c.start + 1 for c in decodes], dtype=torch.int32)
         else:
             start = 0
@@ -258,15 +262,13 @@ class ModelRunner:
     @staticmethod
     def _paged(decodes, prefills) -> vllm_kernels.PagedBatch:
         chunks = [*decodes, *prefills]  # the order of their rows in the batch
-        tables = [c.block_table for c in chunks]
-        width = max(len(t) for t in tables)
         starts = [0]
         for c in chunks:
             starts.append(starts[-1] + c.num_tokens)
         return vllm_kernels.PagedBatch(
             torch.tensor(starts, dtype=torch.int32),
             torch.tensor([c.end for c in chunks], dtype=torch.int32),
-            torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32),
+            padded_tables(chunks, torch.int32),
         )
 
     @torch.inference_mode()

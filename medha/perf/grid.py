@@ -67,12 +67,13 @@ def grid(
     chunks = PREFILL_CHUNKS[::2] if quick else PREFILL_CHUNKS
     shapes = [Shape(((n, k),), ()) for n in chunks for k in offsets(n, max_len, quick)]
     if not quick:  # whole prompts, up to the context
-        shapes += [Shape(((n, 0),), ()) for n in doubling(PREFILL_CHUNKS, max_len)[7:]]
+        longer = doubling(PREFILL_CHUNKS, max_len)[len(PREFILL_CHUNKS) :]
+        shapes += [Shape(((n, 0),), ()) for n in longer]
     batches = doubling(DECODE_BATCHES, max(1, max_num_seqs))
     if max_num_seqs not in batches:
         batches.append(max_num_seqs)
     shapes += [Shape((), (kv,) * b) for b in batches for kv in DECODE_KV if kv < max_len]
-    deep = [kv for kv in doubling(DECODE_KV, max_len - 1)[len(DECODE_KV) :]]
+    deep = doubling(DECODE_KV, max_len - 1)[len(DECODE_KV) :]
     if max_len - 1 > DECODE_KV[-1]:
         deep = sorted({*deep, max_len - 1})
     shapes += [Shape((), (kv,) * b) for b in DEEP_DECODE_BATCHES for kv in deep]

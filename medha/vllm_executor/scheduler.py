@@ -221,9 +221,9 @@ class MedhaScheduler(Scheduler):
         _, batch, started = self._inflight.popleft()
         ran_s = self.clock() - started
         if batch.chunks:
-            self.steps.append(IterationRow(1, *batch.shape(), ran_s))
+            prefills, decodes = batch.shape()
+            self.steps.append(IterationRow(1, prefills, decodes, ran_s))
             if self._step_log is not None:  # the shape as it ran, priced before it teaches
-                prefills, decodes = batch.shape()
                 row = {
                     "prefills": prefills,
                     "decodes": decodes,

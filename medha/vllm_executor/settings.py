@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from medha.engine.config import CALIBRATE_ENV, CALIBRATE_MODES
+from medha.engine.config import resolve_calibrate
 from medha.perf import ParallelConfig, get_hardware, make_predictor
 from medha.perf.hardware_specs import cache_dir
 from medha.perf.model_specs import model_from_hf_config
@@ -63,12 +63,7 @@ def scheduler_settings(additional_config) -> tuple[dict, str, str]:
             "--max-num-batched-tokens), not in the medha settings"
         )
     predictor = settings.pop("predictor", "auto")
-    calibrate = settings.pop("calibrate", None) or os.environ.get(CALIBRATE_ENV) or "online"
-    if calibrate not in CALIBRATE_MODES:
-        raise ValueError(
-            f"calibrate must be one of {', '.join(CALIBRATE_MODES)}, got {calibrate!r}"
-        )
-    return settings, predictor, calibrate
+    return settings, predictor, resolve_calibrate(settings.pop("calibrate", None))
 
 
 def build_replica_scheduler(vllm_config, kv_cache_config, max_step_tokens: int) -> ReplicaScheduler:

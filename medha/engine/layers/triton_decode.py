@@ -138,11 +138,11 @@ def paged_decode(
     kvh = k_cache.shape[0]
     if dim & (dim - 1) or dim < 16:
         raise ValueError(f"the Triton decode kernel needs a power-of-two head_dim >= 16, not {dim}")
+    if q.device.type != "cuda" and not _INTERPRETED:
+        raise RuntimeError("the Triton decode kernel runs on CUDA (or under TRITON_INTERPRET=1)")
     q = q.contiguous()
     part = torch.empty(count, heads, splits, dim, dtype=torch.float32, device=q.device)
     lse = torch.empty(count, heads, splits, dtype=torch.float32, device=q.device)
-    if q.device.type != "cuda" and not _INTERPRETED:
-        raise RuntimeError("the Triton decode kernel runs on CUDA (or under TRITON_INTERPRET=1)")
     group = heads // kvh
     _kernel[(count, kvh, splits)](
         q,
