@@ -145,21 +145,36 @@ def main() -> None:
     ap.add_argument("--model-ms", type=float, default=20.0, help="the model's time per step")
     ap.add_argument("--rounds", type=int, default=3, help="sync and async alternated, per policy")
     ap.add_argument("--timeline", type=int, default=6, help="async steps to print (0: none)")
+    ap.add_argument(
+        "--modes",
+        default="off,on",
+        help="async scheduling off, on, or both (off,on; off alone runs where there is no "
+        "async variant, for a before/after)",
+    )
+    ap.add_argument(
+        "--calibrate",
+        choices=("online", "off"),
+        help="medha's setting (default: its own, online unless $MEDHA_CALIBRATE says otherwise)",
+    )
     args = ap.parse_args()
+    modes = [{"off": False, "on": True}[m] for m in args.modes.split(",")]
     model_dir = Path(tempfile.mkdtemp(prefix="medha-config-only-"))
     (model_dir / "config.json").write_text(json.dumps(CONFIG))
     results: dict = {}
     shown = None
     for name, medha in POLICIES.items():
+        if args.calibrate:
+            medha = {**medha, "calibrate": args.calibrate}
         for _ in range(args.rounds):
-            for overlap in (False, True):
+            for overlap in modes:
                 r = run(str(model_dir), medha, overlap, args)
                 results.setdefault((name, overlap), []).append(r)
                 if overlap and shown is None:
                     shown = r
     print(
         f"\n{args.requests} requests decoding together, {args.new_tokens} tokens each, "
-        f"a model step of {args.model_ms:g} ms, {args.rounds} rounds\n"
+        f"a model step of {args.model_ms:g} ms, {args.rounds} rounds, "
+        f"calibrate {args.calibrate or 'default'}\n"
     )
     print(
         "| medha | async scheduling | most running | steps timed | medha's part p50 | p99 "
