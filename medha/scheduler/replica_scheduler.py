@@ -324,11 +324,11 @@ class ReplicaScheduler:
         decoding = self.requests.decoding.values()
         if not self.async_scheduling:
             return [r for r in decoding if r.num_inflight_batches == 0]
-        return [
+        return [  # (num_tokens spelled out: this runs over every decode of every step)
             r
             for r in decoding
-            if r.num_scheduled < r.num_tokens
-            and r.num_output_tokens + r.num_placeholders < r.max_tokens
+            if (answer := r.num_output_tokens + r.num_placeholders) < r.max_tokens
+            and r.num_scheduled < r.prompt_len + answer
         ]
 
     def _add_decodes(self, builder: BatchBuilder) -> None:

@@ -260,7 +260,9 @@ class RequestTable:
         the request may decode it in the next batch; a request whose prompt ends in `batch`
         is decoding from now on (its first token is on its way)."""
         batch.placeholders = True
-        for chunk in batch.chunks:
+        for chunk in batch.decodes:  # (every decode samples; one that ended meanwhile is
+            chunk.request.num_placeholders += 1  # never read again)
+        for chunk in batch.prefills:
             r = chunk.request
             if not chunk.samples or r.state.is_done:
                 continue
