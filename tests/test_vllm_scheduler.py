@@ -36,7 +36,6 @@ from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.utils.hashing import get_hash_fn_by_name  # noqa: E402
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
-from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.kv_cache_interface import (  # noqa: E402
     FullAttentionSpec,
     KVCacheConfig,
@@ -49,6 +48,7 @@ from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 from medha.perf.hardware_specs import GPUS  # noqa: E402
 from medha.vllm_executor import MedhaScheduler, settings  # noqa: E402
 from medha.vllm_executor.contract import SUPPORTED_VLLM, contract_problems, vllm_version  # noqa: E402
+from medha.vllm_executor.engine_args import SCHEDULER_CLS as MEDHA_SCHEDULER_CLS  # noqa: E402
 
 BLOCK = 16
 STEP_S = 0.02  # the fake clock's step: plans depend on time (deadlines, slack), so fix it
@@ -131,20 +131,22 @@ class Harness:
         scheduler_config.async_scheduling = async_scheduling
         self.async_scheduling = async_scheduling
         self.num_blocks = num_blocks
-        if plain:
-            cls = AsyncScheduler if async_scheduling else Scheduler
-        else:
-            cls = MedhaScheduler
+        # the class as vLLM's engine core picks it (`--scheduler-cls`, or vLLM's default for
+        # the async setting), built the way the engine core builds it
+        scheduler_config.scheduler_cls = None if plain else MEDHA_SCHEDULER_CLS
+        cls = scheduler_config.get_scheduler_cls()
         with pytest.MonkeyPatch.context() as patch:
             # a fixed CPU, not this one as measured: a busy machine would change the plans
             patch.setattr(settings, "get_hardware", lambda name: SLOW_CPU)
             self.sched = cls(
-                vllm_config,
-                kv_cache_config,
-                StructuredOutputManager(vllm_config),
+                vllm_config=vllm_config,
+                kv_cache_config=kv_cache_config,
+                structured_output_manager=StructuredOutputManager(vllm_config),
                 block_size=BLOCK,
                 log_stats=True,
             )
+        assert isinstance(self.sched, AsyncScheduler) == async_scheduling
+        assert isinstance(self.sched, MedhaScheduler) != plain
         self.now = 1000.0
         self.sched.clock = lambda: self.now
         self.plain = plain
