@@ -218,6 +218,22 @@ def nonnegative_least_squares(gram: list[list[float]], rhs: list[float]) -> list
     keeping the best feasible one. Coefficients whose feature was never seen stay 0."""
     k = len(rhs)
     seen = [i for i in range(k) if gram[i][i] > 0]
+    # The objective is convex: when its minimum over the seen coefficients is feasible, no
+    # subset does better. That is the common step (every part of the model positive), one
+    # solve instead of 2^k - 1 (a step's time, at 256 decodes, on vLLM's engine core).
+    x = _solve([[gram[i][j] for j in seen] for i in seen], [rhs[i] for i in seen]) if seen else None
+    if x is not None and all(v >= 0 for v in x):
+        theta = [0.0] * k
+        for i, v in zip(seen, x):
+            theta[i] = v
+        return theta
+    return _every_free_set(gram, rhs, seen)
+
+
+def _every_free_set(gram: list[list[float]], rhs: list[float], seen: list[int]) -> list[float]:
+    """The constrained minimum by brute force: the best feasible one of the unconstrained
+    minima over every subset of the seen coefficients (the others at 0)."""
+    k = len(rhs)
     best, best_cost = [0.0] * k, 0.0
     for size in range(1, len(seen) + 1):
         for free in itertools.combinations(seen, size):
