@@ -137,9 +137,10 @@ def test_nonnegative_least_squares_keeps_every_coefficient_at_or_above_zero():
 
 
 def test_nonnegative_least_squares_is_the_brute_force_minimum():
-    """The shortcut (one solve when the unconstrained minimum is feasible) finds what trying
-    every set of free coefficients finds, on random problems with and without negative parts
-    and with coefficients never seen."""
+    """The shortcuts (one solve when the unconstrained minimum, or the minimum over a guessed
+    free set, meets the KKT conditions) find what trying every set of free coefficients finds,
+    on random problems with and without negative parts and with coefficients never seen,
+    whatever the guess."""
     rng = random.Random(3)
     hit_both = set()
     for _ in range(300):
@@ -153,8 +154,11 @@ def test_nonnegative_least_squares_is_the_brute_force_minimum():
         truth = [rng.uniform(-0.5, 2.0) for _ in range(k)]
         rhs = [sum(gram[i][j] * truth[j] for j in range(k)) for i in range(k)]
         seen = [i for i in range(k) if gram[i][i] > 0]
-        x = nonnegative_least_squares(gram, rhs)
-        assert x == pytest.approx(_every_free_set(gram, rhs, seen), abs=1e-9)
+        best = _every_free_set(gram, rhs, seen)
+        guess = [i for i in range(k) if best[i] > 0]
+        for hint in ((), guess, rng.sample(range(k), 2)):  # none, the right one, a wrong one
+            x = nonnegative_least_squares(gram, rhs, hint)
+            assert x == pytest.approx(best, abs=1e-9)
         assert min(x) >= 0 and all(x[i] == 0 for i in unseen)
         hit_both.add(all(truth[i] >= 0 for i in seen))
     assert hit_both == {True, False}
