@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import json
 import random
 import statistics
 import sys
@@ -37,19 +36,6 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 sys.path.insert(0, str(HERE))
 
-CONFIG = {  # a model config and nothing else (the harness's): no weights are read
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "vocab_size": 1000,
-    "hidden_size": 128,
-    "intermediate_size": 256,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 1,
-    "head_dim": 64,
-    "max_position_embeddings": 2048,
-    "torch_dtype": "float32",
-}
 POLICIES = {
     "fcfs, static:512": {"policy": "fcfs", "chunking": "static:512"},
     "lars, adaptive": {"policy": "lars", "chunking": "adaptive"},
@@ -158,8 +144,9 @@ def main() -> None:
     )
     args = ap.parse_args()
     modes = [{"off": False, "on": True}[m] for m in args.modes.split(",")]
-    model_dir = Path(tempfile.mkdtemp(prefix="medha-config-only-"))
-    (model_dir / "config.json").write_text(json.dumps(CONFIG))
+    from test_vllm_scheduler import write_config_only_model
+
+    model_dir = write_config_only_model(Path(tempfile.mkdtemp(prefix="medha-config-only-")))
     results: dict = {}
     shown = None
     for name, medha in POLICIES.items():
@@ -167,7 +154,7 @@ def main() -> None:
             medha = {**medha, "calibrate": args.calibrate}
         for _ in range(args.rounds):
             for overlap in modes:
-                r = run(str(model_dir), medha, overlap, args)
+                r = run(model_dir, medha, overlap, args)
                 results.setdefault((name, overlap), []).append(r)
                 if overlap and shown is None:
                     shown = r

@@ -64,26 +64,31 @@ CONFIGS = {
 }
 
 
+# a model config and nothing else: vLLM's scheduler reads the config, never the weights (nor a
+# tokenizer: skip_tokenizer_init)
+CONFIG_ONLY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": 1000,
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 64,
+    "max_position_embeddings": 2048,
+    "torch_dtype": "float32",
+}
+
+
+def write_config_only_model(path) -> str:
+    (path / "config.json").write_text(json.dumps(CONFIG_ONLY_LLAMA))
+    return str(path)
+
+
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    """A model config and nothing else: vLLM's scheduler reads the config, never the weights
-    (nor a tokenizer: skip_tokenizer_init)."""
-    path = tmp_path_factory.mktemp("config-only-llama")
-    config = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "vocab_size": 1000,
-        "hidden_size": 128,
-        "intermediate_size": 256,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 1,
-        "head_dim": 64,
-        "max_position_embeddings": 2048,
-        "torch_dtype": "float32",
-    }
-    (path / "config.json").write_text(json.dumps(config))
-    return str(path)
+    return write_config_only_model(tmp_path_factory.mktemp("config-only-llama"))
 
 
 class Harness:
