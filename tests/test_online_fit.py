@@ -15,6 +15,7 @@ from medha.perf.online_fit import (
     BASE_THETA,
     CorrectedPredictor,
     StepLearner,
+    _every_free_set,
     nonnegative_least_squares,
 )
 from medha.perf.roofline_predictor import RooflinePredictor
@@ -133,6 +134,34 @@ def test_nonnegative_least_squares_keeps_every_coefficient_at_or_above_zero():
     assert nonnegative_least_squares(gram, [3.0, 3.0]) == pytest.approx([1.0, 1.0])
     with pytest.raises(ValueError):
         CorrectedPredictor(base()).set_theta((0.0, 0.0, -1.0, 1.0, 1.0))
+
+
+def test_nonnegative_least_squares_is_the_brute_force_minimum():
+    """The shortcuts (one solve when the unconstrained minimum, or the minimum over a guessed
+    free set, meets the KKT conditions) find what trying every set of free coefficients finds,
+    on random problems with and without negative parts and with coefficients never seen,
+    whatever the guess."""
+    rng = random.Random(3)
+    hit_both = set()
+    for _ in range(300):
+        k = 5
+        rows = [[rng.gauss(0, 1) for _ in range(k)] for _ in range(k + 3)]
+        unseen = rng.sample(range(k), rng.choice((0, 0, 1, 2)))
+        for row in rows:
+            for i in unseen:
+                row[i] = 0.0
+        gram = [[sum(r[i] * r[j] for r in rows) for j in range(k)] for i in range(k)]
+        truth = [rng.uniform(-0.5, 2.0) for _ in range(k)]
+        rhs = [sum(gram[i][j] * truth[j] for j in range(k)) for i in range(k)]
+        seen = [i for i in range(k) if gram[i][i] > 0]
+        best = _every_free_set(gram, rhs, seen)
+        guess = [i for i in range(k) if best[i] > 0]
+        for hint in ((), guess, rng.sample(range(k), 2)):  # none, the right one, a wrong one
+            x = nonnegative_least_squares(gram, rhs, hint)
+            assert x == pytest.approx(best, abs=1e-9)
+        assert min(x) >= 0 and all(x[i] == 0 for i in unseen)
+        hit_both.add(all(truth[i] >= 0 for i in seen))
+    assert hit_both == {True, False}
 
 
 def test_a_scheduler_with_a_learner_plans_by_what_its_batches_took():

@@ -15,6 +15,7 @@ ran); each test ends with no request left and every KV block back in vLLM's free
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import os
@@ -34,6 +35,7 @@ from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig  #
 from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.utils.hashing import get_hash_fn_by_name  # noqa: E402
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
 from vllm.v1.kv_cache_interface import (  # noqa: E402
     FullAttentionSpec,
     KVCacheConfig,
@@ -46,6 +48,7 @@ from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 from medha.perf.hardware_specs import GPUS  # noqa: E402
 from medha.vllm_executor import MedhaScheduler, settings  # noqa: E402
 from medha.vllm_executor.contract import SUPPORTED_VLLM, contract_problems, vllm_version  # noqa: E402
+from medha.vllm_executor.engine_args import SCHEDULER_CLS as MEDHA_SCHEDULER_CLS  # noqa: E402
 
 BLOCK = 16
 STEP_S = 0.02  # the fake clock's step: plans depend on time (deadlines, slack), so fix it
@@ -61,33 +64,44 @@ CONFIGS = {
 }
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    """A model config and nothing else: vLLM's scheduler reads the config, never the weights
-    (nor a tokenizer: skip_tokenizer_init)."""
-    path = tmp_path_factory.mktemp("config-only-llama")
-    config = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "vocab_size": 1000,
-        "hidden_size": 128,
-        "intermediate_size": 256,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 1,
-        "head_dim": 64,
-        "max_position_embeddings": 2048,
-        "torch_dtype": "float32",
-    }
-    (path / "config.json").write_text(json.dumps(config))
+# a model config and nothing else: vLLM's scheduler reads the config, never the weights (nor a
+# tokenizer: skip_tokenizer_init)
+CONFIG_ONLY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": 1000,
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 64,
+    "max_position_embeddings": 2048,
+    "torch_dtype": "float32",
+}
+
+
+def write_config_only_model(path) -> str:
+    (path / "config.json").write_text(json.dumps(CONFIG_ONLY_LLAMA))
     return str(path)
 
 
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return write_config_only_model(tmp_path_factory.mktemp("config-only-llama"))
+
+
 class Harness:
-    """A MedhaScheduler, the engine core's loop around it, and a made-up model runner."""
+    """A MedhaScheduler, the engine core's loop around it, and a made-up model runner.
+
+    `async_scheduling`: the loop is vLLM's with async scheduling on (`EngineCore.
+    step_with_batch_queue`, two batches in flight): step N+1 is scheduled before step N's
+    output is applied, and each output is fed back one step late. `plain`: vLLM's own
+    scheduler class (Scheduler or AsyncScheduler) instead of medha's, the reference."""
 
     def __init__(self, model_dir: str, medha: dict, *, num_blocks: int = 400,
                  prefix_caching: bool = False, max_num_seqs: int = 16,
+                 async_scheduling: bool = False, plain: bool = False,
                  **scheduler_options):  # fmt: skip
         scheduler_config = SchedulerConfig(
             **scheduler_options,
@@ -117,30 +131,47 @@ class Harness:
             kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)],
         )
         cache_config.num_gpu_blocks = num_blocks
+        # (vLLM's CPU platform turns async scheduling off while the config is built: this
+        # harness is the engine core of a GPU, where it is on by default)
+        scheduler_config.async_scheduling = async_scheduling
+        self.async_scheduling = async_scheduling
         self.num_blocks = num_blocks
+        # the class as vLLM's engine core picks it (`--scheduler-cls`, or vLLM's default for
+        # the async setting), built the way the engine core builds it
+        scheduler_config.scheduler_cls = None if plain else MEDHA_SCHEDULER_CLS
+        cls = scheduler_config.get_scheduler_cls()
         with pytest.MonkeyPatch.context() as patch:
             # a fixed CPU, not this one as measured: a busy machine would change the plans
             patch.setattr(settings, "get_hardware", lambda name: SLOW_CPU)
-            self.sched = MedhaScheduler(
-                vllm_config,
-                kv_cache_config,
-                StructuredOutputManager(vllm_config),
+            self.sched = cls(
+                vllm_config=vllm_config,
+                kv_cache_config=kv_cache_config,
+                structured_output_manager=StructuredOutputManager(vllm_config),
                 block_size=BLOCK,
                 log_stats=True,
             )
+        assert isinstance(self.sched, AsyncScheduler) == async_scheduling
+        assert isinstance(self.sched, MedhaScheduler) != plain
         self.now = 1000.0
         self.sched.clock = lambda: self.now
+        self.plain = plain
         hash_fn = get_hash_fn_by_name(cache_config.prefix_caching_hash_algo)
         init_none_hash(hash_fn)
         self.hasher = get_request_block_hasher(BLOCK, hash_fn)
         self.plans: list[dict[str, int]] = []  # medha's plan of each step, as formed
         self.ran: list[dict[str, int]] = []  # what vLLM's schedule() scheduled
         self.revised: list[dict[str, int]] = []  # medha's batch after reconciling with vLLM
+        self.preempted_by_vllm: list[set[str]] = []  # requests vLLM preempted, medha had not
         self.finished: dict[str, str] = {}  # request id -> vLLM's finish reason
         self.errors: dict[str, object] = {}  # request id -> the error vLLM 0.33 gives its client
-        self.tokens: dict[str, list[int]] = {}
+        self.tokens: dict[str, list[int]] = {}  # the tokens vLLM gave each request's client
         self.stop_at: dict[str, int] = {}  # request id -> output index that samples STOP_TOKEN
+        self._sampled: dict[str, int] = {}  # tokens the made-up runner sampled, by request
+        self._in_flight: collections.deque = collections.deque()  # (output, runner output)
+        self.max_in_flight = 0  # the most steps scheduled and not yet applied at once
         self._batch = None
+        if plain:
+            return
         plan = self.sched.medha.schedule
 
         def schedule(now):
@@ -167,7 +198,27 @@ class Harness:
         self.sched.add_request(request)
 
     def step(self):
-        """One engine-core step: schedule, "run the model", update. Returns vLLM's outputs."""
+        """One engine-core step: schedule, "run the model", update (without async scheduling),
+        or vLLM's loop with async scheduling: schedule a step and return while fewer than two
+        are in flight, else apply the oldest one's output. Returns vLLM's outputs (None for
+        a call that applied none)."""
+        if not self.async_scheduling:
+            return self._update(*self._schedule())
+        if self.sched.has_requests():
+            out, runner = self._schedule()
+            self._in_flight.appendleft((out, runner))
+            self.max_in_flight = max(self.max_in_flight, len(self._in_flight))
+            if len(self._in_flight) < 2:
+                return None
+        elif not self._in_flight:
+            return None
+        return self._update(*self._in_flight.pop())
+
+    def _schedule(self):
+        """vLLM's schedule(), checked against medha's plan, and the made-up runner's output for
+        it: one token for each request whose scheduled tokens reach the end of its context
+        (its prompt's, or its last token's, known or a placeholder), none for a prefill
+        chunk short of it. The output is made now, as the model runs the step as scheduled."""
         sched = self.sched
         before = {rid: r.num_computed_tokens for rid, r in sched.requests.items()}
         self._batch = None
@@ -175,10 +226,13 @@ class Harness:
         ran = dict(out.num_scheduled_tokens)
         self.ran.append(ran)
         batch = self._batch
-        revised = {} if batch is None else _counts(batch)
-        self.revised.append(revised)
-        # what ran is medha's (revised) batch, token for token, and from the same start
-        assert ran == revised, (self.plans[-1], revised, ran)
+        ours = set() if batch is None else {r.request_id for r in batch.preempted}
+        self.preempted_by_vllm.append(set(out.preempted_req_ids or ()) - ours)
+        if not self.plain:
+            revised = {} if batch is None else _counts(batch)
+            self.revised.append(revised)
+            # what ran is medha's (revised) batch, token for token, and from the same start
+            assert ran == revised, (self.plans[-1], revised, ran)
         if batch is not None:
             for chunk in batch.chunks:
                 rid = chunk.request.request_id
@@ -188,32 +242,36 @@ class Harness:
         req_ids = list(ran)
         sampled = []
         for rid in req_ids:
-            r = sched.requests[rid]
-            if r.num_computed_tokens < r.num_tokens:
+            if sched.requests[rid].is_prefill_chunk:
                 sampled.append([])  # a prefill chunk short of the prompt's end samples nothing
                 continue
-            n = len(self.tokens[rid])
-            token = STOP_TOKEN if self.stop_at.get(rid) == n else 100 + (hash(rid) + n) % 800
-            self.tokens[rid].append(token)
+            n = self._sampled[rid] = self._sampled.get(rid, 0) + 1
+            token = STOP_TOKEN if self.stop_at.get(rid) == n - 1 else 100 + (hash(rid) + n) % 800
             sampled.append([token])
         runner = ModelRunnerOutput(
             req_ids=req_ids,
             req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
             sampled_token_ids=sampled,
         )
+        return out, runner
+
+    def _update(self, out, runner):
+        sched = self.sched
         self.now += STEP_S
         outputs = sched.update_from_output(out, runner)
         for client in outputs.values():
             for o in client.outputs:
+                self.tokens[o.request_id] += o.new_token_ids
                 if o.finish_reason is not None:
                     self.finished[o.request_id] = str(o.finish_reason)
                     self.errors[o.request_id] = getattr(o, "error", None)
-        sched.medha.check_invariants()
+        if not self.plain:
+            sched.medha.check_invariants()
         return outputs
 
     def run(self, max_steps: int = 2000) -> int:
         steps = 0
-        while self.sched.requests or self.sched.grammar_compile_error_reqs:
+        while self.sched.requests or self.sched.grammar_compile_error_reqs or self._in_flight:
             self.step()
             steps += 1
             assert steps < max_steps, "the scheduler stopped making progress"
@@ -221,9 +279,11 @@ class Harness:
 
     def assert_nothing_left(self):
         sched = self.sched
-        assert not sched.requests and len(sched.medha) == 0
+        assert not sched.requests and not self._in_flight
         assert not sched.running and not sched.waiting
-        sched.medha.check_invariants()
+        if not self.plain:
+            assert len(sched.medha) == 0 and not sched.medha.requests.aborted_inflight
+            sched.medha.check_invariants()
         assert sched.kv_cache_manager.usage == pytest.approx(0.0, abs=1e-9)
         # every block back in vLLM's pool (the null block is never handed out)
         pool = sched.kv_cache_manager.block_pool
@@ -239,6 +299,13 @@ def _prompt(i: int, length: int) -> list[int]:
 
 
 LENGTHS = [5, 700, 40, 1300, 90, 12, 450, 33, 1000, 64, 8, 250]
+
+
+@pytest.fixture(params=[False, True], ids=["sync", "async"])
+def steps_overlap(request) -> bool:
+    """Each scheduling test twice: without async scheduling (vLLM on a CPU) and with it (on a
+    GPU, by default): outputs fed back one step late, a second step scheduled meanwhile."""
+    return request.param
 
 
 def test_the_installed_vllm_is_the_one_imported():
@@ -260,11 +327,11 @@ def test_contract_holds_on_an_instance(model_dir):
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_medhas_plan_is_what_vllm_schedules(model_dir, name):
+def test_medhas_plan_is_what_vllm_schedules(model_dir, steps_overlap, name):
     """12 prompts of 5-1,300 tokens, 4 arriving late: every step vLLM runs exactly medha's
     chunks (from the same offset), nothing is revised, each request gets all its tokens, and
     a request that samples a stop token ends early in both schedulers."""
-    h = Harness(model_dir, CONFIGS[name])
+    h = Harness(model_dir, CONFIGS[name], async_scheduling=steps_overlap)
     for i, n in enumerate(LENGTHS[:8]):
         h.add(f"r{i}", _prompt(i, n), max_tokens=6 + i % 5, stop_at=2 if i == 3 else None)
     for _ in range(3):
@@ -287,14 +354,35 @@ def test_medhas_plan_is_what_vllm_schedules(model_dir, name):
         steps_of = {rid: sum(1 for plan in h.plans if plan.get(rid, 0) > 1) for rid in h.tokens}
         assert max(steps_of[rid] for rid in ("r1", "r3", "r8")) > 1
     assert prefill_tokens >= sum(LENGTHS) - len(LENGTHS)
+    # from its prompt's last chunk to its last token each request runs at consecutive steps:
+    # with async scheduling too, where each decode is planned while the token before it is
+    # still being sampled
+    for i, n in enumerate(LENGTHS):
+        rid, done = f"r{i}", 0
+        steps = []
+        for step, ran in enumerate(h.ran):
+            if done >= n and rid in ran:
+                steps.append(step)
+            done += ran.get(rid, 0)
+        # (async: a stop is known a step late, when the next decode was already planned, and
+        # vLLM's AsyncScheduler runs that decode too)
+        late = steps_overlap and h.finished[rid] == "stop"
+        assert len(steps) == len(h.tokens[rid]) - 1 + late, rid
+        assert steps == list(range(steps[0], steps[0] + len(steps))) if steps else True, rid
+    assert h.max_in_flight == (2 if steps_overlap else 0)
     h.assert_nothing_left()
 
 
-def test_preemption_under_a_small_kv_cache(model_dir):
+def test_preemption_under_a_small_kv_cache(model_dir, steps_overlap):
     """24 blocks of 16 tokens for 6 prompts whose decodes outgrow them: medha preempts, vLLM
     preempts the same requests (their blocks freed, recomputed later), every step still runs
     medha's plan, and every request completes."""
-    h = Harness(model_dir, {"policy": "fcfs", "chunking": "static:64"}, num_blocks=24)
+    h = Harness(
+        model_dir,
+        {"policy": "fcfs", "chunking": "static:64"},
+        num_blocks=24,
+        async_scheduling=steps_overlap,
+    )
     for i in range(6):
         h.add(f"r{i}", _prompt(i, 60 + 10 * i), max_tokens=60)
     h.run()
@@ -305,12 +393,12 @@ def test_preemption_under_a_small_kv_cache(model_dir):
     h.assert_nothing_left()
 
 
-def test_aborts_leave_no_kv(model_dir):
+def test_aborts_leave_no_kv(model_dir, steps_overlap):
     """Requests aborted mid-prefill, mid-decode and while waiting leave both schedulers. With 4
     sequences, vLLM's limit on requests it has started (running, even in a step that skips
     them) can refuse a prefill medha planned beside them: that chunk leaves medha's batch
     (a revision), and nothing else in the step changes."""
-    h = Harness(model_dir, CONFIGS["lars-adaptive"], max_num_seqs=4)
+    h = Harness(model_dir, CONFIGS["lars-adaptive"], max_num_seqs=4, async_scheduling=steps_overlap)
     for i, n in enumerate(LENGTHS[:8]):
         h.add(f"r{i}", _prompt(i, n), max_tokens=40)
     for _ in range(4):
@@ -330,11 +418,13 @@ def test_aborts_leave_no_kv(model_dir):
     h.assert_nothing_left()
 
 
-def test_prefix_cache_hits_revise_medhas_plan(model_dir):
+def test_prefix_cache_hits_revise_medhas_plan(model_dir, steps_overlap):
     """A prompt whose first blocks vLLM has cached starts after them: medha's batch is revised
     to what ran (the step's check: ran == revised), once per hit, and the rest of the prompt
     runs as planned."""
-    h = Harness(model_dir, CONFIGS["lars-adaptive"], prefix_caching=True)
+    h = Harness(
+        model_dir, CONFIGS["lars-adaptive"], prefix_caching=True, async_scheduling=steps_overlap
+    )
     shared = _prompt(1, 600)
     h.add("first", shared + [5, 6, 7], max_tokens=4)
     h.run()
@@ -353,12 +443,14 @@ def test_prefix_cache_hits_revise_medhas_plan(model_dir):
     h.assert_nothing_left()
 
 
-def test_requests_medha_holds_back_are_not_looked_up(model_dir):
+def test_requests_medha_holds_back_are_not_looked_up(model_dir, steps_overlap):
     """vLLM sees only the waiting requests medha planned: each request is looked up in vLLM's
     prefix cache once, when it starts, not at every step it waits (vLLM 0.33 would look up,
     and count in its prefix-cache stats, every waiting request at every step; 0.32 the first
     one held back). The queue keeps every request that waits, in arrival order."""
-    h = Harness(model_dir, CONFIGS["lars-adaptive"], prefix_caching=True)
+    h = Harness(
+        model_dir, CONFIGS["lars-adaptive"], prefix_caching=True, async_scheduling=steps_overlap
+    )
     manager = h.sched.kv_cache_manager
     looked_up: list[str] = []
     lookup = manager.get_computed_blocks
@@ -380,10 +472,10 @@ def test_requests_medha_holds_back_are_not_looked_up(model_dir):
     h.assert_nothing_left()
 
 
-def test_a_request_medha_refuses_ends_with_an_error_alone(model_dir, monkeypatch):
+def test_a_request_medha_refuses_ends_with_an_error_alone(model_dir, steps_overlap, monkeypatch):
     """A request medha's mirror cannot take is ended by vLLM at its next step with an error
     (the way in is vLLM's set, or map, of requests whose grammar failed); the others go on."""
-    h = Harness(model_dir, CONFIGS["lars-adaptive"])
+    h = Harness(model_dir, CONFIGS["lars-adaptive"], async_scheduling=steps_overlap)
     add = h.sched.medha.add_request
 
     def add_request(request, now=None):
@@ -407,3 +499,68 @@ def test_a_prefill_cadence_is_refused(model_dir):
     engine too, from 0.33): medha's scheduler refuses to start with it, saying why."""
     with pytest.raises(ValueError, match="prefill-schedule-interval"):
         Harness(model_dir, CONFIGS["fcfs-none"], prefill_schedule_interval=2)
+
+
+def test_fcfs_none_is_vllms_own_scheduler(model_dir, steps_overlap):
+    """Under fcfs and whole prompts medha plans what vLLM's own scheduler (Scheduler, or
+    AsyncScheduler with async scheduling) does by itself when no prompt needs cutting: the
+    same tokens of the same requests at every step, the same outputs, the same ends. With
+    async scheduling two steps are in flight at once and a decode runs at every step."""
+    lengths = [5, 700, 40, 600, 90, 12, 450, 33]  # 1,930 tokens: one step takes them all
+    later = [300, 64, 8, 250]
+    runs = []
+    for plain in (False, True):
+        h = Harness(model_dir, CONFIGS["fcfs-none"], async_scheduling=steps_overlap, plain=plain)
+        for i, n in enumerate(lengths):
+            h.add(f"r{i}", _prompt(i, n), max_tokens=6 + i % 5, stop_at=2 if i == 3 else None)
+        for _ in range(3):
+            h.step()
+        for i, n in enumerate(later, start=len(lengths)):
+            h.add(f"r{i}", _prompt(i, n), max_tokens=6 + i % 5)
+        h.run()
+        h.assert_nothing_left()
+        runs.append(h)
+    medha, vllms = runs
+    assert isinstance(medha.sched, AsyncScheduler) == steps_overlap
+    assert medha.ran == vllms.ran and medha.sched.plan_revisions == 0
+    assert medha.tokens == vllms.tokens and medha.finished == vllms.finished
+    assert len(medha.tokens["r3"]) == 3 and medha.finished["r3"] == "stop"
+    if steps_overlap:
+        assert medha.max_in_flight == 2
+        # r0's prompt runs at the first step and its 6 tokens follow at consecutive steps:
+        # its next decode is planned while the token before it is still being sampled
+        r0 = [i for i, ran in enumerate(medha.ran) if "r0" in ran]
+        assert r0 == list(range(r0[0], r0[0] + 6))
+
+
+def test_vllm_preempts_where_medhas_mirror_counts_more_blocks(
+    model_dir, steps_overlap, monkeypatch
+):
+    """A mirror that believes in more KV blocks than vLLM has (as when vLLM shares prefix blocks
+    the mirror counts once per request, the other way round): medha plans decodes that vLLM
+    cannot place, vLLM preempts requests of its own choice, and medha follows (its KV dropped,
+    the request recomputed), also for a request whose token a step in flight still samples
+    (async scheduling: medha drops it once that token is back). Every request completes."""
+    bigger = settings.BlockManager
+    monkeypatch.setattr(settings, "BlockManager", lambda n, size: bigger(n + 12, size))
+    h = Harness(model_dir, {"policy": "fcfs", "chunking": "static:64"}, num_blocks=24,
+                async_scheduling=steps_overlap)  # fmt: skip
+    dropped_late = []
+
+    class Recorded(set):
+        def add(self, rid):
+            dropped_late.append(rid)
+            super().add(rid)
+
+    h.sched._drop_when_back = Recorded()
+    for i in range(6):
+        h.add(f"r{i}", _prompt(i, 60 + 10 * i), max_tokens=60)
+    h.run()
+    # vLLM could not place what medha planned: it ran less (both), or preempted (async: some
+    # of them with a token in flight)
+    assert h.sched.plan_revisions >= 10
+    if steps_overlap:
+        assert dropped_late and set(dropped_late) <= set().union(*h.preempted_by_vllm)
+    assert all(len(h.tokens[f"r{i}"]) == 60 for i in range(6))
+    assert all(h.finished[f"r{i}"] == "length" for i in range(6))
+    h.assert_nothing_left()

@@ -71,6 +71,10 @@ class Batch:
     cache_out: list[tuple[int, int]] = field(default_factory=list)
     cache_in: list[tuple[int, int]] = field(default_factory=list)
     swap_time_s: float = 0.0  # predicted time of all the copies, included in predicted_time_s
+    # Async scheduling: the next batch was formed while this one ran, counting the tokens this
+    # one's sampling chunks produce as placeholders of their requests' contexts (set then, by
+    # the request table's `count_placeholders`; False while the batch completes first).
+    placeholders: bool = False
 
     @property
     def chunks(self) -> list[Chunk]:

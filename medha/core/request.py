@@ -3,7 +3,10 @@
 A request's context is its prompt followed by the tokens generated so far. The scheduler moves
 through that context in chunks: `num_computed` tokens have their KV in the cache, `num_scheduled`
 counts those plus the ones in batches still running. A chunk that reaches the end of the context
-samples one new token, so a decode is simply a one-token chunk that reaches the end.
+samples one new token, so a decode is simply a one-token chunk that reaches the end. Under
+async scheduling (vLLM's: the next step is planned while one runs) the context also counts
+`num_placeholders`, the tokens sampled by batches still running: their values are not known
+yet, but the next step may already feed them.
 Preemption by recompute drops the KV and starts over on the whole context (prompt + outputs);
 preemption by swap moves the KV to a host-memory pool and back, keeping the progress.
 
@@ -105,6 +108,9 @@ class Request:
     num_inflight_batches: int = field(default=0, init=False)
     output_token_ids: list[int] = field(default_factory=list, init=False)
     num_output_tokens: int = field(default=0, init=False)
+    # tokens sampled by batches in flight, not yet returned, that the context already counts
+    # (async scheduling only: see the module's docstring); always 0 otherwise
+    num_placeholders: int = field(default=0, init=False)
     token_times_s: list[float] = field(default_factory=list, init=False)
     finish_s: float | None = field(default=None, init=False)
     finish_reason: str | None = field(default=None, init=False)
@@ -193,8 +199,9 @@ class Request:
     # ---- context -------------------------------------------------------------------------
     @property
     def num_tokens(self) -> int:
-        """Length of the context: prompt plus generated tokens."""
-        return self.prompt_len + self.num_output_tokens
+        """Length of the context: prompt plus generated tokens (and, under async scheduling,
+        the placeholders of tokens still being sampled)."""
+        return self.prompt_len + self.num_output_tokens + self.num_placeholders
 
     def context_token_ids(self, start: int, end: int) -> list[int]:
         """Token ids of context positions [start, end): prompt, then generated tokens. Costs

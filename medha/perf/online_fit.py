@@ -147,6 +147,7 @@ class StepLearner:
         ]
         self._prior_rhs = [prior_batches * c * t for c, t in zip(scales, BASE_THETA)]
         self._probes = probe_shapes(predictor.model.max_context)
+        self._free: list[int] = []  # the coefficients the last fit left above 0
         self._acknowledged = self.probe_times()
 
     def probe_times(self) -> list[float]:
@@ -196,7 +197,9 @@ class StepLearner:
         gram = [[a + b for a, b in zip(r, q)] for r, q in zip(self._gram, self._prior_gram)]
         rhs = [a + b for a, b in zip(self._rhs, self._prior_rhs)]
         before = p.version
-        p.set_theta(nonnegative_least_squares(gram, rhs))
+        theta = nonnegative_least_squares(gram, rhs, self._free)
+        self._free = [i for i, v in enumerate(theta) if v > 0]
+        p.set_theta(theta)
         return p.version != before
 
 
@@ -212,12 +215,53 @@ def _accumulate(gram, rhs, phi, y: float, weight: float) -> None:
             row[j] += w * a * b
 
 
-def nonnegative_least_squares(gram: list[list[float]], rhs: list[float]) -> list[float]:
-    """argmin over theta >= 0 of theta^T G theta - 2 rhs^T theta (the normal equations G, rhs),
-    by trying every set of free coefficients (2^k systems of at most k x k: k = 5 here) and
-    keeping the best feasible one. Coefficients whose feature was never seen stay 0."""
+def nonnegative_least_squares(
+    gram: list[list[float]], rhs: list[float], guess: Sequence[int] = ()
+) -> list[float]:
+    """argmin over theta >= 0 of theta^T G theta - 2 rhs^T theta (the normal equations G, rhs).
+    Coefficients whose feature was never seen stay 0.
+
+    The objective is convex, so a point that satisfies the KKT conditions is the minimum: the
+    unconstrained minimum over a set of free coefficients, feasible, where no coefficient held
+    at 0 would lower the objective by growing. Tried first: every seen coefficient free (every
+    part of the model positive), then `guess` (the free set of the last fit, which a new step
+    rarely changes); each is one k x k solve, which a step's learning can afford at 256
+    decodes on vLLM's engine core. Else, every set of free coefficients (2^k - 1 systems of at
+    most k x k: k = 5 here), keeping the best feasible one."""
+    seen = [i for i in range(len(rhs)) if gram[i][i] > 0]
+    for free in (seen, [i for i in guess if i in seen]):
+        theta = _kkt_point(gram, rhs, seen, free)
+        if theta is not None:
+            return theta
+    return _every_free_set(gram, rhs, seen)
+
+
+def _kkt_point(
+    gram: list[list[float]], rhs: list[float], seen: list[int], free: list[int]
+) -> list[float] | None:
+    """The minimum with the coefficients outside `free` at 0, if it is the constrained one."""
+    if not free:
+        return None
+    x = _solve([[gram[i][j] for j in free] for i in free], [rhs[i] for i in free])
+    if x is None or any(v < 0 for v in x):
+        return None
+    theta = [0.0] * len(rhs)
+    for i, v in zip(free, x):
+        theta[i] = v
+    for i in seen:
+        if i in free:
+            continue
+        terms = [gram[i][j] * theta[j] for j in free]
+        slope = sum(terms) - rhs[i]  # half the objective's derivative in theta_i
+        if slope < -1e-9 * (abs(rhs[i]) + sum(map(abs, terms))):
+            return None
+    return theta
+
+
+def _every_free_set(gram: list[list[float]], rhs: list[float], seen: list[int]) -> list[float]:
+    """The constrained minimum by brute force: the best feasible one of the unconstrained
+    minima over every subset of the seen coefficients (the others at 0)."""
     k = len(rhs)
-    seen = [i for i in range(k) if gram[i][i] > 0]
     best, best_cost = [0.0] * k, 0.0
     for size in range(1, len(seen) + 1):
         for free in itertools.combinations(seen, size):

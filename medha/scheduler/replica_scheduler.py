@@ -49,12 +49,23 @@ class ReplicaScheduler:
         prefill_times: PrefillTimeCache | None = None,
         block_tables: bool = True,
         learner: StepLearner | None = None,
+        async_scheduling: bool = False,
     ) -> None:
         """`prefill_times` lets replicas with the same predictor and packer share one cache.
         `block_tables`: each chunk of a batch carries its request's KV block ids, what an engine
         runs it with; the simulator, which runs no model, turns them off (setting them is a
-        sizeable share of its time)."""
+        sizeable share of its time).
+
+        `async_scheduling`: the executor forms the next batch while the last one runs (vLLM's
+        AsyncScheduler; `schedule` is called again before `update`). Each token the running
+        batch samples is then counted as a placeholder of its request's context
+        (`RequestTable.count_placeholders`), so that its next decode joins the next batch, as
+        vLLM's output placeholders do; a request is never given a token past its max_tokens.
+        Without it a request with a decode in flight sits the next batch out."""
         self.block_tables = block_tables
+        self.async_scheduling = async_scheduling
+        # (async scheduling) the last batch formed, while it runs and before the next one forms
+        self._running_ahead: Batch | None = None
         # The one resolution of the config: the packer, the policy, the KV arbiter and the
         # simulator's metrics all read this object's defaults (resolve_config returns it unchanged).
         self.config = config = resolve_config(config, predictor)
@@ -172,6 +183,9 @@ class ReplicaScheduler:
         preempts, swaps out or in along the way is recorded in the batch, and the request table
         moves each to its new queue at once, so every step sees the steps before it as they
         left the queues."""
+        if self._running_ahead is not None:
+            self.requests.count_placeholders(self._running_ahead)
+            self._running_ahead = None
         batch = Batch(self._next_batch_id, now)
         self._shed_for_slo(batch, now)
         if self.requests.swapped:
@@ -206,6 +220,8 @@ class ReplicaScheduler:
         self._inflight += 1
         self._next_batch_id += 1
         self.stats.batches += 1
+        if self.async_scheduling:
+            self._running_ahead = batch
         return batch
 
     def _shed_for_slo(self, batch: Batch, now: float) -> None:
@@ -237,9 +253,7 @@ class ReplicaScheduler:
         decode that needs one."""
         if not self.kv.may_start(r):
             return
-        growing = self.blocks.at_capacity(
-            d for d in self.requests.decoding.values() if d.num_inflight_batches == 0
-        )
+        growing = self.blocks.at_capacity(self._ready_decodes())
         builder.make_room(r, len(growing))
 
     def _builder(self, batch: Batch, now: float, max_seqs: int) -> BatchBuilder:
@@ -301,9 +315,25 @@ class ReplicaScheduler:
             self._add_decodes(builder)
         return builder
 
+    def _ready_decodes(self) -> list[Request]:
+        """The decoding requests whose next token may join the batch being formed: those with
+        no batch in flight; under async scheduling, every one whose context has a token not
+        yet fed (its last token is a placeholder, or known) and whose answer has room for
+        one more (a token past max_tokens would be thrown away, as vLLM's AsyncScheduler
+        knows)."""
+        decoding = self.requests.decoding.values()
+        if not self.async_scheduling:
+            return [r for r in decoding if r.num_inflight_batches == 0]
+        return [  # (num_tokens spelled out: this runs over every decode of every step)
+            r
+            for r in decoding
+            if (answer := r.num_output_tokens + r.num_placeholders) < r.max_tokens
+            and r.num_scheduled < r.prompt_len + answer
+        ]
+
     def _add_decodes(self, builder: BatchBuilder) -> None:
         now = builder.now
-        decodes = [r for r in self.requests.decoding.values() if r.num_inflight_batches == 0]
+        decodes = self._ready_decodes()
         if not decodes:
             return
         decodes = self.policy.select_decodes(decodes, now)
@@ -330,8 +360,10 @@ class ReplicaScheduler:
                 chosen.append(r)
             elif builder.reserve(r, r.num_scheduled + 1) > r.num_scheduled:
                 chosen.append(r)
-            else:
+            elif not r.num_inflight_batches:
                 builder.preempt(r)  # nobody below it to evict: it gives way
+            # (else, async scheduling: its batch in flight still writes its KV; it sits this
+            # batch out, and gives way at the next if it must)
         builder.add_decodes(chosen, own_targets)
 
     def revise(self, batch: Batch, chunk: Chunk, start: int, num_tokens: int) -> bool:
@@ -366,6 +398,8 @@ class ReplicaScheduler:
     def update(self, batch: Batch, result: BatchResult, now: float) -> list[Request]:
         """Apply a finished batch: advance KV, append sampled tokens, retire finished requests."""
         self._inflight -= 1
+        if batch is self._running_ahead:  # it returned before the next batch formed
+            self._running_ahead = None
         predicted, measured = batch.predicted_time_s, result.duration_s
         if predicted > 0 and 0 < measured < math.inf:
             self.step_scale += STEP_SCALE_WEIGHT * (measured / predicted - self.step_scale)
@@ -394,6 +428,8 @@ class ReplicaScheduler:
         """A batch that never completed (the executor failed): abort its requests and release
         their KV, since what it would have written is unknown."""
         self._inflight -= 1
+        if batch is self._running_ahead:
+            self._running_ahead = None
         return self.requests.discard(batch, now)
 
     # ---- checks ------------------------------------------------------------------------------

@@ -254,6 +254,25 @@ class RequestTable:
             r.num_computed = start
         r.num_scheduled = end
 
+    def count_placeholders(self, batch: Batch) -> None:
+        """Async scheduling: the next batch is being formed while `batch` runs. The token each
+        of its sampling chunks produces joins its request's context as a placeholder, so that
+        the request may decode it in the next batch; a request whose prompt ends in `batch`
+        is decoding from now on (its first token is on its way)."""
+        batch.placeholders = True
+        for chunk in batch.decodes:  # (every decode samples; one that ended meanwhile is
+            chunk.request.num_placeholders += 1  # never read again)
+        for chunk in batch.prefills:
+            r = chunk.request
+            if not chunk.samples or r.state.is_done:
+                continue
+            r.num_placeholders += 1
+            if r.state is RequestState.PREFILLING:
+                r.transition(RequestState.DECODING)
+                r.remaining_work_s = 0.0
+                del self._prefilling[r.request_id]
+                self._decoding[r.request_id] = r
+
     def unschedule(self, chunk: Chunk) -> None:
         """`chunk` leaves its batch before it runs: its request waits as before."""
         chunk.request.num_scheduled = chunk.start
@@ -266,10 +285,13 @@ class RequestTable:
         kv = self.kv
         finished: list[Request] = []
         tokens, stopped = result.token_ids, result.stopped
+        # (async scheduling) each sampling chunk's token was counted as a placeholder
+        placeholders = 1 if batch.placeholders else 0
+        aborted, done = RequestState.ABORTED, RequestState.FINISHED
         for chunk in batch.prefills:
             r = chunk.request
             r.num_inflight_batches -= 1
-            if r.state is RequestState.ABORTED:
+            if r.state is aborted or r.state is done:
                 self._release_aborted(r)
                 continue
             r.num_computed = max(r.num_computed, chunk.start + chunk.num_tokens)
@@ -277,21 +299,25 @@ class RequestTable:
                 kv.cache_computed(r)
             if not chunk.samples:
                 r.remaining_work_s = self.prefill_times.remaining(r.num_tokens, r.num_computed)
-            elif self._sampled(r, batch, tokens, stopped, now):
+                continue
+            r.num_placeholders -= placeholders
+            if self._sampled(r, batch, tokens, stopped, now):
                 finished.append(r)
-            else:
+            elif r.state is RequestState.PREFILLING:  # (under async scheduling: decoding already)
                 r.transition(RequestState.DECODING)
                 r.remaining_work_s = 0.0
                 del self._prefilling[r.request_id]
                 self._decoding[r.request_id] = r
-        aborted = RequestState.ABORTED
         for chunk in batch.decodes:  # the hot loop of a long simulation (and of a big batch)
             r = chunk.request
             r.num_inflight_batches -= 1
-            if r.state is aborted:
+            if r.state is aborted or r.state is done:
+                # (done: under async scheduling, a request that stopped at the token of the
+                # batch before this one, which was formed with its next decode in it)
                 self._release_aborted(r)
                 continue
             r.num_computed = chunk.start + 1
+            r.num_placeholders -= placeholders
             if tokens is None:  # _sampled inlined: no token ids to keep (simulator, vLLM)
                 r.num_output_tokens += 1
                 r.token_times_s.append(now)
@@ -355,7 +381,7 @@ class RequestTable:
         for rid, r in self._live.items():
             if sum(rid in q for q in queues) != 1 or r.in_prefill != (rid in self._prefilling):
                 raise SchedulerInvariantError(f"{r} is in the wrong queue")
-            if not r.num_computed <= r.num_scheduled <= r.num_tokens:
+            if not (r.num_computed <= r.num_scheduled <= r.num_tokens and r.num_placeholders >= 0):
                 raise SchedulerInvariantError(f"{r} has inconsistent progress")
         if any(rid not in self._live for q in queues for rid in q) or set(self._resume) != set(
             self._swapped

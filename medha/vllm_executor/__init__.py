@@ -23,6 +23,6 @@ from medha.vllm_executor.contract import SUPPORTED_VLLM, check_vllm_version
 
 check_vllm_version()
 
-from medha.vllm_executor.scheduler import MedhaScheduler  # noqa: E402
+from medha.vllm_executor.scheduler import MedhaAsyncScheduler, MedhaScheduler  # noqa: E402
 
-__all__ = ["MedhaScheduler", "SUPPORTED_VLLM", "check_vllm_version"]
+__all__ = ["MedhaAsyncScheduler", "MedhaScheduler", "SUPPORTED_VLLM", "check_vllm_version"]

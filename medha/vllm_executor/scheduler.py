@@ -18,8 +18,16 @@ blocks mirror vLLM's (same count, same block size). A step:
 4. `update_from_output` lets vLLM apply the sampled tokens and stops, then reports the batch
    to medha's scheduler with the requests vLLM stopped.
 
+Async scheduling (vLLM's default on a GPU): `--scheduler-cls medha.vllm_executor.MedhaScheduler`
+builds `MedhaAsyncScheduler`, the same class on vLLM's `AsyncScheduler`, when vLLM's config
+has async scheduling on. The engine core then calls `schedule()` for step N+1 while step N
+runs, and `update_from_output()` for N after it: medha's `ReplicaScheduler` (built with
+`async_scheduling`) counts the token N samples for each request as a placeholder of its
+context, as vLLM's output placeholders do, so its next decode joins N+1 (medha's part of the
+step overlaps the forward pass instead of following it).
+
 Not supported (refused at start, with the reason): speculative decoding, KV connectors,
-pipeline parallelism and async scheduling (more than one batch in flight), swap preemption.
+pipeline parallelism, swap preemption.
 """
 
 from __future__ import annotations
@@ -27,10 +35,12 @@ from __future__ import annotations
 import collections
 import json
 import logging
+import math
 import os
 import time
 from collections.abc import Iterable
 
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.request_queue import RequestQueue, create_request_queue
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import RequestStatus
@@ -48,6 +58,13 @@ STEP_LOG_ENV = "MEDHA_STEP_LOG"
 
 
 class MedhaScheduler(Scheduler):
+    def __new__(cls, vllm_config, *args, **kwargs):
+        """`--scheduler-cls` names one class: this one, which is the async variant when vLLM's
+        config has async scheduling on (a GPU's default), so a user passes nothing else."""
+        if cls is MedhaScheduler and vllm_config.scheduler_config.async_scheduling:
+            cls = MedhaAsyncScheduler
+        return super().__new__(cls)
+
     def __init__(self, vllm_config, kv_cache_config, structured_output_manager, *args, **kwargs):
         _refuse_unsupported(vllm_config)
         super().__init__(vllm_config, kv_cache_config, structured_output_manager, *args, **kwargs)
@@ -58,12 +75,19 @@ class MedhaScheduler(Scheduler):
         # would otherwise shorten a long prompt's chunk below what the packer timed)
         self.scheduler_config.long_prefill_token_threshold = 0
         self.medha: ReplicaScheduler = build_replica_scheduler(
-            vllm_config, kv_cache_config, self.max_num_scheduled_tokens
+            vllm_config,
+            kv_cache_config,
+            self.max_num_scheduled_tokens,
+            async_scheduling=isinstance(self, AsyncScheduler),
         )
         self.clock = time.monotonic
         self.plan_revisions = 0  # chunks vLLM ran differently from medha's plan
         self._plan: dict[str, int] | None = None  # request id -> tokens, during schedule()
         self._inflight: collections.deque = collections.deque()  # (output, Batch, started at)
+        self._last_update_s = -math.inf  # when the last update_from_output ended
+        # (async scheduling) requests vLLM preempted while medha's batch before still ran them:
+        # their KV is dropped in medha's mirror once that batch is back
+        self._drop_when_back: set[str] = set()
         # the shape and measured time of each recent step, for profiles: the whole engine-core
         # step, from the start of `schedule` to the end of `update_from_output` (scheduling,
         # the forward pass, sampling and the outputs' bookkeeping), the cycle a request waits
@@ -209,7 +233,13 @@ class MedhaScheduler(Scheduler):
         for rid in output.preempted_req_ids or ():
             if rid not in ours:
                 self.plan_revisions += 1
-                self.medha.drop_kv(batch, rid)
+                r = self.medha.get(rid)
+                if r is not None and r.num_inflight_batches:
+                    # (async scheduling) the batch before this one still samples its token,
+                    # which vLLM delivers: medha drops its KV once it has counted that token
+                    self._drop_when_back.add(rid)
+                else:
+                    self.medha.drop_kv(batch, rid)
         if ran != plan and (unplanned := set(ran) - set(plan)):
             # the hook caps every request; this would be a changed vLLM
             raise RuntimeError(f"vLLM scheduled requests medha did not plan: {sorted(unplanned)}")
@@ -218,8 +248,11 @@ class MedhaScheduler(Scheduler):
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         if not self._inflight or self._inflight[0][0] is not scheduler_output:
             return outputs  # a step medha planned nothing for
-        _, batch, started = self._inflight.popleft()
-        ran_s = self.clock() - started
+        _, batch, scheduled = self._inflight.popleft()
+        # the step's own time: from its schedule() or, when the step before was still running
+        # then (async scheduling), from that one's end, to now
+        ended = self.clock()
+        ran_s = ended - max(scheduled, self._last_update_s)
         if batch.chunks:
             prefills, decodes = batch.shape()
             self.steps.append(IterationRow(1, prefills, decodes, ran_s))
@@ -238,7 +271,20 @@ class MedhaScheduler(Scheduler):
             if o.finish_reason is not None
         )
         self.medha.update(batch, BatchResult(ran_s, None, stopped), self.clock())
+        for rid in list(self._drop_when_back):
+            r = self.medha.get(rid)
+            if r is None or not r.num_inflight_batches:
+                self._drop_when_back.discard(rid)
+                if r is not None:
+                    self.medha.drop_kv(batch, rid)
+        self._last_update_s = self.clock()
         return outputs
+
+
+class MedhaAsyncScheduler(MedhaScheduler, AsyncScheduler):
+    """`MedhaScheduler` on vLLM's `AsyncScheduler` (chosen by `MedhaScheduler` itself when
+    vLLM's async scheduling is on): vLLM counts each in-flight token as an output placeholder
+    and medha's mirror counts it the same (the module's docstring)."""
 
 
 # a client's key in vLLM's extra_args (medha serve's API names, prefixed) -> the Request field
@@ -284,8 +330,6 @@ def _refuse_unsupported(vllm_config) -> None:
         reasons.append("KV connectors (--kv-transfer-config)")
     if vllm_config.parallel_config.pipeline_parallel_size > 1:
         reasons.append("pipeline parallelism (use medha's own engine for SPP)")
-    if vllm_config.scheduler_config.async_scheduling:
-        reasons.append("async scheduling (pass --no-async-scheduling)")
     if getattr(vllm_config.scheduler_config, "prefill_schedule_interval", 1) > 1:
         # (vLLM 0.33 applies it on one engine too: it would hold back the prefills medha
         # planned, every step but one in N)

@@ -66,7 +66,9 @@ def scheduler_settings(additional_config) -> tuple[dict, str, str]:
     return settings, predictor, resolve_calibrate(settings.pop("calibrate", None))
 
 
-def build_replica_scheduler(vllm_config, kv_cache_config, max_step_tokens: int) -> ReplicaScheduler:
+def build_replica_scheduler(
+    vllm_config, kv_cache_config, max_step_tokens: int, async_scheduling: bool = False
+) -> ReplicaScheduler:
     fields, predictor_spec, calibrate = scheduler_settings(vllm_config.additional_config)
     model_config = vllm_config.model_config
     device = "cuda" if vllm_config.device_config.device_type == "cuda" else "cpu"
@@ -108,4 +110,11 @@ def build_replica_scheduler(vllm_config, kv_cache_config, max_step_tokens: int) 
     if calibrate == "online":  # each step's time, from `schedule` to `update_from_output`
         predictor = CorrectedPredictor(predictor)
         learner = StepLearner(predictor)
-    return ReplicaScheduler(config, predictor, blocks, block_tables=False, learner=learner)
+    return ReplicaScheduler(
+        config,
+        predictor,
+        blocks,
+        block_tables=False,
+        learner=learner,
+        async_scheduling=async_scheduling,
+    )
