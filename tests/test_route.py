@@ -355,6 +355,29 @@ def test_every_dispatcher_routes(two_stubs, dispatcher):
         assert sum(served(s) for s in two_stubs) == 12
 
 
+@pytest.mark.parametrize("dispatcher", ["slack", "least_work"])
+def test_a_prompt_past_the_routers_context_is_forwarded_and_counted(two_stubs, dispatcher):
+    """The router's `--model` knows 8,192 tokens; its replicas may serve longer prompts. A
+    prompt of 9,000 words (past that context) is forwarded on both endpoints, streamed and
+    not, answered by the replica, and counted; a body over the limit is a 413 naming the
+    router's own flag."""
+    long = "hello " * 9000
+    with router(two_stubs, "--dispatcher", dispatcher, "--max-request-bytes", "200000") as url:
+        for stream in (False, True):
+            r = complete(url, stream=stream, prompt=long)
+            assert r.status_code == 200, r.text
+            body = {"model": "stub", "messages": [{"role": "user", "content": long}]}
+            r = httpx.post(
+                url + "/v1/chat/completions", json={**body, "stream": stream}, timeout=TIMEOUT_S
+            )
+            assert r.status_code == 200, r.text
+        metrics = httpx.get(url + "/metrics", timeout=TIMEOUT_S).text
+        assert 'medha_router_requests_total{outcome="ok"} 4.0' in metrics
+        r = complete(url, prompt="x" * 300_000)
+        assert r.status_code == 413
+        assert "medha route --max-request-bytes" in r.json()["error"]["message"]
+
+
 def test_hostile_bodies_and_headers_end_their_own_request_only(two_stubs):
     hostile = [
         b"[]", b'"text"', b"null", b"{", b"[" * 20000 + b"]" * 20000, b'{"prompt": "\\ud800"}',

@@ -209,7 +209,7 @@ class Router:
 
     def asgi(self):
         """The app: this router behind the body guard."""
-        return BodyGuard(self, self.max_request_bytes, self.max_held_bytes)
+        return BodyGuard(self, self.max_request_bytes, self.max_held_bytes, "medha route")
 
     # ---- health ------------------------------------------------------------------------------
     async def _health_loop(self, b: Backend) -> None:
@@ -375,11 +375,27 @@ class Router:
             )
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         now = self.clock()  # its arrival: tokenizing is part of its wait
-        tokens = await self.tokens.tokens(prompt_pieces(payload, chat))
-        routing = read_request(
-            payload, tokens, uuid.uuid4().hex, now, headers, DEFAULT_OUTPUT_TOKENS
-        )
-        exchange = _Exchange(self, scope, receive, send, body, routing, headers)
+        try:
+            tokens = await self.tokens.tokens(prompt_pieces(payload, chat))
+            routing = read_request(
+                payload, tokens, uuid.uuid4().hex, now, headers, DEFAULT_OUTPUT_TOKENS
+            )
+            exchange = _Exchange(self, scope, receive, send, body, routing, headers)
+        except Exception:
+            # a fault of the router's own (its estimates must never fail a request): the
+            # request ends with an error that says so, counted, and the router goes on
+            log.exception("the router could not route a request")
+            self.metrics.requests.labels("failed").inc()
+            return await _error(
+                send,
+                RequestError(
+                    "the router failed to route this request (a fault of the router's; its "
+                    "log has the details)",
+                    None,
+                    500,
+                    "server_error",
+                ),
+            )
         await exchange.run()
 
 
