@@ -376,6 +376,22 @@ def test_a_prompt_past_the_routers_context_is_forwarded_and_counted(two_stubs, d
         r = complete(url, prompt="x" * 300_000)
         assert r.status_code == 413
         assert "medha route --max-request-bytes" in r.json()["error"]["message"]
+        assert "medha_router_context_tokens 8192.0" in metrics  # (no replica said otherwise)
+
+
+def test_the_router_prices_prompts_to_the_context_its_replicas_report():
+    """Replicas whose /v1/models reports a longer context than the router's --model: the
+    router prices prompts up to it (its gauge says so) and a long prompt goes through; a
+    report past belief is ignored."""
+    with ExitStack() as stack:
+        stubs = [
+            stack.enter_context(stub_backend(n_tokens=2, max_model_len=n)) for n in (32768, 1 << 40)
+        ]
+        with router(stubs) as url:
+            metrics = httpx.get(url + "/metrics", timeout=TIMEOUT_S).text
+            assert "medha_router_context_tokens 32768.0" in metrics
+            r = complete(url, prompt="hello " * 20000)
+            assert r.status_code == 200, r.text
 
 
 def test_hostile_bodies_and_headers_end_their_own_request_only(two_stubs):

@@ -26,6 +26,7 @@ the replica unchanged. Faults:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import secrets
@@ -51,6 +52,7 @@ GENERATION_PATHS = {"/v1/completions": False, "/v1/chat/completions": True}
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 DEFAULT_OUTPUT_TOKENS = 128  # a request without max_tokens: a typical answer's length
 DEFAULT_CACHE_TOKENS = 256 * 1024  # a replica's prefix cache when its /metrics does not say
+MAX_CONTEXT = 1 << 24  # tokens: a replica's reported context past this is not believed
 _ERROR_BODY_LIMIT = 1 << 16  # bytes of a replica's error answer passed on
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -98,6 +100,12 @@ class RouterMetrics:
             "medha_router_time_to_first_token_seconds",
             "Arrival at the router to the first token passed on (streams)",
             buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.context = Gauge(
+            "medha_router_context_tokens",
+            "The longest context the router prices prompts to: its --model's, or a longer one "
+            "a replica reports in /v1/models (max_model_len)",
             registry=r,
         )
         for outcome in ("ok", "failed", "invalid", "rejected", "cancelled"):
@@ -182,6 +190,7 @@ class Router:
                 f"({self.max_request_bytes}): every large body would get 429"
             )
         self.metrics = RouterMetrics()
+        self.metrics.context.set(prefill_times.max_len)
         self.waiting = 0  # requests without their first token
         self.held_bytes = 0  # bodies the router holds
         self._running: dict[int, set[asyncio.Task]] = {b.replica_id: set() for b in self.backends}
@@ -261,6 +270,7 @@ class Router:
             data = json.loads(text).get("data") if status == 200 else None
             if isinstance(data, list):
                 b.models = [m for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
+                self._learn_context(b.models)
             if not self.config.replica_cache_tokens:
                 status, text = await self._get(b.url + "/metrics", None, read=True)
                 tokens = _capacity_tokens(text) if status == 200 else None
@@ -269,6 +279,25 @@ class Router:
                     t.index.capacity_blocks = max(1, tokens // t.block_size)
         except (TimeoutError, aiohttp.ClientError, OSError, ValueError, AttributeError):
             pass
+
+    def _learn_context(self, models: list[dict]) -> None:
+        """A replica that serves a longer context than the router's --model (its /v1/models'
+        `max_model_len`, as medha serve and vLLM report it): the router prices prompts up to
+        it from then on, with one prefill-time walk for all replicas, as before."""
+        from medha.scheduler.packers import replica_prefill_times
+
+        lengths = [m.get("max_model_len") for m in models]
+        longest = max((n for n in lengths if type(n) is int and 0 < n <= MAX_CONTEXT), default=0)
+        if longest <= self.tracked[0].prefill_times.max_len:
+            return
+        config = dataclasses.replace(self.scheduler_config, max_model_len=longest)
+        prefill_times = replica_prefill_times(config, self.predictor)
+        for t in self.tracked:
+            t.prefill_times = prefill_times
+        self.metrics.context.set(longest)
+        log.info(
+            "a replica serves %d tokens of context: the router prices prompts up to it", longest
+        )
 
     def _went_down(self, b: Backend, why: str) -> None:
         log.warning("replica %d (%s) is out: %s", b.replica_id, b.url, why)
