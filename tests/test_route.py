@@ -181,7 +181,7 @@ def test_the_circuit_breaker_stops_sending_to_a_failing_replica(two_stubs):
 def test_admission_and_body_limits(two_stubs):
     for s in two_stubs:
         configure(s, delay_s=1.0)
-    flags = ["--max-waiting", "1", "--max-request-bytes", "2000"]
+    flags = ["--max-waiting", "1", "--queue-size", "0", "--max-request-bytes", "2000"]
     with router(two_stubs, *flags) as url:
 
         async def two_at_once():
@@ -392,6 +392,77 @@ def test_the_router_prices_prompts_to_the_context_its_replicas_report():
             assert "medha_router_context_tokens 32768.0" in metrics
             r = complete(url, prompt="hello " * 20000)
             assert r.status_code == 200, r.text
+
+
+def _at_once(url, n: int, stream: bool = False):
+    """`n` requests sent together: (status, seconds to the end) of each, in sending order."""
+
+    async def send(client, i):
+        await asyncio.sleep(0.05 * i)  # (arrival order)
+        t0 = time.monotonic()
+        body = {"model": "stub", "prompt": "x", "max_tokens": 4, "stream": stream}
+        r = await client.post(url + "/v1/completions", json=body)
+        return r.status_code, time.monotonic() - t0
+
+    async def main():
+        async with httpx.AsyncClient(timeout=TIMEOUT_S) as client:
+            return await asyncio.gather(*(send(client, i) for i in range(n)))
+
+    return asyncio.run(main())
+
+
+def test_a_full_router_queues_in_order_then_refuses_or_times_out(two_stubs):
+    """At --max-waiting a request queues (in arrival order) and runs once a request ahead of
+    it has its first token; past --queue-size it gets 429 at once; queued past
+    --queue-timeout-s it gets 408. Each is counted."""
+    for s in two_stubs:
+        configure(s, delay_s=1.0)
+    flags = ["--max-waiting", "1", "--queue-size", "1", "--queue-timeout-s", "0.4"]
+    with router(two_stubs, *flags) as url:
+        (first, _), (second, waited), (third, _) = _at_once(url, 3)
+        assert (first, second, third) == (200, 408, 429)
+        assert 0.3 < waited < 0.9  # the queue's timeout, not the replica's second
+        metrics = httpx.get(url + "/metrics", timeout=TIMEOUT_S).text
+        for outcome, n in (("ok", 1), ("timed_out", 1), ("rejected", 1)):
+            assert f'medha_router_requests_total{{outcome="{outcome}"}} {n}.0' in metrics
+        assert "medha_router_queued 0.0" in metrics
+    with router(two_stubs, "--max-waiting", "1", "--queue-timeout-s", "10") as url:
+        (first, t1), (second, t2) = _at_once(url, 2)
+        assert first == second == 200 and t2 > 1.5  # it ran after the first was answered
+
+
+def test_max_concurrent_caps_open_streams(two_stubs):
+    """--max-concurrent counts streams still open after their first token too (--max-waiting
+    does not): a second stream starts only when the first has ended."""
+    for s in two_stubs:
+        configure(s, delay_s=0.2, token_delay_s=0.2)
+    with router(two_stubs, "--max-concurrent", "1") as url:
+        (a, ta), (b, tb) = _at_once(url, 2, stream=True)
+        assert a == b == 200 and tb > ta + 0.4
+
+
+def test_the_breaker_counts_failures_in_its_window_and_closes_after_enough_trials():
+    from medha.route.backend import Backend, Breaker
+
+    now = [0.0]
+    b = Backend(0, "http://x", up=True, clock=lambda: now[0])
+    for t in (0.0, 5.0, 11.0):  # 3 failures, but never 3 within 10 s
+        now[0] = t
+        b.on_failure(3, open_s=1.0, window_s=10.0)
+        b.on_success(2, window_s=10.0)  # (with a window, a success forgets nothing)
+    assert b.breaker is Breaker.CLOSED and b.failures == 2
+    now[0] = 12.0
+    b.on_failure(3, open_s=1.0, window_s=10.0)  # 5, 11, 12: three within 10 s
+    assert b.breaker is Breaker.OPEN and not b.available()
+    now[0] = 13.5
+    assert b.available() and b.breaker is Breaker.HALF_OPEN
+    b.on_sent()
+    assert not b.available()  # one trial at a time
+    b.on_success(2, window_s=10.0)
+    assert b.breaker is Breaker.HALF_OPEN and b.available()  # one of two trials passed
+    b.on_sent()
+    b.on_success(2, window_s=10.0)
+    assert b.breaker is Breaker.CLOSED and b.failures == 0
 
 
 def test_hostile_bodies_and_headers_end_their_own_request_only(two_stubs):

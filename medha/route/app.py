@@ -26,9 +26,11 @@ the replica unchanged. Faults:
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import json
 import logging
+import random
 import secrets
 import time
 import uuid
@@ -52,6 +54,7 @@ GENERATION_PATHS = {"/v1/completions": False, "/v1/chat/completions": True}
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 DEFAULT_OUTPUT_TOKENS = 128  # a request without max_tokens: a typical answer's length
 DEFAULT_CACHE_TOKENS = 256 * 1024  # a replica's prefix cache when its /metrics does not say
+MAX_BACKOFF_S = 2.0  # the longest wait before a retry (--retry-backoff-s doubles up to it)
 MAX_CONTEXT = 1 << 24  # tokens: a replica's reported context past this is not believed
 _ERROR_BODY_LIMIT = 1 << 16  # bytes of a replica's error answer passed on
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -77,7 +80,8 @@ class RouterMetrics:
         self.requests = Counter(
             "medha_router_requests",
             "Requests by outcome: ok, failed (no replica could serve it, or cut mid-stream), "
-            "invalid (4xx from the router or a replica), rejected (429), cancelled (client gone)",
+            "invalid (4xx from the router or a replica), rejected (429), timed_out (408: "
+            "queued past --queue-timeout-s), cancelled (client gone)",
             ["outcome"],
             registry=r,
         )
@@ -108,7 +112,12 @@ class RouterMetrics:
             "a replica reports in /v1/models (max_model_len)",
             registry=r,
         )
-        for outcome in ("ok", "failed", "invalid", "rejected", "cancelled"):
+        self.queued = Gauge(
+            "medha_router_queued",
+            "Requests queued for admission now (at --max-waiting or --max-concurrent)",
+            registry=r,
+        )
+        for outcome in ("ok", "failed", "invalid", "rejected", "timed_out", "cancelled"):
             self.requests.labels(outcome)
 
 
@@ -192,7 +201,12 @@ class Router:
         self.metrics = RouterMetrics()
         self.metrics.context.set(prefill_times.max_len)
         self.waiting = 0  # requests without their first token
-        self.held_bytes = 0  # bodies the router holds
+        self.open = 0  # requests running through the router: waiting, or streaming
+        self.held_bytes = 0  # bodies the router holds (queued ones too)
+        # requests queued for admission, oldest first (each wakes when its future is set), and
+        # how many were woken and have not started yet (they hold the room they were given)
+        self._queue: collections.deque[asyncio.Future] = collections.deque()
+        self._admitting = 0
         self._running: dict[int, set[asyncio.Task]] = {b.replica_id: set() for b in self.backends}
         self._client: aiohttp.ClientSession | None = None
         self._health_tasks: list[asyncio.Task] = []
@@ -299,6 +313,14 @@ class Router:
             "a replica serves %d tokens of context: the router prices prompts up to it", longest
         )
 
+    def breaker_success(self, b: Backend) -> None:
+        c = self.config
+        b.on_success(c.breaker_successes, c.breaker_window_s)
+
+    def breaker_failure(self, b: Backend) -> None:
+        c = self.config
+        b.on_failure(c.breaker_failures, c.breaker_open_s, c.breaker_window_s)
+
     def _went_down(self, b: Backend, why: str) -> None:
         log.warning("replica %d (%s) is out: %s", b.replica_id, b.url, why)
         self.metrics.up.labels(str(b.replica_id)).set(0.0)
@@ -375,19 +397,6 @@ class Router:
         if not isinstance(payload, dict):
             self.metrics.requests.labels("invalid").inc()
             return await _error(send, RequestError("the request body must be a JSON object"))
-        if self.waiting >= self.config.max_waiting:
-            self.metrics.requests.labels("rejected").inc()
-            return await _error(
-                send,
-                RequestError(
-                    f"{self.waiting} requests are waiting for their first token (medha route "
-                    "--max-waiting); retry later",
-                    None,
-                    429,
-                    "rate_limit_error",
-                ),
-                retry_after=True,
-            )
         if self.held_bytes + len(body) > self.max_held_bytes:
             self.metrics.requests.labels("rejected").inc()
             return await _error(
@@ -425,7 +434,86 @@ class Router:
                     "server_error",
                 ),
             )
+        if not await self._admitted(send, len(body)):
+            return
         await exchange.run()
+
+    # ---- admission ---------------------------------------------------------------------------
+    def _has_room(self) -> bool:
+        c = self.config
+        taken = self._admitting
+        return self.waiting + taken < c.max_waiting and (
+            not c.max_concurrent or self.open + taken < c.max_concurrent
+        )
+
+    async def _admitted(self, send, body_bytes: int) -> bool:
+        """Whether a request may run now; else it queues, in arrival order, until there is
+        room (True), or gets 429 when the queue is full or 408 after --queue-timeout-s (False,
+        the answer sent). A request admitted starts without an await in between, so the room
+        it was given is taken before anyone else looks."""
+        if self._has_room() and not self._queue:
+            return True
+        c = self.config
+        if len(self._queue) >= c.queue_size:
+            self.metrics.requests.labels("rejected").inc()
+            await _error(
+                send,
+                RequestError(
+                    f"{self.waiting} requests wait for their first token, {self.open} are open "
+                    f"and {len(self._queue)} queued (medha route --max-waiting, "
+                    "--max-concurrent, --queue-size); retry later",
+                    None,
+                    429,
+                    "rate_limit_error",
+                ),
+                retry_after=True,
+            )
+            return False
+        turn = asyncio.get_running_loop().create_future()
+        self._queue.append(turn)
+        self.held_bytes += body_bytes
+        self.metrics.queued.set(len(self._queue))
+        try:
+            await asyncio.wait_for(asyncio.shield(turn), c.queue_timeout_s)
+        except TimeoutError:
+            if not turn.done():
+                turn.cancel()
+                self.metrics.requests.labels("timed_out").inc()
+                await _error(
+                    send,
+                    RequestError(
+                        f"the request waited {c.queue_timeout_s:g} s in the router's queue "
+                        "without room to run (medha route --queue-timeout-s)",
+                        None,
+                        408,
+                        "timeout_error",
+                        "queue_timeout",
+                    ),
+                )
+                return False
+        except BaseException:  # the client left (cancelled) while queued
+            if turn.done() and not turn.cancelled():
+                self._admitting -= 1  # give back the room it was given
+                self._wake()
+            turn.cancel()
+            raise
+        finally:
+            self.held_bytes -= body_bytes
+            if turn in self._queue:
+                self._queue.remove(turn)
+            self.metrics.queued.set(len(self._queue))
+        self._admitting -= 1
+        return True
+
+    def _wake(self) -> None:
+        """Give the room a request left to the oldest queued ones."""
+        queue = self._queue
+        while queue and self._has_room():
+            turn = queue.popleft()
+            if not turn.done():
+                self._admitting += 1
+                turn.set_result(None)
+        self.metrics.queued.set(len(queue))
 
 
 class _Exchange:
@@ -454,6 +542,7 @@ class _Exchange:
     async def run(self) -> None:
         router = self.router
         router.waiting += 1
+        router.open += 1
         router.held_bytes += len(self.body)
         self.holding = True
         task = asyncio.current_task()
@@ -467,12 +556,16 @@ class _Exchange:
         finally:
             watcher.cancel()
             self._release()
+            router.open -= 1
+            router._wake()
 
     def _release(self) -> None:
+        """Its first token went out (or it ended): it waits no more, and its body goes."""
         if self.holding:
             self.holding = False
             self.router.waiting -= 1
             self.router.held_bytes -= len(self.body)
+            self.router._wake()
 
     async def send(self, message) -> None:
         if message["type"] == "http.response.body" and not message.get("more_body"):
@@ -493,6 +586,11 @@ class _Exchange:
         tried: set[int] = set()
         failed: _Failed | None = None
         for attempt in range(router.config.max_attempts):
+            base = router.config.retry_backoff_s
+            if attempt and base:  # full jitter: requests that failed at once retry apart
+                await asyncio.sleep(
+                    random.uniform(0, min(MAX_BACKOFF_S, base * 2 ** (attempt - 1)))
+                )
             candidates = [
                 router.tracked[b.replica_id]
                 for b in router.backends
@@ -530,7 +628,6 @@ class _Exchange:
         """One replica's try: None when the request is answered (or cut mid-stream: the client
         had its error event), else what failed."""
         router, rid = self.router, self.routing.request.request_id
-        c = router.config
         routing = self.routing
         view.on_dispatch(routing.request, self.deadline_s, routing.expected_tokens, routing.stream)
         router.metrics.dispatched.labels(str(b.replica_id)).inc()
@@ -553,21 +650,21 @@ class _Exchange:
                 running.discard(task)  # not cancelled with the others it held
                 b.mark_down()
                 router._went_down(b, f"connection refused ({e})")
-                b.on_failure(c.breaker_failures, c.breaker_open_s)
+                self.router.breaker_failure(b)
                 message = f"replica {b.replica_id} refused the connection"
                 return _Failed(502, _error_body(message, 502), [])
             if response.status != 200:
                 data = await response.content.read(_ERROR_BODY_LIMIT)
                 if response.status in RETRY_STATUSES:
                     if response.status != 429:  # a full replica is not a broken one
-                        b.on_failure(c.breaker_failures, c.breaker_open_s)
+                        self.router.breaker_failure(b)
                     passed = [
                         (k.encode(), v.encode())
                         for k, v in response.headers.items()
                         if k.lower() in ("content-type", "retry-after")
                     ]
                     return _Failed(response.status, data, passed)
-                b.on_success()  # the replica works: the request is the client's problem
+                self.router.breaker_success(b)  # the replica works: the request is the client's
                 router.metrics.requests.labels("invalid").inc()
                 kind = response.headers.get("content-type", "application/json").encode()
                 await _raw(self.send, response.status, data, kind)
@@ -575,7 +672,7 @@ class _Exchange:
             if self.routing.stream:
                 return await self._stream(b, view, response)
             data = await response.read()
-            b.on_success()
+            self.router.breaker_success(b)
             view.on_first_token(rid)
             self._release()
             kind = response.headers.get("content-type", "application/json").encode()
@@ -608,8 +705,7 @@ class _Exchange:
         return True
 
     def _cut(self, b: Backend, why: str) -> _Failed | None:
-        c = self.router.config
-        b.on_failure(c.breaker_failures, c.breaker_open_s)
+        self.router.breaker_failure(b)
         if not self.sent:
             return _Failed(502, _error_body(f"replica {b.replica_id}: {why}", 502), [])
         self._cut_stream = why
@@ -627,7 +723,7 @@ class _Exchange:
                     if not _has_token(held):
                         continue
                     view.on_first_token(rid)
-                    b.on_success()
+                    router.breaker_success(b)
                     self._release()
                     router.metrics.ttft.observe(router.clock() - self.routing.request.arrival_s)
                     await self._start_stream()
@@ -647,7 +743,7 @@ class _Exchange:
         if not self.sent:  # ended before any token: an empty answer, passed on whole
             if not held:
                 return self._cut(b, "the replica closed the stream before any token")
-            b.on_success()
+            router.breaker_success(b)
             self._release()
             await self._start_stream()
             await self.send({"type": "http.response.body", "body": bytes(held), "more_body": True})
