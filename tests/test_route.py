@@ -465,6 +465,69 @@ def test_the_breaker_counts_failures_in_its_window_and_closes_after_enough_trial
     assert b.breaker is Breaker.CLOSED and b.failures == 0
 
 
+def test_replicas_join_and_leave_at_run_time(two_stubs):
+    """Behind the API key: a replica added serves from its first passed check (the POST
+    answers after it); one removed while it holds a request drains (the request finishes
+    there, 200) and then leaves; nothing new goes to it meanwhile. Wrong calls are refused by
+    name, and a router without a key has no admin endpoints."""
+    a, b = two_stubs
+    key = {"authorization": "Bearer k"}
+    with router([a], "--api-key", "k", "--dispatcher", "round_robin") as url:
+        replicas = lambda: httpx.get(url + "/replicas", headers=key, timeout=TIMEOUT_S).json()  # noqa: E731
+        assert [r["url"] for r in replicas()["replicas"]] == [a]
+        assert httpx.get(url + "/replicas", timeout=TIMEOUT_S).status_code == 401
+        r = httpx.post(url + "/replicas", json={"url": b}, headers=key, timeout=TIMEOUT_S)
+        assert r.status_code == 201 and r.json()["up"] and r.json()["id"] == 1
+        assert healthy_replicas(url) == 2
+        for body, status in (({"url": b}, 409), ({"url": "ftp://x"}, 400), ([1], 400)):
+            r = httpx.post(url + "/replicas", json=body, headers=key, timeout=TIMEOUT_S)
+            assert r.status_code == status, body
+        assert httpx.delete(url + "/replicas/7", headers=key, timeout=TIMEOUT_S).status_code == 404
+        configure(a, delay_s=1.0)
+        configure(b, reset_stats=True)
+
+        async def drain():
+            headers = {"authorization": "Bearer k"}
+            async with httpx.AsyncClient(timeout=TIMEOUT_S, headers=headers) as client:
+                body = {"model": "stub", "prompt": "x", "max_tokens": 4}
+                held = asyncio.create_task(client.post(url + "/v1/completions", json=body))
+                await asyncio.sleep(0.3)  # (on a: round robin's turn)
+                removed = await client.delete(url + "/replicas/0")
+                during = await client.get(url + "/replicas")
+                after = [await client.post(url + "/v1/completions", json=body) for _ in range(3)]
+                return await held, removed, during.json(), after
+
+        held, removed, during, after = asyncio.run(drain())
+        assert held.status_code == 200  # it finished on the draining replica
+        assert removed.status_code == 202 and removed.json()["draining"]
+        assert [r["draining"] for r in during["replicas"]] == [True, False]
+        assert [r.status_code for r in after] == [200] * 3 and served(b) == 3
+        assert [r["url"] for r in replicas()["replicas"]] == [b]  # drained: gone
+        assert httpx.get(url + "/health", timeout=TIMEOUT_S).json()["replicas"] == 1
+    with router([a]) as url:  # no key: no admin endpoints
+        r = httpx.post(url + "/replicas", json={"url": b}, timeout=TIMEOUT_S)
+        assert r.status_code == 403 and "--api-key" in r.json()["error"]["message"]
+
+
+def test_a_router_may_start_without_replicas_only_behind_a_key():
+    from medha.route.app import Router
+    from medha.route.config import RouteConfig
+
+    with pytest.raises(ValueError, match="--api-key"):
+        Router(RouteConfig(predictor="roofline"), [])
+    r = Router(RouteConfig(predictor="roofline", api_key="k"), [])
+
+    async def ask():
+        transport = httpx.ASGITransport(app=r.asgi())
+        async with httpx.AsyncClient(transport=transport, base_url="http://router") as client:
+            body = {"model": "m", "prompt": "x"}
+            headers = {"authorization": "Bearer k"}
+            return await client.post("/v1/completions", json=body, headers=headers)
+
+    answer = asyncio.run(ask())
+    assert answer.status_code == 503 and "POST /replicas" in answer.json()["error"]["message"]
+
+
 def test_hostile_bodies_and_headers_end_their_own_request_only(two_stubs):
     hostile = [
         b"[]", b'"text"', b"null", b"{", b"[" * 20000 + b"]" * 20000, b'{"prompt": "\\ud800"}',

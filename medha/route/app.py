@@ -139,22 +139,25 @@ class Router:
         replica_keys: list[str | None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        from medha.dispatch.base_dispatcher import DISPATCHERS
-        from medha.dispatch.config import BareDispatchSettings
         from medha.perf import make_predictor
         from medha.scheduler.config import SchedulerConfig
         from medha.scheduler.config_defaults import resolve_config
         from medha.scheduler.packers import replica_prefill_times
 
-        if not urls:
-            raise ValueError("no replicas: give --replica URL (or --spawn N)")
+        if not urls and not config.api_key:
+            raise ValueError(
+                "no replicas: give --replica URL (or --spawn N), or --api-key to add them at "
+                "run time (POST /replicas)"
+            )
         keys = list(replica_keys or [])
-        if len(keys) == 1:
-            keys = keys * len(urls)
-        if keys and len(keys) != len(urls):
+        if keys and len(keys) not in (1, len(urls)):
             raise ValueError(
                 f"{len(keys)} replica keys for {len(urls)} replicas: give one for all or one each"
             )
+        # the key a replica added at run time gets unless its request names one
+        self._default_replica_key = keys[0] if len(keys) == 1 else None
+        if len(keys) == 1:
+            keys = keys * len(urls)
         self.config, self.clock = config, clock
         spec = config.predictor
         if spec == "auto":
@@ -167,27 +170,17 @@ class Router:
         self.scheduler_config = scheduler_config = resolve_config(
             SchedulerConfig(policy=config.policy), self.predictor
         )
-        prefill_times = replica_prefill_times(scheduler_config, self.predictor)
-        self.backends = [
-            Backend(i, u.rstrip("/").removesuffix("/v1"), keys[i] if keys else None, clock=clock)
-            for i, u in enumerate(urls)
-        ]
-        cache = config.replica_cache_tokens or DEFAULT_CACHE_TOKENS
-        self.tracked = [
-            TrackedReplica(
-                i,
-                self.predictor,
-                scheduler_config,
-                prefill_times,
-                config.block_size,
-                cache,
-                clock,
-            )
-            for i in range(len(urls))
-        ]
-        self.dispatcher = DISPATCHERS.get(config.dispatcher)(
-            self.tracked, BareDispatchSettings(), scheduler_config
-        )
+        self.prefill_times = replica_prefill_times(scheduler_config, self.predictor)
+        # Every replica ever added, by replica_id (its index here); one removed stays, marked
+        # `removed`, so that ids stay put. The dispatcher sees the members: those not removed.
+        self.backends: list[Backend] = []
+        self.tracked: list[TrackedReplica] = []
+        self._running: dict[int, set[asyncio.Task]] = {}
+        self._health_tasks: dict[int, asyncio.Task] = {}
+        self.dispatcher = None
+        for url, key in zip(urls, keys or [None] * len(urls)):
+            self._new_replica(url, key)
+        self._new_dispatcher()
         self.tokens = TokenCache(load_tokenizer(config.tokenizer))
         self.max_request_bytes = config.max_request_bytes or (
             64 * self.scheduler_config.max_model_len + (1 << 20)
@@ -199,7 +192,7 @@ class Router:
                 f"({self.max_request_bytes}): every large body would get 429"
             )
         self.metrics = RouterMetrics()
-        self.metrics.context.set(prefill_times.max_len)
+        self.metrics.context.set(self.prefill_times.max_len)
         self.waiting = 0  # requests without their first token
         self.open = 0  # requests running through the router: waiting, or streaming
         self.held_bytes = 0  # bodies the router holds (queued ones too)
@@ -207,10 +200,93 @@ class Router:
         # how many were woken and have not started yet (they hold the room they were given)
         self._queue: collections.deque[asyncio.Future] = collections.deque()
         self._admitting = 0
-        self._running: dict[int, set[asyncio.Task]] = {b.replica_id: set() for b in self.backends}
         self._client: aiohttp.ClientSession | None = None
-        self._health_tasks: list[asyncio.Task] = []
         self._api_key = config.api_key.encode() if config.api_key else None
+
+    # ---- membership --------------------------------------------------------------------------
+    def _new_replica(self, url: str, key: str | None) -> Backend:
+        """A replica joins the lists (out until its first passed health check)."""
+        i = len(self.backends)
+        b = Backend(i, url.rstrip("/").removesuffix("/v1"), key, clock=self.clock)
+        c = self.config
+        cache = c.replica_cache_tokens or DEFAULT_CACHE_TOKENS
+        self.backends.append(b)
+        self.tracked.append(
+            TrackedReplica(
+                i,
+                self.predictor,
+                self.scheduler_config,
+                self.prefill_times,
+                c.block_size,
+                cache,
+                self.clock,
+            )
+        )
+        self._running[i] = set()
+        return b
+
+    def _new_dispatcher(self) -> None:
+        """The dispatcher over the members, made again when they change (what it kept of the
+        old ones, a round-robin turn or PLA's pools, starts over)."""
+        from medha.dispatch.base_dispatcher import DISPATCHERS
+        from medha.dispatch.config import BareDispatchSettings
+
+        members = [self.tracked[b.replica_id] for b in self.backends if not b.removed]
+        self.dispatcher = (
+            DISPATCHERS.get(self.config.dispatcher)(
+                members, BareDispatchSettings(), self.scheduler_config
+            )
+            if members
+            else None
+        )
+
+    async def add_replica(self, url: str, key: str | None = None) -> Backend:
+        """Take a replica in at run time: it is checked at once and serves from its first
+        passed check (then every --health-interval-s, as the others)."""
+        if any(
+            b.url == url.rstrip("/").removesuffix("/v1") and not b.removed for b in self.backends
+        ):
+            raise ValueError(f"replica {url} is already a member")
+        b = self._new_replica(url, key if key is not None else self._default_replica_key)
+        self._new_dispatcher()
+        self.metrics.up.labels(str(b.replica_id)).set(0.0)
+        if self._client is not None:  # (started: else start() checks it with the others)
+            await self._check(b)
+            self._health_tasks[b.replica_id] = asyncio.create_task(self._health_loop(b))
+        log.info("replica %d (%s) added", b.replica_id, b.url)
+        return b
+
+    def remove_replica(self, replica_id: int) -> Backend:
+        """Drain a replica: no new request goes to it; those it holds finish there; then it
+        leaves (`removed`), its health checks stop."""
+        if not 0 <= replica_id < len(self.backends) or self.backends[replica_id].removed:
+            raise KeyError(replica_id)
+        b = self.backends[replica_id]
+        if not b.draining:
+            b.draining = True
+            log.info(
+                "replica %d (%s) draining: %d requests",
+                replica_id,
+                b.url,
+                len(self._running[replica_id]),
+            )
+            self._drained(b)
+        return b
+
+    def _drained(self, b: Backend) -> None:
+        """A draining replica with nothing left running leaves."""
+        if not b.draining or b.removed or self._running[b.replica_id]:
+            return
+        b.removed, b.up = True, False
+        task = self._health_tasks.pop(b.replica_id, None)
+        if task is not None:
+            task.cancel()
+        self.metrics.up.labels(str(b.replica_id)).set(0.0)
+        self._new_dispatcher()
+        log.info("replica %d (%s) removed", b.replica_id, b.url)
+
+    def members(self) -> list[Backend]:
+        return [b for b in self.backends if not b.removed]
 
     # ---- life --------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -221,11 +297,12 @@ class Router:
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.config.connect_timeout_s),
             auto_decompress=False,
         )
-        await asyncio.gather(*(self._check(b) for b in self.backends))
-        self._health_tasks = [asyncio.create_task(self._health_loop(b)) for b in self.backends]
+        await asyncio.gather(*(self._check(b) for b in self.members()))
+        for b in self.members():
+            self._health_tasks[b.replica_id] = asyncio.create_task(self._health_loop(b))
 
     async def stop(self) -> None:
-        for task in self._health_tasks:
+        for task in self._health_tasks.values():
             task.cancel()
         if self._client is not None:
             await self._client.close()
@@ -302,12 +379,12 @@ class Router:
 
         lengths = [m.get("max_model_len") for m in models]
         longest = max((n for n in lengths if type(n) is int and 0 < n <= MAX_CONTEXT), default=0)
-        if longest <= self.tracked[0].prefill_times.max_len:
+        if longest <= self.prefill_times.max_len:
             return
         config = dataclasses.replace(self.scheduler_config, max_model_len=longest)
-        prefill_times = replica_prefill_times(config, self.predictor)
+        self.prefill_times = replica_prefill_times(config, self.predictor)
         for t in self.tracked:
-            t.prefill_times = prefill_times
+            t.prefill_times = self.prefill_times
         self.metrics.context.set(longest)
         log.info(
             "a replica serves %d tokens of context: the router prices prompts up to it", longest
@@ -336,14 +413,17 @@ class Router:
             return
         path, method = scope["path"], scope["method"]
         if path == "/health" and method in ("GET", "HEAD"):
-            n = sum(b.up for b in self.backends)
+            members = self.members()
+            n = sum(b.up for b in members)
             status = 200 if n else 503
-            body = {"healthy_replicas": n, "replicas": len(self.backends)}
+            body = {"healthy_replicas": n, "replicas": len(members)}
             return await _json(send, status, body)
         if path == "/metrics" and method == "GET":
             for t in self.tracked:
                 self.metrics.live.labels(str(t.replica_id)).set(t.num_live)
             return await _raw(send, 200, generate_latest(self.metrics.registry), b"text/plain")
+        if path == "/replicas" or path.startswith("/replicas/"):
+            return await self._admin(scope, receive, send, path, method)
         if path in GENERATION_PATHS or path == "/v1/models":
             if not self._authorized(scope):
                 return await _error(
@@ -361,6 +441,78 @@ class Router:
                 return await self._generate(scope, receive, send, GENERATION_PATHS[path])
             return await _error(send, RequestError("method not allowed", None, 405))
         return await _error(send, RequestError(f"no route {path}", None, 404, "not_found_error"))
+
+    async def _admin(self, scope, receive, send, path: str, method: str) -> None:
+        """The members at run time, behind the API key (a router without one has no admin
+        endpoints: anyone could point it anywhere): GET /replicas lists them, POST /replicas
+        {"url": ..., "api_key": optional} adds one, DELETE /replicas/ID drains and removes
+        one (202; the listing says `draining` until it is gone)."""
+        if self._api_key is None:
+            return await _error(
+                send,
+                RequestError(
+                    "replicas are managed at run time only behind a key (medha route --api-key)",
+                    None,
+                    403,
+                    "permission_error",
+                ),
+            )
+        if not self._authorized(scope):
+            return await _error(
+                send,
+                RequestError(
+                    "invalid or missing API key (Authorization: Bearer KEY)",
+                    None,
+                    401,
+                    "authentication_error",
+                ),
+            )
+        if path == "/replicas" and method == "GET":
+            return await _json(send, 200, {"replicas": [self._describe(b) for b in self.members()]})
+        if path == "/replicas" and method == "POST":
+            try:
+                payload = json.loads(await _read_body(receive))
+            except (ValueError, RecursionError):
+                payload = None
+            url = payload.get("url") if isinstance(payload, dict) else None
+            key = payload.get("api_key") if isinstance(payload, dict) else None
+            if (
+                not isinstance(url, str)
+                or len(url) > 2048
+                or not url.startswith(("http://", "https://"))
+                or not (key is None or isinstance(key, str))
+            ):
+                return await _error(
+                    send,
+                    RequestError(
+                        'expected {"url": "http://HOST:PORT", "api_key": optional string}', "url"
+                    ),
+                )
+            try:
+                b = await self.add_replica(url, key)
+            except ValueError as e:
+                return await _error(send, RequestError(str(e), "url", 409, "conflict_error"))
+            return await _json(send, 201, self._describe(b))
+        if path.startswith("/replicas/") and method == "DELETE":
+            tail = path.removeprefix("/replicas/")
+            try:
+                b = self.remove_replica(int(tail) if tail.isdigit() and len(tail) < 10 else -1)
+            except KeyError:
+                return await _error(
+                    send, RequestError(f"no replica {tail!r}", None, 404, "not_found_error")
+                )
+            return await _json(send, 202, self._describe(b))
+        return await _error(send, RequestError("method not allowed", None, 405))
+
+    def _describe(self, b: Backend) -> dict:
+        return {
+            "id": b.replica_id,
+            "url": b.url,
+            "up": b.up,
+            "draining": b.draining and not b.removed,
+            "removed": b.removed,
+            "requests": len(self._running[b.replica_id]),
+        }
 
     async def _lifespan(self, receive, send) -> None:
         while True:
@@ -397,6 +549,18 @@ class Router:
         if not isinstance(payload, dict):
             self.metrics.requests.labels("invalid").inc()
             return await _error(send, RequestError("the request body must be a JSON object"))
+        if not self.tracked:  # (started with none, none added yet)
+            self.metrics.requests.labels("failed").inc()
+            return await _error(
+                send,
+                RequestError(
+                    "the router has no replicas yet (POST /replicas adds one)",
+                    None,
+                    503,
+                    "server_error",
+                ),
+                retry_after=True,
+            )
         if self.held_bytes + len(body) > self.max_held_bytes:
             self.metrics.requests.labels("rejected").inc()
             return await _error(
@@ -687,6 +851,7 @@ class _Exchange:
             return self._cut(b, f"the connection to the replica failed ({type(e).__name__})")
         finally:
             running.discard(task)
+            router._drained(b)
             view.on_end(rid)
             if response is not None:
                 # an answer read to its end leaves its connection to the pool; one cut short

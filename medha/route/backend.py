@@ -33,6 +33,8 @@ class Backend:
     failure_times: collections.deque = field(default_factory=collections.deque, repr=False)
     down_since: float | None = None
     models: list[dict] = field(default_factory=list)  # its /v1/models data, last seen
+    draining: bool = False  # being removed: takes no new request, finishes those it holds
+    removed: bool = False  # gone (drained): kept only so that replica ids stay put
     clock: Callable[[], float] = field(default=time.monotonic, repr=False)
 
     def headers(self) -> dict[str, str]:
@@ -40,10 +42,13 @@ class Backend:
 
     # ---- health ------------------------------------------------------------------------------
     def health_passed(self, healthy_after: int) -> bool:
-        """Record a passed check; True when this brings the replica back."""
+        """Record a passed check; True when this brings the replica in: at its first passed
+        check when it was never in (a new replica), after `healthy_after` in a row when it
+        went out."""
         self.fails = 0
         self.passes += 1
-        if not self.up and self.passes >= healthy_after:
+        back = self.passes >= healthy_after or self.down_since is None
+        if not self.up and back:
             self.up, self.down_since = True, None
             return True
         return False
@@ -66,7 +71,7 @@ class Backend:
     # ---- circuit breaker ---------------------------------------------------------------------
     def available(self) -> bool:
         """Whether a request may be sent now: up, and its breaker lets one through."""
-        if not self.up:
+        if not self.up or self.draining:
             return False
         if self.breaker is Breaker.OPEN and self.clock() >= self.open_until:
             self.breaker, self.trial_out = Breaker.HALF_OPEN, False
