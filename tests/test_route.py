@@ -181,7 +181,7 @@ def test_the_circuit_breaker_stops_sending_to_a_failing_replica(two_stubs):
 def test_admission_and_body_limits(two_stubs):
     for s in two_stubs:
         configure(s, delay_s=1.0)
-    flags = ["--max-waiting", "1", "--max-request-bytes", "2000"]
+    flags = ["--max-waiting", "1", "--queue-size", "0", "--max-request-bytes", "2000"]
     with router(two_stubs, *flags) as url:
 
         async def two_at_once():
@@ -353,6 +353,179 @@ def test_every_dispatcher_routes(two_stubs, dispatcher):
 
         assert all(r.status_code == 200 for r in asyncio.run(many()))
         assert sum(served(s) for s in two_stubs) == 12
+
+
+@pytest.mark.parametrize("dispatcher", ["slack", "least_work"])
+def test_a_prompt_past_the_routers_context_is_forwarded_and_counted(two_stubs, dispatcher):
+    """The router's `--model` knows 8,192 tokens; its replicas may serve longer prompts. A
+    prompt of 9,000 words (past that context) is forwarded on both endpoints, streamed and
+    not, answered by the replica, and counted; a body over the limit is a 413 naming the
+    router's own flag."""
+    long = "hello " * 9000
+    with router(two_stubs, "--dispatcher", dispatcher, "--max-request-bytes", "200000") as url:
+        for stream in (False, True):
+            r = complete(url, stream=stream, prompt=long)
+            assert r.status_code == 200, r.text
+            body = {"model": "stub", "messages": [{"role": "user", "content": long}]}
+            r = httpx.post(
+                url + "/v1/chat/completions", json={**body, "stream": stream}, timeout=TIMEOUT_S
+            )
+            assert r.status_code == 200, r.text
+        metrics = httpx.get(url + "/metrics", timeout=TIMEOUT_S).text
+        assert 'medha_router_requests_total{outcome="ok"} 4.0' in metrics
+        r = complete(url, prompt="x" * 300_000)
+        assert r.status_code == 413
+        assert "medha route --max-request-bytes" in r.json()["error"]["message"]
+        assert "medha_router_context_tokens 8192.0" in metrics  # (no replica said otherwise)
+
+
+def test_the_router_prices_prompts_to_the_context_its_replicas_report():
+    """Replicas whose /v1/models reports a longer context than the router's --model: the
+    router prices prompts up to it (its gauge says so) and a long prompt goes through; a
+    report past belief is ignored."""
+    with ExitStack() as stack:
+        stubs = [
+            stack.enter_context(stub_backend(n_tokens=2, max_model_len=n)) for n in (32768, 1 << 40)
+        ]
+        with router(stubs) as url:
+            metrics = httpx.get(url + "/metrics", timeout=TIMEOUT_S).text
+            assert "medha_router_context_tokens 32768.0" in metrics
+            r = complete(url, prompt="hello " * 20000)
+            assert r.status_code == 200, r.text
+
+
+def _at_once(url, n: int, stream: bool = False):
+    """`n` requests sent together: (status, seconds to the end) of each, in sending order."""
+
+    async def send(client, i):
+        await asyncio.sleep(0.05 * i)  # (arrival order)
+        t0 = time.monotonic()
+        body = {"model": "stub", "prompt": "x", "max_tokens": 4, "stream": stream}
+        r = await client.post(url + "/v1/completions", json=body)
+        return r.status_code, time.monotonic() - t0
+
+    async def main():
+        async with httpx.AsyncClient(timeout=TIMEOUT_S) as client:
+            return await asyncio.gather(*(send(client, i) for i in range(n)))
+
+    return asyncio.run(main())
+
+
+def test_a_full_router_queues_in_order_then_refuses_or_times_out(two_stubs):
+    """At --max-waiting a request queues (in arrival order) and runs once a request ahead of
+    it has its first token; past --queue-size it gets 429 at once; queued past
+    --queue-timeout-s it gets 408. Each is counted."""
+    for s in two_stubs:
+        configure(s, delay_s=1.0)
+    flags = ["--max-waiting", "1", "--queue-size", "1", "--queue-timeout-s", "0.4"]
+    with router(two_stubs, *flags) as url:
+        (first, _), (second, waited), (third, _) = _at_once(url, 3)
+        assert (first, second, third) == (200, 408, 429)
+        assert 0.3 < waited < 0.9  # the queue's timeout, not the replica's second
+        metrics = httpx.get(url + "/metrics", timeout=TIMEOUT_S).text
+        for outcome, n in (("ok", 1), ("timed_out", 1), ("rejected", 1)):
+            assert f'medha_router_requests_total{{outcome="{outcome}"}} {n}.0' in metrics
+        assert "medha_router_queued 0.0" in metrics
+    with router(two_stubs, "--max-waiting", "1", "--queue-timeout-s", "10") as url:
+        (first, t1), (second, t2) = _at_once(url, 2)
+        assert first == second == 200 and t2 > 1.5  # it ran after the first was answered
+
+
+def test_max_concurrent_caps_open_streams(two_stubs):
+    """--max-concurrent counts streams still open after their first token too (--max-waiting
+    does not): a second stream starts only when the first has ended."""
+    for s in two_stubs:
+        configure(s, delay_s=0.2, token_delay_s=0.2)
+    with router(two_stubs, "--max-concurrent", "1") as url:
+        (a, ta), (b, tb) = _at_once(url, 2, stream=True)
+        assert a == b == 200 and tb > ta + 0.4
+
+
+def test_the_breaker_counts_failures_in_its_window_and_closes_after_enough_trials():
+    from medha.route.backend import Backend, Breaker
+
+    now = [0.0]
+    b = Backend(0, "http://x", up=True, clock=lambda: now[0])
+    for t in (0.0, 5.0, 11.0):  # 3 failures, but never 3 within 10 s
+        now[0] = t
+        b.on_failure(3, open_s=1.0, window_s=10.0)
+        b.on_success(2, window_s=10.0)  # (with a window, a success forgets nothing)
+    assert b.breaker is Breaker.CLOSED and b.failures == 2
+    now[0] = 12.0
+    b.on_failure(3, open_s=1.0, window_s=10.0)  # 5, 11, 12: three within 10 s
+    assert b.breaker is Breaker.OPEN and not b.available()
+    now[0] = 13.5
+    assert b.available() and b.breaker is Breaker.HALF_OPEN
+    b.on_sent()
+    assert not b.available()  # one trial at a time
+    b.on_success(2, window_s=10.0)
+    assert b.breaker is Breaker.HALF_OPEN and b.available()  # one of two trials passed
+    b.on_sent()
+    b.on_success(2, window_s=10.0)
+    assert b.breaker is Breaker.CLOSED and b.failures == 0
+
+
+def test_replicas_join_and_leave_at_run_time(two_stubs):
+    """Behind the API key: a replica added serves from its first passed check (the POST
+    answers after it); one removed while it holds a request drains (the request finishes
+    there, 200) and then leaves; nothing new goes to it meanwhile. Wrong calls are refused by
+    name, and a router without a key has no admin endpoints."""
+    a, b = two_stubs
+    key = {"authorization": "Bearer k"}
+    with router([a], "--api-key", "k", "--dispatcher", "round_robin") as url:
+        replicas = lambda: httpx.get(url + "/replicas", headers=key, timeout=TIMEOUT_S).json()  # noqa: E731
+        assert [r["url"] for r in replicas()["replicas"]] == [a]
+        assert httpx.get(url + "/replicas", timeout=TIMEOUT_S).status_code == 401
+        r = httpx.post(url + "/replicas", json={"url": b}, headers=key, timeout=TIMEOUT_S)
+        assert r.status_code == 201 and r.json()["up"] and r.json()["id"] == 1
+        assert healthy_replicas(url) == 2
+        for body, status in (({"url": b}, 409), ({"url": "ftp://x"}, 400), ([1], 400)):
+            r = httpx.post(url + "/replicas", json=body, headers=key, timeout=TIMEOUT_S)
+            assert r.status_code == status, body
+        assert httpx.delete(url + "/replicas/7", headers=key, timeout=TIMEOUT_S).status_code == 404
+        configure(a, delay_s=1.0)
+        configure(b, reset_stats=True)
+
+        async def drain():
+            headers = {"authorization": "Bearer k"}
+            async with httpx.AsyncClient(timeout=TIMEOUT_S, headers=headers) as client:
+                body = {"model": "stub", "prompt": "x", "max_tokens": 4}
+                held = asyncio.create_task(client.post(url + "/v1/completions", json=body))
+                await asyncio.sleep(0.3)  # (on a: round robin's turn)
+                removed = await client.delete(url + "/replicas/0")
+                during = await client.get(url + "/replicas")
+                after = [await client.post(url + "/v1/completions", json=body) for _ in range(3)]
+                return await held, removed, during.json(), after
+
+        held, removed, during, after = asyncio.run(drain())
+        assert held.status_code == 200  # it finished on the draining replica
+        assert removed.status_code == 202 and removed.json()["draining"]
+        assert [r["draining"] for r in during["replicas"]] == [True, False]
+        assert [r.status_code for r in after] == [200] * 3 and served(b) == 3
+        assert [r["url"] for r in replicas()["replicas"]] == [b]  # drained: gone
+        assert httpx.get(url + "/health", timeout=TIMEOUT_S).json()["replicas"] == 1
+    with router([a]) as url:  # no key: no admin endpoints
+        r = httpx.post(url + "/replicas", json={"url": b}, timeout=TIMEOUT_S)
+        assert r.status_code == 403 and "--api-key" in r.json()["error"]["message"]
+
+
+def test_a_router_may_start_without_replicas_only_behind_a_key():
+    from medha.route.app import Router
+    from medha.route.config import RouteConfig
+
+    with pytest.raises(ValueError, match="--api-key"):
+        Router(RouteConfig(predictor="roofline"), [])
+    r = Router(RouteConfig(predictor="roofline", api_key="k"), [])
+
+    async def ask():
+        transport = httpx.ASGITransport(app=r.asgi())
+        async with httpx.AsyncClient(transport=transport, base_url="http://router") as client:
+            body = {"model": "m", "prompt": "x"}
+            headers = {"authorization": "Bearer k"}
+            return await client.post("/v1/completions", json=body, headers=headers)
+
+    answer = asyncio.run(ask())
+    assert answer.status_code == 503 and "POST /replicas" in answer.json()["error"]["message"]
 
 
 def test_hostile_bodies_and_headers_end_their_own_request_only(two_stubs):

@@ -63,6 +63,7 @@ class Knobs:
     hang: bool = False
     die_after_tokens: int | None = None
     exit_after_tokens: int | None = None
+    max_model_len: int | None = None  # reported in /v1/models when set (as medha serve does)
 
     def update(self, changes: dict) -> None:
         """Apply a /stub/config body; a wrong key or type raises ValueError (the caller's 400)
@@ -148,6 +149,8 @@ class StubApp:
         if path == "/v1/models":
             model = {"id": self.knobs.model, "object": "model", "created": self.created}
             model["owned_by"] = "medha-stub"
+            if self.knobs.max_model_len is not None:
+                model["max_model_len"] = self.knobs.max_model_len
             return await self._json(send, 200, {"object": "list", "data": [model]})
         if path == "/stub/stats":
             return await self._json(send, 200, {"requests": self.requests})

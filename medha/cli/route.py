@@ -77,8 +77,11 @@ def run(args: argparse.Namespace) -> None:
     )
     if args.spawn < 0:
         raise CliError(f"--spawn must be >= 0, got {args.spawn}")
-    if not args.replica and not args.spawn:
-        raise CliError("no replicas: give --replica URL (repeat for each) or --spawn N")
+    if not args.replica and not args.spawn and not config.api_key:
+        raise CliError(
+            "no replicas: give --replica URL (repeat for each) or --spawn N, or --api-key to "
+            "add them at run time (POST /replicas)"
+        )
     from medha.route.spawn import spawned_replicas
 
     with spawned_replicas(args.spawn, args.spawn_arg) as local:

@@ -26,8 +26,11 @@ the replica unchanged. Faults:
 from __future__ import annotations
 
 import asyncio
+import collections
+import dataclasses
 import json
 import logging
+import random
 import secrets
 import time
 import uuid
@@ -51,6 +54,8 @@ GENERATION_PATHS = {"/v1/completions": False, "/v1/chat/completions": True}
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 DEFAULT_OUTPUT_TOKENS = 128  # a request without max_tokens: a typical answer's length
 DEFAULT_CACHE_TOKENS = 256 * 1024  # a replica's prefix cache when its /metrics does not say
+MAX_BACKOFF_S = 2.0  # the longest wait before a retry (--retry-backoff-s doubles up to it)
+MAX_CONTEXT = 1 << 24  # tokens: a replica's reported context past this is not believed
 _ERROR_BODY_LIMIT = 1 << 16  # bytes of a replica's error answer passed on
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -75,7 +80,8 @@ class RouterMetrics:
         self.requests = Counter(
             "medha_router_requests",
             "Requests by outcome: ok, failed (no replica could serve it, or cut mid-stream), "
-            "invalid (4xx from the router or a replica), rejected (429), cancelled (client gone)",
+            "invalid (4xx from the router or a replica), rejected (429), timed_out (408: "
+            "queued past --queue-timeout-s), cancelled (client gone)",
             ["outcome"],
             registry=r,
         )
@@ -100,7 +106,18 @@ class RouterMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-        for outcome in ("ok", "failed", "invalid", "rejected", "cancelled"):
+        self.context = Gauge(
+            "medha_router_context_tokens",
+            "The longest context the router prices prompts to: its --model's, or a longer one "
+            "a replica reports in /v1/models (max_model_len)",
+            registry=r,
+        )
+        self.queued = Gauge(
+            "medha_router_queued",
+            "Requests queued for admission now (at --max-waiting or --max-concurrent)",
+            registry=r,
+        )
+        for outcome in ("ok", "failed", "invalid", "rejected", "timed_out", "cancelled"):
             self.requests.labels(outcome)
 
 
@@ -122,22 +139,25 @@ class Router:
         replica_keys: list[str | None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        from medha.dispatch.base_dispatcher import DISPATCHERS
-        from medha.dispatch.config import BareDispatchSettings
         from medha.perf import make_predictor
         from medha.scheduler.config import SchedulerConfig
         from medha.scheduler.config_defaults import resolve_config
         from medha.scheduler.packers import replica_prefill_times
 
-        if not urls:
-            raise ValueError("no replicas: give --replica URL (or --spawn N)")
+        if not urls and not config.api_key:
+            raise ValueError(
+                "no replicas: give --replica URL (or --spawn N), or --api-key to add them at "
+                "run time (POST /replicas)"
+            )
         keys = list(replica_keys or [])
-        if len(keys) == 1:
-            keys = keys * len(urls)
-        if keys and len(keys) != len(urls):
+        if keys and len(keys) not in (1, len(urls)):
             raise ValueError(
                 f"{len(keys)} replica keys for {len(urls)} replicas: give one for all or one each"
             )
+        # the key a replica added at run time gets unless its request names one
+        self._default_replica_key = keys[0] if len(keys) == 1 else None
+        if len(keys) == 1:
+            keys = keys * len(urls)
         self.config, self.clock = config, clock
         spec = config.predictor
         if spec == "auto":
@@ -150,27 +170,17 @@ class Router:
         self.scheduler_config = scheduler_config = resolve_config(
             SchedulerConfig(policy=config.policy), self.predictor
         )
-        prefill_times = replica_prefill_times(scheduler_config, self.predictor)
-        self.backends = [
-            Backend(i, u.rstrip("/").removesuffix("/v1"), keys[i] if keys else None, clock=clock)
-            for i, u in enumerate(urls)
-        ]
-        cache = config.replica_cache_tokens or DEFAULT_CACHE_TOKENS
-        self.tracked = [
-            TrackedReplica(
-                i,
-                self.predictor,
-                scheduler_config,
-                prefill_times,
-                config.block_size,
-                cache,
-                clock,
-            )
-            for i in range(len(urls))
-        ]
-        self.dispatcher = DISPATCHERS.get(config.dispatcher)(
-            self.tracked, BareDispatchSettings(), scheduler_config
-        )
+        self.prefill_times = replica_prefill_times(scheduler_config, self.predictor)
+        # Every replica ever added, by replica_id (its index here); one removed stays, marked
+        # `removed`, so that ids stay put. The dispatcher sees the members: those not removed.
+        self.backends: list[Backend] = []
+        self.tracked: list[TrackedReplica] = []
+        self._running: dict[int, set[asyncio.Task]] = {}
+        self._health_tasks: dict[int, asyncio.Task] = {}
+        self.dispatcher = None
+        for url, key in zip(urls, keys or [None] * len(urls)):
+            self._new_replica(url, key)
+        self._new_dispatcher()
         self.tokens = TokenCache(load_tokenizer(config.tokenizer))
         self.max_request_bytes = config.max_request_bytes or (
             64 * self.scheduler_config.max_model_len + (1 << 20)
@@ -182,12 +192,101 @@ class Router:
                 f"({self.max_request_bytes}): every large body would get 429"
             )
         self.metrics = RouterMetrics()
+        self.metrics.context.set(self.prefill_times.max_len)
         self.waiting = 0  # requests without their first token
-        self.held_bytes = 0  # bodies the router holds
-        self._running: dict[int, set[asyncio.Task]] = {b.replica_id: set() for b in self.backends}
+        self.open = 0  # requests running through the router: waiting, or streaming
+        self.held_bytes = 0  # bodies the router holds (queued ones too)
+        # requests queued for admission, oldest first (each wakes when its future is set), and
+        # how many were woken and have not started yet (they hold the room they were given)
+        self._queue: collections.deque[asyncio.Future] = collections.deque()
+        self._admitting = 0
         self._client: aiohttp.ClientSession | None = None
-        self._health_tasks: list[asyncio.Task] = []
         self._api_key = config.api_key.encode() if config.api_key else None
+
+    # ---- membership --------------------------------------------------------------------------
+    def _new_replica(self, url: str, key: str | None) -> Backend:
+        """A replica joins the lists (out until its first passed health check)."""
+        i = len(self.backends)
+        b = Backend(i, url.rstrip("/").removesuffix("/v1"), key, clock=self.clock)
+        c = self.config
+        cache = c.replica_cache_tokens or DEFAULT_CACHE_TOKENS
+        self.backends.append(b)
+        self.tracked.append(
+            TrackedReplica(
+                i,
+                self.predictor,
+                self.scheduler_config,
+                self.prefill_times,
+                c.block_size,
+                cache,
+                self.clock,
+            )
+        )
+        self._running[i] = set()
+        return b
+
+    def _new_dispatcher(self) -> None:
+        """The dispatcher over the members, made again when they change (what it kept of the
+        old ones, a round-robin turn or PLA's pools, starts over)."""
+        from medha.dispatch.base_dispatcher import DISPATCHERS
+        from medha.dispatch.config import BareDispatchSettings
+
+        members = [self.tracked[b.replica_id] for b in self.backends if not b.removed]
+        self.dispatcher = (
+            DISPATCHERS.get(self.config.dispatcher)(
+                members, BareDispatchSettings(), self.scheduler_config
+            )
+            if members
+            else None
+        )
+
+    async def add_replica(self, url: str, key: str | None = None) -> Backend:
+        """Take a replica in at run time: it is checked at once and serves from its first
+        passed check (then every --health-interval-s, as the others)."""
+        if any(
+            b.url == url.rstrip("/").removesuffix("/v1") and not b.removed for b in self.backends
+        ):
+            raise ValueError(f"replica {url} is already a member")
+        b = self._new_replica(url, key if key is not None else self._default_replica_key)
+        self._new_dispatcher()
+        self.metrics.up.labels(str(b.replica_id)).set(0.0)
+        if self._client is not None:  # (started: else start() checks it with the others)
+            await self._check(b)
+            self._health_tasks[b.replica_id] = asyncio.create_task(self._health_loop(b))
+        log.info("replica %d (%s) added", b.replica_id, b.url)
+        return b
+
+    def remove_replica(self, replica_id: int) -> Backend:
+        """Drain a replica: no new request goes to it; those it holds finish there; then it
+        leaves (`removed`), its health checks stop."""
+        if not 0 <= replica_id < len(self.backends) or self.backends[replica_id].removed:
+            raise KeyError(replica_id)
+        b = self.backends[replica_id]
+        if not b.draining:
+            b.draining = True
+            log.info(
+                "replica %d (%s) draining: %d requests",
+                replica_id,
+                b.url,
+                len(self._running[replica_id]),
+            )
+            self._drained(b)
+        return b
+
+    def _drained(self, b: Backend) -> None:
+        """A draining replica with nothing left running leaves."""
+        if not b.draining or b.removed or self._running[b.replica_id]:
+            return
+        b.removed, b.up = True, False
+        task = self._health_tasks.pop(b.replica_id, None)
+        if task is not None:
+            task.cancel()
+        self.metrics.up.labels(str(b.replica_id)).set(0.0)
+        self._new_dispatcher()
+        log.info("replica %d (%s) removed", b.replica_id, b.url)
+
+    def members(self) -> list[Backend]:
+        return [b for b in self.backends if not b.removed]
 
     # ---- life --------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -198,18 +297,19 @@ class Router:
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.config.connect_timeout_s),
             auto_decompress=False,
         )
-        await asyncio.gather(*(self._check(b) for b in self.backends))
-        self._health_tasks = [asyncio.create_task(self._health_loop(b)) for b in self.backends]
+        await asyncio.gather(*(self._check(b) for b in self.members()))
+        for b in self.members():
+            self._health_tasks[b.replica_id] = asyncio.create_task(self._health_loop(b))
 
     async def stop(self) -> None:
-        for task in self._health_tasks:
+        for task in self._health_tasks.values():
             task.cancel()
         if self._client is not None:
             await self._client.close()
 
     def asgi(self):
         """The app: this router behind the body guard."""
-        return BodyGuard(self, self.max_request_bytes, self.max_held_bytes)
+        return BodyGuard(self, self.max_request_bytes, self.max_held_bytes, "medha route")
 
     # ---- health ------------------------------------------------------------------------------
     async def _health_loop(self, b: Backend) -> None:
@@ -261,6 +361,7 @@ class Router:
             data = json.loads(text).get("data") if status == 200 else None
             if isinstance(data, list):
                 b.models = [m for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
+                self._learn_context(b.models)
             if not self.config.replica_cache_tokens:
                 status, text = await self._get(b.url + "/metrics", None, read=True)
                 tokens = _capacity_tokens(text) if status == 200 else None
@@ -269,6 +370,33 @@ class Router:
                     t.index.capacity_blocks = max(1, tokens // t.block_size)
         except (TimeoutError, aiohttp.ClientError, OSError, ValueError, AttributeError):
             pass
+
+    def _learn_context(self, models: list[dict]) -> None:
+        """A replica that serves a longer context than the router's --model (its /v1/models'
+        `max_model_len`, as medha serve and vLLM report it): the router prices prompts up to
+        it from then on, with one prefill-time walk for all replicas, as before."""
+        from medha.scheduler.packers import replica_prefill_times
+
+        lengths = [m.get("max_model_len") for m in models]
+        longest = max((n for n in lengths if type(n) is int and 0 < n <= MAX_CONTEXT), default=0)
+        if longest <= self.prefill_times.max_len:
+            return
+        config = dataclasses.replace(self.scheduler_config, max_model_len=longest)
+        self.prefill_times = replica_prefill_times(config, self.predictor)
+        for t in self.tracked:
+            t.prefill_times = self.prefill_times
+        self.metrics.context.set(longest)
+        log.info(
+            "a replica serves %d tokens of context: the router prices prompts up to it", longest
+        )
+
+    def breaker_success(self, b: Backend) -> None:
+        c = self.config
+        b.on_success(c.breaker_successes, c.breaker_window_s)
+
+    def breaker_failure(self, b: Backend) -> None:
+        c = self.config
+        b.on_failure(c.breaker_failures, c.breaker_open_s, c.breaker_window_s)
 
     def _went_down(self, b: Backend, why: str) -> None:
         log.warning("replica %d (%s) is out: %s", b.replica_id, b.url, why)
@@ -285,14 +413,17 @@ class Router:
             return
         path, method = scope["path"], scope["method"]
         if path == "/health" and method in ("GET", "HEAD"):
-            n = sum(b.up for b in self.backends)
+            members = self.members()
+            n = sum(b.up for b in members)
             status = 200 if n else 503
-            body = {"healthy_replicas": n, "replicas": len(self.backends)}
+            body = {"healthy_replicas": n, "replicas": len(members)}
             return await _json(send, status, body)
         if path == "/metrics" and method == "GET":
             for t in self.tracked:
                 self.metrics.live.labels(str(t.replica_id)).set(t.num_live)
             return await _raw(send, 200, generate_latest(self.metrics.registry), b"text/plain")
+        if path == "/replicas" or path.startswith("/replicas/"):
+            return await self._admin(scope, receive, send, path, method)
         if path in GENERATION_PATHS or path == "/v1/models":
             if not self._authorized(scope):
                 return await _error(
@@ -310,6 +441,78 @@ class Router:
                 return await self._generate(scope, receive, send, GENERATION_PATHS[path])
             return await _error(send, RequestError("method not allowed", None, 405))
         return await _error(send, RequestError(f"no route {path}", None, 404, "not_found_error"))
+
+    async def _admin(self, scope, receive, send, path: str, method: str) -> None:
+        """The members at run time, behind the API key (a router without one has no admin
+        endpoints: anyone could point it anywhere): GET /replicas lists them, POST /replicas
+        {"url": ..., "api_key": optional} adds one, DELETE /replicas/ID drains and removes
+        one (202; the listing says `draining` until it is gone)."""
+        if self._api_key is None:
+            return await _error(
+                send,
+                RequestError(
+                    "replicas are managed at run time only behind a key (medha route --api-key)",
+                    None,
+                    403,
+                    "permission_error",
+                ),
+            )
+        if not self._authorized(scope):
+            return await _error(
+                send,
+                RequestError(
+                    "invalid or missing API key (Authorization: Bearer KEY)",
+                    None,
+                    401,
+                    "authentication_error",
+                ),
+            )
+        if path == "/replicas" and method == "GET":
+            return await _json(send, 200, {"replicas": [self._describe(b) for b in self.members()]})
+        if path == "/replicas" and method == "POST":
+            try:
+                payload = json.loads(await _read_body(receive))
+            except (ValueError, RecursionError):
+                payload = None
+            url = payload.get("url") if isinstance(payload, dict) else None
+            key = payload.get("api_key") if isinstance(payload, dict) else None
+            if (
+                not isinstance(url, str)
+                or len(url) > 2048
+                or not url.startswith(("http://", "https://"))
+                or not (key is None or isinstance(key, str))
+            ):
+                return await _error(
+                    send,
+                    RequestError(
+                        'expected {"url": "http://HOST:PORT", "api_key": optional string}', "url"
+                    ),
+                )
+            try:
+                b = await self.add_replica(url, key)
+            except ValueError as e:
+                return await _error(send, RequestError(str(e), "url", 409, "conflict_error"))
+            return await _json(send, 201, self._describe(b))
+        if path.startswith("/replicas/") and method == "DELETE":
+            tail = path.removeprefix("/replicas/")
+            try:
+                b = self.remove_replica(int(tail) if tail.isdigit() and len(tail) < 10 else -1)
+            except KeyError:
+                return await _error(
+                    send, RequestError(f"no replica {tail!r}", None, 404, "not_found_error")
+                )
+            return await _json(send, 202, self._describe(b))
+        return await _error(send, RequestError("method not allowed", None, 405))
+
+    def _describe(self, b: Backend) -> dict:
+        return {
+            "id": b.replica_id,
+            "url": b.url,
+            "up": b.up,
+            "draining": b.draining and not b.removed,
+            "removed": b.removed,
+            "requests": len(self._running[b.replica_id]),
+        }
 
     async def _lifespan(self, receive, send) -> None:
         while True:
@@ -346,16 +549,15 @@ class Router:
         if not isinstance(payload, dict):
             self.metrics.requests.labels("invalid").inc()
             return await _error(send, RequestError("the request body must be a JSON object"))
-        if self.waiting >= self.config.max_waiting:
-            self.metrics.requests.labels("rejected").inc()
+        if not self.tracked:  # (started with none, none added yet)
+            self.metrics.requests.labels("failed").inc()
             return await _error(
                 send,
                 RequestError(
-                    f"{self.waiting} requests are waiting for their first token (medha route "
-                    "--max-waiting); retry later",
+                    "the router has no replicas yet (POST /replicas adds one)",
                     None,
-                    429,
-                    "rate_limit_error",
+                    503,
+                    "server_error",
                 ),
                 retry_after=True,
             )
@@ -375,12 +577,107 @@ class Router:
             )
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         now = self.clock()  # its arrival: tokenizing is part of its wait
-        tokens = await self.tokens.tokens(prompt_pieces(payload, chat))
-        routing = read_request(
-            payload, tokens, uuid.uuid4().hex, now, headers, DEFAULT_OUTPUT_TOKENS
-        )
-        exchange = _Exchange(self, scope, receive, send, body, routing, headers)
+        try:
+            tokens = await self.tokens.tokens(prompt_pieces(payload, chat))
+            routing = read_request(
+                payload, tokens, uuid.uuid4().hex, now, headers, DEFAULT_OUTPUT_TOKENS
+            )
+            exchange = _Exchange(self, scope, receive, send, body, routing, headers)
+        except Exception:
+            # a fault of the router's own (its estimates must never fail a request): the
+            # request ends with an error that says so, counted, and the router goes on
+            log.exception("the router could not route a request")
+            self.metrics.requests.labels("failed").inc()
+            return await _error(
+                send,
+                RequestError(
+                    "the router failed to route this request (a fault of the router's; its "
+                    "log has the details)",
+                    None,
+                    500,
+                    "server_error",
+                ),
+            )
+        if not await self._admitted(send, len(body)):
+            return
         await exchange.run()
+
+    # ---- admission ---------------------------------------------------------------------------
+    def _has_room(self) -> bool:
+        c = self.config
+        taken = self._admitting
+        return self.waiting + taken < c.max_waiting and (
+            not c.max_concurrent or self.open + taken < c.max_concurrent
+        )
+
+    async def _admitted(self, send, body_bytes: int) -> bool:
+        """Whether a request may run now; else it queues, in arrival order, until there is
+        room (True), or gets 429 when the queue is full or 408 after --queue-timeout-s (False,
+        the answer sent). A request admitted starts without an await in between, so the room
+        it was given is taken before anyone else looks."""
+        if self._has_room() and not self._queue:
+            return True
+        c = self.config
+        if len(self._queue) >= c.queue_size:
+            self.metrics.requests.labels("rejected").inc()
+            await _error(
+                send,
+                RequestError(
+                    f"{self.waiting} requests wait for their first token, {self.open} are open "
+                    f"and {len(self._queue)} queued (medha route --max-waiting, "
+                    "--max-concurrent, --queue-size); retry later",
+                    None,
+                    429,
+                    "rate_limit_error",
+                ),
+                retry_after=True,
+            )
+            return False
+        turn = asyncio.get_running_loop().create_future()
+        self._queue.append(turn)
+        self.held_bytes += body_bytes
+        self.metrics.queued.set(len(self._queue))
+        try:
+            await asyncio.wait_for(asyncio.shield(turn), c.queue_timeout_s)
+        except TimeoutError:
+            if not turn.done():
+                turn.cancel()
+                self.metrics.requests.labels("timed_out").inc()
+                await _error(
+                    send,
+                    RequestError(
+                        f"the request waited {c.queue_timeout_s:g} s in the router's queue "
+                        "without room to run (medha route --queue-timeout-s)",
+                        None,
+                        408,
+                        "timeout_error",
+                        "queue_timeout",
+                    ),
+                )
+                return False
+        except BaseException:  # the client left (cancelled) while queued
+            if turn.done() and not turn.cancelled():
+                self._admitting -= 1  # give back the room it was given
+                self._wake()
+            turn.cancel()
+            raise
+        finally:
+            self.held_bytes -= body_bytes
+            if turn in self._queue:
+                self._queue.remove(turn)
+            self.metrics.queued.set(len(self._queue))
+        self._admitting -= 1
+        return True
+
+    def _wake(self) -> None:
+        """Give the room a request left to the oldest queued ones."""
+        queue = self._queue
+        while queue and self._has_room():
+            turn = queue.popleft()
+            if not turn.done():
+                self._admitting += 1
+                turn.set_result(None)
+        self.metrics.queued.set(len(queue))
 
 
 class _Exchange:
@@ -409,6 +706,7 @@ class _Exchange:
     async def run(self) -> None:
         router = self.router
         router.waiting += 1
+        router.open += 1
         router.held_bytes += len(self.body)
         self.holding = True
         task = asyncio.current_task()
@@ -422,12 +720,16 @@ class _Exchange:
         finally:
             watcher.cancel()
             self._release()
+            router.open -= 1
+            router._wake()
 
     def _release(self) -> None:
+        """Its first token went out (or it ended): it waits no more, and its body goes."""
         if self.holding:
             self.holding = False
             self.router.waiting -= 1
             self.router.held_bytes -= len(self.body)
+            self.router._wake()
 
     async def send(self, message) -> None:
         if message["type"] == "http.response.body" and not message.get("more_body"):
@@ -448,6 +750,11 @@ class _Exchange:
         tried: set[int] = set()
         failed: _Failed | None = None
         for attempt in range(router.config.max_attempts):
+            base = router.config.retry_backoff_s
+            if attempt and base:  # full jitter: requests that failed at once retry apart
+                await asyncio.sleep(
+                    random.uniform(0, min(MAX_BACKOFF_S, base * 2 ** (attempt - 1)))
+                )
             candidates = [
                 router.tracked[b.replica_id]
                 for b in router.backends
@@ -485,7 +792,6 @@ class _Exchange:
         """One replica's try: None when the request is answered (or cut mid-stream: the client
         had its error event), else what failed."""
         router, rid = self.router, self.routing.request.request_id
-        c = router.config
         routing = self.routing
         view.on_dispatch(routing.request, self.deadline_s, routing.expected_tokens, routing.stream)
         router.metrics.dispatched.labels(str(b.replica_id)).inc()
@@ -508,21 +814,21 @@ class _Exchange:
                 running.discard(task)  # not cancelled with the others it held
                 b.mark_down()
                 router._went_down(b, f"connection refused ({e})")
-                b.on_failure(c.breaker_failures, c.breaker_open_s)
+                self.router.breaker_failure(b)
                 message = f"replica {b.replica_id} refused the connection"
                 return _Failed(502, _error_body(message, 502), [])
             if response.status != 200:
                 data = await response.content.read(_ERROR_BODY_LIMIT)
                 if response.status in RETRY_STATUSES:
                     if response.status != 429:  # a full replica is not a broken one
-                        b.on_failure(c.breaker_failures, c.breaker_open_s)
+                        self.router.breaker_failure(b)
                     passed = [
                         (k.encode(), v.encode())
                         for k, v in response.headers.items()
                         if k.lower() in ("content-type", "retry-after")
                     ]
                     return _Failed(response.status, data, passed)
-                b.on_success()  # the replica works: the request is the client's problem
+                self.router.breaker_success(b)  # the replica works: the request is the client's
                 router.metrics.requests.labels("invalid").inc()
                 kind = response.headers.get("content-type", "application/json").encode()
                 await _raw(self.send, response.status, data, kind)
@@ -530,7 +836,7 @@ class _Exchange:
             if self.routing.stream:
                 return await self._stream(b, view, response)
             data = await response.read()
-            b.on_success()
+            self.router.breaker_success(b)
             view.on_first_token(rid)
             self._release()
             kind = response.headers.get("content-type", "application/json").encode()
@@ -545,6 +851,7 @@ class _Exchange:
             return self._cut(b, f"the connection to the replica failed ({type(e).__name__})")
         finally:
             running.discard(task)
+            router._drained(b)
             view.on_end(rid)
             if response is not None:
                 # an answer read to its end leaves its connection to the pool; one cut short
@@ -563,8 +870,7 @@ class _Exchange:
         return True
 
     def _cut(self, b: Backend, why: str) -> _Failed | None:
-        c = self.router.config
-        b.on_failure(c.breaker_failures, c.breaker_open_s)
+        self.router.breaker_failure(b)
         if not self.sent:
             return _Failed(502, _error_body(f"replica {b.replica_id}: {why}", 502), [])
         self._cut_stream = why
@@ -582,7 +888,7 @@ class _Exchange:
                     if not _has_token(held):
                         continue
                     view.on_first_token(rid)
-                    b.on_success()
+                    router.breaker_success(b)
                     self._release()
                     router.metrics.ttft.observe(router.clock() - self.routing.request.arrival_s)
                     await self._start_stream()
@@ -602,7 +908,7 @@ class _Exchange:
         if not self.sent:  # ended before any token: an empty answer, passed on whole
             if not held:
                 return self._cut(b, "the replica closed the stream before any token")
-            b.on_success()
+            router.breaker_success(b)
             self._release()
             await self._start_stream()
             await self.send({"type": "http.response.body", "body": bytes(held), "more_body": True})

@@ -4,6 +4,7 @@ refused connections) and its circuit breaker. Whether the router may send it a r
 
 from __future__ import annotations
 
+import collections
 import enum
 import time
 from collections.abc import Callable
@@ -25,11 +26,15 @@ class Backend:
     passes: int = 0  # health checks passed in a row
     fails: int = 0  # health checks failed in a row
     breaker: Breaker = Breaker.CLOSED
-    failures: int = 0  # requests failed in a row (the breaker's count)
+    failures: int = 0  # requests failed in a row, or within the window (the breaker's count)
     open_until: float = 0.0
     trial_out: bool = False
+    trial_successes: int = 0  # trials that succeeded since the breaker went half-open
+    failure_times: collections.deque = field(default_factory=collections.deque, repr=False)
     down_since: float | None = None
     models: list[dict] = field(default_factory=list)  # its /v1/models data, last seen
+    draining: bool = False  # being removed: takes no new request, finishes those it holds
+    removed: bool = False  # gone (drained): kept only so that replica ids stay put
     clock: Callable[[], float] = field(default=time.monotonic, repr=False)
 
     def headers(self) -> dict[str, str]:
@@ -37,10 +42,13 @@ class Backend:
 
     # ---- health ------------------------------------------------------------------------------
     def health_passed(self, healthy_after: int) -> bool:
-        """Record a passed check; True when this brings the replica back."""
+        """Record a passed check; True when this brings the replica in: at its first passed
+        check when it was never in (a new replica), after `healthy_after` in a row when it
+        went out."""
         self.fails = 0
         self.passes += 1
-        if not self.up and self.passes >= healthy_after:
+        back = self.passes >= healthy_after or self.down_since is None
+        if not self.up and back:
             self.up, self.down_since = True, None
             return True
         return False
@@ -63,7 +71,7 @@ class Backend:
     # ---- circuit breaker ---------------------------------------------------------------------
     def available(self) -> bool:
         """Whether a request may be sent now: up, and its breaker lets one through."""
-        if not self.up:
+        if not self.up or self.draining:
             return False
         if self.breaker is Breaker.OPEN and self.clock() >= self.open_until:
             self.breaker, self.trial_out = Breaker.HALF_OPEN, False
@@ -75,12 +83,33 @@ class Backend:
         if self.breaker is Breaker.HALF_OPEN:
             self.trial_out = True
 
-    def on_success(self) -> None:
-        self.failures = 0
-        self.breaker, self.trial_out = Breaker.CLOSED, False
+    def on_success(self, successes_to_close: int = 1, window_s: float = 0.0) -> None:
+        """A request it answered. A half-open breaker closes after `successes_to_close`
+        trials in a row succeeded (the next trial goes out after each); a closed one forgets
+        the failures in a row (with a window, failures expire by age instead)."""
+        if self.breaker is Breaker.HALF_OPEN:
+            self.trial_out = False
+            self.trial_successes += 1
+            if self.trial_successes < successes_to_close:
+                return
+            self.failure_times.clear()
+            self.failures = 0
+        elif not window_s:
+            self.failures = 0
+        self.breaker = Breaker.CLOSED
 
-    def on_failure(self, breaker_failures: int, open_s: float) -> None:
-        self.failures += 1
+    def on_failure(self, breaker_failures: int, open_s: float, window_s: float = 0.0) -> None:
+        """A request it failed: the breaker opens at `breaker_failures` failures in a row, or
+        within the last `window_s` seconds when that is set, and at once when half-open."""
+        now = self.clock()
+        if window_s:
+            times = self.failure_times
+            times.append(now)
+            while times and times[0] < now - window_s:
+                times.popleft()
+            self.failures = len(times)
+        else:
+            self.failures += 1
         if self.breaker is Breaker.HALF_OPEN or self.failures >= breaker_failures:
-            self.breaker, self.trial_out = Breaker.OPEN, False
-            self.open_until = self.clock() + open_s
+            self.breaker, self.trial_out, self.trial_successes = Breaker.OPEN, False, 0
+            self.open_until = now + open_s

@@ -104,6 +104,27 @@ class RouteConfig:
         default=5.0,
         metadata=_help("seconds an open breaker refuses requests before one trial request"),
     )
+    breaker_window_s: float = field(
+        default=0.0,
+        metadata=_help(
+            "count a replica's failed requests toward --breaker-failures within this many "
+            "seconds, successes between them or not (0: failures in a row only)"
+        ),
+    )
+    breaker_successes: int = field(
+        default=1,
+        metadata=_help(
+            "trial requests (one at a time) that must succeed to close a half-open breaker"
+        ),
+    )
+    retry_backoff_s: float = field(
+        default=0.05,
+        metadata=_help(
+            "before retrying on another replica, wait a random time of up to this x "
+            "2^(retries so far), at most 2 s (full jitter: retries of many requests spread "
+            "out); 0: retry at once"
+        ),
+    )
     max_attempts: int = field(
         default=3,
         metadata=_help(
@@ -120,6 +141,26 @@ class RouteConfig:
             "requests waiting for their first token, all replicas, before new ones get 429 "
             "with Retry-After"
         ),
+    )
+    max_concurrent: int = field(
+        default=0,
+        metadata=_help(
+            "requests open through the router at once, waiting for their first token or "
+            "streaming, all replicas (0: no cap); past it, or past --max-waiting, a request "
+            "queues"
+        ),
+    )
+    queue_size: int = field(
+        default=256,
+        metadata=_help(
+            "requests that may queue, in arrival order, while the router is at --max-waiting "
+            "or --max-concurrent; past it they get 429 with Retry-After (0: no queue, 429 at "
+            "once)"
+        ),
+    )
+    queue_timeout_s: float = field(
+        default=60.0,
+        metadata=_help("a request still queued after this many seconds gets 408"),
     )
     max_request_bytes: int | None = field(
         default=None,
@@ -141,7 +182,7 @@ class RouteConfig:
     def __post_init__(self) -> None:
         if self.dispatcher not in DISPATCHER_NAMES:
             raise unknown_name("dispatcher", self.dispatcher, DISPATCHER_NAMES)
-        for name in ("health_interval_s", "health_timeout_s", "breaker_open_s"):
+        for name in ("health_interval_s", "health_timeout_s", "breaker_open_s", "queue_timeout_s"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
                 raise ValueError(f"{name} must be a positive number of seconds, got {v!r}")
@@ -154,10 +195,19 @@ class RouteConfig:
             "breaker_failures",
             "max_attempts",
             "max_waiting",
+            "breaker_successes",
         ):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        for name in ("breaker_window_s", "retry_backoff_s"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise ValueError(f"{name} must be a number of seconds >= 0, got {v!r}")
+        for name in ("max_concurrent", "queue_size"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
         if self.replica_cache_tokens < 0:
             raise ValueError(f"replica_cache_tokens must be >= 0, got {self.replica_cache_tokens}")
         for name in ("max_request_bytes", "max_buffered_bytes"):

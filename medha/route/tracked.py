@@ -299,7 +299,16 @@ class TrackedReplica:
         return self.index.match(keys, limit) * per * self.block_size
 
     def prefill_work_s(self, request: Request, cached: int) -> float:
-        return self.prefill_times.remaining(request.prompt_len, cached)
+        """The replica's predicted prefill time still ahead of `request` with `cached` tokens
+        of it cached. A prompt past the context of the router's model (the replica may serve
+        a longer one) is priced as its stretch of the walk to that context, scaled to its
+        length: a bounded estimate, low (attention grows faster), never a failed request."""
+        times, total = self.prefill_times, request.prompt_len
+        if total <= times.max_len:
+            return times.remaining(total, cached)
+        per_token = times.time(times.max_len) / times.max_len
+        done = times.time(cached) if cached <= times.max_len else per_token * cached
+        return max(0.0, per_token * total - done)
 
     def progress(self, request: Request) -> tuple[float | None, float, bool]:
         rid = request.request_id

@@ -30,8 +30,12 @@ _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 class BodyGuard:
-    def __init__(self, app: ASGIApp, max_bytes: int, max_buffered_bytes: int) -> None:
+    def __init__(
+        self, app: ASGIApp, max_bytes: int, max_buffered_bytes: int, command: str = "medha serve"
+    ) -> None:
+        """`command`: the server whose flags set the limits, which a refusal names."""
         self.app, self.max_bytes, self.max_buffered_bytes = app, max_bytes, max_buffered_bytes
+        self.command = command
         self.buffered = 0  # bytes of the bodies being received now, all connections
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -39,9 +43,9 @@ class BodyGuard:
             return await self.app(scope, receive, send)
         length = _content_length(scope)
         if length is not None and length > self.max_bytes:
-            return await self._refuse(scope, send, _too_large(length, self.max_bytes))
+            return await self._refuse(scope, send, _too_large(length, self.max_bytes, self.command))
         if length is not None and self.buffered + length > self.max_buffered_bytes:
-            return await self._refuse(scope, send, _busy(self.max_buffered_bytes))
+            return await self._refuse(scope, send, _busy(self.max_buffered_bytes, self.command))
         body, held = bytearray(), 0
         try:
             more = True
@@ -52,9 +56,13 @@ class BodyGuard:
                 chunk = message.get("body", b"")
                 more = message.get("more_body", False)
                 if len(body) + len(chunk) > self.max_bytes:
-                    return await self._refuse(scope, send, _too_large(None, self.max_bytes))
+                    return await self._refuse(
+                        scope, send, _too_large(None, self.max_bytes, self.command)
+                    )
                 if self.buffered + len(chunk) > self.max_buffered_bytes:
-                    return await self._refuse(scope, send, _busy(self.max_buffered_bytes))
+                    return await self._refuse(
+                        scope, send, _busy(self.max_buffered_bytes, self.command)
+                    )
                 body += chunk
                 self.buffered += len(chunk)
                 held += len(chunk)
@@ -126,21 +134,21 @@ def _encodable(s: str) -> bool:
         return False
 
 
-def _too_large(length: int | None, limit: int) -> RequestError:
+def _too_large(length: int | None, limit: int, command: str) -> RequestError:
     size = f"of {length} bytes " if length is not None else ""
     return RequestError(
         f"the request body {size}exceeds the server's limit of {limit} bytes "
-        "(medha serve --max-request-bytes)",
+        f"({command} --max-request-bytes)",
         None,
         413,
         code="request_too_large",
     )
 
 
-def _busy(limit: int) -> RequestError:
+def _busy(limit: int, command: str) -> RequestError:
     return RequestError(
         f"the request bodies being received exceed the server's limit of {limit} bytes in all "
-        "(medha serve --max-buffered-bytes); retry later",
+        f"({command} --max-buffered-bytes); retry later",
         None,
         429,
         "rate_limit_error",
