@@ -99,6 +99,9 @@ def test_requests_pass_through_streamed_and_not(two_stubs):
         assert [served(s) for s in two_stubs] == [2, 1]  # in turn
         metrics = httpx.get(url + "/metrics", timeout=TIMEOUT_S).text
         assert 'medha_router_requests_total{outcome="ok"} 3.0' in metrics
+        # each answer names the replica that gave it (its id in GET /replicas)
+        answers = [complete(url, stream=stream) for stream in (False, True)]
+        assert [r.headers["x-medha-replica"] for r in answers] == ["1", "0"]
 
 
 def test_the_slack_dispatcher_tells_the_client_its_predicted_ttft(two_stubs):

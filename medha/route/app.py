@@ -699,6 +699,7 @@ class _Exchange:
         self.client_auth = headers.get("authorization") if router._api_key is None else None
         # the dispatcher's predicted TTFT on the replica of the current try (slack only)
         self.predicted_ttft_s: float | None = None
+        self.replica_headers: list[tuple[bytes, bytes]] = []  # of the answering replica
         self.deadline_s = ttft_deadline_s(
             router.scheduler_config, routing.request, router.tracked[0]
         )
@@ -833,6 +834,7 @@ class _Exchange:
                 kind = response.headers.get("content-type", "application/json").encode()
                 await _raw(self.send, response.status, data, kind)
                 return None
+            self.replica_headers = _replica_headers(b, response)
             if self.routing.stream:
                 return await self._stream(b, view, response)
             data = await response.read()
@@ -840,7 +842,7 @@ class _Exchange:
             view.on_first_token(rid)
             self._release()
             kind = response.headers.get("content-type", "application/json").encode()
-            await _raw(self.send, 200, data, kind, self._prediction())
+            await _raw(self.send, 200, data, kind, self._answer_headers())
             router.metrics.requests.labels("ok").inc()
             return None
         except asyncio.CancelledError as e:
@@ -929,12 +931,15 @@ class _Exchange:
         await self.send({"type": "http.response.body", "body": b"", "more_body": False})
         return None
 
-    def _prediction(self) -> list[tuple[bytes, bytes]]:
-        """The response header with the router's predicted TTFT (ms after it received the
-        request) on the replica that answers, where the dispatcher predicts one."""
-        if self.predicted_ttft_s is None:
-            return []
-        return [(b"x-medha-predicted-ttft-ms", f"{1000 * self.predicted_ttft_s:.1f}".encode())]
+    def _answer_headers(self) -> list[tuple[bytes, bytes]]:
+        """The headers of an answer: which replica gave it (`x-medha-replica`, its id in GET
+        /replicas) and its own `x-` headers, and the router's predicted TTFT (ms after it
+        received the request) on it, where the dispatcher predicts one."""
+        headers = list(self.replica_headers)
+        if self.predicted_ttft_s is not None:
+            ttft = f"{1000 * self.predicted_ttft_s:.1f}".encode()
+            headers.append((b"x-medha-predicted-ttft-ms", ttft))
+        return headers
 
     async def _start_stream(self) -> None:
         self.sent = True
@@ -945,10 +950,31 @@ class _Exchange:
                 "headers": [
                     (b"content-type", b"text/event-stream; charset=utf-8"),
                     (b"cache-control", b"no-cache"),
-                    *self._prediction(),
+                    *self._answer_headers(),
                 ],
             }
         )
+
+
+_OWN_HEADERS = (b"x-medha-replica", b"x-medha-predicted-ttft-ms")
+_MAX_PASSED_HEADERS = 16
+
+
+def _replica_headers(b: Backend, response: aiohttp.ClientResponse) -> list[tuple[bytes, bytes]]:
+    """`x-medha-replica` and the replica's own `x-` response headers (request ids, its
+    engine's facts), up to 16, each up to 1 KiB; the router's own names are the router's."""
+    headers = [(b"x-medha-replica", str(b.replica_id).encode())]
+    for name, value in response.headers.items():
+        key = name.lower().encode("latin-1", "replace")
+        if not key.startswith(b"x-") or key in _OWN_HEADERS or len(value) > 1024:
+            continue
+        try:
+            headers.append((key, value.encode("latin-1")))
+        except UnicodeEncodeError:
+            continue
+        if len(headers) > _MAX_PASSED_HEADERS:
+            break
+    return headers
 
 
 def _has_token(held: bytearray) -> bool:
