@@ -426,15 +426,7 @@ class Router:
             return await self._admin(scope, receive, send, path, method)
         if path in GENERATION_PATHS or path == "/v1/models":
             if not self._authorized(scope):
-                return await _error(
-                    send,
-                    RequestError(
-                        "invalid or missing API key (Authorization: Bearer KEY)",
-                        None,
-                        401,
-                        "authentication_error",
-                    ),
-                )
+                return await _error(send, _unauthorized())
             if path == "/v1/models" and method == "GET":
                 return await _json(send, 200, {"object": "list", "data": self._models()})
             if method == "POST" and path in GENERATION_PATHS:
@@ -458,15 +450,7 @@ class Router:
                 ),
             )
         if not self._authorized(scope):
-            return await _error(
-                send,
-                RequestError(
-                    "invalid or missing API key (Authorization: Bearer KEY)",
-                    None,
-                    401,
-                    "authentication_error",
-                ),
-            )
+            return await _error(send, _unauthorized())
         if path == "/replicas" and method == "GET":
             return await _json(send, 200, {"replicas": [self._describe(b) for b in self.members()]})
         if path == "/replicas" and method == "POST":
@@ -954,6 +938,12 @@ class _Exchange:
                 ],
             }
         )
+
+
+def _unauthorized() -> RequestError:
+    return RequestError(
+        "invalid or missing API key (Authorization: Bearer KEY)", None, 401, "authentication_error"
+    )
 
 
 _OWN_HEADERS = (b"x-medha-replica", b"x-medha-predicted-ttft-ms")
