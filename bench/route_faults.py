@@ -165,13 +165,15 @@ def summarize(records: list[dict], killed_at: float) -> dict:
     }
 
 
-def replicas(stack: ExitStack, backend: str, token_delay_s: float) -> list[tuple[str, object]]:
+def replicas(
+    stack: ExitStack, backend: str, token_delay_s: float, count: int = 2
+) -> list[tuple[str, object]]:
     if backend == "stub":
         return [
             stack.enter_context(
                 stub_backend(with_process=True, n_tokens=OUTPUT_TOKENS, token_delay_s=token_delay_s)
             )
-            for _ in range(2)
+            for _ in range(count)
         ]
 
     def command(core):
@@ -183,7 +185,7 @@ def replicas(stack: ExitStack, backend: str, token_delay_s: float) -> list[tuple
         stack.enter_context(
             local_server(command(i % os.cpu_count()), quiet=True, with_process=True)
         )
-        for i in range(2)
+        for i in range(count)
     ]
 
 

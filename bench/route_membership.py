@@ -36,10 +36,9 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 import aiohttp  # noqa: E402
-from route_faults import OUTPUT_TOKENS, one  # noqa: E402
+from route_faults import one, replicas, summarize  # noqa: E402
 
 from medha.benchmark.local_server import local_server  # noqa: E402
-from medha.benchmark.stub_backend import stub_backend  # noqa: E402
 
 KEY = "bench-key"
 HEADERS = {"authorization": f"Bearer {KEY}"}
@@ -127,13 +126,8 @@ async def drive(url: str, stubs: list[tuple[str, object]], args) -> dict:
     return {"records": records, **found}
 
 
-def summarize(run: dict) -> dict:
+def summarize_run(run: dict) -> dict:
     records, killed_at, removed_at = run["records"], run["killed_at"], run["removed_at"]
-    not_started = [r for r in records if "first" not in r or r["first"] >= killed_at]
-    outcomes: dict[str, int] = {}
-    for r in records:
-        o = r.get("outcome", "hung")
-        outcomes[o] = outcomes.get(o, 0) + 1
     # the streams open at the removal that ended before the kill: none of them may fail
     # (those on the removed replica drained; a failure would be a stream cut by the removal)
     open_at_removal = [
@@ -141,9 +135,7 @@ def summarize(run: dict) -> dict:
         if "first" in r and r["first"] < removed_at <= r.get("end", float("inf")) < killed_at
     ]  # fmt: skip
     return {
-        "requests": len(records),
-        "not_started": len(not_started),
-        "not_started_ok": sum(r.get("outcome") == "ok" for r in not_started),
+        **summarize(records, killed_at),  # (not started at the kill, outcomes: route_faults')
         "open_at_removal": len(open_at_removal),
         "open_at_removal_ok": sum(r.get("outcome") == "ok" for r in open_at_removal),
         "removal_held": run["removal_held"],
@@ -153,7 +145,6 @@ def summarize(run: dict) -> dict:
         "add_up": run["add_up"],
         "add_answered_s": run["add_answered_s"],
         "add_first_served_s": run["add_first_served_s"],
-        "outcomes": outcomes,
     }
 
 
@@ -173,18 +164,9 @@ def main() -> None:
     results = []
     for rnd in range(args.rounds):
         with ExitStack() as stack:
-            stubs = [
-                stack.enter_context(
-                    stub_backend(
-                        with_process=True,
-                        n_tokens=OUTPUT_TOKENS,
-                        token_delay_s=args.token_delay_s,
-                    )
-                )
-                for _ in range(3)
-            ]
+            stubs = replicas(stack, "stub", args.token_delay_s, count=3)
             url = stack.enter_context(router([u for u, _ in stubs[:2]]))
-            s = summarize(asyncio.run(drive(url, stubs, args)))
+            s = summarize_run(asyncio.run(drive(url, stubs, args)))
             results.append(s)
             print(
                 f"round {rnd}: not started {s['not_started_ok']}/{s['not_started']} ok; open at "
