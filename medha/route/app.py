@@ -207,7 +207,7 @@ class Router:
     def _new_replica(self, url: str, key: str | None) -> Backend:
         """A replica joins the lists (out until its first passed health check)."""
         i = len(self.backends)
-        b = Backend(i, url.rstrip("/").removesuffix("/v1"), key, clock=self.clock)
+        b = Backend(i, _base_url(url), key, clock=self.clock)
         c = self.config
         cache = c.replica_cache_tokens or DEFAULT_CACHE_TOKENS
         self.backends.append(b)
@@ -243,9 +243,7 @@ class Router:
     async def add_replica(self, url: str, key: str | None = None) -> Backend:
         """Take a replica in at run time: it is checked at once and serves from its first
         passed check (then every --health-interval-s, as the others)."""
-        if any(
-            b.url == url.rstrip("/").removesuffix("/v1") and not b.removed for b in self.backends
-        ):
+        if any(b.url == _base_url(url) for b in self.members()):
             raise ValueError(f"replica {url} is already a member")
         b = self._new_replica(url, key if key is not None else self._default_replica_key)
         self._new_dispatcher()
@@ -799,21 +797,21 @@ class _Exchange:
                 running.discard(task)  # not cancelled with the others it held
                 b.mark_down()
                 router._went_down(b, f"connection refused ({e})")
-                self.router.breaker_failure(b)
+                router.breaker_failure(b)
                 message = f"replica {b.replica_id} refused the connection"
                 return _Failed(502, _error_body(message, 502), [])
             if response.status != 200:
                 data = await response.content.read(_ERROR_BODY_LIMIT)
                 if response.status in RETRY_STATUSES:
                     if response.status != 429:  # a full replica is not a broken one
-                        self.router.breaker_failure(b)
+                        router.breaker_failure(b)
                     passed = [
                         (k.encode(), v.encode())
                         for k, v in response.headers.items()
                         if k.lower() in ("content-type", "retry-after")
                     ]
                     return _Failed(response.status, data, passed)
-                self.router.breaker_success(b)  # the replica works: the request is the client's
+                router.breaker_success(b)  # the replica works: the request is the client's
                 router.metrics.requests.labels("invalid").inc()
                 kind = response.headers.get("content-type", "application/json").encode()
                 await _raw(self.send, response.status, data, kind)
@@ -822,7 +820,7 @@ class _Exchange:
             if self.routing.stream:
                 return await self._stream(b, view, response)
             data = await response.read()
-            self.router.breaker_success(b)
+            router.breaker_success(b)
             view.on_first_token(rid)
             self._release()
             kind = response.headers.get("content-type", "application/json").encode()
@@ -938,6 +936,11 @@ class _Exchange:
                 ],
             }
         )
+
+
+def _base_url(url: str) -> str:
+    """A replica's URL as the router keeps it: no trailing slash, no /v1."""
+    return url.rstrip("/").removesuffix("/v1")
 
 
 def _unauthorized() -> RequestError:
