@@ -116,6 +116,74 @@ def test_the_slack_dispatcher_tells_the_client_its_predicted_ttft(two_stubs):
         assert "x-medha-predicted-ttft-ms" not in complete(url).headers
 
 
+def wait_priced_by_replicas(url, key: str) -> list[dict]:
+    """Poll the router's GET /replicas until it prices every replica with the model that
+    replica published (read in the health check after the one that took it in)."""
+    t0 = time.monotonic()
+    while True:
+        headers = {"authorization": f"Bearer {key}"}
+        listing = httpx.get(url + "/replicas", headers=headers, timeout=TIMEOUT_S).json()
+        if all(r["predictor_from_replica"] for r in listing["replicas"]):
+            return listing["replicas"]
+        assert time.monotonic() - t0 < SEEN_WITHIN_S, listing
+        time.sleep(INTERVAL_S)
+
+
+def _published(theta) -> str:
+    """What `medha serve` publishes at GET /medha/predictor for a replica of the router's
+    --model on this machine's roofline, corrected online by `theta`."""
+    from medha.perf import make_predictor
+    from medha.perf.online_fit import CorrectedPredictor
+    from medha.perf.published import describe
+
+    p = CorrectedPredictor(make_predictor("roofline", "smollm2-135m-instruct", "cpu"))
+    p.set_theta(theta)
+    return json.dumps(describe(p))
+
+
+def test_the_router_prices_each_replica_with_the_model_it_publishes():
+    """A replica that publishes its batch-time model is priced with it from its first check: its
+    correction (every part 8x slower) makes the predicted TTFT of a prompt more than 4x what
+    the router's own model says (not exactly 8x: the chunks that fit a step's budget shrink
+    with the speed, and each pays the step's fixed cost), and a later correction back to 1x is
+    taken at a refresh; a replica that publishes garbage keeps the
+    router's model and serves on. Non-streamed requests (their first token is unseen, so no
+    sample moves the measured slowdown between the predictions) of prompts no cache holds."""
+    sent = iter(range(1000))
+
+    def prompt() -> str:  # of one length, and a new first block each (no prefix cached)
+        return f"request {next(sent)} " + "hello " * 400
+
+    with stub_backend(n_tokens=2, predictor=_published((0, 0, 8, 8, 8))) as slow:
+        with stub_backend(n_tokens=2, predictor="[1, 2") as garbage:
+            with router([slow], "--api-key", "k") as url:
+                headers = {"authorization": "Bearer k"}
+                assert "corrected online" in wait_priced_by_replicas(url, "k")[0]["predictor"]
+
+                def predicted_ms() -> float:
+                    r = httpx.post(
+                        url + "/v1/completions",
+                        json={"model": "stub", "prompt": prompt(), "max_tokens": 2},
+                        headers=headers,
+                        timeout=TIMEOUT_S,
+                    )
+                    assert r.status_code == 200, r.text
+                    return float(r.headers["x-medha-predicted-ttft-ms"])
+
+                slow_ms = predicted_ms()
+                configure(slow, predictor=_published((0, 0, 1, 1, 1)))
+                t0 = time.monotonic()
+                while (fast_ms := predicted_ms()) > slow_ms / 2:
+                    assert time.monotonic() - t0 < SEEN_WITHIN_S, "the correction was not taken"
+                    time.sleep(INTERVAL_S)
+            with router([garbage]) as url:
+                r = complete(url, prompt=prompt())
+                assert r.status_code == 200
+                own_ms = float(r.headers["x-medha-predicted-ttft-ms"])
+    assert slow_ms > 4 * fast_ms, (slow_ms, fast_ms)
+    assert fast_ms == pytest.approx(own_ms, rel=0.05)
+
+
 def test_a_failed_replica_is_retried_elsewhere_before_any_token_and_never_twice(two_stubs):
     a, b = two_stubs
     with router(two_stubs, "--dispatcher", "round_robin") as url:
@@ -255,6 +323,20 @@ def test_the_openai_client_through_the_router_gets_what_the_replica_gives(two_re
         assert routed.chat.completions.create(**kw).choices[0].message.content == want
         streamed = routed.chat.completions.create(**kw, stream=True)
         assert "".join(c.choices[0].delta.content or "" for c in streamed) == want
+
+
+def test_a_medha_replica_publishes_the_model_it_plans_with(two_replicas):
+    """GET /medha/predictor on `medha serve`: a description the router rebuilds into the
+    model the replica's scheduler holds (its base on this machine: the tiny model's shapes),
+    which the router then prices that replica with."""
+    from medha.perf.published import predictor_from_description
+
+    description = httpx.get(two_replicas[0] + "/medha/predictor", timeout=TIMEOUT_S).json()
+    model = predictor_from_description(description).model
+    served_len = httpx.get(two_replicas[0] + "/v1/models", timeout=TIMEOUT_S).json()
+    assert model.num_layers >= 1 and model.max_context >= served_len["data"][0]["max_model_len"]
+    with router(two_replicas, "--api-key", "k") as url:
+        wait_priced_by_replicas(url, "k")
 
 
 def test_a_frozen_replica_is_taken_out_and_its_waiting_requests_go_elsewhere():

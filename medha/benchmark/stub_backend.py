@@ -64,6 +64,9 @@ class Knobs:
     die_after_tokens: int | None = None
     exit_after_tokens: int | None = None
     max_model_len: int | None = None  # reported in /v1/models when set (as medha serve does)
+    # a batch-time model's description (JSON, medha/perf/published.py), served at
+    # GET /medha/predictor when set (as medha serve publishes its own)
+    predictor: str = ""
 
     def update(self, changes: dict) -> None:
         """Apply a /stub/config body; a wrong key or type raises ValueError (the caller's 400)
@@ -152,6 +155,10 @@ class StubApp:
             if self.knobs.max_model_len is not None:
                 model["max_model_len"] = self.knobs.max_model_len
             return await self._json(send, 200, {"object": "list", "data": [model]})
+        if path == "/medha/predictor" and self.knobs.predictor:
+            body = self.knobs.predictor.encode()
+            await send({"type": "http.response.start", "status": 200, "headers": _JSON})
+            return await send({"type": "http.response.body", "body": body})
         if path == "/stub/stats":
             return await self._json(send, 200, {"requests": self.requests})
         if path == "/stub/config":
