@@ -99,9 +99,11 @@ def test_requests_pass_through_streamed_and_not(two_stubs):
         assert [served(s) for s in two_stubs] == [2, 1]  # in turn
         metrics = httpx.get(url + "/metrics", timeout=TIMEOUT_S).text
         assert 'medha_router_requests_total{outcome="ok"} 3.0' in metrics
-        # each answer names the replica that gave it (its id in GET /replicas)
+        # each answer names the replica that gave it (its id in GET /replicas), and carries
+        # the replica's own x- headers (its request id: the stub names its own count)
         answers = [complete(url, stream=stream) for stream in (False, True)]
         assert [r.headers["x-medha-replica"] for r in answers] == ["1", "0"]
+        assert [r.headers["x-request-id"] for r in answers] == ["cmpl-stub-2", "cmpl-stub-3"]
 
 
 def test_the_slack_dispatcher_tells_the_client_its_predicted_ttft(two_stubs):
@@ -116,14 +118,15 @@ def test_the_slack_dispatcher_tells_the_client_its_predicted_ttft(two_stubs):
         assert "x-medha-predicted-ttft-ms" not in complete(url).headers
 
 
-def wait_priced_by_replicas(url, key: str) -> list[dict]:
+def wait_priced_by_replicas(url, key: str, want: bool = True) -> list[dict]:
     """Poll the router's GET /replicas until it prices every replica with the model that
-    replica published (read in the health check after the one that took it in)."""
+    replica published (read in the check that took it in, then every check or every 20), or
+    with `want=False` none of them."""
     t0 = time.monotonic()
     while True:
         headers = {"authorization": f"Bearer {key}"}
         listing = httpx.get(url + "/replicas", headers=headers, timeout=TIMEOUT_S).json()
-        if all(r["predictor_from_replica"] for r in listing["replicas"]):
+        if all(r["predictor_from_replica"] == want for r in listing["replicas"]):
             return listing["replicas"]
         assert time.monotonic() - t0 < SEEN_WITHIN_S, listing
         time.sleep(INTERVAL_S)
@@ -146,9 +149,10 @@ def test_the_router_prices_each_replica_with_the_model_it_publishes():
     correction (every part 8x slower) makes the predicted TTFT of a prompt more than 4x what
     the router's own model says (not exactly 8x: the chunks that fit a step's budget shrink
     with the speed, and each pays the step's fixed cost), and a later correction back to 1x is
-    taken at a refresh; a replica that publishes garbage keeps the
-    router's model and serves on. Non-streamed requests (their first token is unseen, so no
-    sample moves the measured slowdown between the predictions) of prompts no cache holds."""
+    taken at a refresh; one that stops publishing is priced by the router's model again, and
+    one that publishes garbage keeps the router's model and serves on. Non-streamed requests
+    (their first token is unseen, so no sample moves the measured slowdown between the
+    predictions) of prompts no cache holds."""
     sent = iter(range(1000))
 
     def prompt() -> str:  # of one length, and a new first block each (no prefix cached)
@@ -176,6 +180,10 @@ def test_the_router_prices_each_replica_with_the_model_it_publishes():
                 while (fast_ms := predicted_ms()) > slow_ms / 2:
                     assert time.monotonic() - t0 < SEEN_WITHIN_S, "the correction was not taken"
                     time.sleep(INTERVAL_S)
+                # the replica stops publishing (a server without the endpoint now): the
+                # router's own model prices it again
+                configure(slow, predictor="")
+                wait_priced_by_replicas(url, "k", want=False)
             with router([garbage]) as url:
                 r = complete(url, prompt=prompt())
                 assert r.status_code == 200
@@ -199,6 +207,34 @@ def test_a_failed_replica_is_retried_elsewhere_before_any_token_and_never_twice(
         assert (
             "medha_router_retries_total 3.0" in httpx.get(url + "/metrics", timeout=TIMEOUT_S).text
         )
+
+
+def test_retries_wait_a_jittered_backoff(two_stubs):
+    """With --retry-backoff-s B, a failed request waits uniform(0, B) before its retry on the
+    other replica (full jitter: requests that failed together retry apart), then gets the last
+    replica's 503. Lower bounds only: a loaded machine adds to every wait, never takes away."""
+    for stub in two_stubs:
+        configure(stub, status=503)
+    with router(two_stubs, "--retry-backoff-s", "0.4", "--breaker-failures", "1000") as url:
+
+        async def burst():
+            async with httpx.AsyncClient(timeout=TIMEOUT_S) as client:
+
+                async def one():
+                    t0 = time.monotonic()
+                    body = {"model": "stub", "prompt": "hello", "max_tokens": 2}
+                    r = await client.post(url + "/v1/completions", json=body)
+                    return r.status_code, time.monotonic() - t0
+
+                return await asyncio.gather(*(one() for _ in range(16)))
+
+        answers = asyncio.run(burst())
+        metrics = httpx.get(url + "/metrics", timeout=TIMEOUT_S).text
+    assert {status for status, _ in answers} == {503}
+    waits = sorted(wait for _, wait in answers)
+    assert sum(waits) / len(waits) > 0.1  # uniform(0, 0.4) has mean 0.2
+    assert waits[-1] - waits[0] > 0.1  # apart, not together
+    assert "medha_router_retries_total 16.0" in metrics
 
 
 def test_a_stream_cut_after_its_first_token_ends_with_an_error_event_and_is_not_retried(two_stubs):

@@ -85,6 +85,12 @@ class Knobs:
             setattr(self, key, float(value) if type(getattr(Knobs, key)) is float else value)
 
 
+def _request_id(rid: str) -> tuple[bytes, bytes]:
+    """The answer's id as a response header, as servers send theirs (a router passes its
+    replica's `x-` headers on)."""
+    return (b"x-request-id", rid.encode())
+
+
 class _Drop(Exception):
     """Raised after a response has started, so uvicorn closes the connection mid-answer."""
 
@@ -221,7 +227,7 @@ class StubApp:
             choice = {"index": 0, "text": text}
         choice.update(logprobs=None, finish_reason="length")
         out = _dumps({**head, "choices": [choice], "usage": usage}).encode()
-        headers = [*_JSON, (b"content-length", str(len(out)).encode())]
+        headers = [*_JSON, (b"content-length", str(len(out)).encode()), _request_id(rid)]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         if die is not None:
             await send(
@@ -232,7 +238,8 @@ class StubApp:
 
     async def _stream(self, chat, head, n, usage, body, die, send) -> None:
         k = self.knobs
-        await send({"type": "http.response.start", "status": 200, "headers": _SSE})
+        headers = [*_SSE, _request_id(head["id"])]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
         head["object"] = "chat.completion.chunk" if chat else "text_completion"
 
         def event(choice: dict | None, **extra) -> dict:
