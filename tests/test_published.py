@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from medha.perf import make_predictor
-from medha.perf.online_fit import CorrectedPredictor, ModelWatch
+from medha.perf.online_fit import CorrectedPredictor
 from medha.perf.profile_data import IterationRow, Profile
 from medha.perf.profiled_predictor import ProfiledPredictor
 from medha.perf.published import (
@@ -107,13 +107,3 @@ def test_a_description_that_is_off_is_refused(mutate):
         predictor_from_description(_broken(mutate))
     with pytest.raises(DescriptionError):
         predictor_from_description("not even an object")
-
-
-def test_the_watch_says_when_a_correction_moved_the_tables():
-    p = CorrectedPredictor(make_predictor("roofline", "smollm2-135m", "cpu"))
-    watch = ModelWatch(p)
-    assert not watch.moved()
-    p.set_theta((0.0, 0.0, 1.01, 1.0, 1.0))  # 1%: the tables stay
-    assert not watch.moved()
-    p.set_theta((0.0, 0.0, 1.5, 1.0, 1.0))
-    assert watch.moved() and not watch.moved()  # said once, then acknowledged

@@ -104,31 +104,6 @@ def probe_shapes(max_context: int) -> list[tuple[list[tuple[int, int]], list[int
     ]
 
 
-class ModelWatch:
-    """Whether a corrected model has moved since the tables derived from it (the prefill-time
-    walk, the requests' predicted work) were built: its times of the probe shapes (a lone
-    decode, a decode batch, chunks short and long, alone, after a KV prefix and beside
-    decodes). The replica's scheduler watches its own model, the router its copy of it."""
-
-    def __init__(self, predictor: Predictor) -> None:
-        self.predictor = predictor
-        self._probes = probe_shapes(predictor.model.max_context)
-        self._acknowledged = self.probe_times()
-
-    def probe_times(self) -> list[float]:
-        p = self.predictor
-        return [p.shape_time(prefills, decodes) for prefills, decodes in self._probes]
-
-    def moved(self, threshold: float = 0.03) -> bool:
-        """Whether a probe's time moved more than `threshold` (relative) since the last call
-        that said so (or since the start): then the derived tables are out of date."""
-        now = self.probe_times()
-        if any(abs(a / b - 1) > threshold for a, b in zip(now, self._acknowledged) if b > 0):
-            self._acknowledged = now
-            return True
-        return False
-
-
 class StepLearner:
     """Fits a CorrectedPredictor's theta to the measured time of each batch it is shown.
 
@@ -171,13 +146,26 @@ class StepLearner:
             [prior_batches * scales[i] if i == j else 0.0 for j in range(k)] for i in range(k)
         ]
         self._prior_rhs = [prior_batches * c * t for c, t in zip(scales, BASE_THETA)]
+        self._probes = probe_shapes(predictor.model.max_context)
         self._free: list[int] = []  # the coefficients the last fit left above 0
-        self.watch = ModelWatch(predictor)
+        self._acknowledged = self.probe_times()
+
+    def probe_times(self) -> list[float]:
+        """The corrected model's times of the probe shapes (a lone decode, a decode batch,
+        chunks short and long, alone, after a KV prefix and beside decodes): what the
+        scheduler checks to tell whether its tables must follow the correction."""
+        p = self.predictor
+        return [p.shape_time(prefills, decodes) for prefills, decodes in self._probes]
 
     def moved(self, threshold: float = 0.03) -> bool:
-        """Whether the model moved past `threshold` since the tables were last rebuilt
-        (`ModelWatch.moved`)."""
-        return self.watch.moved(threshold)
+        """Whether a probe's time moved more than `threshold` (relative) since the last call
+        that said so (or since the start): then the tables derived from the model (the
+        prefill-time walk, the requests' predicted work) are out of date."""
+        now = self.probe_times()
+        if any(abs(a / b - 1) > threshold for a, b in zip(now, self._acknowledged) if b > 0):
+            self._acknowledged = now
+            return True
+        return False
 
     def observe(
         self,

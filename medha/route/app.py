@@ -56,12 +56,9 @@ DEFAULT_OUTPUT_TOKENS = 128  # a request without max_tokens: a typical answer's 
 DEFAULT_CACHE_TOKENS = 256 * 1024  # a replica's prefix cache when its /metrics does not say
 MAX_BACKOFF_S = 2.0  # the longest wait before a retry (--retry-backoff-s doubles up to it)
 MAX_CONTEXT = 1 << 24  # tokens: a replica's reported context past this is not believed
-# how often the router reads a replica's model again, in health checks (its online correction
-# moves while it runs): every 10 s at the default interval, and at every check while the
-# correction is young (fewer than this many fits: it moves most in a replica's first batches,
-# and the first requests of a run are the ones a wrong model costs most)
+# how often the router reads a replica's model again, in health checks (to see a replica
+# restarted with another model): every 10 s at the default interval
 PREDICTOR_REFRESH_CHECKS = 20
-PREDICTOR_YOUNG_FITS = 200
 _ERROR_BODY_LIMIT = 1 << 16  # bytes of a replica's error answer passed on
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -349,9 +346,8 @@ class Router:
             if not b.models:
                 await self._learn(b)
             if self.clock() >= b.predictor_due_s:
-                young = await self._learn_predictor(b)
-                checks = 1 if young else PREDICTOR_REFRESH_CHECKS
-                b.predictor_due_s = self.clock() + (checks - 0.5) * c.health_interval_s
+                b.predictor_due_s = self.clock() + PREDICTOR_REFRESH_CHECKS * c.health_interval_s
+                await self._learn_predictor(b)
         elif b.health_failed(c.unhealthy_after):
             self._went_down(b, "health checks failed")
         self.metrics.up.labels(str(b.replica_id)).set(1.0 if b.up else 0.0)
@@ -406,28 +402,25 @@ class Router:
             config = dataclasses.replace(config, max_model_len=self.context)
         t.set_model(predictor, config, replica_prefill_times(config, predictor))
 
-    async def _learn_predictor(self, b: Backend) -> bool:
-        """The replica's own batch-time model (`medha serve`'s GET /medha/predictor: its base
-        and its online correction so far), which the router prices that replica's work with
-        from then on, instead of its own --predictor; the correction's later moves are taken
-        at each refresh. A replica without the endpoint (vLLM's server), or one that answers
-        something unusable, keeps the router's model. Returns whether the replica's
-        correction is still young (read it again at the next check)."""
-        from medha.perf.online_fit import CorrectedPredictor
-        from medha.perf.published import (
-            DescriptionError,
-            base_of,
-            predictor_from_description,
-            theta_of,
-        )
+    async def _learn_predictor(self, b: Backend) -> None:
+        """The batch-time model the replica plans with (`medha serve`'s GET /medha/predictor),
+        which the router prices that replica's work with from then on, instead of its own
+        --model and --predictor: the base of it (model spec, hardware spec or profile,
+        layout), read again every 20 checks to see a replica restarted with another. Not its
+        online correction: fitted per replica to the batches each ran, it differed by up to
+        20% between two replicas on identical cores, and a router that took it sent 70-80%
+        of a multi-turn run to the one whose fit was faster (docs/route.md); the replica's
+        speed under load is what the router measures itself (`slowdown`). A replica without
+        the endpoint (vLLM's server), or one that answers something unusable, keeps the
+        router's model."""
+        from medha.perf.published import DescriptionError, base_of, predictor_from_description
         from medha.scheduler.config import SchedulerConfig
         from medha.scheduler.config_defaults import resolve_config
 
-        def build(description: dict):
-            predictor = predictor_from_description(description)
-            inner = predictor.inner if isinstance(predictor, CorrectedPredictor) else predictor
-            # resolved as the replica resolves its defaults: over its base model
-            return predictor, resolve_config(SchedulerConfig(policy=self.config.policy), inner)
+        def build(base: dict):
+            predictor = predictor_from_description(base)
+            # resolved as the replica resolves its defaults: over its model
+            return predictor, resolve_config(SchedulerConfig(policy=self.config.policy), predictor)
 
         t = self.tracked[b.replica_id]
         try:
@@ -436,28 +429,21 @@ class Router:
                 if status == 404 and b.predictor_base is not None:  # now a server without one
                     self._price_with(t, self.predictor, self.scheduler_config)
                     b.predictor_base = None
-                return False
+                return
             description = json.loads(text)
             if not isinstance(description, dict):
                 raise DescriptionError("not an object")
             base = base_of(description)
             if base != b.predictor_base:  # first seen (or the replica was restarted)
                 # (building a fitted profile's model takes seconds: off the event loop)
-                predictor, config = await asyncio.to_thread(build, description)
+                predictor, config = await asyncio.to_thread(build, base)
                 self._price_with(t, predictor, config)
                 b.predictor_base = base
                 log.info("replica %d: priced with its own model, %s", b.replica_id, t.describe())
-            elif isinstance(t.predictor, CorrectedPredictor):
-                theta = theta_of(description)
-                if theta is not None and t.corrected(theta):
-                    self._price_with(t, t.predictor, t.scheduler_config)
-            fits = (description.get("correction") or {}).get("fits")
-            return type(fits) is int and fits < PREDICTOR_YOUNG_FITS
         except (TimeoutError, aiohttp.ClientError, OSError):
             pass  # the health check says what is wrong with a replica that does not answer
         except Exception as e:  # whatever a replica answers, it must not stop the router
             log.warning("replica %d: its /medha/predictor is not usable: %s", b.replica_id, e)
-        return False
 
     def breaker_success(self, b: Backend) -> None:
         c = self.config

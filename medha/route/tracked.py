@@ -5,8 +5,8 @@ Every request reaches a replica through the router, so the router knows exactly 
 each replica holds, when each got its first token (the first token event of its stream) and when
 it ended. What it cannot see is how far a replica has got with the prefills still waiting for
 their first token: it predicts that with the replica's own batch-time model (read from the
-replica's GET /medha/predictor: its profile or roofline and its online correction; until then,
-or for a replica that does not publish one, the router's --predictor) and the prefill-time walk
+replica's GET /medha/predictor: its profile or the roofline of its hardware, not its online
+correction; until then, or for a replica that does not publish one, the router's --predictor) and the prefill-time walk
 its scheduler uses, draining the waiting requests' predicted work in the replica's policy order as
 time passes, and lets each first token correct it (the request leaves the waiting set whatever
 the prediction said). A request that is never streamed shows no first token: it waits, its
@@ -33,7 +33,6 @@ from dataclasses import dataclass
 
 from medha.core.request import Request
 from medha.dispatch.base_dispatcher import DecodeShare, Pending, decode_token_s
-from medha.perf.online_fit import CorrectedPredictor, ModelWatch
 from medha.perf.predictor import Predictor
 from medha.perf.prefill_time_cache import PrefillTimeCache
 from medha.scheduler.config import SchedulerConfig
@@ -139,7 +138,6 @@ class TrackedReplica:
         self._decode_token_s = decode_token_s(predictor)
         self._decode_share = DecodeShare(predictor, config.iteration_budget_s)
         self.slowdown = 1.0  # measured time to first token / predicted (see the module)
-        self._watch: ModelWatch | None = None  # the replica's own corrected model's moves
         self._samples = 0
         self._policy = replica_policy(config)
         self._rules = StepRules.of(config, predictor.parallel.spp)
@@ -159,21 +157,12 @@ class TrackedReplica:
         if predictor is not self.predictor:
             self.slowdown, self._samples = 1.0, 0
         self.predictor = predictor
-        self._watch = ModelWatch(predictor) if isinstance(predictor, CorrectedPredictor) else None
         self.scheduler_config = config
         self.prefill_times = prefill_times
         self._decode_token_s = decode_token_s(predictor)
         self._decode_share = DecodeShare(predictor, config.iteration_budget_s)
         self._policy = replica_policy(config)
         self._rules = StepRules.of(config, predictor.parallel.spp)
-
-    def corrected(self, theta: tuple[float, ...]) -> bool:
-        """Take the replica's latest online correction into its model (a CorrectedPredictor
-        read from the replica); True when a probe batch's time moved by more than 3% since
-        the tables were built, which must then be rebuilt (`set_model`), as the replica's
-        own scheduler rebuilds its own."""
-        self.predictor.set_theta(theta)
-        return self._watch is not None and self._watch.moved()
 
     def describe(self) -> str:
         return self.predictor.describe()
