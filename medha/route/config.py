@@ -45,8 +45,7 @@ class RouteConfig:
         metadata=_help(
             "model spec of the replicas, for predicting their prefill and decode times until "
             "a replica publishes its own batch-time model (medha serve does: GET "
-            "/medha/predictor, read at its first health check and every 20 after, every one "
-            "while its online correction is young)"
+            "/medha/predictor, read at its first health check and every 20 after)"
         ),
     )
     hardware: str = field(

@@ -6,11 +6,11 @@ each replica holds, when each got its first token (the first token event of its 
 it ended. What it cannot see is how far a replica has got with the prefills still waiting for
 their first token: it predicts that with the replica's own batch-time model (read from the
 replica's GET /medha/predictor: its profile or the roofline of its hardware, not its online
-correction; until then, or for a replica that does not publish one, the router's --predictor) and the prefill-time walk
-its scheduler uses, draining the waiting requests' predicted work in the replica's policy order as
-time passes, and lets each first token correct it (the request leaves the waiting set whatever
-the prediction said). A request that is never streamed shows no first token: it waits, its
-work drained to nothing, until it ends.
+correction; until then, or for a replica that does not publish one, the router's
+--predictor) and the prefill-time walk its scheduler uses, draining the waiting requests'
+predicted work in the replica's policy order as time passes, and lets each first token
+correct it (the request leaves the waiting set whatever the prediction said). A request that
+is never streamed shows no first token: it waits, its work drained to nothing, until it ends.
 
 The profile prices a replica's batches; a replica serving under load is slower than that
 (1.2-1.5x on issue 33's 2-core machine, with the router and the clients beside the replicas,
