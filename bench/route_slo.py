@@ -1,7 +1,8 @@
 """Routers in front of two `medha serve` replicas: TTFT SLO attainment, prefix hits, hot spots.
 
-    python bench/route_slo.py [--contenders all] [--workloads multi_turn,mixed,sharegpt]
-        [--rounds 1] [--qps 0.5] [--num-requests 20] [--install-peers] [--out runs/route_slo]
+    python bench/route_slo.py [--contenders all]
+        [--workloads multi_turn,shared_prefix,mixed,sharegpt] [--rounds 1] [--qps 0.5]
+        [--num-requests 20] [--install-peers] [--out runs/route_slo]
 
 Contenders (medha/benchmark/routers.py): `medha route` with each dispatcher (medha-slack,
 medha-round_robin, medha-least_work, medha-prefix, medha-pla), SGLang's router with
@@ -28,6 +29,11 @@ Workloads, all real text through the OpenAI API, streamed:
   turn times assume 30 ms a token, and a turn sent before the previous answer has arrived
   could not contain it. Every turn carries X-Session-ID: its conversation (the key
   vllm-router's consistent_hash is documented to take; the others ignore it).
+- shared_prefix: questions about documents (SHARED_PREFIX: 8 documents of 512 tokens, Zipf
+  popularity with exponent 1, so the first draws 37% of the requests; questions of 16-64
+  tokens, 16-48 output tokens), Poisson at --qps, to /v1/completions. The trace is medha's own
+  (a document-QA service): the hot document is what pulls a cache-aware router onto one
+  replica.
 - mixed: bench/server_mixed_load.py's mix (95% prompts of 32-256 tokens, 5% of 3,000-6,000,
   16-48 output tokens), Poisson at --qps, lengths and arrival times from `medha bench`'s
   build_requests, random words to /v1/completions.
@@ -95,7 +101,7 @@ from medha.benchmark.routers import (
 from medha.benchmark.workload import build_requests
 from medha.sim.workload.prefix_trace import ConversationTraceConfig
 
-WORKLOADS = ("multi_turn", "mixed", "sharegpt")
+WORKLOADS = ("multi_turn", "shared_prefix", "mixed", "sharegpt")
 MIXED = "prompt=32-256,output=16-48,long_fraction=0.05,long_prompt=3000-6000"
 SHAREGPT = Path(__file__).resolve().parents[1] / (
     "medha/data/traces/sharegpt_8k_filtered_stats_llama2_tokenizer.csv"
@@ -112,6 +118,14 @@ MULTI_TURN = dict(
     output_tokens=32,
     think_s=3.0,
     max_context=2048,
+)
+# documents asked about, most often the first few: each request is one of them and a question
+SHARED_PREFIX = dict(
+    documents=8,
+    document_tokens=512,
+    zipf=1.0,
+    question_tokens=(16, 64),
+    output_tokens=(16, 48),
 )
 # single tokens for SmolLM2 with their leading space
 WORDS = (
@@ -197,7 +211,30 @@ def conversations(cfg: ConversationTraceConfig, num_requests: int, qps: float, s
     return out
 
 
+def shared_prefix(cfg: dict, num_requests: int, qps: float, seed: int) -> list[OneShot]:
+    """Questions about a few documents: each prompt is one of `documents` texts of
+    `document_tokens` words, drawn with Zipf weights 1 / rank^`zipf` (the first is the hot
+    one), then a question of uniform length; Poisson arrivals at `qps`. Every request shares
+    its whole document with the others about it, so a router gains by keeping a document on
+    a replica that holds it, and loses when the hot document's replica is swamped."""
+    rng, text = random.Random(seed), random.Random(seed + 1)
+    docs = [words(text, cfg["document_tokens"]) for _ in range(cfg["documents"])]
+    weights = [1.0 / (k + 1) ** cfg["zipf"] for k in range(cfg["documents"])]
+    out, t = [], 0.0
+    for i in range(num_requests):
+        t += rng.expovariate(qps)
+        d = rng.choices(range(cfg["documents"]), weights)[0]
+        q = rng.randint(*cfg["question_tokens"])
+        prompt = f"{docs[d]} {words(text, q)}"
+        out.append(
+            OneShot(i, t, prompt, cfg["document_tokens"] + q, rng.randint(*cfg["output_tokens"]))
+        )
+    return out
+
+
 def one_shots(name: str, args) -> list[OneShot]:
+    if name == "shared_prefix":
+        return shared_prefix(SHARED_PREFIX, args.num_requests, args.qps, args.seed)
     if name == "mixed":
         reqs = build_requests(
             trace=None, workload=MIXED, qps=args.qps, num_requests=args.num_requests, seed=args.seed

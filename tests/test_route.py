@@ -99,9 +99,11 @@ def test_requests_pass_through_streamed_and_not(two_stubs):
         assert [served(s) for s in two_stubs] == [2, 1]  # in turn
         metrics = httpx.get(url + "/metrics", timeout=TIMEOUT_S).text
         assert 'medha_router_requests_total{outcome="ok"} 3.0' in metrics
-        # each answer names the replica that gave it (its id in GET /replicas)
+        # each answer names the replica that gave it (its id in GET /replicas), and carries
+        # the replica's own x- headers (its request id: the stub names its own count)
         answers = [complete(url, stream=stream) for stream in (False, True)]
         assert [r.headers["x-medha-replica"] for r in answers] == ["1", "0"]
+        assert [r.headers["x-request-id"] for r in answers] == ["cmpl-stub-2", "cmpl-stub-3"]
 
 
 def test_the_slack_dispatcher_tells_the_client_its_predicted_ttft(two_stubs):
@@ -116,21 +118,120 @@ def test_the_slack_dispatcher_tells_the_client_its_predicted_ttft(two_stubs):
         assert "x-medha-predicted-ttft-ms" not in complete(url).headers
 
 
-def test_a_failed_replica_is_retried_elsewhere_before_any_token_and_never_twice(two_stubs):
-    a, b = two_stubs
-    with router(two_stubs, "--dispatcher", "round_robin") as url:
-        configure(a, status=503)
-        for stream in (False, True):
-            r = complete(url, stream=stream)
-            assert r.status_code == 200, r.text
-        assert served(b) == 2  # both answered by b, after a's 503
-        configure(b, status=503)
-        r = complete(url)  # each replica once: the client gets the last answer
-        assert r.status_code == 503 and "error" in r.json()
-        assert (served(a), served(b)) == (3, 3)  # a refused all three; b, the third
-        assert (
-            "medha_router_retries_total 3.0" in httpx.get(url + "/metrics", timeout=TIMEOUT_S).text
-        )
+def wait_priced_by_replicas(url, key: str, want: bool = True) -> list[dict]:
+    """Poll the router's GET /replicas until it prices every replica with the model that
+    replica published (read in the check that took it in, and every 20 checks after), or
+    with `want=False` none of them."""
+    t0 = time.monotonic()
+    while True:
+        headers = {"authorization": f"Bearer {key}"}
+        listing = httpx.get(url + "/replicas", headers=headers, timeout=TIMEOUT_S).json()
+        if all(r["predictor_from_replica"] == want for r in listing["replicas"]):
+            return listing["replicas"]
+        assert time.monotonic() - t0 < SEEN_WITHIN_S, listing
+        time.sleep(INTERVAL_S)
+
+
+def _published(slower: float = 1.0, theta=None) -> str:
+    """What `medha serve` publishes at GET /medha/predictor for a replica of the router's
+    --model on this machine's roofline with every rate `slower` times lower, corrected online
+    by `theta` when given."""
+    import dataclasses
+
+    from medha.perf import get_hardware, make_predictor
+    from medha.perf.online_fit import CorrectedPredictor
+    from medha.perf.published import describe
+
+    hw = get_hardware("cpu")
+    hw = dataclasses.replace(
+        hw,
+        peak_flops=hw.peak_flops / slower,
+        mem_bw=hw.mem_bw / slower,
+        kernel_overhead_s=hw.kernel_overhead_s * slower,
+        iteration_overhead_s=hw.iteration_overhead_s * slower,
+    )
+    p = make_predictor("roofline", "smollm2-135m-instruct", hw)
+    if theta is not None:
+        p = CorrectedPredictor(p)
+        p.set_theta(theta)
+    return json.dumps(describe(p))
+
+
+def test_the_router_prices_each_replica_with_the_model_it_publishes():
+    """A replica that publishes its batch-time model is priced with it from its first check:
+    one on hardware 8x slower gets a predicted TTFT more than 4x what the router's own model
+    says (not exactly 8x: the chunks that fit a step's budget shrink with the speed, and each
+    pays the step's fixed cost). Restarted on this machine's model, it is priced as the
+    router's own model prices it, after a refresh, whatever its online correction says (the
+    router measures a replica's speed itself); one that stops publishing is priced by the
+    router's model again, and one that publishes garbage keeps the router's model and serves
+    on. Non-streamed requests (their first token is unseen, so no sample moves the measured
+    slowdown between the predictions) of prompts no cache holds."""
+    sent = iter(range(1000))
+
+    def prompt() -> str:  # of one length, and a new first block each (no prefix cached)
+        return f"request {next(sent)} " + "hello " * 400
+
+    with stub_backend(n_tokens=2, predictor=_published(slower=8)) as slow:
+        with stub_backend(n_tokens=2, predictor="[1, 2") as garbage:
+            with router([slow], "--api-key", "k") as url:
+                headers = {"authorization": "Bearer k"}
+                wait_priced_by_replicas(url, "k")
+
+                def predicted_ms() -> float:
+                    r = httpx.post(
+                        url + "/v1/completions",
+                        json={"model": "stub", "prompt": prompt(), "max_tokens": 2},
+                        headers=headers,
+                        timeout=TIMEOUT_S,
+                    )
+                    assert r.status_code == 200, r.text
+                    return float(r.headers["x-medha-predicted-ttft-ms"])
+
+                slow_ms = predicted_ms()
+                configure(slow, predictor=_published(theta=(0, 0, 8, 8, 8)))
+                t0 = time.monotonic()
+                while (fast_ms := predicted_ms()) > slow_ms / 2:
+                    assert time.monotonic() - t0 < SEEN_WITHIN_S, "the new model was not read"
+                    time.sleep(INTERVAL_S)
+                # the replica stops publishing (a server without the endpoint now): the
+                # router's own model prices it again
+                configure(slow, predictor="")
+                wait_priced_by_replicas(url, "k", want=False)
+            with router([garbage]) as url:
+                r = complete(url, prompt=prompt())
+                assert r.status_code == 200
+                own_ms = float(r.headers["x-medha-predicted-ttft-ms"])
+    assert slow_ms > 4 * fast_ms, (slow_ms, fast_ms)
+    assert fast_ms == pytest.approx(own_ms, rel=0.05)
+
+
+def test_retries_wait_a_jittered_backoff(two_stubs):
+    """With --retry-backoff-s B, a failed request waits uniform(0, B) before its retry on the
+    other replica (full jitter: requests that failed together retry apart), then gets the last
+    replica's 503. Lower bounds only: a loaded machine adds to every wait, never takes away."""
+    for stub in two_stubs:
+        configure(stub, status=503)
+    with router(two_stubs, "--retry-backoff-s", "0.4", "--breaker-failures", "1000") as url:
+
+        async def burst():
+            async with httpx.AsyncClient(timeout=TIMEOUT_S) as client:
+
+                async def one():
+                    t0 = time.monotonic()
+                    body = {"model": "stub", "prompt": "hello", "max_tokens": 2}
+                    r = await client.post(url + "/v1/completions", json=body)
+                    return r.status_code, time.monotonic() - t0
+
+                return await asyncio.gather(*(one() for _ in range(16)))
+
+        answers = asyncio.run(burst())
+        metrics = httpx.get(url + "/metrics", timeout=TIMEOUT_S).text
+    assert {status for status, _ in answers} == {503}
+    waits = sorted(wait for _, wait in answers)
+    assert sum(waits) / len(waits) > 0.1  # uniform(0, 0.4) has mean 0.2
+    assert waits[-1] - waits[0] > 0.1  # apart, not together
+    assert "medha_router_retries_total 16.0" in metrics
 
 
 def test_a_stream_cut_after_its_first_token_ends_with_an_error_event_and_is_not_retried(two_stubs):
@@ -255,6 +356,20 @@ def test_the_openai_client_through_the_router_gets_what_the_replica_gives(two_re
         assert routed.chat.completions.create(**kw).choices[0].message.content == want
         streamed = routed.chat.completions.create(**kw, stream=True)
         assert "".join(c.choices[0].delta.content or "" for c in streamed) == want
+
+
+def test_a_medha_replica_publishes_the_model_it_plans_with(two_replicas):
+    """GET /medha/predictor on `medha serve`: a description the router rebuilds into the
+    model the replica's scheduler holds (its base on this machine: the tiny model's shapes),
+    which the router then prices that replica with."""
+    from medha.perf.published import predictor_from_description
+
+    description = httpx.get(two_replicas[0] + "/medha/predictor", timeout=TIMEOUT_S).json()
+    model = predictor_from_description(description).model
+    served_len = httpx.get(two_replicas[0] + "/v1/models", timeout=TIMEOUT_S).json()
+    assert model.num_layers >= 1 and model.max_context >= served_len["data"][0]["max_model_len"]
+    with router(two_replicas, "--api-key", "k") as url:
+        wait_priced_by_replicas(url, "k")
 
 
 def test_a_frozen_replica_is_taken_out_and_its_waiting_requests_go_elsewhere():

@@ -64,6 +64,9 @@ class Knobs:
     die_after_tokens: int | None = None
     exit_after_tokens: int | None = None
     max_model_len: int | None = None  # reported in /v1/models when set (as medha serve does)
+    # a batch-time model's description (JSON, medha/perf/published.py), served at
+    # GET /medha/predictor when set (as medha serve publishes its own)
+    predictor: str = ""
 
     def update(self, changes: dict) -> None:
         """Apply a /stub/config body; a wrong key or type raises ValueError (the caller's 400)
@@ -80,6 +83,12 @@ class Knobs:
                 raise ValueError(f"{key} takes a {kind.__name__}, got {value!r}")
         for key, value in changes.items():
             setattr(self, key, float(value) if type(getattr(Knobs, key)) is float else value)
+
+
+def _request_id(rid: str) -> tuple[bytes, bytes]:
+    """The answer's id as a response header, as servers send theirs (a router passes its
+    replica's `x-` headers on)."""
+    return (b"x-request-id", rid.encode())
 
 
 class _Drop(Exception):
@@ -152,6 +161,10 @@ class StubApp:
             if self.knobs.max_model_len is not None:
                 model["max_model_len"] = self.knobs.max_model_len
             return await self._json(send, 200, {"object": "list", "data": [model]})
+        if path == "/medha/predictor" and self.knobs.predictor:
+            body = self.knobs.predictor.encode()
+            await send({"type": "http.response.start", "status": 200, "headers": _JSON})
+            return await send({"type": "http.response.body", "body": body})
         if path == "/stub/stats":
             return await self._json(send, 200, {"requests": self.requests})
         if path == "/stub/config":
@@ -214,7 +227,7 @@ class StubApp:
             choice = {"index": 0, "text": text}
         choice.update(logprobs=None, finish_reason="length")
         out = _dumps({**head, "choices": [choice], "usage": usage}).encode()
-        headers = [*_JSON, (b"content-length", str(len(out)).encode())]
+        headers = [*_JSON, (b"content-length", str(len(out)).encode()), _request_id(rid)]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         if die is not None:
             await send(
@@ -225,7 +238,8 @@ class StubApp:
 
     async def _stream(self, chat, head, n, usage, body, die, send) -> None:
         k = self.knobs
-        await send({"type": "http.response.start", "status": 200, "headers": _SSE})
+        headers = [*_SSE, _request_id(head["id"])]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
         head["object"] = "chat.completion.chunk" if chat else "text_completion"
 
         def event(choice: dict | None, **extra) -> dict:

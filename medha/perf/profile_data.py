@@ -142,9 +142,18 @@ def _load_json(path: Path) -> Profile:
         data = json.loads(path.read_text())
     except ValueError as e:
         raise ProfileError(f"{path}: not valid JSON ({e})") from None
+    return profile_from_json(data, str(path))
+
+
+def profile_from_json(data: object, path: str) -> Profile:
+    """A profile from its JSON form (`Profile.to_json`), read from `path` (a file, or where
+    else it came from: named in the errors). ProfileError for anything else."""
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ProfileError(f'{path}: not a medha profile (expected "format": "{FORMAT}")')
-    prof = Profile(sources=[str(path)], model=data.get("model"), hardware=data.get("hardware"))
+    prof = Profile(sources=[path], model=data.get("model"), hardware=data.get("hardware"))
+    for key in ("ops", "collectives", "iterations"):
+        if not isinstance(data.get(key, []), list):
+            raise ProfileError(f"{path}: {key} must be a list")
     for i, r in enumerate(data.get("ops", [])):
         where = f"{path}: ops[{i}]"
         prof.op_rows.append(

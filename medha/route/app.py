@@ -56,6 +56,9 @@ DEFAULT_OUTPUT_TOKENS = 128  # a request without max_tokens: a typical answer's 
 DEFAULT_CACHE_TOKENS = 256 * 1024  # a replica's prefix cache when its /metrics does not say
 MAX_BACKOFF_S = 2.0  # the longest wait before a retry (--retry-backoff-s doubles up to it)
 MAX_CONTEXT = 1 << 24  # tokens: a replica's reported context past this is not believed
+# how often the router reads a replica's model again, in health checks (to see a replica
+# restarted with another model): every 10 s at the default interval
+PREDICTOR_REFRESH_CHECKS = 20
 _ERROR_BODY_LIMIT = 1 << 16  # bytes of a replica's error answer passed on
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -171,6 +174,8 @@ class Router:
             SchedulerConfig(policy=config.policy), self.predictor
         )
         self.prefill_times = replica_prefill_times(scheduler_config, self.predictor)
+        # the longest context a replica reported (prompts are priced up to it)
+        self.context = self.prefill_times.max_len
         # Every replica ever added, by replica_id (its index here); one removed stays, marked
         # `removed`, so that ids stay put. The dispatcher sees the members: those not removed.
         self.backends: list[Backend] = []
@@ -192,7 +197,7 @@ class Router:
                 f"({self.max_request_bytes}): every large body would get 429"
             )
         self.metrics = RouterMetrics()
-        self.metrics.context.set(self.prefill_times.max_len)
+        self.metrics.context.set(self.context)
         self.waiting = 0  # requests without their first token
         self.open = 0  # requests running through the router: waiting, or streaming
         self.held_bytes = 0  # bodies the router holds (queued ones too)
@@ -340,6 +345,9 @@ class Router:
                 log.info("replica %d (%s) is in", b.replica_id, b.url)
             if not b.models:
                 await self._learn(b)
+            if self.clock() >= b.predictor_due_s:
+                b.predictor_due_s = self.clock() + PREDICTOR_REFRESH_CHECKS * c.health_interval_s
+                await self._learn_predictor(b)
         elif b.health_failed(c.unhealthy_after):
             self._went_down(b, "health checks failed")
         self.metrics.up.labels(str(b.replica_id)).set(1.0 if b.up else 0.0)
@@ -372,21 +380,70 @@ class Router:
     def _learn_context(self, models: list[dict]) -> None:
         """A replica that serves a longer context than the router's --model (its /v1/models'
         `max_model_len`, as medha serve and vLLM report it): the router prices prompts up to
-        it from then on, with one prefill-time walk for all replicas, as before."""
-        from medha.scheduler.packers import replica_prefill_times
-
+        it from then on, on every replica."""
         lengths = [m.get("max_model_len") for m in models]
         longest = max((n for n in lengths if type(n) is int and 0 < n <= MAX_CONTEXT), default=0)
-        if longest <= self.prefill_times.max_len:
+        if longest <= self.context:
             return
-        config = dataclasses.replace(self.scheduler_config, max_model_len=longest)
-        self.prefill_times = replica_prefill_times(config, self.predictor)
+        self.context = longest
         for t in self.tracked:
-            t.prefill_times = self.prefill_times
+            self._price_with(t, t.predictor, t.scheduler_config)
         self.metrics.context.set(longest)
         log.info(
             "a replica serves %d tokens of context: the router prices prompts up to it", longest
         )
+
+    def _price_with(self, t: TrackedReplica, predictor, config) -> None:
+        """Replica `t` priced from now on with `predictor` under its scheduler `config`, its
+        prefill-time walk to the longest context known."""
+        from medha.scheduler.packers import replica_prefill_times
+
+        if config.max_model_len < self.context:
+            config = dataclasses.replace(config, max_model_len=self.context)
+        t.set_model(predictor, config, replica_prefill_times(config, predictor))
+
+    async def _learn_predictor(self, b: Backend) -> None:
+        """The batch-time model the replica plans with (`medha serve`'s GET /medha/predictor),
+        which the router prices that replica's work with from then on, instead of its own
+        --model and --predictor: the base of it (model spec, hardware spec or profile,
+        layout), read again every 20 checks to see a replica restarted with another. Not its
+        online correction: fitted per replica to the batches each ran, it differed by up to
+        20% between two replicas on identical cores, and a router that took it sent 70-80%
+        of a multi-turn run to the one whose fit was faster (docs/route.md); the replica's
+        speed under load is what the router measures itself (`slowdown`). A replica without
+        the endpoint (vLLM's server), or one that answers something unusable, keeps the
+        router's model."""
+        from medha.perf.published import DescriptionError, base_of, predictor_from_description
+        from medha.scheduler.config import SchedulerConfig
+        from medha.scheduler.config_defaults import resolve_config
+
+        def build(base: dict):
+            predictor = predictor_from_description(base)
+            # resolved as the replica resolves its defaults: over its model
+            return predictor, resolve_config(SchedulerConfig(policy=self.config.policy), predictor)
+
+        t = self.tracked[b.replica_id]
+        try:
+            status, text = await self._get(b.url + "/medha/predictor", b.headers(), read=True)
+            if status != 200:
+                if status == 404 and b.predictor_base is not None:  # now a server without one
+                    self._price_with(t, self.predictor, self.scheduler_config)
+                    b.predictor_base = None
+                return
+            description = json.loads(text)
+            if not isinstance(description, dict):
+                raise DescriptionError("not an object")
+            base = base_of(description)
+            if base != b.predictor_base:  # first seen (or the replica was restarted)
+                # (building a fitted profile's model takes seconds: off the event loop)
+                predictor, config = await asyncio.to_thread(build, base)
+                self._price_with(t, predictor, config)
+                b.predictor_base = base
+                log.info("replica %d: priced with its own model, %s", b.replica_id, t.describe())
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            pass  # the health check says what is wrong with a replica that does not answer
+        except Exception as e:  # whatever a replica answers, it must not stop the router
+            log.warning("replica %d: its /medha/predictor is not usable: %s", b.replica_id, e)
 
     def breaker_success(self, b: Backend) -> None:
         c = self.config
@@ -494,6 +551,9 @@ class Router:
             "draining": b.draining and not b.removed,
             "removed": b.removed,
             "requests": len(self._running[b.replica_id]),
+            # what the router prices its work with: its own model once read, else the router's
+            "predictor": self.tracked[b.replica_id].describe(),
+            "predictor_from_replica": b.predictor_base is not None,
         }
 
     async def _lifespan(self, receive, send) -> None:

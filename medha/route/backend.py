@@ -33,6 +33,10 @@ class Backend:
     failure_times: collections.deque = field(default_factory=collections.deque, repr=False)
     down_since: float | None = None
     models: list[dict] = field(default_factory=list)  # its /v1/models data, last seen
+    # its /medha/predictor: when the router reads it next, and its base as last read (None:
+    # the router prices it with its own model)
+    predictor_due_s: float = 0.0
+    predictor_base: dict | None = field(default=None, repr=False)
     draining: bool = False  # being removed: takes no new request, finishes those it holds
     removed: bool = False  # gone (drained): kept only so that replica ids stay put
     clock: Callable[[], float] = field(default=time.monotonic, repr=False)

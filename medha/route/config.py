@@ -42,7 +42,11 @@ class RouteConfig:
     # --- what the router knows of its replicas, for its predictions ---------------------------
     model: str = field(
         default="smollm2-135m-instruct",
-        metadata=_help("model spec of the replicas, for predicting their prefill and decode times"),
+        metadata=_help(
+            "model spec of the replicas, for predicting their prefill and decode times until "
+            "a replica publishes its own batch-time model (medha serve does: GET "
+            "/medha/predictor, read at its first health check and every 20 after)"
+        ),
     )
     hardware: str = field(
         default="cpu", metadata=_help("the replicas' device: cpu, a100, h100 or h200")
@@ -50,8 +54,9 @@ class RouteConfig:
     predictor: str = field(
         default="auto",
         metadata=_help(
-            "the replicas' batch-time model: auto (the profile `medha profile` wrote for "
-            "--model on this machine, else roofline), roofline, profiled:PATH, ..."
+            "the replicas' batch-time model until a replica publishes its own (as --model): "
+            "auto (the profile `medha profile` wrote for --model on this machine, else "
+            "roofline), roofline, profiled:PATH, ..."
         ),
     )
     policy: str | None = field(

@@ -4,11 +4,13 @@ router itself sees of that replica.
 Every request reaches a replica through the router, so the router knows exactly which requests
 each replica holds, when each got its first token (the first token event of its stream) and when
 it ended. What it cannot see is how far a replica has got with the prefills still waiting for
-their first token: it predicts that with the replica's own profile (the prefill-time walk its
-scheduler uses), draining the waiting requests' predicted work in the replica's policy order as
-time passes, and lets each first token correct it (the request leaves the waiting set whatever
-the prediction said). A request that is never streamed shows no first token: it waits, its
-work drained to nothing, until it ends.
+their first token: it predicts that with the replica's own batch-time model (read from the
+replica's GET /medha/predictor: its profile or the roofline of its hardware, not its online
+correction; until then, or for a replica that does not publish one, the router's
+--predictor) and the prefill-time walk its scheduler uses, draining the waiting requests'
+predicted work in the replica's policy order as time passes, and lets each first token
+correct it (the request leaves the waiting set whatever the prediction said). A request that
+is never streamed shows no first token: it waits, its work drained to nothing, until it ends.
 
 The profile prices a replica's batches; a replica serving under load is slower than that
 (1.2-1.5x on issue 33's 2-core machine, with the router and the clients beside the replicas,
@@ -143,6 +145,27 @@ class TrackedReplica:
         self._queue: list[Routed] = []  # those without a first token
         self._ended: OrderedDict[str, Routed] = OrderedDict()
         self._anchor = clock()
+
+    def set_model(
+        self, predictor: Predictor, config: SchedulerConfig, prefill_times: PrefillTimeCache
+    ) -> None:
+        """Price from now on with `predictor` under the replica's scheduler `config` (its own
+        model and defaults, read from it, or the router's walk to a longer context). What the
+        requests it holds were priced at stays: their work drains on. A new model starts the
+        measured slowdown over: it was measured against the old one."""
+        self._drain(self.clock())
+        if predictor is not self.predictor:
+            self.slowdown, self._samples = 1.0, 0
+        self.predictor = predictor
+        self.scheduler_config = config
+        self.prefill_times = prefill_times
+        self._decode_token_s = decode_token_s(predictor)
+        self._decode_share = DecodeShare(predictor, config.iteration_budget_s)
+        self._policy = replica_policy(config)
+        self._rules = StepRules.of(config, predictor.parallel.spp)
+
+    def describe(self) -> str:
+        return self.predictor.describe()
 
     # ---- events (the proxy's) ----------------------------------------------------------------
     def on_dispatch(

@@ -1,4 +1,4 @@
-"""The plain routes: GET /health, /metrics and /v1/models.
+"""The plain routes: GET /health, /metrics, /v1/models and /medha/predictor.
 
 Routes here and in completions.py and chat.py carry no return annotation: FastAPI would take
 it as a response model, filter the bodies through it and change the OpenAPI document."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends
 from fastapi.responses import Response
 
-from medha.server.errors import SafeJSONResponse
+from medha.server.errors import RequestError, SafeJSONResponse
 from medha.server.state import ServerStateDep, authorize
 
 router = APIRouter()
@@ -42,3 +42,19 @@ async def models(state: ServerStateDep):
             }
         ],
     }
+
+
+@router.get("/medha/predictor", dependencies=[Depends(authorize)])
+async def predictor(state: ServerStateDep):
+    """The batch-time model this replica plans with, as data (medha/perf/published.py): its
+    base and the online correction fitted so far. `medha route` reads it to price this
+    replica's work as the replica does; 404 where the engine has no model to describe."""
+    from medha.perf.published import describe
+
+    model = getattr(state.engine, "predictor", None)
+    description = describe(model) if model is not None else None
+    if description is None:
+        raise RequestError(
+            "this replica's engine publishes no batch-time model", None, 404, "not_found_error"
+        )
+    return description
