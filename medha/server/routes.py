@@ -47,8 +47,9 @@ async def models(state: ServerStateDep):
 @router.get("/medha/predictor", dependencies=[Depends(authorize)])
 async def predictor(state: ServerStateDep):
     """The batch-time model this replica plans with, as data (medha/perf/published.py): its
-    base and the online correction fitted so far. `medha route` reads it to price this
-    replica's work as the replica does; 404 where the engine has no model to describe."""
+    base and the online correction fitted so far. `medha route` prices this replica's work
+    with the base (docs/route.md says why not the correction); 404 where the engine has no
+    model to describe."""
     from medha.perf.published import describe
 
     model = getattr(state.engine, "predictor", None)
