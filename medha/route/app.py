@@ -386,6 +386,7 @@ class Router:
         if longest <= self.context:
             return
         self.context = longest
+        self.prefill_times = self._walk(self.scheduler_config, self.predictor)
         for t in self.tracked:
             self._price_with(t, t.predictor, t.scheduler_config)
         self.metrics.context.set(longest)
@@ -393,14 +394,21 @@ class Router:
             "a replica serves %d tokens of context: the router prices prompts up to it", longest
         )
 
-    def _price_with(self, t: TrackedReplica, predictor, config) -> None:
-        """Replica `t` priced from now on with `predictor` under its scheduler `config`, its
-        prefill-time walk to the longest context known."""
+    def _walk(self, config, predictor):
+        """The prefill-time walk of a replica running `config` on `predictor`, to the
+        longest context known."""
         from medha.scheduler.packers import replica_prefill_times
 
         if config.max_model_len < self.context:
             config = dataclasses.replace(config, max_model_len=self.context)
-        t.set_model(predictor, config, replica_prefill_times(config, predictor))
+        return replica_prefill_times(config, predictor)
+
+    def _price_with(self, t: TrackedReplica, predictor, config) -> None:
+        """Replica `t` priced from now on with `predictor` under its scheduler `config`: the
+        router's own model shares one walk (`prefill_times`, which a replica added later gets
+        too), a replica's published one has its own."""
+        own = predictor is self.predictor
+        t.set_model(predictor, config, self.prefill_times if own else self._walk(config, predictor))
 
     async def _learn_predictor(self, b: Backend) -> None:
         """The batch-time model the replica plans with (`medha serve`'s GET /medha/predictor),
