@@ -420,7 +420,7 @@ def test_the_dispatcher_moves_one_instance_per_cooldown(monkeypatch):
     hot = {r.replica_id: (0.9 if d.role[r.replica_id] == LONG else 0.1) for r in reps}
     monkeypatch.setattr(d, "instance_pressure", lambda replica, now: hot[replica.replica_id])
     for t in [0.1 * i for i in range(60)]:
-        d.pick(Request(f"r{t}", t, 20, 1), t)
+        d.tick(t)
     times = [m.time_s for m in d.moves]
     assert len(times) == 2  # 3 short instances: two may go, the pool keeps n_min = 1
     assert all(b - a >= 2.0 for a, b in zip(times, times[1:]))
@@ -460,10 +460,63 @@ def test_a_cluster_run_under_the_pla_dispatcher_finishes_everything():
             )
         )
 
-    assert replicas(long=True, after=False) == {2}
     assert replicas(long=False, after=False) == {0, 1}
     assert replicas(long=True, after=True) == {0, 2}
     assert replicas(long=False, after=True) == {1}
+    # Long prompts that were still queued at the move went to the moved instance too: they
+    # waited in the long class's queue, not on replica 2.
+    assert replicas(long=True, after=False) == {0, 2}
+    pulled_late = [
+        r for r in reqs if r.prompt_len >= BOUNDARY and r.arrival_s < 0.5 and 0 in on[r.request_id]
+    ]
+    assert pulled_late and all(r.first_scheduled_s >= 0.5 for r in pulled_late)
+
+
+def test_the_controller_runs_with_no_arrivals():
+    """Every request at t = 0 (the paper's distillation run): the controller, woken by its own
+    period, moves instances to the loaded pool while the queue drains."""
+    sim = toy_sim(
+        replicas=4,
+        dispatcher="pla",
+        policy="pla",
+        pla_boundary_tokens=BOUNDARY,
+        pla_cooldown_s=0.5,
+        pla_period_s=0.25,
+        min_ttft_deadline_s=1e6,
+        pla_mode="token-max",
+    )
+    reqs = [Request(f"l{i}", 0.0, 400, 1) for i in range(60)] + [
+        Request(f"s{i}", 0.0, 30, 1) for i in range(20)
+    ]
+    result = sim.run(reqs)
+    assert all(r.state.is_done for r in reqs)
+    moves = result.dispatcher.moves
+    # 3 short, 1 long at the start; the shorts drain at once and two short instances join the
+    # long pool, one per cool-down, at control periods after t = 0
+    assert [(m.source, m.target) for m in moves] == [(SHORT, LONG), (SHORT, LONG)]
+    assert 0 < moves[0].time_s and moves[1].time_s - moves[0].time_s >= 0.5
+    on = served_on(result)
+    assert len(set().union(*(on[r.request_id] for r in reqs if r.prompt_len >= BOUNDARY))) == 3
+
+
+def test_a_short_instance_gathering_a_batch_takes_the_next_arrivals():
+    """Shorts 1 ms apart, deadlines far: the instance that took the first holds it for the
+    window and takes the ones after it (pulled, not spread over the idle short instances as
+    pushing to the least loaded would), and one long instance takes one long at a time."""
+    sim = toy_sim(
+        replicas=3,
+        dispatcher="pla",
+        policy="pla",
+        pla_boundary_tokens=BOUNDARY,
+        pla_w_max_s=0.05,
+        min_ttft_deadline_s=30.0,
+    )
+    reqs = [Request(f"s{i}", 0.001 * i, 30, 1) for i in range(8)]
+    result = sim.run(reqs)
+    on = served_on(result)
+    assert {rid for r in reqs for rid in on[r.request_id]} == {0}
+    depths = [d.depth for d in result.dispatcher.replicas[0].scheduler.policy.awd.dispatches]
+    assert depths[0] == 8
 
 
 def test_the_pla_dispatcher_waits_its_cooldown_between_moves_in_a_cluster_run():

@@ -178,6 +178,31 @@ class Dispatcher(ABC):
         """The replica that admits `request`, one of `candidates` (default: every replica;
         the router leaves out the unhealthy ones and those a retry has tried)."""
 
+    # ---- the simulator's cluster: a dispatcher may hold requests and run on a clock -----------
+    # Defaults for a dispatcher that pushes each request to a replica at its arrival. One that
+    # keeps queues of its own (pla on several instances: the paper's instances pull from their
+    # class's queue) overrides all three.
+    control_period_s: float | None = None
+    """Every how many seconds `tick` runs, arrivals or not (None: never)."""
+
+    def route(self, request: Request, now: float) -> ReplicaView | None:
+        """Where `request` goes at its arrival: a replica (`pick`'s), or None when the
+        dispatcher keeps it until a replica pulls it (`pull`)."""
+        return self.pick(request, now)
+
+    def pull(self, ready: list[ReplicaView], now: float) -> dict[int, list[Request]]:
+        """The held requests each of `ready` (replicas about to form a batch) takes now, by
+        replica id."""
+        return {}
+
+    def held(self) -> int:
+        """Requests the dispatcher holds (none of them on a replica yet)."""
+        return 0
+
+    def tick(self, now: float) -> None:
+        """The periodic control (every `control_period_s`)."""
+        return None
+
 
 def ttft_deadline_s(config: SchedulerConfig, request: Request, replica: ReplicaView) -> float:
     """`request`'s absolute TTFT deadline as the replicas set it: its own target, else the

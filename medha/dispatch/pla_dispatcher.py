@@ -28,17 +28,24 @@ classes, and the `pla` policy separates them in time.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from medha.core.request import Request
-from medha.dispatch.base_dispatcher import DISPATCHERS, Dispatcher, ReplicaView, least_work
+from medha.dispatch.base_dispatcher import (
+    DISPATCHERS,
+    Dispatcher,
+    ReplicaView,
+    least_work,
+    ttft_deadline_s,
+)
 from medha.dispatch.config import DispatchSettings
 from medha.scheduler.config import SchedulerConfig
-from medha.scheduler.policies.pla_policy import LONG, SHORT, calibrate
+from medha.scheduler.policies.pla_policy import LONG, PAPER_SIZES, SHORT, calibrate
 
 
 def p90(values: list[float]) -> float:
@@ -84,15 +91,28 @@ class PressureController:
         return None
 
 
+@dataclass(order=True)
+class Queued:
+    """A request in its class's queue: in the order instances take them (earliest deadline
+    first in the SLA mode, arrival order in the deadline-free token-max mode)."""
+
+    key: tuple
+    request: Request = field(compare=False)
+    deadline_s: float = field(compare=False)
+    work_s: float = field(compare=False)  # predicted prefill time, uncached as at its arrival
+
+
 @DISPATCHERS.register("pla")
 class PlaDispatcher(Dispatcher):
-    """Short and long prefill pools, routed by L_m(H), resized by instance pressure."""
+    """Short and long prefill pools, fed from one queue per class, resized by instance
+    pressure every control period."""
 
     def __init__(
         self, replicas: list[ReplicaView], cluster: DispatchSettings, scheduler: SchedulerConfig
     ) -> None:
         super().__init__(replicas, cluster, scheduler)
         settings = self.settings = cluster.pla
+        self.config = scheduler
         self.model = calibrate(replicas[0].predictor, scheduler.pla.memory_intercept)
         self.fixed_boundary = scheduler.pla.boundary_tokens
         n = len(replicas)
@@ -106,7 +126,18 @@ class PlaDispatcher(Dispatcher):
         self._recent: dict[int, deque[Request]] = {r.replica_id: deque() for r in replicas}
         self._busy = {r.replica_id: [0, 0] for r in replicas}  # (busy, samples) this period
         self.moves: list[Move] = []
-        self._next_check_s = -math.inf
+        # One instance has no pools (the pla policy separates the classes in time): requests
+        # go to it at arrival and there is nothing to control.
+        self.control_period_s = settings.period_s if n > 1 else None
+        self.queues: dict[str, list[Queued]] = {SHORT: [], LONG: []}
+        self._queued_work = {SHORT: 0.0, LONG: 0.0}
+        self._seq = 0
+        # (sum, count) of wait / TTFT allowed over each class queue, as of the last control
+        self._queue_deviation: dict[str, tuple[float, int]] = {}
+        # one batch's worth, what a short instance takes at a time: the deepest captured batch
+        # and the short batches' token budget M (the pla policy's AWD groups within these)
+        self.batch_depth = (getattr(replicas[0].predictor, "sizes", ()) or PAPER_SIZES)[-1]
+        self.batch_tokens = scheduler.pla.memory_tokens
 
     def history(self, request: Request) -> int:
         return max(r.cached_tokens(request) for r in self.replicas)
@@ -120,18 +151,94 @@ class PlaDispatcher(Dispatcher):
     def pool(self, role: str) -> list[ReplicaView]:
         return [r for r in self.replicas if self.role[r.replica_id] == role]
 
-    def pick(
-        self, request: Request, now: float, candidates: list[ReplicaView] | None = None
-    ) -> ReplicaView:
-        if len(self.replicas) == 1:
-            return self.replicas[0]  # one instance: the pla policy separates them in time
-        for r in self.replicas:  # utilisation, sampled at arrivals
+    def _sample_busy(self) -> None:
+        """Utilisation, sampled at arrivals and control periods."""
+        for r in self.replicas:
             b = self._busy[r.replica_id]
             b[0] += r.busy()
             b[1] += 1
-        if now >= self._next_check_s:
-            self._next_check_s = now + self.settings.period_s
-            self._control(now)
+
+    # ---- the simulator's cluster: class queues that instances pull from ----------------------
+    def route(self, request: Request, now: float) -> ReplicaView | None:
+        if len(self.replicas) == 1:
+            return self.replicas[0]
+        self._sample_busy()
+        role = self.classify(request)
+        replica = self.replicas[0]
+        deadline = ttft_deadline_s(self.config, request, replica)
+        work = replica.prefill_work_s(request, replica.cached_tokens(request))
+        self._seq += 1
+        first = deadline if self.config.pla.mode != "token-max" else request.arrival_s
+        item = Queued((first, request.arrival_s, self._seq), request, deadline, work)
+        heapq.heappush(self.queues[role], item)
+        self._queued_work[role] += work
+        return None
+
+    def held(self) -> int:
+        return len(self.queues[SHORT]) + len(self.queues[LONG])
+
+    def pull(self, ready: list[ReplicaView], now: float) -> dict[int, list[Request]]:
+        """A long instance takes one request when it holds no prefill (the paper advances one
+        long request at a time); a short instance tops up what it holds to one batch's worth
+        (the deepest captured batch, M tokens), the instances already gathering a batch first,
+        then the least loaded."""
+        out: dict[int, list[Request]] = {}
+        for role in (SHORT, LONG):
+            queue = self.queues[role]
+            members = [r for r in ready if self.role[r.replica_id] == role]
+            held = {r.replica_id: r.pending(now) for r in members}
+            for r in sorted(
+                members,
+                key=lambda r: (not held[r.replica_id], r.outstanding_work_s(), r.replica_id),
+            ):
+                if not queue:
+                    break
+                taken = out.setdefault(r.replica_id, [])
+                if role == LONG:
+                    if held[r.replica_id]:
+                        continue
+                    taken.append(self._take(role))
+                    while (
+                        self.config.pla.long_batch == "all"
+                        and queue
+                        and (
+                            sum(q.prompt_len for q in taken) + queue[0].request.prompt_len
+                            <= self.batch_tokens
+                        )
+                    ):
+                        taken.append(self._take(role))
+                    continue
+                depth = len(held[r.replica_id])
+                tokens = sum(p.num_uncached_tokens for p in held[r.replica_id])
+                while queue and depth < self.batch_depth:
+                    n = queue[0].request.prompt_len
+                    if depth and tokens + n > self.batch_tokens:
+                        break
+                    taken.append(self._take(role))
+                    depth, tokens = depth + 1, tokens + n
+            for rid, taken in out.items():
+                self._recent[rid].extend(taken)
+        return {rid: taken for rid, taken in out.items() if taken}
+
+    def _take(self, role: str) -> Request:
+        item = heapq.heappop(self.queues[role])
+        self._queued_work[role] -= item.work_s
+        if not self.queues[role]:
+            self._queued_work[role] = 0.0  # no drift left behind
+        return item.request
+
+    def tick(self, now: float) -> None:
+        self._sample_busy()
+        self._control(now)
+
+    def pick(
+        self, request: Request, now: float, candidates: list[ReplicaView] | None = None
+    ) -> ReplicaView:
+        """The router's: to the least loaded instance of the request's pool (medha route has
+        no queue of its own, so requests are pushed at arrival)."""
+        if len(self.replicas) == 1:
+            return self.replicas[0]  # one instance: the pla policy separates them in time
+        self._sample_busy()
         pool = self.pool(self.classify(request))
         if candidates is not None:  # the router's: a pool with none left falls back on all
             allowed = {r.replica_id for r in candidates}
@@ -142,6 +249,7 @@ class PlaDispatcher(Dispatcher):
 
     # ---- Algorithm 2 --------------------------------------------------------------------------
     def _control(self, now: float) -> None:
+        self._queue_deviation = {role: self._waiting_ratios(role, now) for role in (SHORT, LONG)}
         psi = {r.replica_id: self.instance_pressure(r, now) for r in self.replicas}
         for b in self._busy.values():
             b[0] = b[1] = 0
@@ -159,8 +267,11 @@ class PlaDispatcher(Dispatcher):
         self.moves.append(Move(now, replica.replica_id, source, target, pressure))
 
     def signals(self, replica: ReplicaView, now: float) -> tuple[float, float, float]:
-        """(q, e, u) of one instance."""
+        """(q, e, u) of one instance. Its queue is what it holds plus its share of its class's
+        queue (the class queue's work over the pool's instances)."""
+        role = self.role[replica.replica_id]
         queued = sum(p.work_s for p in replica.pending(now))
+        queued += self._queued_work[role] / max(1, len(self.pool(role)))
         busy, samples = self._busy[replica.replica_id]
         u = busy / samples if samples else float(replica.busy())
         return queued / self.settings.queue_unit_s, self._slo_deviation(replica, now), u
@@ -170,9 +281,18 @@ class PlaDispatcher(Dispatcher):
         s = self.settings
         return s.weight_queue * q + s.weight_slo * e - s.weight_util * u
 
+    def _waiting_ratios(self, role: str, now: float) -> tuple[float, int]:
+        """(sum, count) of wait so far / TTFT allowed of the requests in a class's queue."""
+        total = 0.0
+        for q in self.queues[role]:
+            allowed = q.deadline_s - q.request.arrival_s
+            total += (now - q.request.arrival_s) / allowed if 0 < allowed < math.inf else 0.0
+        return total, len(self.queues[role])
+
     def _slo_deviation(self, replica: ReplicaView, now: float) -> float:
-        """Mean TTFT / deadline of the instance's recent requests; those still waiting count
-        their wait so far. Requests that got their first token before the window leave."""
+        """Mean TTFT / deadline of the instance's recent requests and of those its class's
+        queue holds; those still waiting count their wait so far. Requests that got their first
+        token before the window leave."""
         horizon = now - self.settings.window_s
         rid = replica.replica_id
         seen = {r.request_id: replica.progress(r) for r in self._recent[rid]}
@@ -191,4 +311,6 @@ class PlaDispatcher(Dispatcher):
             allowed = deadline - r.arrival_s
             end = first if first is not None else now
             ratios.append((end - r.arrival_s) / allowed if 0 < allowed < math.inf else 0.0)
-        return sum(ratios) / len(ratios) if ratios else 0.0
+        total, count = self._queue_deviation.get(self.role[rid], (0.0, 0))
+        count += len(ratios)
+        return (sum(ratios) + total) / count if count else 0.0

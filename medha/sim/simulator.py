@@ -27,8 +27,8 @@ from medha.sim.replica import SimReplica
 KV_BLOCK_SIZE = 16  # tokens per simulated KV block
 
 # events: a batch leaves stage 1 / leaves the pipeline / an idle replica's policy lets go of
-# prefills it held back (Policy.wake_at)
-_STAGE1, _DONE, _WAKE = 0, 1, 2
+# prefills it held back (Policy.wake_at) / the dispatcher's periodic control (pla's Algorithm 2)
+_STAGE1, _DONE, _WAKE, _TICK = 0, 1, 2, 3
 
 
 @dataclass
@@ -152,6 +152,9 @@ class Simulator:
             leave=False,
         )
         inf = math.inf
+        period = dispatcher.control_period_s
+        if period is not None and arrivals:
+            heapq.heappush(heap, (arrivals[0].arrival_s, seq, _TICK, None, None))
         while i < n or heap or injected:
             now = min(
                 arrivals[i].arrival_s if i < n else inf,
@@ -162,6 +165,13 @@ class Simulator:
             # Batches finishing now go first, so that their decodes can join the next batch.
             while heap and heap[0][0] <= now:
                 _, _, kind, replica, batch = heapq.heappop(heap)
+                if kind == _TICK:
+                    dispatcher.tick(now)
+                    dirty.update((x.replica_id, x) for x in replicas)  # a pool may have grown
+                    if i < n or injected or dispatcher.held() or any(x.scheduler for x in replicas):
+                        seq += 1
+                        heapq.heappush(heap, (now + period, seq, _TICK, None, None))
+                    continue
                 dirty[replica.replica_id] = replica
                 if kind == _WAKE:
                     continue
@@ -182,9 +192,17 @@ class Simulator:
                 else:
                     r = arrivals[i]
                     i += 1
-                replica = dispatcher.pick(r, now)
+                replica = dispatcher.route(r, now)
+                if replica is None:  # held: a replica about to form a batch pulls it
+                    dirty.update((x.replica_id, x) for x in replicas)
+                    continue
                 replica.add(r, now)
                 dirty[replica.replica_id] = replica
+            if dispatcher.held():
+                ready = [dirty[rid] for rid in sorted(dirty) if dirty[rid].ready]
+                for rid, pulled in dispatcher.pull(ready, now).items():
+                    for r in pulled:
+                        replicas[rid].add(r, now)
             for rid in sorted(dirty):
                 replica = dirty[rid]
                 if not replica.ready:
@@ -205,7 +223,7 @@ class Simulator:
                     heapq.heappush(heap, (stage1_end, seq, _STAGE1, replica, None))
         bar.close()
         wall_s = time.perf_counter() - t0
-        stuck = sum(len(r.scheduler) for r in replicas)
+        stuck = sum(len(r.scheduler) for r in replicas) + dispatcher.held()
         if stuck:
             raise RuntimeError(f"simulation stalled with {stuck} unfinished requests")
         self.stored_walk.save()
