@@ -262,6 +262,24 @@ def test_sla_mode_window_is_min_of_w_sla_and_w_gr():
     assert a.window(shorts, shorts, 0.0) == pytest.approx(0.48)
 
 
+def test_sla_mode_window_is_bounded_by_algorithm_1s_adapted_window():
+    """In the SLA mode Algorithm 1's W is live: after a batch reached D in tau, the window
+    never runs longer than clip(tau), however loose W_SLA and W_GR are."""
+    a = awd(mode="sla", w_max_s=1.0, delta_s=0.01, service=0.01)
+    a.rate, a.depth = 1.0, 2
+    two = [req(0, 0.0), req(1, 0.003)]
+    batch, why, _ = a.decide(two, 0.003)
+    assert why == "depth"
+    a.dispatched(batch, two, 0.003, why)
+    assert a.window_s == pytest.approx(0.003)
+    one = [req(2, 1.0)]
+    # W_GR = (2 - 1) / 1 = 1 s, W_SLA = 29.98 s: Algorithm 1's 3 ms is the tighter
+    assert a.window(one, one, 1.0) == pytest.approx(0.003)
+    batch, why, at = a.decide(one, 1.0)
+    assert why is None and at == pytest.approx(1.003)
+    assert a.decide(one, 1.003)[1] == "window"
+
+
 def test_bucket_first_grouping_stops_where_padding_costs_more_than_a_launch():
     a = awd()
     a.service_s = lambda b: 0.008 + 2e-5 * a.padded_tokens(b)  # a launch, and padded tokens
@@ -370,6 +388,7 @@ def test_graph_model_against_the_h100_measurement():
 # ---- the pla dispatcher: Algorithm 2 -----------------------------------------------------------
 def pla_cluster(replicas=4, **config):
     config.setdefault("pla_boundary_tokens", BOUNDARY)
+    config.setdefault("pla_long_instances", 1)
     sim = toy_sim(replicas=replicas, dispatcher="pla", policy="pla", **config)
     reps = sim._replicas()
     return sim, reps, PlaDispatcher(reps, sim.cluster, sim.scheduler_config)
@@ -384,6 +403,12 @@ def test_requests_are_routed_by_length_to_their_pool():
         replica.add(r, 0.0)
         assert d.role[replica.replica_id] == (SHORT if n < BOUNDARY else LONG)
     assert [len(r.scheduler) for r in reps if d.role[r.replica_id] == SHORT] == [1, 1, 1]
+
+
+def test_the_pools_start_half_and_half():
+    for n, long in ((2, 1), (3, 1), (8, 4)):
+        _, reps, d = pla_cluster(n, pla_long_instances=None)
+        assert [d.role[r.replica_id] for r in reps].count(LONG) == long
 
 
 def test_one_replica_serves_both_classes():
@@ -484,6 +509,7 @@ def test_the_controller_runs_with_no_arrivals():
         pla_period_s=0.25,
         min_ttft_deadline_s=1e6,
         pla_mode="token-max",
+        pla_long_instances=1,
     )
     reqs = [Request(f"l{i}", 0.0, 400, 1) for i in range(60)] + [
         Request(f"s{i}", 0.0, 30, 1) for i in range(20)

@@ -449,6 +449,37 @@ def test_a_frozen_replica_does_not_delay_taking_a_dead_one_out():
     asyncio.run(scenario())
 
 
+def test_the_pla_routers_controller_runs_with_no_request_arriving():
+    """PLA-Serve's Algorithm 2 sleeps Delta t between controls: in medha route its controller
+    runs every control period, requests or not (it once ran only at arrivals). In process."""
+    from medha.route.app import Router
+    from medha.route.config import RouteConfig
+
+    async def scenario():
+        config = RouteConfig(dispatcher="pla", predictor="roofline", healthy_after=1,
+                             health_interval_s=60.0)  # fmt: skip
+        r = Router(config, ["http://a", "http://b"])
+
+        async def get(url, headers, read=False):
+            return (404, "") if read else 200
+
+        r._get = get
+        d = r.dispatcher
+        assert d.control_period_s == 0.5  # the paper's Delta t, at medha's default
+        d.tick(r.clock())  # the real control over the router's replica views
+        ticks = []
+        d.control_period_s = 0.01
+        d.tick = ticks.append
+        await r.start()
+        try:
+            await asyncio.sleep(0.3)
+        finally:
+            await r.stop()
+        assert len(ticks) >= 5 and all(b > a for a, b in zip(ticks, ticks[1:]))
+
+    asyncio.run(scenario())
+
+
 @pytest.mark.parametrize("dispatcher", ["round_robin", "least_work", "prefix", "slack", "pla"])
 def test_every_dispatcher_routes(two_stubs, dispatcher):
     from medha.dispatch.config import DISPATCHER_NAMES

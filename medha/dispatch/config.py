@@ -35,7 +35,7 @@ class PlaDispatcherSettings:
         default=None,
         metadata=_help(
             "pla dispatcher: instances that start in the long-prefill pool, the rest serve short "
-            "prefills (default: max(1, replicas / 4))",
+            "prefills (default: half, rounded down: nothing is known of the classes' loads yet)",
         ),
     )
     queue_unit_s: float = field(
@@ -76,8 +76,10 @@ class PlaDispatcherSettings:
     n_min: int = field(
         default=1, metadata=_help("pla dispatcher: n_min, the fewest instances a pool keeps")
     )
+    # 2 s, the SLA deviation's window: a move is judged again only once the deviation it was
+    # made on has turned over (5 s took 20 s to move 4 instances: docs/reproductions.md)
     cooldown_s: float = field(
-        default=5.0,
+        default=2.0,
         metadata=_help("pla dispatcher: T_cool, least time (s) between two instance moves"),
     )
     period_s: float = field(

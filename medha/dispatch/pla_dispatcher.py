@@ -116,7 +116,7 @@ class PlaDispatcher(Dispatcher):
         self.model = calibrate(replicas[0].predictor, scheduler.pla.memory_intercept)
         self.fixed_boundary = scheduler.pla.boundary_tokens
         n = len(replicas)
-        n_long = min(n - 1, settings.long_instances or max(1, n // 4))
+        n_long = min(n - 1, settings.long_instances or max(1, n // 2))
         # The last replicas start long, the first short.
         self.role = {
             r.replica_id: (LONG if i >= n - n_long else SHORT) for i, r in enumerate(replicas)

@@ -182,6 +182,7 @@ class Router:
         self.tracked: list[TrackedReplica] = []
         self._running: dict[int, set[asyncio.Task]] = {}
         self._health_tasks: dict[int, asyncio.Task] = {}
+        self._control_task: asyncio.Task | None = None
         self.dispatcher = None
         for url, key in zip(urls, keys or [None] * len(urls)):
             self._new_replica(url, key)
@@ -303,16 +304,32 @@ class Router:
         await asyncio.gather(*(self._check(b) for b in self.members()))
         for b in self.members():
             self._health_tasks[b.replica_id] = asyncio.create_task(self._health_loop(b))
+        self._control_task = asyncio.create_task(self._control_loop())
 
     async def stop(self) -> None:
-        for task in self._health_tasks.values():
-            task.cancel()
+        for task in [*self._health_tasks.values(), self._control_task]:
+            if task is not None:
+                task.cancel()
         if self._client is not None:
             await self._client.close()
 
     def asgi(self):
         """The app: this router behind the body guard."""
         return BodyGuard(self, self.max_request_bytes, self.max_held_bytes, "medha route")
+
+    async def _control_loop(self) -> None:
+        """The dispatcher's periodic control (pla's Algorithm 2: it sleeps Delta t, not until
+        the next arrival), on the dispatcher of the moment (membership changes make a new one)."""
+        while True:
+            period = self.dispatcher.control_period_s if self.dispatcher else None
+            await asyncio.sleep(period or 1.0)
+            dispatcher = self.dispatcher
+            if period is None or dispatcher is None or dispatcher.control_period_s is None:
+                continue
+            try:
+                dispatcher.tick(self.clock())
+            except Exception:  # a bug here must not stop the control, nor the router
+                log.exception("dispatcher control failed")
 
     # ---- health ------------------------------------------------------------------------------
     async def _health_loop(self, b: Backend) -> None:

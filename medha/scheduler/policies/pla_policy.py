@@ -264,13 +264,16 @@ class AdaptiveWaitDepth:
         if not s.adaptive:
             return s.w_max_s
         S = self.service_s(batch)
+        if self.window_s is None:  # Algorithm 1, line 1
+            first = min(r.deadline_s for r in shorts) - now - S
+            self.window_s = _clip(first, s.w_min_s, s.w_max_s)
         if self.mode == "sla":
             w_sla = max(0.0, min(r.deadline_s for r in shorts) - now - S - s.delta_s)
             w_gr = max(0, self.depth - len(batch)) / max(self.rate, s.rate_floor)
-            return _clip(now - self._start(shorts) + min(w_sla, w_gr), s.w_min_s, s.w_max_s)
-        if self.window_s is None:
-            first = min(r.deadline_s for r in shorts) - now - S
-            self.window_s = _clip(first, s.w_min_s, s.w_max_s)
+            w_t = _clip(now - self._start(shorts) + min(w_sla, w_gr), s.w_min_s, s.w_max_s)
+            # the tighter of section 3.2's W(t) and Algorithm 1's W, which the fill times of
+            # full batches adapt (`dispatched`)
+            return min(w_t, self.window_s)
         return self.window_s
 
     def decide(self, shorts: list[Request], now: float) -> tuple[list[Request], str | None, float]:
@@ -315,7 +318,7 @@ class AdaptiveWaitDepth:
             return start + s.w_max_s
         if self.mode == "sla":
             latest = min(r.deadline_s for r in shorts) - self.service_s(batch) - s.delta_s
-            return start + _clip(latest - start, s.w_min_s, s.w_max_s)
+            return start + min(_clip(latest - start, s.w_min_s, s.w_max_s), self.window_s)
         return start + self.window_s
 
     def dispatched(self, batch: list[Request], shorts: list[Request], now: float, why: str) -> None:
