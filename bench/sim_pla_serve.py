@@ -142,15 +142,24 @@ CONFIGS = {
 }
 # --trace: the same run with one assumption changed each (docs/reproductions.md)
 TRACES = {
+    "pla policy behind least work": ("pla", "roofline-graph", "least_work", {}),
     "full PLA, graph where faster": ("pla", "roofline-graph-min", "pla", {}),
     "full PLA, longs batched": ("pla", "roofline-graph", "pla", {"pla_long_batch": "all"}),
     "full PLA, both": ("pla", "roofline-graph-min", "pla", {"pla_long_batch": "all"}),
 }
 
 
-def simulate(model, replicas, policy, predictor, dispatcher, reqs, on_finish=None, **sched):
-    cluster = ClusterConfig(
-        model=model, hardware="h200", predictor=predictor, replicas=replicas, dispatcher=dispatcher
+def simulate(
+    model, replicas, policy, predictor, dispatcher, reqs, on_finish=None, cluster=None, **sched
+):
+    """`cluster`: the cluster's flat settings beyond these (the pla dispatcher's)."""
+    cluster = ClusterConfig.from_flat(
+        model=model,
+        hardware="h200",
+        predictor=predictor,
+        replicas=replicas,
+        dispatcher=dispatcher,
+        **(cluster or {}),
     )
     sched.setdefault("chunking", CHUNK)
     config = SchedulerConfig.from_flat(
@@ -229,8 +238,9 @@ def fig6(args) -> dict:
         for model in args.models:
             print(f"### Figure 6: {model}, {replicas} prefill instance(s), {args.shape}-shaped\n")
             configs = {**CONFIGS, **(TRACES if args.trace else {})}
-            if replicas == 1:  # one instance: no routing, the two vanillas are one run
-                del configs["vanilla, least work"]
+            if replicas == 1:  # one instance: no routing (these are vanilla and full PLA)
+                for name in ("vanilla, least work", "pla policy behind least work"):
+                    configs.pop(name, None)
             print("| concurrency | " + " | ".join(f"{c} RPS / mean / P90" for c in configs) + " |")
             print("|---|" + "---|" * len(configs))
             for conc in args.concurrency:
@@ -296,9 +306,12 @@ FIG7 = {
     "SGLang (PD + router)": ("fcfs", "roofline-eager", "least_work", CHUNK, {}),
     "vLLM (PD)": ("fcfs", "roofline-eager", "round_robin", "static:2048", {}),
 }
-# --trace on 8 instances: the pools as the controller leaves them (6 long, 2 short) from the
-# start, instead of max(1, n / 4) long
+# --trace on 8 instances, from the router (fcfs, least work) to PLA-Serve one change at a time:
+# graphs, then the pla policy on every instance (no pools), then the pools (PLA-Serve itself);
+# and PLA-Serve with the pools from the start as the controller leaves them (6 long, 2 short)
 FIG7_TRACES = {
+    "router + graphs": ("fcfs", "roofline-graph", "least_work", CHUNK, {}),
+    "router + graphs + pla policy": ("pla", "roofline-graph", "least_work", CHUNK, {}),
     "PLA-Serve, 6 long from the start": (
         "pla",
         "roofline-graph",
@@ -386,6 +399,13 @@ TABLE2_TRACES = {
         "roofline-graph",
         "least_work",
         {"pla_mode": "token-max", "pla_long_batch": "all"},
+    ),
+    # the split the controller reaches, from the start: what the pools cost once balanced
+    "PLA, 3 long from the start": (
+        "pla",
+        "roofline-graph",
+        "pla",
+        {"pla_mode": "token-max", "cluster": {"pla_long_instances": 3}},
     ),
 }
 
