@@ -74,7 +74,12 @@ class PlaDispatcherSettings:
         ),
     )
     n_min: int = field(
-        default=1, metadata=_help("pla dispatcher: n_min, the fewest instances a pool keeps")
+        default=1,
+        metadata=_help(
+            "pla dispatcher: n_min, the fewest instances a pool keeps (0 lets a pool empty: its "
+            "class then waits in its queue, whose pressure is the pool's, until an instance "
+            "comes back; in medha route, which has no queue, it goes to any instance)"
+        ),
     )
     # 2 s, the SLA deviation's window: a move is judged again only once the deviation it was
     # made on has turned over (5 s took 20 s to move 4 instances: docs/reproductions.md)
@@ -102,10 +107,12 @@ class PlaDispatcherSettings:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"pla_{name} must be a number >= 0, got {value!r}")
-        for name in ("long_instances", "n_min"):
-            n = getattr(self, name)
-            if n is not None and not (isinstance(n, int) and n >= 1):
-                raise ValueError(f"pla_{name} must be a positive integer, got {n!r}")
+        n = self.long_instances
+        if n is not None and not (isinstance(n, int) and n >= 1):
+            raise ValueError(f"pla_long_instances must be a positive integer, got {n!r}")
+        n = self.n_min
+        if not (isinstance(n, int) and n >= 0):
+            raise ValueError(f"pla_n_min must be an integer >= 0, got {n!r}")
         if self.aggregator not in PLA_AGGREGATORS:
             raise unknown_name("pla_aggregator", self.aggregator, PLA_AGGREGATORS)
 

@@ -239,7 +239,7 @@ class PlaDispatcher(Dispatcher):
         if len(self.replicas) == 1:
             return self.replicas[0]  # one instance: the pla policy separates them in time
         self._sample_busy()
-        pool = self.pool(self.classify(request))
+        pool = self.pool(self.classify(request)) or self.replicas  # (an emptied pool)
         if candidates is not None:  # the router's: a pool with none left falls back on all
             allowed = {r.replica_id for r in candidates}
             pool = [r for r in pool if r.replica_id in allowed] or candidates
@@ -256,6 +256,8 @@ class PlaDispatcher(Dispatcher):
         pools = {role: self.pool(role) for role in (SHORT, LONG)}
         pressure = {
             role: self.aggregate([psi[r.replica_id] for r in members])
+            if members
+            else self._queue_pressure(role)
             for role, members in pools.items()
         }
         move = self.controller.decide(pressure, {k: len(v) for k, v in pools.items()}, now)
@@ -275,6 +277,14 @@ class PlaDispatcher(Dispatcher):
         busy, samples = self._busy[replica.replica_id]
         u = busy / samples if samples else float(replica.busy())
         return queued / self.settings.queue_unit_s, self._slo_deviation(replica, now), u
+
+    def _queue_pressure(self, role: str) -> float:
+        """An empty pool's pressure (n_min = 0): its class's queue, as one idle instance that
+        holds nothing but its share of the queue, the whole of it."""
+        s = self.settings
+        total, count = self._queue_deviation[role]
+        e = total / count if count else 0.0
+        return s.weight_queue * self._queued_work[role] / s.queue_unit_s + s.weight_slo * e
 
     def instance_pressure(self, replica: ReplicaView, now: float) -> float:
         q, e, u = self.signals(replica, now)
