@@ -525,6 +525,33 @@ def test_the_controller_runs_with_no_arrivals():
     assert len(set().union(*(on[r.request_id] for r in reqs if r.prompt_len >= BOUNDARY))) == 3
 
 
+def test_with_n_min_0_a_pool_empties_and_its_queue_calls_an_instance_back():
+    """n_min = 0: with no short prompt, the short instance joins the long pool; shorts that
+    arrive later wait in their queue, whose pressure (the pool's: its work and its requests'
+    wait against their 20 ms deadlines) brings an instance back."""
+    sim = toy_sim(
+        replicas=2,
+        dispatcher="pla",
+        policy="pla",
+        pla_boundary_tokens=BOUNDARY,
+        pla_cooldown_s=0.5,
+        pla_period_s=0.25,
+        pla_n_min=0,
+        pla_long_instances=1,
+        min_ttft_deadline_s=1e6,
+    )
+    reqs = [Request(f"l{i}", 0.0, 400, 1) for i in range(8)]
+    reqs += [Request(f"s{i}", 1.0 + 0.01 * i, 30, 1, ttft_deadline_s=0.02) for i in range(20)]
+    result = sim.run(reqs)
+    assert all(r.state.is_done for r in reqs)
+    moves = [(m.time_s, m.source, m.target) for m in result.dispatcher.moves]
+    assert moves[0] == (0.25, SHORT, LONG)  # both instances long: the short pool is empty
+    back = [t for t, source, target in moves if target == SHORT]
+    assert back and 1.0 <= back[0] <= 1.0 + 0.5  # the first control once shorts queue
+    shorts = [r for r in reqs if r.prompt_len < BOUNDARY]
+    assert all(r.first_scheduled_s >= back[0] for r in shorts)
+
+
 def test_a_short_instance_gathering_a_batch_takes_the_next_arrivals():
     """Shorts 1 ms apart, deadlines far: the instance that took the first holds it for the
     window and takes the ones after it (pulled, not spread over the idle short instances as

@@ -1,29 +1,40 @@
 """PLA-Serve's spatial disaggregation: prefill instances in a short and a long pool, resized by
 the instance-pressure controller of the paper's Algorithm 2 (She et al., section 3.2).
 
-A request goes to the pool of its class (its uncached tokens L below L_m(H): short; the pla
-policy's boundary, H the longest prefix any instance's cache holds of it) and within the pool
-to the instance with the least outstanding work (the paper's instances pull from one queue per
-class; least work is what a pull would give). Every control period the controller:
+A request joins the queue of its class (its uncached tokens L below L_m(H): short; the pla
+policy's boundary, H the longest prefix any instance's cache holds of it), earliest deadline
+first (arrival order in the deadline-free token-max mode). Instances pull from their class's
+queue as they form a batch (`pull`, which the simulator calls for the replicas about to form
+one): a long instance takes one request when it holds no prefill (the paper advances one long
+request at a time), a short one tops what it holds up to a batch's worth (the deepest captured
+batch, the AWD's token budget M), those already gathering a batch first. Queued work is no
+instance's until taken, so a moved instance serves its new class's queue at once.
 
-- measures each instance k: q_k, its queued prefill work (predicted seconds) over a fixed
-  unit (`queue_unit_s`, the paper's 0.4 s SLO: not the requests' deadlines, which
-  deadline-free runs set far away); e_k, its SLA deviation, the mean TTFT / deadline of the requests
-  it received within `window_s` and of those still waiting (counted with their wait so far);
-  u_k, its GPU utilisation, the share of arrivals (sampled at every dispatch) that found it busy
-  over the period;
+Every control period (`control_period_s`: the simulator's periodic event, `medha route`'s
+task; the paper's "sleep Delta t", not the next arrival) the controller:
+
+- measures each instance k: q_k, its queued prefill work (predicted seconds: what it holds and
+  its share of its class's queue, split evenly over the pool) over a fixed unit
+  (`queue_unit_s`, the paper's 0.4 s SLO: not the requests' deadlines, which deadline-free runs
+  set far away); e_k, its SLA deviation, the mean TTFT / deadline of the requests it took
+  within `window_s`, of those still waiting and of those its class's queue holds (counted with
+  their wait so far); u_k, its GPU utilisation, the share of samples (at arrivals and control
+  periods) that found it busy over the period;
 - psi_k = alpha q_k + beta e_k - gamma u_k (the paper's signs: a busy instance that keeps its
   queue short is healthy);
-- pool pressures P_s, P_l: a robust aggregate of the pool's psi (P90, the paper's choice);
+- pool pressures P_s, P_l: a robust aggregate of the pool's psi (P90, the paper's choice); a
+  pool left empty (n_min = 0) has its queue's pressure, as one idle instance holding it all;
 - after a cool-down since the last move, moves one instance: long -> short when
   P_s > (1 + tau) P_l and n_l > n_min, short -> long when P_l > (1 + tau) P_s and n_s > n_min.
   The pool that gains must have pressure above 0 (our safeguard: with psi able to go negative,
   (1 + tau) P of a calm pool would otherwise order two idle pools). The donor's least-pressured
   instance moves; it finishes what it holds and takes the other class from then on.
 
-The paper gives no values for the weights, tau, n_min, the cool-down or the period; the
-defaults (medha/dispatch/config.py) are ours. With one instance there are no pools: it serves both
-classes, and the `pla` policy separates them in time.
+The paper gives no values for the weights, tau, n_min, the cool-down, the period or the first
+split; the defaults (medha/dispatch/config.py) are ours. With one instance there are no pools:
+it serves both classes, and the `pla` policy separates them in time. `medha route` has no
+queue of its own: there `pick` sends a request at its arrival to the least-loaded instance of
+its pool.
 """
 
 from __future__ import annotations

@@ -168,7 +168,9 @@ class Simulator:
                 if kind == _TICK:
                     dispatcher.tick(now)
                     dirty.update((x.replica_id, x) for x in replicas)  # a pool may have grown
-                    if i < n or injected or dispatcher.held() or any(x.scheduler for x in replicas):
+                    # again while anything can still happen: arrivals, events, held requests
+                    # (not for idle replicas' live requests alone: a stalled run must end)
+                    if i < n or injected or heap or dispatcher.held():
                         seq += 1
                         heapq.heappush(heap, (now + period, seq, _TICK, None, None))
                     continue
