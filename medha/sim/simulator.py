@@ -168,11 +168,24 @@ class Simulator:
                 if kind == _TICK:
                     dispatcher.tick(now)
                     dirty.update((x.replica_id, x) for x in replicas)  # a pool may have grown
-                    # again while anything can still happen: arrivals, events, held requests
-                    # (not for idle replicas' live requests alone: a stalled run must end)
-                    if i < n or injected or heap or dispatcher.held():
-                        seq += 1
-                        heapq.heappush(heap, (now + period, seq, _TICK, None, None))
+                    # Again while anything can still happen. With nothing held, a control can
+                    # change nothing before the next event (an arrival, a batch's end, a
+                    # wake-up: only then does a replica take work), so the clock skips to the
+                    # first period from then: a long quiet stretch (a deadline-free batch
+                    # waiting out T_max) costs no string of idle controls, and a stalled run,
+                    # with no event left, ends.
+                    after = now + period
+                    if not dispatcher.held():
+                        nxt = min(
+                            arrivals[i].arrival_s if i < n else inf,
+                            injected[0][0] if injected else inf,
+                            heap[0][0] if heap else inf,
+                        )
+                        if nxt == inf:
+                            continue
+                        after += max(0, math.ceil((nxt - after) / period)) * period
+                    seq += 1
+                    heapq.heappush(heap, (after, seq, _TICK, None, None))
                     continue
                 dirty[replica.replica_id] = replica
                 if kind == _WAKE:
