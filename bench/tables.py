@@ -1,0 +1,203 @@
+"""Writes the generated tables of docs/reproductions.md, each the output of one bench command at
+one commit, and checks that the committed tables are what the code produces.
+
+    python bench/tables.py                      # run every table's command, write it in
+    python bench/tables.py --only pla-fig7-8    # one table (or several)
+    python bench/tables.py --check              # rerun, compare, exit 1 on any difference
+    python bench/tables.py --check --quick      # the quick ones (CI: tests/test_reproductions.py)
+    python bench/tables.py --list
+
+A generated table sits between two markers in the doc; the first names the table, its command
+and the commit its numbers come from:
+
+    <!-- table pla-fig7-1: python bench/sim_pla_serve.py --only fig7 --replicas 1 (at abc1234) -->
+    ... the command's standard output, but for its wall-time line ...
+    <!-- end table pla-fig7-1 -->
+
+Written text around the tables stays the author's. The simulator is deterministic, so two runs
+at one commit write byte-identical tables; `--check` compares the tables' bodies, not the
+commit they name. A table whose command is not in `TABLES`, or a marker without its end, is an
+error, and so is a doc that lacks a table `TABLES` names.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DOC = ROOT / "docs" / "reproductions.md"
+PLA = "bench/sim_pla_serve.py"
+
+
+@dataclass(frozen=True)
+class Table:
+    command: tuple[str, ...]  # run from the repository's root with this Python
+    quick: bool = False  # cheap enough for CI (seconds)
+
+    @property
+    def shown(self) -> str:
+        return "python " + " ".join(self.command)
+
+
+TABLES: dict[str, Table] = {
+    "pla-fig5": Table((PLA, "--only", "fig5", "--think-ms", "500")),
+    "pla-fig6-1": Table((PLA, "--only", "fig6", "--replicas", "1", "--requests", "600")),
+    "pla-fig6-8": Table(
+        (PLA, "--only", "fig6", "--replicas", "8", "--models", "qwen2.5-14b", "--concurrency")
+        + ("8", "32", "64", "--requests", "400", "--trace"),
+        quick=True,
+    ),
+    "pla-fig7-1": Table((PLA, "--only", "fig7", "--replicas", "1"), quick=True),
+    "pla-fig7-8": Table(
+        (PLA, "--only", "fig7", "--replicas", "8", "--rates8", "300", "320", "360", "400")
+        + ("--trace",)
+    ),
+    "pla-table2": Table((PLA, "--only", "table2", "--table2-requests", "4000", "--trace")),
+}
+
+START = re.compile(r"^<!-- table (?P<name>[\w.-]+): (?P<command>.*) \(at (?P<commit>[^)]*)\) -->$")
+END = "<!-- end table {name} -->"
+# what a run prints that is not its result
+NOISE = re.compile(r"^\(wall time [\d.]+ s\)$")
+
+
+class TableError(Exception):
+    pass
+
+
+def commit() -> str:
+    """The commit the code is at; `+changes` when medha/ or bench/ differ from it."""
+    head = subprocess.run(
+        ["git", "rev-parse", "--short=10", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--", "medha", "bench"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    return (head or "unknown") + ("+changes" if dirty else "")
+
+
+def produce(name: str) -> str:
+    """The table's body: its command's standard output, less its wall-time line and the blank
+    lines around it."""
+    table = TABLES[name]
+    run = subprocess.run([sys.executable, *table.command], cwd=ROOT, capture_output=True, text=True)
+    if run.returncode:
+        raise TableError(f"{name}: `{table.shown}` exited {run.returncode}:\n{run.stderr[-2000:]}")
+    lines = [line.rstrip() for line in run.stdout.splitlines() if not NOISE.match(line.strip())]
+    return "\n".join(lines).strip("\n") + "\n"
+
+
+def parse(text: str) -> dict[str, tuple[int, int, str]]:
+    """name -> (line of its start marker, line of its end marker, body) in a doc's lines."""
+    lines = text.split("\n")
+    found: dict[str, tuple[int, int, str]] = {}
+    for i, line in enumerate(lines):
+        m = START.match(line)
+        if not m:
+            continue
+        name = m["name"]
+        if name not in TABLES:
+            raise TableError(f"line {i + 1}: table {name!r} is not in bench/tables.py's TABLES")
+        if name in found:
+            raise TableError(f"line {i + 1}: table {name!r} appears twice")
+        if m["command"] != TABLES[name].shown:
+            raise TableError(
+                f"line {i + 1}: table {name!r} names `{m['command']}`, "
+                f"bench/tables.py runs `{TABLES[name].shown}`"
+            )
+        end = END.format(name=name)
+        try:
+            j = lines.index(end, i + 1)
+        except ValueError:
+            raise TableError(f"line {i + 1}: table {name!r} has no `{end}`") from None
+        found[name] = (i, j, "\n".join(lines[i + 1 : j]) + "\n")
+    return found
+
+
+def block(name: str, body: str, at: str) -> list[str]:
+    return [
+        f"<!-- table {name}: {TABLES[name].shown} (at {at}) -->",
+        *body.rstrip("\n").split("\n"),
+        END.format(name=name),
+    ]
+
+
+def write(doc: Path, bodies: dict[str, str], at: str) -> None:
+    text = doc.read_text()
+    found = parse(text)
+    lines = text.split("\n")
+    # from the bottom up, so that the earlier tables' line numbers hold
+    for name in sorted(bodies, key=lambda n: -found[n][0]):
+        i, j, _ = found[name]
+        lines[i : j + 1] = block(name, bodies[name], at)
+    doc.write_text("\n".join(lines))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--only", nargs="+", metavar="NAME", help="these tables (default: all)")
+    ap.add_argument("--quick", action="store_true", help="the tables marked quick")
+    ap.add_argument("--check", action="store_true", help="compare with the doc, write nothing")
+    ap.add_argument("--doc", type=Path, default=DOC, help="the doc (default: %(default)s)")
+    ap.add_argument("--list", action="store_true", help="name every table and its command")
+    args = ap.parse_args(argv)
+    if args.list:
+        for name, table in TABLES.items():
+            print(f"{name}{' (quick)' if table.quick else ''}: {table.shown}")
+        return 0
+    names = args.only or [n for n, t in TABLES.items() if t.quick or not args.quick]
+    unknown = [n for n in names if n not in TABLES]
+    if unknown:
+        ap.error(f"unknown table(s) {', '.join(unknown)}; --list names them")
+    try:
+        found = parse(args.doc.read_text())
+        missing = [n for n in names if n not in found]
+        if missing:
+            raise TableError(f"{args.doc} lacks the markers of {', '.join(missing)}")
+        bodies = {}
+        for k, name in enumerate(names, 1):
+            t0 = time.perf_counter()
+            print(f"[{k}/{len(names)}] {name}: {TABLES[name].shown}", file=sys.stderr, flush=True)
+            bodies[name] = produce(name)
+            print(f"    {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+    except TableError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.check:
+        stale = []
+        for name, body in bodies.items():
+            committed = found[name][2]
+            if committed != body:
+                stale.append(name)
+                sys.stdout.writelines(
+                    difflib.unified_diff(
+                        committed.splitlines(True),
+                        body.splitlines(True),
+                        f"{args.doc} ({name}, committed)",
+                        f"{name}, as the code produces it",
+                    )
+                )
+        if stale:
+            print(f"stale: {', '.join(stale)} (python bench/tables.py --only {' '.join(stale)})")
+            return 1
+        print(f"{len(bodies)} table(s) match {args.doc}")
+        return 0
+    write(args.doc, bodies, commit())
+    print(f"wrote {len(bodies)} table(s) into {args.doc}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
