@@ -407,6 +407,19 @@ TABLE2_TRACES = {
         "pla",
         {"pla_mode": "token-max", "cluster": {"pla_long_instances": 3}},
     ),
+    # n_min = 0: the short instance may join the long pool once the shorts are done
+    "PLA, n_min 0": (
+        "pla",
+        "roofline-graph",
+        "pla",
+        {"pla_mode": "token-max", "cluster": {"pla_n_min": 0}},
+    ),
+    "PLA, n_min 0, longs batched": (
+        "pla",
+        "roofline-graph",
+        "pla",
+        {"pla_mode": "token-max", "pla_long_batch": "all", "cluster": {"pla_n_min": 0}},
+    ),
 }
 
 
