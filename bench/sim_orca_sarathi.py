@@ -12,7 +12,9 @@
    (2800 against 2650 / 2550 / 2400 tokens/s), P99 TTFT higher (1800 against 2100 / 2400 /
    2800 ms). 128 closed-loop clients, each sending its next request when the last ends; the
    prompts and outputs of the bundled ShareGPT trace. Orca is medha's fcfs with whole-prompt
-   prefills (`--chunking none`), Sarathi the same with static chunks (`--chunking static:N`).
+   prefills (`--chunking none`), Sarathi the same with static chunks: the article's chunk N is
+   the prefill's share of an iteration, medha's `static:B` budget counts the decodes too, so
+   B = N + clients (`--trace` adds B = N, the decodes inside the budget).
 
 Substituted: the article names neither the tensor-parallel degree nor the workload; a 70B
 model in bf16 needs two H100s for its weights alone, so TP8 on one node (and TP4) are run; the
@@ -124,12 +126,15 @@ def serving(args) -> dict:
     print("|---|---|---|---|---|---|---|")
     out = {}
     for tp in args.tp:
-        for chunking, name in (
-            ("none", "Orca (whole prompts)"),
-            ("static:512", "Orca + Sarathi, 512"),
-            ("static:256", "Orca + Sarathi, 256"),
-            ("static:128", "Orca + Sarathi, 128"),
-        ):
+        runs = [("none", "none", "Orca (whole prompts)")]
+        for n in (512, 256, 128):
+            # the article's chunk is the prefill's share; medha's static budget counts the
+            # decodes too (Sarathi-Serve's), so the chunk beside every client's decode is N +
+            # clients (--trace: the budget N itself, decodes included)
+            runs.append((f"static:{n}", f"static:{n + args.clients}", f"Orca + Sarathi, {n}"))
+            if args.trace:
+                runs.append((f"static:{n}", f"static:{n}", f"  the same, budget {n} with decodes"))
+        for key, chunking, name in runs:
             clients = Clients(args.clients, args.requests, seed=1)
             cluster = ClusterConfig(model=MODEL, hardware=HARDWARE, predictor=args.predictor)
             # no TTFT floor or deadline rule enters fcfs; decodes always join (Orca's rule)
@@ -147,8 +152,8 @@ def serving(args) -> dict:
                 "tbt99": tbt[int(0.99 * (len(tbt) - 1))],
                 "ttft99": ttft[int(0.99 * (len(ttft) - 1))],
             }
-            out[tp, chunking] = row
-            a = ARTICLE[chunking]
+            out.setdefault((tp, key), row)
+            a = ARTICLE[key]
             print(
                 f"| {tp} | {name} | {row['tps']:.0f} | {1e3 * row['tbt50']:.1f} | "
                 f"{1e3 * row['tbt99']:.1f} | {1e3 * row['ttft99']:.0f} | "
@@ -182,6 +187,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--tp", type=int, nargs="+", default=[8, 4])
     ap.add_argument("--predictor", default="profiled")
+    ap.add_argument("--trace", action="store_true", help="the one-change runs too")
     ap.add_argument("--quick", action="store_true", help="500 requests, TP8 only")
     args = ap.parse_args()
     if args.quick:

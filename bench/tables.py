@@ -34,6 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "reproductions.md"
 PLA = "bench/sim_pla_serve.py"
+ORCA = "bench/sim_orca_sarathi.py"
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,8 @@ TABLES: dict[str, Table] = {
         + ("--trace",)
     ),
     "pla-table2": Table((PLA, "--only", "table2", "--table2-requests", "4000", "--trace")),
+    "orca-overhead": Table((ORCA, "--only", "overhead"), quick=True),
+    "orca-serving": Table((ORCA, "--only", "serving", "--trace")),
 }
 
 START = re.compile(r"^<!-- table (?P<name>[\w.-]+): (?P<command>.*) \(at (?P<commit>[^)]*)\) -->$")
