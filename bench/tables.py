@@ -48,6 +48,8 @@ class Table:
 
 
 TABLES: dict[str, Table] = {
+    "convoy": Table(("bench/sim_convoy_effect.py",)),
+    "convoy-window": Table(("bench/sim_convoy_effect.py", "--qps", "0.75", "--window", "3600")),
     "pla-fig5": Table((PLA, "--only", "fig5", "--think-ms", "500")),
     "pla-fig6-1": Table((PLA, "--only", "fig6", "--replicas", "1", "--requests", "600")),
     "pla-fig6-8": Table(
