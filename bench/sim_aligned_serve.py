@@ -233,7 +233,23 @@ def main() -> None:
     ap.add_argument(
         "--no-starvation", action="store_true", help="disable the starvation rule (Figure 15)"
     )
+    ap.add_argument(
+        "--widen",
+        choices=["parent", "climb"],
+        default=None,
+        help="Algorithm 1's case 3: the parent's siblings (default) or bottom-up to the root",
+    )
+    ap.add_argument(
+        "--starvation-scope",
+        choices=["oldest", "nodes"],
+        default=None,
+        help="the starvation rule's stamps: over the oldest request (default) or every node's",
+    )
     args = ap.parse_args()
+    if args.widen:
+        ALIGNED["aligned_widen"] = args.widen
+    if args.starvation_scope:
+        ALIGNED["aligned_starvation_scope"] = args.starvation_scope
     if args.no_starvation:
         ALIGNED["aligned_starvation_s"] = None
     if args.memory_fraction:

@@ -271,6 +271,8 @@ def test_every_ready_decode_still_runs_under_a_tight_threshold():
         {"aligned_starvation_s": -1.0},
         {"aligned_batching": "lifo"},
         {"aligned_decode_blocks": 0},
+        {"aligned_widen": "grandparent"},
+        {"aligned_starvation_scope": "all"},
     ],
 )
 def test_config_validation(bad):
@@ -325,3 +327,45 @@ def test_cta_rate_can_be_set_by_spec():
     cta = make_predictor("roofline-cta:4.4", "llama-2-7b", "h100")
     assert cta.name == "roofline-cta:4.4"
     assert cta.cta_tail(4696, 64) == pytest.approx(4697 * 512 * 32 / 4.4e9)
+
+
+def test_case3_climbs_bottom_up_as_the_paper_writes_when_told():
+    """`--aligned-widen climb`: [0, 256) holds 3 requests (21 blocks) under N_thr = 8; its
+    siblings under [0, 1024) add 2 (5 in all); the search climbs to [0, 4096) and takes in
+    [1024, 2048) (3 more, 8). The default takes in the parent's siblings only."""
+    reqs = many("a", 3, 100) + many("b", 2, 300) + many("c", 3, 1500)
+    for widen, want, top in (("climb", reqs, 4096), ("parent", reqs[:5], 1024)):
+        p = policy(num_blocks=10000, aligned_min_batch=8, aligned_widen=widen)
+        pooled(p, reqs)
+        path = p.tree.path(100)[:5]  # root .. [0, 256)
+        assert (path[-1].lo, path[-1].width) == (0, 256)
+        batch, node = p._dfs(path)
+        assert ids(batch) == ids(want) and node.width == top
+
+
+def test_case3_climb_takes_the_nearest_sibling_first_left_or_right():
+    """[512, 768) under [0, 1024), N_thr = 4: its left neighbour is empty, so the nearest
+    requests are in its right neighbour [768, 1024), not in [0, 256) two to the left (which
+    the parent rule's left-first L-Search takes)."""
+    x, y, z = many("x", 2, 600), many("y", 2, 100), many("z", 2, 800)
+    for widen, want in (("climb", x + z), ("parent", x + y)):
+        p = policy(num_blocks=10000, aligned_min_batch=4, aligned_widen=widen)
+        pooled(p, x + y + z)
+        path = p.tree.path(600)[:5]
+        assert (path[-1].lo, path[-1].width) == (512, 256)
+        assert ids(p._dfs(path)[0]) == ids(want)
+
+
+def test_starvation_reads_every_nodes_time_stamp_when_told():
+    """The longest-pooled request's subtrees generated a batch at t = 1; another lone request's
+    have never: at t = 2 (threshold 1 s) the oldest-request rule serves the first (its wait
+    since the stamp is 1 s), every node's stamps the second (1.5 s since it was pooled)."""
+    for scope, want in (("oldest", "o"), ("nodes", "p")):
+        p = policy(aligned_min_batch=4, aligned_starvation_s=1.0, aligned_starvation_scope=scope)
+        o, q = decode("o", 9000), decode("p", 30000)
+        pooled(p, [o], now=0.0)
+        pooled(p, [o, q], now=0.5)
+        for n in p.tree.path(9000):
+            p.stamps[(n.lo, n.width)] = 1.0
+        p._generate(now=2.0)
+        assert ids(p.batch_buffer) == [want] and p.stats["starved_batches"] == 1

@@ -51,6 +51,7 @@ Where this differs from the paper's system, and why:
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from medha.core.request import Request, RequestState
@@ -84,6 +85,8 @@ class AlignedPolicy(FcfsPolicy):
         self.min_batch = settings.min_batch  # N_thr
         self.starvation_s = settings.starvation_s
         self.prefix_aware = settings.batching == "dfs"
+        self.climb = settings.widen == "climb"
+        self.every_node = settings.starvation_scope == "nodes"
         self.prefetch = settings.prefetch
         self.switch_on_room = settings.switch_on_room
         self.running_seqs = settings.running_seqs or self.config.max_num_seqs
@@ -254,7 +257,10 @@ class AlignedPolicy(FcfsPolicy):
             return
         if self.prefix_aware:
             starved = self._starved_path(now)
-            batch, node = self._dfs(starved or [self.tree.root], follow=starved is not None)
+            target = None
+            if starved is not None:  # follow the longest-pooled request of the starved subtree
+                target = self._oldest(starved[-1]).num_scheduled
+            batch, node = self._dfs(starved or [self.tree.root], target)
             for n in self.tree.path(node.lo):  # it and its ancestors generated a batch
                 self.stamps[(n.lo, n.width)] = now
                 if n is node:
@@ -270,13 +276,12 @@ class AlignedPolicy(FcfsPolicy):
         self.stats["batches"] += 1
 
     def _dfs(
-        self, path: list[LengthNode], follow: bool = False
+        self, path: list[LengthNode], target: int | None = None
     ) -> tuple[list[Request], LengthNode]:
         """Algorithm 1 from the last node of `path` (root first): the batch and the node it came
-        from. `follow`: case 2 descends towards the longest-pooled request (a starving subtree)
-        rather than to the densest child."""
+        from. `target`: case 2 descends towards this KV length (a starving subtree's
+        longest-pooled request) rather than to the densest child."""
         node = path[-1]
-        target = self._oldest().num_scheduled if follow else None
         while True:
             if node.blocks <= self.max_blocks and node.count >= self.min_batch:
                 return self._take(node), node  # case 1
@@ -291,6 +296,8 @@ class AlignedPolicy(FcfsPolicy):
                 continue
             if len(path) == 1:
                 return self._take(node), node  # case 3 at the search's start: nothing wider
+            if self.climb:
+                return self._climb(path)  # case 3, bottom-up as far as it takes
             return self._widen(path[-2], node), path[-2]  # case 3
 
     def _take(self, node: LengthNode) -> list[Request]:
@@ -334,6 +341,49 @@ class AlignedPolicy(FcfsPolicy):
         batch.sort(key=lambda r: r.num_scheduled)
         return batch[: self.running_seqs]
 
+    def _climb(self, path: list[LengthNode]) -> tuple[list[Request], LengthNode]:
+        """Case 3 as the paper writes it ("search bottom-up further"): from the node at the end
+        of `path`, take in its siblings nearest first (left and right in turn, left first at
+        equal distance: L-Search and R-Search), then its parent's siblings, and so on up to the
+        root, until N_thr requests or M_thr blocks; a sibling that does not fit whole gives
+        what fits from its end nearest the batch, and the search stops there. Returns the batch
+        and the highest node it reached."""
+        node = path[-1]
+        batch, held = list(node.requests()), node.blocks
+        top = node
+        for depth in range(len(path) - 2, -1, -1):
+            parent, child = path[depth], path[depth + 1]
+            top = parent
+            i = parent.children.index(child)
+            order = []
+            for d in range(1, len(parent.children)):
+                if i - d >= 0:
+                    order.append((parent.children[i - d], True))  # left: its longest first
+                if i + d < len(parent.children):
+                    order.append((parent.children[i + d], False))
+            full = False
+            for sibling, longest_first in order:
+                if len(batch) >= self.min_batch:
+                    break
+                if not sibling.count:
+                    continue
+                if held + sibling.blocks <= self.max_blocks:
+                    batch.extend(sibling.requests())
+                    held += sibling.blocks
+                    continue
+                for r in sibling.requests(longest_first):  # nearest the batch first
+                    more = self.tree.blocks_for(r.num_scheduled)
+                    if held + more > self.max_blocks:
+                        break
+                    batch.append(r)
+                    held += more
+                full = True
+                break
+            if full or len(batch) >= self.min_batch:
+                break
+        batch.sort(key=lambda r: r.num_scheduled)
+        return batch[: self.running_seqs], top
+
     def _first_come(self) -> list[Request]:
         """The ablation without prefix-aware batching: pooled requests in pool order, within
         M_thr and running_seqs."""
@@ -348,14 +398,20 @@ class AlignedPolicy(FcfsPolicy):
         return batch
 
     # ---- starvation ---------------------------------------------------------------------------
-    def _oldest(self) -> Request:
-        return self._pooled(min(self.pool_since, key=self.pool_since.get))
+    def _oldest(self, node: LengthNode | None = None) -> Request:
+        """The longest-pooled request (of `node`'s subtree)."""
+        if node is None:
+            return self._pooled(min(self.pool_since, key=self.pool_since.get))
+        return min(node.requests(), key=lambda r: self.pool_since[r.request_id])
 
     def _starved_path(self, now: float) -> list[LengthNode] | None:
         """Root to the deepest internal node over the longest-pooled request whose subtree has
-        generated no batch for starvation_s (None: no such node)."""
+        generated no batch for starvation_s (None: no such node); with `starvation_scope`
+        nodes, to the internal node of all that has waited longest past it."""
         if self.starvation_s is None or not self.pool_since:
             return None
+        if self.every_node:
+            return self._starved_node(now)
         oldest = self._oldest()
         since = self.pool_since[oldest.request_id]
         if now - since < self.starvation_s:
@@ -366,6 +422,27 @@ class AlignedPolicy(FcfsPolicy):
             if now - max(self.stamps.get((n.lo, n.width), since), since) >= self.starvation_s:
                 return path[: depth + 1]
         return None
+
+    def _starved_node(self, now: float) -> list[LengthNode] | None:
+        """Section 3.5 as written: every internal node's time stamp. A node's wait is since its
+        subtree last generated a batch, or since its longest-pooled request entered the pool if
+        later; the longest wait past starvation_s wins (the deeper node at equal waits)."""
+        oldest: dict[int, float] = {}  # id(node) -> its subtree's longest-pooled entry time
+        for rid, since in self.pool_since.items():
+            for n in self.tree.path(self._pooled(rid).num_scheduled)[:-1]:
+                oldest[id(n)] = min(oldest.get(id(n), since), since)
+        best, best_key = None, None
+        stack = [[self.tree.root]]
+        while stack:
+            path = stack.pop()
+            n = path[-1]
+            if id(n) not in oldest:
+                continue
+            waited = now - max(self.stamps.get((n.lo, n.width), -math.inf), oldest[id(n)])
+            if waited >= self.starvation_s and (best_key is None or (waited, len(path)) > best_key):
+                best, best_key = path, (waited, len(path))
+            stack.extend(path + [c] for c in n.children or () if c.children and c.count)
+        return best
 
     # ---- what the bench reads -----------------------------------------------------------------
     def switch_fraction(self) -> float:

@@ -151,6 +151,25 @@ class AlignedSettings:
             "(Sections 3.2-3.3)",
         ),
     )
+    widen: str = field(
+        default="parent",
+        metadata=help_metadata(
+            ALIGNED,
+            "aligned policy: case 3 of Algorithm 1, a length range that fits but holds fewer than "
+            "N_thr requests: parent (take in its siblings under its parent, the left ones then "
+            "the right ones) or climb (the paper's 'search bottom-up further': siblings nearest "
+            "first, left and right in turn, then the parent's, up to the root, until N_thr)",
+        ),
+    )
+    starvation_scope: str = field(
+        default="oldest",
+        metadata=help_metadata(
+            ALIGNED,
+            "aligned policy: whose time stamps the starvation rule reads: oldest (the subtrees "
+            "over the longest-pooled request) or nodes (every internal node's, Section 3.5 as "
+            "written: the subtree longest without a batch among those holding pooled requests)",
+        ),
+    )
     batching: str = field(
         default="dfs",
         metadata=help_metadata(
@@ -167,8 +186,15 @@ class AlignedSettings:
             raise ValueError(
                 f"aligned_memory_fraction must lie in (0, 1], got {self.memory_fraction!r}"
             )
-        if self.batching not in ("dfs", "fcfs"):
-            raise ValueError(f"aligned_batching must be dfs or fcfs, got {self.batching!r}")
+        for name, allowed in (
+            ("batching", ("dfs", "fcfs")),
+            ("widen", ("parent", "climb")),
+            ("starvation_scope", ("oldest", "nodes")),
+        ):
+            if getattr(self, name) not in allowed:
+                raise ValueError(
+                    f"aligned_{name} must be {' or '.join(allowed)}, got {getattr(self, name)!r}"
+                )
 
 
 @dataclass
