@@ -56,6 +56,7 @@ class System:
     reserved_short: int = 0  # loongserve: instances kept for short prompts (Figure 14)
     backfill: bool = False  # loongserve: later requests may pass a waiting head
     prefill_every: int = 0  # loongserve: macro iterations, as its released server runs
+    ring: str = "striped"  # loongserve: contiguous, the plain ring of the paper's Fig. 5b
     pipeline: str = "stream"  # microbatch: vLLM's / Sarathi's pipeline parallelism
     lars_slack: str = SchedulerConfig().lars.slack
     lars_serve_early: bool = SchedulerConfig().lars.serve_early
@@ -74,6 +75,7 @@ class System:
                     reserved_short=self.reserved_short,
                     backfill=self.backfill,
                     prefill_every=self.prefill_every,
+                    ring=self.ring,
                 ),
             ),
             parallel=ParallelConfig(tp=self.tp, spp=self.spp),
@@ -118,6 +120,20 @@ ONE_CHANGE = [
         system="loongserve",
         reserved_short=2,
         prefill_every=10,
+    ),
+    # LoongServe's ring priced as the plain contiguous ring, the one that reproduces the
+    # paper's Fig. 5b (SPP 1.60x faster than CP; striped, CP is the faster)
+    System(
+        "loongserve, contiguous ring", "fcfs", "none", tp=2, system="loongserve", ring="contiguous"
+    ),
+    System(
+        "loongserve +reserv, contiguous ring",
+        "fcfs",
+        "none",
+        tp=2,
+        system="loongserve",
+        reserved_short=2,
+        ring="contiguous",
     ),
     # medha with LARS's other formula, relative slack over the remaining work
     System(

@@ -100,6 +100,18 @@ def ring_s(sim, n, d, inter=False):
     return ring_prefill_time(sim.predictor, n, d, inter).total_s
 
 
+def test_the_ring_setting_prices_loongserves_prefills_as_that_ring():
+    """--loong-ring contiguous: the planner's prefill times are the plain ring's (slower than
+    the striped one at degree 4 on a long prompt), and degree 1 is the same either way."""
+    striped, plain = loong(), loong(ring="contiguous")
+    n = 200_000
+    assert plain._ring((n,), 4, False) == ring_prefill_time(plain.predictor, n, 4, False, False)
+    assert plain._ring((n,), 4, False).total_s > striped._ring((n,), 4, False).total_s
+    assert plain._ring((n,), 1, False) == striped._ring((n,), 1, False)
+    with pytest.raises(ValueError, match="loong_ring"):
+        LoongServeSettings(ring="zigzag")
+
+
 def test_every_request_finishes_and_the_run_is_deterministic():
     work = WorkloadConfig(trace="sharegpt", qps=1.0, num_requests=60, long_fraction=0.05, seed=4)
     spec = RunSpec(

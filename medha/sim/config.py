@@ -85,6 +85,15 @@ class LoongServeSettings:
             "end before them; 0: a prefill starts whenever its instances are free"
         ),
     )
+    ring: str = field(
+        default="striped",
+        metadata=_loong_help(
+            "loongserve: how a prefill's ring attention splits the prompt: striped (token i on "
+            "instance i mod degree, every ring step a causal block) or contiguous (the plain "
+            "ring, whose last instance does twice a block's work each step: the Medha paper's "
+            "Fig. 5b CP; medha/perf/ring_attention.py)"
+        ),
+    )
 
     def __post_init__(self) -> None:
         p = self.prefill_every
@@ -94,6 +103,8 @@ class LoongServeSettings:
             n = getattr(self, name)
             if not (isinstance(n, int) and not isinstance(n, bool) and n >= 1):
                 raise ValueError(f"loong_{name} must be a positive integer, got {n!r}")
+        if self.ring not in ("striped", "contiguous"):
+            raise ValueError(f"loong_ring must be striped or contiguous, got {self.ring!r}")
         t = self.degree_tolerance
         if not (isinstance(t, (int, float)) and math.isfinite(t) and t >= 0):
             raise ValueError(f"loong_degree_tolerance must be a number >= 0, got {t!r}")

@@ -165,7 +165,8 @@ class LoongServeSimulator:
         return self._tp_spans_nodes or len({i.node for i in instances}) > 1
 
     def _ring_uncached(self, lens: tuple[int, ...], degree: int, inter: bool) -> RingPrefillTime:
-        return ring_prefill_time(self.predictor, lens, degree, inter)
+        striped = self.settings.ring == "striped"
+        return ring_prefill_time(self.predictor, lens, degree, inter, striped)
 
     def isolated_prefill_s(self, prompt_len: int) -> float:
         """The best prefill time of one prompt on an idle cluster (for its TTFT deadline)."""
