@@ -47,6 +47,13 @@ Where this differs from the paper's system, and why:
   paper reports at most 12.4%), since a batch's requests finish one by one.
 - The paper gives no starvation threshold; the default is its longest reported TTFT without
   the rule (30 s), so that the rule only acts beyond what the paper observed.
+- Case 3 takes in the siblings under the node's parent only, the left ones first. The paper
+  says to "search bottom-up further" and return to the parent for its left and/or right
+  siblings, the batch to span as small a range as possible: `widen` climb does that (siblings
+  nearest first, left and right in turn, then up a level while under N_thr). The starvation
+  rule reads the stamps over the longest-pooled request; the paper stamps every internal node
+  and favours whichever has gone longest without a batch: `starvation_scope` nodes. Both stay
+  options on measurement (docs/reproductions.md, AlignedServe).
 """
 
 from __future__ import annotations
