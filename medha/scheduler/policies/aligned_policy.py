@@ -325,26 +325,11 @@ class AlignedPolicy(FcfsPolicy):
         batch = list(node.requests())
         held = node.blocks
         i = parent.children.index(node)
-        for siblings, longest_first in (
-            (parent.children[i - 1 :: -1] if i else [], True),
-            (parent.children[i + 1 :], False),
+        for side in (
+            [(c, True) for c in parent.children[i - 1 :: -1]] if i else [],
+            [(c, False) for c in parent.children[i + 1 :]],
         ):
-            for sibling in siblings:
-                if len(batch) >= self.min_batch:
-                    break
-                if not sibling.count:
-                    continue
-                if held + sibling.blocks <= self.max_blocks:
-                    batch.extend(sibling.requests())
-                    held += sibling.blocks
-                    continue
-                for r in sibling.requests(longest_first):  # nearest the batch first
-                    more = self.tree.blocks_for(r.num_scheduled)
-                    if held + more > self.max_blocks:
-                        break
-                    batch.append(r)
-                    held += more
-                break
+            held, _ = self._take_in(batch, held, side)
         batch.sort(key=lambda r: r.num_scheduled)
         return batch[: self.running_seqs]
 
@@ -355,41 +340,47 @@ class AlignedPolicy(FcfsPolicy):
         root, until N_thr requests or M_thr blocks; a sibling that does not fit whole gives
         what fits from its end nearest the batch, and the search stops there. Returns the batch
         and the highest node it reached."""
-        node = path[-1]
+        node = top = path[-1]
         batch, held = list(node.requests()), node.blocks
-        top = node
         for depth in range(len(path) - 2, -1, -1):
-            parent, child = path[depth], path[depth + 1]
-            top = parent
-            i = parent.children.index(child)
-            order = []
-            for d in range(1, len(parent.children)):
-                if i - d >= 0:
-                    order.append((parent.children[i - d], True))  # left: its longest first
-                if i + d < len(parent.children):
-                    order.append((parent.children[i + d], False))
-            full = False
-            for sibling, longest_first in order:
-                if len(batch) >= self.min_batch:
-                    break
-                if not sibling.count:
-                    continue
-                if held + sibling.blocks <= self.max_blocks:
-                    batch.extend(sibling.requests())
-                    held += sibling.blocks
-                    continue
-                for r in sibling.requests(longest_first):  # nearest the batch first
-                    more = self.tree.blocks_for(r.num_scheduled)
-                    if held + more > self.max_blocks:
-                        break
-                    batch.append(r)
-                    held += more
-                full = True
-                break
+            top, child = path[depth], path[depth + 1]
+            i, n = top.children.index(child), len(top.children)
+            order = [
+                (top.children[j], j < i)  # a left sibling: its longest requests are nearest
+                for d in range(1, n)
+                for j in (i - d, i + d)
+                if 0 <= j < n
+            ]
+            held, full = self._take_in(batch, held, order)
             if full or len(batch) >= self.min_batch:
                 break
         batch.sort(key=lambda r: r.num_scheduled)
         return batch[: self.running_seqs], top
+
+    def _take_in(
+        self, batch: list[Request], held: int, siblings: list[tuple[LengthNode, bool]]
+    ) -> tuple[int, bool]:
+        """Add `siblings` ((node, longest first?), nearest first) to `batch` while it holds
+        fewer than N_thr: whole while they fit within M_thr, then what fits of the first that
+        does not, from its end nearest the batch. Returns the blocks held and whether a
+        sibling did not fit whole (M_thr reached)."""
+        for sibling, longest_first in siblings:
+            if len(batch) >= self.min_batch:
+                break
+            if not sibling.count:
+                continue
+            if held + sibling.blocks <= self.max_blocks:
+                batch.extend(sibling.requests())
+                held += sibling.blocks
+                continue
+            for r in sibling.requests(longest_first):
+                more = self.tree.blocks_for(r.num_scheduled)
+                if held + more > self.max_blocks:
+                    break
+                batch.append(r)
+                held += more
+            return held, True
+        return held, False
 
     def _first_come(self) -> list[Request]:
         """The ablation without prefix-aware batching: pooled requests in pool order, within
