@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -44,12 +45,22 @@ class Table:
 
     @property
     def shown(self) -> str:
-        return "python " + " ".join(self.command)
+        return "python " + shlex.join(self.command)
 
 
 TABLES: dict[str, Table] = {
     "convoy": Table(("bench/sim_convoy_effect.py",)),
     "convoy-window": Table(("bench/sim_convoy_effect.py", "--qps", "0.75", "--window", "3600")),
+    # one-change runs of rows 2 and 16: LoongServe's macro iterations; its ring priced as the
+    # plain contiguous ring (Fig. 14 as Fig. 5b's CP)
+    "convoy-macro": Table(
+        ("bench/sim_convoy_effect.py", "--qps", "0.125", "0.25", "--configs", "medha")
+        + ("loongserve, macro",)
+    ),
+    "convoy-window-ring": Table(
+        ("bench/sim_convoy_effect.py", "--qps", "0.75", "--window", "3600", "--configs")
+        + ("medha", "loongserve, contiguous ring", "loongserve +reserv, contiguous ring")
+    ),
     "pla-fig5": Table((PLA, "--only", "fig5", "--think-ms", "500")),
     "pla-fig6-1": Table((PLA, "--only", "fig6", "--replicas", "1", "--requests", "600")),
     "pla-fig6-8": Table(
