@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "reproductions.md"
 PLA = "bench/sim_pla_serve.py"
 ORCA = "bench/sim_orca_sarathi.py"
+ALIGNED = "bench/sim_aligned_serve.py"
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,20 @@ TABLES: dict[str, Table] = {
         + ("--trace",)
     ),
     "pla-table2": Table((PLA, "--only", "table2", "--table2-requests", "4000", "--trace")),
+    **{
+        f"aligned-fig{fig}{suffix}": Table(
+            (ALIGNED, "--figure", fig, "--predictors", *rest, "--seeds", "0", "1", *change)
+        )
+        for fig, rest in (
+            ("7", ("roofline", "roofline-cta:4.4", "roofline-padded", "--mixes", "0.7", "0.95")),
+            ("8", ("roofline-cta:4.4", "roofline-padded")),
+        )
+        for suffix, change in (
+            ("", ()),
+            ("-climb", ("--widen", "climb")),
+            ("-nodes", ("--starvation-scope", "nodes")),
+        )
+    },
     "orca-overhead": Table((ORCA, "--only", "overhead"), quick=True),
     "orca-serving": Table((ORCA, "--only", "serving", "--trace")),
 }
