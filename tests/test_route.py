@@ -512,6 +512,47 @@ def test_the_pla_router_holds_long_prompts_until_the_long_replica_pulls_them(two
     assert (served(two_stubs[0]), served(two_stubs[1])) == (1, 3)
 
 
+def test_held_requests_survive_a_membership_change():
+    """In process: pla over three replicas (two short, one long). Two long prompts: the long
+    replica pulls the first, the second stays held; a short replica is removed (the dispatcher
+    is made again); the held one moves to the new dispatcher's queue and is pulled once the
+    first has its first token."""
+    from types import SimpleNamespace
+
+    from medha.core.request import Request
+    from medha.route.app import Router
+    from medha.route.config import RouteConfig
+
+    async def scenario():
+        r = Router(RouteConfig(dispatcher="pla", predictor="roofline"), ["http://a", "http://b",
+                                                                          "http://c"])  # fmt: skip
+        for b in r.backends:
+            b.up = True
+        sent = []
+
+        def exchange(rid):
+            request = Request(rid, r.clock(), 400, 4)
+            x = SimpleNamespace(routing=SimpleNamespace(request=request, expected_tokens=4))
+
+            def dispatch(view):
+                view.on_dispatch(request, request.arrival_s + 30.0, 4)
+                sent.append((rid, view.replica_id))
+
+            x.dispatch = dispatch
+            return x
+
+        first, second = r._hold(exchange("l0")), r._hold(exchange("l1"))
+        assert first.done() and first.result().replica_id == 2 and not second.done()
+        r.remove_replica(0)  # nothing runs there: it leaves at once, the dispatcher is new
+        assert r.backends[0].removed and "l1" in r._held and r.dispatcher.held() == 1
+        first.result().on_first_token("l0")
+        r._distribute()
+        assert second.done() and second.result().replica_id == 2
+        assert sent == [("l0", 2), ("l1", 2)] and not r._held
+
+    asyncio.run(scenario())
+
+
 def test_a_held_request_whose_client_leaves_is_never_sent(two_stubs):
     """pla: of three long prompts the second's client gives up while it waits in the router's
     long queue; it never reaches a replica, and the third is pulled after the first."""
