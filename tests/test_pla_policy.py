@@ -552,6 +552,17 @@ def test_with_n_min_0_a_pool_empties_and_its_queue_calls_an_instance_back():
     assert all(r.first_scheduled_s >= back[0] for r in shorts)
 
 
+def test_a_held_request_dropped_leaves_its_queue_and_its_work():
+    _, reps, d = pla_cluster(2)
+    reqs = [Request(f"l{i}", 0.01 * i, 400 + i, 1) for i in range(3)]
+    assert all(d.route(r, r.arrival_s) is None for r in reqs) and d.held() == 3
+    work = d._queued_work[LONG]
+    assert d.drop("l1") and not d.drop("l1") and d.held() == 2
+    assert d._queued_work[LONG] < work
+    long = next(r for r in reps if d.role[r.replica_id] == LONG)
+    assert [r.request_id for r in d.pull([long], 0.1)[long.replica_id]] == ["l0"]
+
+
 def test_a_short_instance_gathering_a_batch_takes_the_next_arrivals():
     """Shorts 1 ms apart, deadlines far: the instance that took the first holds it for the
     window and takes the ones after it (pulled, not spread over the idle short instances as

@@ -480,6 +480,107 @@ def test_the_pla_routers_controller_runs_with_no_request_arriving():
     asyncio.run(scenario())
 
 
+def test_the_pla_router_holds_long_prompts_until_the_long_replica_pulls_them(two_stubs):
+    """pla over two replicas: the first short, the second long (L_m of the router's model on a
+    CPU is about 7 tokens). Three long prompts at once: the long replica takes one at a time,
+    each once the one before has its first token (the paper's instances pull from their
+    class's queue; pushed at arrival, all three would be answered 0.4 s on); the short one
+    gets the short prompt only. Streamed, so that the router sees each first token (of a
+    whole answer it sees only the end, and takes the prefill as done once its predicted work
+    has drained)."""
+    delay = 0.4
+    for stub in two_stubs:
+        configure(stub, delay_s=delay)
+    with router(two_stubs, "--dispatcher", "pla") as url:
+
+        async def run():
+            async with httpx.AsyncClient(timeout=TIMEOUT_S) as client:
+                t0 = time.monotonic()
+
+                async def one(prompt):
+                    body = {"model": "stub", "prompt": prompt, "max_tokens": 4, "stream": True}
+                    r = await client.post(url + "/v1/completions", json=body)
+                    return r.status_code, time.monotonic() - t0  # (all from one start)
+
+                return await asyncio.gather(*(one("hello " * 200) for _ in range(3)), one("hi"))
+
+        results = asyncio.run(run())
+    assert [code for code, _ in results] == [200] * 4
+    # one after another: the last sent once two had their first tokens, so no earlier than
+    # three delays from the start, however loaded the machine (pushed: about one delay)
+    assert max(t for _, t in results[:3]) >= 3 * delay
+    assert (served(two_stubs[0]), served(two_stubs[1])) == (1, 3)
+
+
+def test_held_requests_survive_a_membership_change():
+    """In process: pla over three replicas (two short, one long). Two long prompts: the long
+    replica pulls the first, the second stays held; a short replica is removed (the dispatcher
+    is made again); the held one moves to the new dispatcher's queue and is pulled once the
+    first has its first token."""
+    from types import SimpleNamespace
+
+    from medha.core.request import Request
+    from medha.route.app import Router
+    from medha.route.config import RouteConfig
+
+    async def scenario():
+        r = Router(RouteConfig(dispatcher="pla", predictor="roofline"), ["http://a", "http://b",
+                                                                          "http://c"])  # fmt: skip
+        for b in r.backends:
+            b.up = True
+        sent = []
+
+        def exchange(rid):
+            request = Request(rid, r.clock(), 400, 4)
+            x = SimpleNamespace(routing=SimpleNamespace(request=request, expected_tokens=4))
+
+            def dispatch(view):
+                view.on_dispatch(request, request.arrival_s + 30.0, 4)
+                sent.append((rid, view.replica_id))
+
+            x.dispatch = dispatch
+            return x
+
+        first, second = r._hold(exchange("l0")), r._hold(exchange("l1"))
+        assert first.done() and first.result().replica_id == 2 and not second.done()
+        r.remove_replica(0)  # nothing runs there: it leaves at once, the dispatcher is new
+        assert r.backends[0].removed and "l1" in r._held and r.dispatcher.held() == 1
+        first.result().on_first_token("l0")
+        r._distribute()
+        assert second.done() and second.result().replica_id == 2
+        assert sent == [("l0", 2), ("l1", 2)] and not r._held
+
+    asyncio.run(scenario())
+
+
+def test_a_held_request_whose_client_leaves_is_never_sent(two_stubs):
+    """pla: of three long prompts the second's client gives up while it waits in the router's
+    long queue; it never reaches a replica, and the third is pulled after the first."""
+    configure(two_stubs[1], delay_s=0.4)
+    with router(two_stubs, "--dispatcher", "pla") as url:
+        body = {"model": "stub", "prompt": "hello " * 200, "max_tokens": 4}
+
+        async def run():
+            async with httpx.AsyncClient(timeout=TIMEOUT_S) as client:
+                async with httpx.AsyncClient(timeout=0.2) as impatient:
+
+                    async def gone():
+                        await asyncio.sleep(0.05)  # behind the first
+                        with pytest.raises(httpx.TimeoutException):
+                            await impatient.post(url + "/v1/completions", json=body)
+
+                    async def third():
+                        await asyncio.sleep(0.1)
+                        return await client.post(url + "/v1/completions", json=body)
+
+                    first = client.post(url + "/v1/completions", json=body)
+                    return await asyncio.gather(first, gone(), third())
+
+        first, _, last = asyncio.run(run())
+        assert first.status_code == 200 and last.status_code == 200
+        assert served(two_stubs[1]) == 2 and served(two_stubs[0]) == 0
+
+
 @pytest.mark.parametrize("dispatcher", ["round_robin", "least_work", "prefix", "slack", "pla"])
 def test_every_dispatcher_routes(two_stubs, dispatcher):
     from medha.dispatch.config import DISPATCHER_NAMES

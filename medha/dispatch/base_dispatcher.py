@@ -178,12 +178,14 @@ class Dispatcher(ABC):
         """The replica that admits `request`, one of `candidates` (default: every replica;
         the router leaves out the unhealthy ones and those a retry has tried)."""
 
-    # ---- the simulator's cluster: a dispatcher may hold requests and run on a clock -----------
+    # ---- a dispatcher that holds requests and runs on a clock (the simulator; medha route) -----
     # Defaults for a dispatcher that pushes each request to a replica at its arrival. One that
     # keeps queues of its own (pla on several instances: the paper's instances pull from their
     # class's queue) overrides all three.
     control_period_s: float | None = None
     """Every how many seconds `tick` runs, arrivals or not (None: never)."""
+    pulls: bool = False
+    """Whether `route` holds requests for replicas to `pull` (else it places them)."""
 
     def route(self, request: Request, now: float) -> ReplicaView | None:
         """Where `request` goes at its arrival: a replica (`pick`'s), or None when the
@@ -198,6 +200,10 @@ class Dispatcher(ABC):
     def held(self) -> int:
         """Requests the dispatcher holds (none of them on a replica yet)."""
         return 0
+
+    def drop(self, request_id: str) -> bool:
+        """Take a held request back (whether it was held)."""
+        return False
 
     def tick(self, now: float) -> None:
         """The periodic control (every `control_period_s`)."""

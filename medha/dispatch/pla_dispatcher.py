@@ -32,9 +32,11 @@ task; the paper's "sleep Delta t", not the next arrival) the controller:
 
 The paper gives no values for the weights, tau, n_min, the cool-down, the period or the first
 split; the defaults (medha/dispatch/config.py) are ours. With one instance there are no pools:
-it serves both classes, and the `pla` policy separates them in time. `medha route` has no
-queue of its own: there `pick` sends a request at its arrival to the least-loaded instance of
-its pool.
+it serves both classes, and the `pla` policy separates them in time. `medha route` holds
+a request's first try in these queues too (`pulls`): its replicas pull as the router sees them
+take their last one's first token (of a whole, non-streamed answer it sees only the end, and
+takes the prefill as done once its predicted work has drained); a retry, or a request held
+past --queue-timeout-s, goes by `pick` to the least-loaded instance of its pool.
 """
 
 from __future__ import annotations
@@ -140,6 +142,7 @@ class PlaDispatcher(Dispatcher):
         # One instance has no pools (the pla policy separates the classes in time): requests
         # go to it at arrival and there is nothing to control.
         self.control_period_s = settings.period_s if n > 1 else None
+        self.pulls = n > 1
         self.queues: dict[str, list[Queued]] = {SHORT: [], LONG: []}
         self._queued_work = {SHORT: 0.0, LONG: 0.0}
         self._seq = 0
@@ -231,6 +234,19 @@ class PlaDispatcher(Dispatcher):
                 self._recent[rid].extend(taken)
         return {rid: taken for rid, taken in out.items() if taken}
 
+    def drop(self, request_id: str) -> bool:
+        """Take a held request out of its queue (its client left, or the router gave up
+        waiting for a pull); whether it was there."""
+        for role, queue in self.queues.items():
+            for i, item in enumerate(queue):
+                if item.request.request_id == request_id:
+                    queue[i] = queue[-1]
+                    queue.pop()
+                    heapq.heapify(queue)
+                    self._queued_work[role] = sum(q.work_s for q in queue)
+                    return True
+        return False
+
     def _take(self, role: str) -> Request:
         item = heapq.heappop(self.queues[role])
         self._queued_work[role] -= item.work_s
@@ -245,8 +261,8 @@ class PlaDispatcher(Dispatcher):
     def pick(
         self, request: Request, now: float, candidates: list[ReplicaView] | None = None
     ) -> ReplicaView:
-        """The router's: to the least loaded instance of the request's pool (medha route has
-        no queue of its own, so requests are pushed at arrival)."""
+        """The router's retries (and a request its pool never pulled): to the least loaded
+        instance of the request's pool."""
         if len(self.replicas) == 1:
             return self.replicas[0]  # one instance: the pla policy separates them in time
         self._sample_busy()

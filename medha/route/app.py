@@ -183,6 +183,9 @@ class Router:
         self._running: dict[int, set[asyncio.Task]] = {}
         self._health_tasks: dict[int, asyncio.Task] = {}
         self._control_task: asyncio.Task | None = None
+        # requests the dispatcher holds until a replica pulls them (pla on several replicas),
+        # oldest first: request id -> (the future the pull sets, its exchange)
+        self._held: dict[str, tuple[asyncio.Future, _Exchange]] = {}
         self.dispatcher = None
         for url, key in zip(urls, keys or [None] * len(urls)):
             self._new_replica(url, key)
@@ -245,6 +248,57 @@ class Router:
             if members
             else None
         )
+        # what the old one held, the new one holds (or places at once), in the same order
+        held, self._held = self._held, {}
+        for fut, exchange in held.values():
+            if not fut.done():
+                self._hold(exchange, fut)
+        self._distribute()
+
+    # ---- held requests (a dispatcher whose replicas pull: pla) --------------------------------
+    def _hold(self, exchange: _Exchange, fut: asyncio.Future | None = None) -> asyncio.Future:
+        """Give `exchange`'s request to the dispatcher: the future is set to the replica it
+        goes to, at once for a dispatcher that places at arrival, else when one pulls it."""
+        fut = fut or asyncio.get_running_loop().create_future()
+        view = (
+            None
+            if self.dispatcher is None
+            else self.dispatcher.route(exchange.routing.request, self.clock())
+        )
+        if view is not None or self.dispatcher is None:
+            fut.set_result(view)
+        else:
+            self._held[exchange.routing.request.request_id] = (fut, exchange)
+            self._distribute()
+        return fut
+
+    def _unhold(self, request_id: str) -> None:
+        """A held request leaves before any pull (its client left, or it waited too long)."""
+        if self._held.pop(request_id, None) is not None and self.dispatcher is not None:
+            self.dispatcher.drop(request_id)
+
+    def _distribute(self) -> None:
+        """Let the available replicas pull what the dispatcher holds. Each pulled request is
+        dispatched to its replica's view here, before anyone looks again, so that the next
+        pull sees it there."""
+        d = self.dispatcher
+        if d is None or not self._held:
+            return
+        ready = [self.tracked[b.replica_id] for b in self.backends if b.available()]
+        try:
+            pulled = d.pull(ready, self.clock())
+        except Exception:  # a bug here must not stop the router: retried at the next event
+            log.exception("dispatcher pull failed")
+            return
+        for rid, requests in pulled.items():
+            view = self.tracked[rid]
+            for r in requests:
+                entry = self._held.pop(r.request_id, None)
+                if entry is None:
+                    continue
+                fut, exchange = entry
+                exchange.dispatch(view)
+                fut.set_result(view)
 
     async def add_replica(self, url: str, key: str | None = None) -> Backend:
         """Take a replica in at run time: it is checked at once and serves from its first
@@ -330,6 +384,7 @@ class Router:
                 dispatcher.tick(self.clock())
             except Exception:  # a bug here must not stop the control, nor the router
                 log.exception("dispatcher control failed")
+            self._distribute()  # a pool may have grown
 
     # ---- health ------------------------------------------------------------------------------
     async def _health_loop(self, b: Backend) -> None:
@@ -360,6 +415,7 @@ class Router:
         if ok:
             if b.health_passed(c.healthy_after):
                 log.info("replica %d (%s) is in", b.replica_id, b.url)
+                self._distribute()
             if not b.models:
                 await self._learn(b)
             if self.clock() >= b.predictor_due_s:
@@ -767,6 +823,7 @@ class _Exchange:
         # the dispatcher's predicted TTFT on the replica of the current try (slack only)
         self.predicted_ttft_s: float | None = None
         self.replica_headers: list[tuple[bytes, bytes]] = []  # of the answering replica
+        self._dispatched_to: TrackedReplica | None = None  # a pull gave it to this replica
         self.deadline_s = ttft_deadline_s(
             router.scheduler_config, routing.request, router.tracked[0]
         )
@@ -831,7 +888,12 @@ class _Exchange:
             if not candidates:
                 break
             router.dispatcher.predicted_first_token_s = None
-            view = router.dispatcher.pick(request, router.clock(), candidates)
+            if attempt == 0 and router.dispatcher.pulls:
+                view = await self._pulled(candidates)
+                if view is None:
+                    break
+            else:
+                view = router.dispatcher.pick(request, router.clock(), candidates)
             predicted = router.dispatcher.predicted_first_token_s
             self.predicted_ttft_s = None if predicted is None else predicted - request.arrival_s
             backend = router.backends[view.replica_id]
@@ -856,12 +918,44 @@ class _Exchange:
             )
         await _raw(self.send, failed.status, failed.body, None, failed.headers)
 
+    async def _pulled(self, candidates: list[TrackedReplica]) -> TrackedReplica | None:
+        """The replica that pulls the request from the dispatcher's queue (pla: the replicas
+        of its class take it as they have room). After --queue-timeout-s without a pull (a
+        pool whose replicas are all out), the dispatcher's `pick` places it instead."""
+        router, request = self.router, self.routing.request
+        fut = router._hold(self)
+        try:
+            view = await asyncio.wait_for(asyncio.shield(fut), router.config.queue_timeout_s)
+        except TimeoutError:
+            if fut.done():
+                view = fut.result()
+            else:
+                router._unhold(request.request_id)
+                view = router.dispatcher.pick(request, router.clock(), candidates)
+        except BaseException:  # the client left while held
+            router._unhold(request.request_id)
+            if fut.done() and not fut.cancelled() and fut.result() is not None:
+                fut.result().on_end(request.request_id)  # dispatched there at the pull
+                router._distribute()
+            fut.cancel()
+            raise
+        if view is None and router.dispatcher is not None:  # held over a change to push
+            view = router.dispatcher.pick(request, router.clock(), candidates)
+        return view  # None: every replica was removed while it was held
+
+    def dispatch(self, view: TrackedReplica) -> None:
+        """The request is the replica's from now on (its view counts it)."""
+        routing = self.routing
+        view.on_dispatch(routing.request, self.deadline_s, routing.expected_tokens, routing.stream)
+        self._dispatched_to = view
+
     async def _attempt(self, b: Backend, view: TrackedReplica) -> _Failed | None:
         """One replica's try: None when the request is answered (or cut mid-stream: the client
         had its error event), else what failed."""
         router, rid = self.router, self.routing.request.request_id
-        routing = self.routing
-        view.on_dispatch(routing.request, self.deadline_s, routing.expected_tokens, routing.stream)
+        if self._dispatched_to is not view:  # (a pull dispatched it already)
+            self.dispatch(view)
+        self._dispatched_to = None
         router.metrics.dispatched.labels(str(b.replica_id)).inc()
         b.on_sent()
         task = asyncio.current_task()
@@ -907,6 +1001,7 @@ class _Exchange:
             data = await response.read()
             router.breaker_success(b)
             view.on_first_token(rid)
+            router._distribute()
             self._release()
             kind = response.headers.get("content-type", "application/json").encode()
             await _raw(self.send, 200, data, kind, self._answer_headers())
@@ -922,6 +1017,7 @@ class _Exchange:
             running.discard(task)
             router._drained(b)
             view.on_end(rid)
+            router._distribute()
             if response is not None:
                 # an answer read to its end leaves its connection to the pool; one cut short
                 # (the client left, the replica failed) closes it: the replica aborts then
@@ -957,6 +1053,7 @@ class _Exchange:
                     if not _has_token(held):
                         continue
                     view.on_first_token(rid)
+                    router._distribute()
                     router.breaker_success(b)
                     self._release()
                     router.metrics.ttft.observe(router.clock() - self.routing.request.arrival_s)
