@@ -89,6 +89,13 @@ TABLES: dict[str, Table] = {
             ("-nodes", ("--starvation-scope", "nodes")),
         )
     },
+    **{
+        f"parallel-fig{fig}": Table(("bench/sim_parallel_figures.py", "--figure", fig))
+        for fig in ("17a", "17b", "15", "16", "18", "19", "20", "3b")
+    },
+    "parallel-fig15-budget": Table(
+        ("bench/sim_parallel_figures.py", "--figure", "15", "--budget-s", "0.2")
+    ),
     "orca-overhead": Table((ORCA, "--only", "overhead"), quick=True),
     "orca-serving": Table((ORCA, "--only", "serving", "--trace")),
 }
