@@ -2,6 +2,7 @@
 
     python bench/sim_swap_vs_recompute.py              # the simulated tables (~4 min)
     python bench/sim_swap_vs_recompute.py --engine     # plus SmolLM2 on this CPU (~1 min)
+    python bench/sim_swap_vs_recompute.py --only priority  # one of the two simulated tables
 
 1. Memory pressure (simulated): Llama-3-8B on one A100, 8 GiB of KV (65K tokens), 80 requests
    with 16K-token prompts and geometric outputs (mean 1,000) arriving at 2/s, far beyond
@@ -164,14 +165,19 @@ def main() -> None:
     )
     p.add_argument("--engine", action="store_true", help="also the CPU engine comparison")
     p.add_argument("--json", help="write every run's summary to this file")
+    p.add_argument(
+        "--only", choices=("pressure", "priority"), help="one of the two simulated tables"
+    )
     args = p.parse_args()
     results = {}
-    table, results["pressure"] = pressure_table()
-    print("memory pressure: Llama-3-8B, A100, 8 GiB KV, 80 x 16K-token prompts at 2/s\n")
-    print(table, "\n")
-    table, results["priority"] = priority_table()
-    print("priority classes: 300 x 2K-token prompts at 3/s, 4 GiB KV, swap preemption\n")
-    print(table, "\n")
+    if args.only in (None, "pressure"):
+        table, results["pressure"] = pressure_table()
+        print("memory pressure: Llama-3-8B, A100, 8 GiB KV, 80 x 16K-token prompts at 2/s\n")
+        print(table, "\n")
+    if args.only in (None, "priority"):
+        table, results["priority"] = priority_table()
+        print("priority classes: 300 x 2K-token prompts at 3/s, 4 GiB KV, swap preemption\n")
+        print(table, "\n")
     if args.engine:
         table, results["engine"] = engine_table()
         print(

@@ -62,6 +62,15 @@ TABLES: dict[str, Table] = {
         ("bench/sim_convoy_effect.py", "--qps", "0.75", "--window", "3600", "--configs")
         + ("medha", "loongserve, contiguous ring", "loongserve +reserv, contiguous ring")
     ),
+    "capacity-500": Table(("bench/sim_capacity.py", "--num-requests", "500")),
+    "convoy-short": Table(
+        ("bench/sim_convoy_effect.py", "--long-fraction", "0", "--qps", "0.25", "0.75", "1.25")
+        + ("1.75",)
+    ),
+    "policies": Table(("bench/sim_policies.py", "--lars-slack", "both")),
+    "lars-causes": Table(("bench/sim_lars.py", "causes")),
+    "lars-starvation": Table(("bench/sim_lars.py", "starvation"), quick=True),
+    "chunking": Table(("bench/sim_chunking.py",)),
     "pla-fig5": Table((PLA, "--only", "fig5", "--think-ms", "500")),
     "pla-fig6-1": Table((PLA, "--only", "fig6", "--replicas", "1", "--requests", "600")),
     "pla-fig6-8": Table(
@@ -89,6 +98,19 @@ TABLES: dict[str, Table] = {
             ("-nodes", ("--starvation-scope", "nodes")),
         )
     },
+    **{
+        f"parallel-fig{fig}": Table(("bench/sim_parallel_figures.py", "--figure", fig))
+        for fig in ("17a", "17b", "15", "16", "18", "19", "20", "3b")
+    },
+    "parallel-fig15-budget": Table(
+        ("bench/sim_parallel_figures.py", "--figure", "15", "--budget-s", "0.2")
+    ),
+    "spp-vs-cp": Table(("bench/sim_spp_vs_cp.py",), quick=True),
+    **{
+        f"swap-{part}": Table(("bench/sim_swap_vs_recompute.py", "--only", part))
+        for part in ("pressure", "priority")
+    },
+    "slo-risk": Table(("bench/sim_slo_risk.py",)),
     "orca-overhead": Table((ORCA, "--only", "overhead"), quick=True),
     "orca-serving": Table((ORCA, "--only", "serving", "--trace")),
 }
