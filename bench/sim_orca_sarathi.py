@@ -60,13 +60,13 @@ def overhead(args) -> None:
     )
     print("|---|---|---|---|---|---|---|")
     for model, tp in (("llama-3-70b", 8), ("llama-3-70b", 4), ("llama-3-8b", 1)):
+        par = ParallelConfig(tp=tp)
+        prof = make_predictor("profiled", model, HARDWARE, par)
+        roof = make_predictor("roofline", model, HARDWARE, par)
+        hw = roof.hardware
+        bare = dataclasses.replace(hw, iteration_overhead_s=0.0, kernel_overhead_s=0.0)
+        free = make_predictor("roofline", model, bare, par)
         for chunk in (256, 512):
-            par = ParallelConfig(tp=tp)
-            prof = make_predictor("profiled", model, HARDWARE, par)
-            roof = make_predictor("roofline", model, HARDWARE, par)
-            hw = roof.hardware
-            bare = dataclasses.replace(hw, iteration_overhead_s=0.0, kernel_overhead_s=0.0)
-            free = make_predictor("roofline", model, bare, par)
             cells = [chunking_overhead(p, 2048, chunk) for p in (prof, roof, free)]
             print(
                 f"| {model} | {tp} | {chunk} | "
@@ -85,7 +85,7 @@ def attention_reads_only(predictor, prompt: int, chunk: int) -> float:
     """The KV the chunks read again (each chunk reads every earlier chunk's K and V once per
     layer) at the sustained bandwidth, over one whole prefill's predicted time."""
     m, hw, tp = predictor.model, predictor.hardware, predictor.parallel.tp
-    per_token = m.num_layers * 2 * m.kv_size * hw.dtype_bytes / tp
+    per_token = m.kv_bytes_per_token(hw.dtype_bytes) / tp
     reread = sum(k for k in range(0, prompt, chunk)) * per_token
     return reread / (hw.mem_bw * hw.mem_eff) / predictor.shape_time([(prompt, 0)])
 

@@ -556,9 +556,9 @@ def test_a_held_request_dropped_leaves_its_queue_and_its_work():
     _, reps, d = pla_cluster(2)
     reqs = [Request(f"l{i}", 0.01 * i, 400 + i, 1) for i in range(3)]
     assert all(d.route(r, r.arrival_s) is None for r in reqs) and d.held() == 3
-    work = d._queued_work[LONG]
+    work = d._queue_state(LONG, 0.1)[0]
     assert d.drop("l1") and not d.drop("l1") and d.held() == 2
-    assert d._queued_work[LONG] < work
+    assert d._queue_state(LONG, 0.1)[0] < work
     long = next(r for r in reps if d.role[r.replica_id] == LONG)
     assert [r.request_id for r in d.pull([long], 0.1)[long.replica_id]] == ["l0"]
 

@@ -144,10 +144,9 @@ class PlaDispatcher(Dispatcher):
         self.control_period_s = settings.period_s if n > 1 else None
         self.pulls = n > 1
         self.queues: dict[str, list[Queued]] = {SHORT: [], LONG: []}
-        self._queued_work = {SHORT: 0.0, LONG: 0.0}
         self._seq = 0
-        # (sum, count) of wait / TTFT allowed over each class queue, as of the last control
-        self._queue_deviation: dict[str, tuple[float, int]] = {}
+        # each class queue as the last control saw it (`_queue_state`)
+        self._queued = {role: (0.0, 0.0, 0) for role in (SHORT, LONG)}
         # one batch's worth, what a short instance takes at a time: the deepest captured batch
         # and the short batches' token budget M (the pla policy's AWD groups within these)
         self.batch_depth = (getattr(replicas[0].predictor, "sizes", ()) or PAPER_SIZES)[-1]
@@ -185,7 +184,6 @@ class PlaDispatcher(Dispatcher):
         first = deadline if self.config.pla.mode != "token-max" else request.arrival_s
         item = Queued((first, request.arrival_s, self._seq), request, deadline, work)
         heapq.heappush(self.queues[role], item)
-        self._queued_work[role] += work
         return None
 
     def held(self) -> int:
@@ -207,28 +205,21 @@ class PlaDispatcher(Dispatcher):
             ):
                 if not queue:
                     break
-                taken = out.setdefault(r.replica_id, [])
-                if role == LONG:
-                    if held[r.replica_id]:
-                        continue
-                    taken.append(self._take(role))
-                    while (
-                        self.config.pla.long_batch == "all"
-                        and queue
-                        and (
-                            sum(q.prompt_len for q in taken) + queue[0].request.prompt_len
-                            <= self.batch_tokens
-                        )
-                    ):
-                        taken.append(self._take(role))
+                if role == LONG and held[r.replica_id]:
                     continue
+                # a batch's worth: up to the deepest captured batch (short), one request
+                # (long) or what fits M tokens (`--pla-long-batch all`); at least one
+                limit = self.batch_depth if role == SHORT else 1
+                if role == LONG and self.config.pla.long_batch == "all":
+                    limit = math.inf
+                taken = out.setdefault(r.replica_id, [])
                 depth = len(held[r.replica_id])
                 tokens = sum(p.num_uncached_tokens for p in held[r.replica_id])
-                while queue and depth < self.batch_depth:
+                while queue and depth < limit:
                     n = queue[0].request.prompt_len
                     if depth and tokens + n > self.batch_tokens:
                         break
-                    taken.append(self._take(role))
+                    taken.append(heapq.heappop(queue).request)
                     depth, tokens = depth + 1, tokens + n
             for rid, taken in out.items():
                 self._recent[rid].extend(taken)
@@ -237,22 +228,14 @@ class PlaDispatcher(Dispatcher):
     def drop(self, request_id: str) -> bool:
         """Take a held request out of its queue (its client left, or the router gave up
         waiting for a pull); whether it was there."""
-        for role, queue in self.queues.items():
+        for queue in self.queues.values():
             for i, item in enumerate(queue):
                 if item.request.request_id == request_id:
                     queue[i] = queue[-1]
                     queue.pop()
                     heapq.heapify(queue)
-                    self._queued_work[role] = sum(q.work_s for q in queue)
                     return True
         return False
-
-    def _take(self, role: str) -> Request:
-        item = heapq.heappop(self.queues[role])
-        self._queued_work[role] -= item.work_s
-        if not self.queues[role]:
-            self._queued_work[role] = 0.0  # no drift left behind
-        return item.request
 
     def tick(self, now: float) -> None:
         self._sample_busy()
@@ -276,7 +259,7 @@ class PlaDispatcher(Dispatcher):
 
     # ---- Algorithm 2 --------------------------------------------------------------------------
     def _control(self, now: float) -> None:
-        self._queue_deviation = {role: self._waiting_ratios(role, now) for role in (SHORT, LONG)}
+        self._queued = {role: self._queue_state(role, now) for role in (SHORT, LONG)}
         psi = {r.replica_id: self.instance_pressure(r, now) for r in self.replicas}
         for b in self._busy.values():
             b[0] = b[1] = 0
@@ -300,7 +283,7 @@ class PlaDispatcher(Dispatcher):
         queue (the class queue's work over the pool's instances)."""
         role = self.role[replica.replica_id]
         queued = sum(p.work_s for p in replica.pending(now))
-        queued += self._queued_work[role] / max(1, len(self.pool(role)))
+        queued += self._queued[role][0] / max(1, len(self.pool(role)))
         busy, samples = self._busy[replica.replica_id]
         u = busy / samples if samples else float(replica.busy())
         return queued / self.settings.queue_unit_s, self._slo_deviation(replica, now), u
@@ -309,22 +292,24 @@ class PlaDispatcher(Dispatcher):
         """An empty pool's pressure (n_min = 0): its class's queue, as one idle instance that
         holds nothing but its share of the queue, the whole of it."""
         s = self.settings
-        total, count = self._queue_deviation[role]
+        work, total, count = self._queued[role]
         e = total / count if count else 0.0
-        return s.weight_queue * self._queued_work[role] / s.queue_unit_s + s.weight_slo * e
+        return s.weight_queue * work / s.queue_unit_s + s.weight_slo * e
 
     def instance_pressure(self, replica: ReplicaView, now: float) -> float:
         q, e, u = self.signals(replica, now)
         s = self.settings
         return s.weight_queue * q + s.weight_slo * e - s.weight_util * u
 
-    def _waiting_ratios(self, role: str, now: float) -> tuple[float, int]:
-        """(sum, count) of wait so far / TTFT allowed of the requests in a class's queue."""
-        total = 0.0
+    def _queue_state(self, role: str, now: float) -> tuple[float, float, int]:
+        """A class's queue: its predicted prefill work, the sum of its requests' wait so far /
+        TTFT allowed, and how many it holds."""
+        work = total = 0.0
         for q in self.queues[role]:
+            work += q.work_s
             allowed = q.deadline_s - q.request.arrival_s
             total += (now - q.request.arrival_s) / allowed if 0 < allowed < math.inf else 0.0
-        return total, len(self.queues[role])
+        return work, total, len(self.queues[role])
 
     def _slo_deviation(self, replica: ReplicaView, now: float) -> float:
         """Mean TTFT / deadline of the instance's recent requests and of those its class's
@@ -348,6 +333,6 @@ class PlaDispatcher(Dispatcher):
             allowed = deadline - r.arrival_s
             end = first if first is not None else now
             ratios.append((end - r.arrival_s) / allowed if 0 < allowed < math.inf else 0.0)
-        total, count = self._queue_deviation.get(self.role[rid], (0.0, 0))
+        _, total, count = self._queued[self.role[rid]]
         count += len(ratios)
         return (sum(ratios) + total) / count if count else 0.0

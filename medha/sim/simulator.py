@@ -152,15 +152,19 @@ class Simulator:
             leave=False,
         )
         inf = math.inf
-        period = dispatcher.control_period_s
-        if period is not None and arrivals:
-            heapq.heappush(heap, (arrivals[0].arrival_s, seq, _TICK, None, None))
-        while i < n or heap or injected:
-            now = min(
+
+        def next_event() -> float:
+            return min(
                 arrivals[i].arrival_s if i < n else inf,
                 injected[0][0] if injected else inf,
                 heap[0][0] if heap else inf,
             )
+
+        period = dispatcher.control_period_s
+        if period is not None and arrivals:
+            heapq.heappush(heap, (arrivals[0].arrival_s, seq, _TICK, None, None))
+        while i < n or heap or injected:
+            now = next_event()
             dirty: dict[int, SimReplica] = {}
             # Batches finishing now go first, so that their decodes can join the next batch.
             while heap and heap[0][0] <= now:
@@ -176,11 +180,7 @@ class Simulator:
                     # with no event left, ends.
                     after = now + period
                     if not dispatcher.held():
-                        nxt = min(
-                            arrivals[i].arrival_s if i < n else inf,
-                            injected[0][0] if injected else inf,
-                            heap[0][0] if heap else inf,
-                        )
+                        nxt = next_event()
                         if nxt == inf:
                             continue
                         after += max(0, math.ceil((nxt - after) / period)) * period
