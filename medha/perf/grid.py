@@ -106,3 +106,39 @@ def random_mixed(count: int, max_len: int, capacity: int, seed: int) -> list[Sha
         if shape.kv_tokens() <= capacity:
             out.append(shape)
     return out
+
+
+def corners_first(shapes: list[Shape]) -> list[Shape]:
+    """`shapes` reordered so that a grid cut short still spans what the engine runs: prefill
+    chunks alone, decode batches and mixed batches in turn, each kind in bisection order (its
+    first and last shape, then the middle, then the quarters, ...: in grid order the smallest
+    chunk at offset 0 and the largest at the deepest offset, the lone short decode and the
+    widest or deepest batch). The engine's start-up profile runs the grid in this order until
+    its time is up."""
+    kinds: list[list[Shape]] = [[], [], []]
+    for s in shapes:
+        kinds[0 if not s.decode_kv else 1 if not s.prefills else 2].append(s)
+    spread = [_bisection(k) for k in kinds]
+    out = []
+    for i in range(max(map(len, spread), default=0)):
+        out += [k[i] for k in spread if i < len(k)]
+    return out
+
+
+def _bisection(items: list) -> list:
+    if len(items) <= 2:
+        return list(items)
+    order, seen = [0, len(items) - 1], {0, len(items) - 1}
+    spans = [(0, len(items) - 1)]
+    while spans:
+        nxt = []
+        for lo, hi in spans:
+            if hi - lo < 2:
+                continue
+            mid = (lo + hi) // 2
+            if mid not in seen:
+                seen.add(mid)
+                order.append(mid)
+            nxt += [(lo, mid), (mid, hi)]
+        spans = nxt
+    return [items[i] for i in order]
