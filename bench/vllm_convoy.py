@@ -97,6 +97,13 @@ def main() -> None:
         "TTFT is 1.10x (issue 48)",
     )
     ap.add_argument(
+        "--fresh-cache",
+        action="store_true",
+        help="start each --engine-medha server with an empty MEDHA_CACHE_DIR (the model stays "
+        "where it is): no profile of its own, as on a new machine, so that it times itself at "
+        "start (--self-profile-s) or plans from the roofline corrected online",
+    )
+    ap.add_argument(
         "--bind",
         default=None,
         metavar="CORES",
@@ -131,6 +138,8 @@ def main() -> None:
         bind = args.plain_bind if contenders[name] is None and args.plain_bind else args.bind
         if bind and name not in engines:
             env["VLLM_CPU_OMP_THREADS_BIND"] = bind
+        if args.fresh_cache and name in engines:
+            env["MEDHA_CACHE_DIR"] = tempfile.mkdtemp(prefix="medha-convoy-cache-")
         with local_server(command, quiet=not args.verbose, env=env) as url:
             asyncio.run(scenario(url, False, 99))  # warm-up
             alone = asyncio.run(scenario(url, False, rnd))

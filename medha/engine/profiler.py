@@ -17,14 +17,15 @@ from tqdm import tqdm
 
 from medha.core.batch import Batch, Chunk
 from medha.core.request import Request
-from medha.engine.llm_engine import LLMEngine
 from medha.perf.grid import Shape
 from medha.perf.predictor import Predictor
 from medha.perf.profile_data import IterationRow, Profile
 
 
 class Profiler:
-    def __init__(self, engine: LLMEngine, seed: int = 0) -> None:
+    def __init__(self, engine, seed: int = 0) -> None:
+        """`engine`: an idle LLMEngine (not imported here: the engine imports this module to
+        time itself at start)."""
         if engine.has_unfinished():
             raise RuntimeError("profile an idle engine")
         self.engine = engine

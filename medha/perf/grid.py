@@ -109,20 +109,27 @@ def random_mixed(count: int, max_len: int, capacity: int, seed: int) -> list[Sha
 
 
 def corners_first(shapes: list[Shape]) -> list[Shape]:
-    """`shapes` reordered so that a grid cut short still spans what the engine runs: prefill
-    chunks alone, decode batches and mixed batches in turn, each kind in bisection order (its
-    first and last shape, then the middle, then the quarters, ...: in grid order the smallest
-    chunk at offset 0 and the largest at the deepest offset, the lone short decode and the
-    widest or deepest batch). The engine's start-up profile runs the grid in this order until
-    its time is up."""
-    kinds: list[list[Shape]] = [[], [], []]
-    for s in shapes:
-        kinds[0 if not s.decode_kv else 1 if not s.prefills else 2].append(s)
-    spread = [_bisection(k) for k in kinds]
+    """`shapes` reordered so that a grid cut short still spans what the engine runs: one
+    prefill chunk alone, decode batches of one KV length, and the rest (mixed batches) in turn,
+    each kind by size in bisection order: its smallest and largest shape, then the middle, then
+    the quarters, ... (the smallest chunk at offset 0 and the largest at the deepest offset; a
+    lone short decode and the widest batch over the longest KV). The engine's start-up profile
+    runs the grid in this order until its time is up."""
+    alone = sorted((s for s in shapes if len(s.prefills) == 1 and not s.decode_kv), key=_size)
+    decodes = sorted(
+        (s for s in shapes if not s.prefills and len(set(s.decode_kv)) == 1), key=_size
+    )
+    chosen = set(alone) | set(decodes)
+    mixed = [s for s in shapes if s not in chosen]
+    spread = [_bisection(k) for k in (alone, decodes, mixed)]
     out = []
     for i in range(max(map(len, spread), default=0)):
         out += [k[i] for k in spread if i < len(k)]
     return out
+
+
+def _size(s: Shape) -> tuple:
+    return (s.prefills[0] if s.prefills else (), len(s.decode_kv), s.decode_kv[:1])
 
 
 def _bisection(items: list) -> list:

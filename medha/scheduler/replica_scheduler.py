@@ -35,6 +35,9 @@ from medha.scheduler.request_table import RequestTable, SchedulerInvariantError,
 
 __all__ = ["ReplicaScheduler", "SchedulerInvariantError", "SchedulerStats"]
 
+# A learner's batch count at which the defaults are first resolved again from its corrections
+# (then at every doubling: ReplicaScheduler._redefault)
+REDEFAULT_FIRST = 16
 # Weight of the newest batch in `step_scale`: the article on Orca/Sarathi scheduling (seed 001)
 # keeps its iteration time as an exponential average with this weight.
 STEP_SCALE_WEIGHT = 0.1
@@ -68,7 +71,11 @@ class ReplicaScheduler:
         self._running_ahead: Batch | None = None
         # The one resolution of the config: the packer, the policy, the KV arbiter and the
         # simulator's metrics all read this object's defaults (resolve_config returns it unchanged).
-        self.config = config = resolve_config(config, predictor)
+        self.config = config = resolve_config(given := config, predictor)
+        # what the caller set; the defaults it leaves unset follow a learner's corrections
+        self._given = given
+        self._redefault_at = REDEFAULT_FIRST  # the learner's batches at the next re-resolution
+        self._defaults_stale = False
         self.predictor = predictor
         self.packer = make_packer(config, predictor)
         self.policy = replica_policy(config)
@@ -415,9 +422,36 @@ class ReplicaScheduler:
         follow it."""
         if batch.swap_in or batch.swap_out or batch.cache_in or batch.cache_out:
             return
-        if self.learner.observe(*batch.shape(), measured_s) and self.learner.moved():
+        learner = self.learner
+        if learner.observe(*batch.shape(), measured_s) and learner.moved():
+            self._defaults_stale = True
             self.prefill_times.reset()
+            self._redefault()
             self.requests.reprice()
+        elif self._defaults_stale and learner.observed >= self._redefault_at:
+            self._redefault()
+            self.requests.reprice()
+
+    def _redefault(self) -> None:
+        """Resolve the defaults the given config left unset (the TPOT target and budget, the
+        deadline floor, the arrival wait: resolve_config) again from the corrected model, so
+        that the packer and the policy plan with what the engine's steps cost now (issue 48,
+        item 2). Not at every correction: a resolution walks the chunking price over a
+        max-length prompt, and an early model knows few shapes. So at the learner's 16th batch,
+        then each time its batch count doubles, when the model moved since the last one.
+        The deadlines given so far stay; the requests' predicted work follows (`reprice`)."""
+        if self.learner.observed < self._redefault_at:
+            return
+        while self._redefault_at <= self.learner.observed:
+            self._redefault_at *= 2
+        self._defaults_stale = False
+        config = resolve_config(self._given, self.predictor)
+        if config == self.config:
+            return
+        self.config = config
+        self.packer = make_packer(config, self.predictor)
+        self.policy.config = config
+        self.prefill_times.plan_with(self.packer.plan_isolated)
 
     def _decode_step_time(self, kv_lens: list[int]) -> float:
         """A decode step over these context lengths as the executor will run it: predicted,
