@@ -142,8 +142,10 @@ def main() -> None:
             env["MEDHA_CACHE_DIR"] = tempfile.mkdtemp(prefix="medha-convoy-cache-")
         with local_server(command, quiet=not args.verbose, env=env) as url:
             asyncio.run(scenario(url, False, 99))  # warm-up
+            # (the runs alone and behind draw different prompts: every server here caches
+            # prefixes, and shorts it had seen alone would be served from the cache behind)
             alone = asyncio.run(scenario(url, False, rnd))
-            behind = asyncio.run(scenario(url, True, rnd))
+            behind = asyncio.run(scenario(url, True, 1000 + rnd))
         if contenders[name] is not None and name not in engines and os.path.exists(step_log):
             errors.append((name, rnd, *prediction_error(read_step_log(step_log))))
         row = (name, rnd, alone["short_p50"], behind["short_p50"], behind["short_max"])
