@@ -99,9 +99,10 @@ def main() -> None:
     ap.add_argument(
         "--fresh-cache",
         action="store_true",
-        help="start each --engine-medha server with an empty MEDHA_CACHE_DIR (the model stays "
-        "where it is): no profile of its own, as on a new machine, so that it times itself at "
-        "start (--self-profile-s) or plans from the roofline corrected online",
+        help="start each medha server (on vLLM or its own engine) with an empty "
+        "MEDHA_CACHE_DIR (the model stays where it is): no profile of its own, as on a new "
+        "machine, so that medha's engine times itself at start (--self-profile-s) or plans "
+        "from the roofline corrected online, as medha's scheduler on vLLM does",
     )
     ap.add_argument(
         "--bind",
@@ -138,7 +139,7 @@ def main() -> None:
         bind = args.plain_bind if contenders[name] is None and args.plain_bind else args.bind
         if bind and name not in engines:
             env["VLLM_CPU_OMP_THREADS_BIND"] = bind
-        if args.fresh_cache and name in engines:
+        if args.fresh_cache and contenders[name] is not None:
             env["MEDHA_CACHE_DIR"] = tempfile.mkdtemp(prefix="medha-convoy-cache-")
         with local_server(command, quiet=not args.verbose, env=env) as url:
             asyncio.run(scenario(url, False, 99))  # warm-up
