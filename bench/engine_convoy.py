@@ -84,6 +84,8 @@ def main() -> None:
         choices=("online", "off"),
         help="every engine's --calibrate (default: the engine's, online)",
     )
+    ap.add_argument("--kernels", default="auto", help="every engine's --kernels")
+    ap.add_argument("--dtype", default="auto", help="every engine's --dtype")
     ap.add_argument(
         "--prefix-cache",
         default="off",
@@ -111,7 +113,12 @@ def main() -> None:
     print("|---|---|---|---|---|")
     results, accuracy = {}, {}
     for name, cfg in configs:
-        engine = LLMEngine(EngineConfig(model="smollm2", calibrate=args.calibrate), cfg)
+        engine = LLMEngine(
+            EngineConfig(
+                model="smollm2", calibrate=args.calibrate, kernels=args.kernels, dtype=args.dtype
+            ),
+            cfg,
+        )
         engine.metrics.keep_samples = True
         print(f"<!-- {name}: {engine.predictor.describe()}; "
               f"{price_report(engine.scheduler.config, engine.predictor)} -->")  # fmt: skip
