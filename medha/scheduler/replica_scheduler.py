@@ -16,6 +16,7 @@ alone changes a request's state and progress and keeps the queues.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Collection, Iterable, Iterator
 
@@ -34,6 +35,8 @@ from medha.scheduler.replica_rules import prefill_order
 from medha.scheduler.request_table import RequestTable, SchedulerInvariantError, SchedulerStats
 
 __all__ = ["ReplicaScheduler", "SchedulerInvariantError", "SchedulerStats"]
+
+log = logging.getLogger("medha.scheduler")
 
 # A learner's batch count at which the defaults are first resolved again from its corrections
 # (then at every doubling: ReplicaScheduler._redefault)
@@ -448,6 +451,12 @@ class ReplicaScheduler:
         config = resolve_config(self._given, self.predictor)
         if config == self.config:
             return
+        log.info(
+            "defaults resolved again from the corrected model after %d batches: TPOT target "
+            "%.3g s, iteration budget %.3g s, arrival wait %.3g s, TTFT deadline floor %.3g s",
+            self.learner.observed, config.tpot_target_s, config.iteration_budget_s,
+            config.arrival_wait_s, config.min_ttft_deadline_s,
+        )  # fmt: skip
         self.config = config
         self.packer = make_packer(config, self.predictor)
         self.policy.config = config
