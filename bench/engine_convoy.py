@@ -23,6 +23,7 @@ from medha.engine.config import EngineConfig
 from medha.engine.llm_engine import LLMEngine
 from medha.engine.sampling_params import SamplingParams
 from medha.scheduler.config import SchedulerConfig
+from medha.scheduler.config_defaults import price_report
 
 
 def run(engine: LLMEngine, with_long: bool, long_len: int, seed: int = 0) -> dict:
@@ -68,7 +69,8 @@ def main() -> None:
     ap.add_argument(
         "--tpot-targets",
         default="0.125,0.25",
-        help="iteration budgets (TPOT targets) for the adaptive packer, in seconds",
+        help="iteration budgets (TPOT targets) for the adaptive packer, in seconds, or "
+        "default: the engine's own (resolved from its model: docs/design.md)",
     )
     ap.add_argument(
         "--policies",
@@ -82,6 +84,8 @@ def main() -> None:
         choices=("online", "off"),
         help="every engine's --calibrate (default: the engine's, online)",
     )
+    ap.add_argument("--kernels", default="auto", help="every engine's --kernels")
+    ap.add_argument("--dtype", default="auto", help="every engine's --dtype")
     ap.add_argument(
         "--prefix-cache",
         default="off",
@@ -90,10 +94,10 @@ def main() -> None:
     )
     args = ap.parse_args()
     cache = args.prefix_cache
-    targets = [float(t) for t in args.tpot_targets.split(",")]
+    targets = [None if t == "default" else float(t) for t in args.tpot_targets.split(",")]
     configs = [
         (
-            f"{p} + adaptive, TPOT {t * 1e3:.0f} ms",
+            f"{p} + adaptive, " + ("defaults" if t is None else f"TPOT {t * 1e3:.0f} ms"),
             SchedulerConfig(policy=p, tpot_target_s=t, prefix_cache=cache),
         )
         for t in targets
@@ -109,8 +113,15 @@ def main() -> None:
     print("|---|---|---|---|---|")
     results, accuracy = {}, {}
     for name, cfg in configs:
-        engine = LLMEngine(EngineConfig(model="smollm2", calibrate=args.calibrate), cfg)
+        engine = LLMEngine(
+            EngineConfig(
+                model="smollm2", calibrate=args.calibrate, kernels=args.kernels, dtype=args.dtype
+            ),
+            cfg,
+        )
         engine.metrics.keep_samples = True
+        print(f"<!-- {name}: {engine.predictor.describe()}; "
+              f"{price_report(engine.scheduler.config, engine.predictor)} -->")  # fmt: skip
         run(engine, False, args.long_len, seed=1)  # warm-up
         alone = run(engine, False, args.long_len)
         behind = run(engine, True, args.long_len, seed=0 if cache == "off" else 2)

@@ -13,8 +13,8 @@ scheduler's MEDHA_STEP_LOG; the default `calibrate: online` corrects the model a
 `"calibrate": "off"` in --medha keeps it as it starts).
 Contenders: `python -m vllm.entrypoints.openai.api_server` with its default scheduler, and the
 same with `--scheduler-cls medha.vllm_executor.MedhaScheduler --additional-config
-'{"medha": ...}'` (or, with --front medha, `medha serve --engine vllm`); one server at a time,
-alternated for --rounds rounds.
+'{"medha": ...}'` (or, with --front medha, `medha serve --engine vllm`); with --engine-medha,
+`medha serve` on medha's own engine; one server at a time, alternated for --rounds rounds.
 """
 
 from __future__ import annotations
@@ -31,7 +31,12 @@ import time
 
 from medha.benchmark.local_server import alternated, local_server
 from medha.benchmark.step_errors import prediction_error, read_step_log
-from medha.benchmark.vllm_servers import add_server_args, server_command, server_flags
+from medha.benchmark.vllm_servers import (
+    add_server_args,
+    engine_command,
+    server_command,
+    server_flags,
+)
 
 DEFAULT_MEDHA = {"policy": "lars", "chunking": "adaptive"}
 
@@ -83,6 +88,31 @@ def main() -> None:
         f"plain vLLM in every round (default: {json.dumps(DEFAULT_MEDHA)})",
     )
     ap.add_argument(
+        "--engine-medha",
+        action="append",
+        default=None,
+        metavar="JSON",
+        help="a contender on medha's own engine: `medha serve` with these settings as its flags "
+        "(JSON, {} for its defaults); repeat for several. Their goal against plain vLLM's long "
+        "TTFT is 1.10x (issue 48)",
+    )
+    ap.add_argument(
+        "--fresh-cache",
+        action="store_true",
+        help="start each medha server (on vLLM or its own engine) with an empty "
+        "MEDHA_CACHE_DIR (the model stays where it is): no profile of its own, as on a new "
+        "machine, so that medha's engine times itself at start (--self-profile-s) or plans "
+        "from the roofline corrected online, as medha's scheduler on vLLM does",
+    )
+    ap.add_argument(
+        "--bind",
+        default=None,
+        metavar="CORES",
+        help="VLLM_CPU_OMP_THREADS_BIND of every vLLM server, plain vLLM's and medha's on vLLM "
+        "(the same binding for each), e.g. 0-1 for both cores of this machine; --plain-bind "
+        "overrides it for plain vLLM",
+    )
+    ap.add_argument(
         "--plain-bind",
         default=None,
         metavar="CORES",
@@ -95,19 +125,29 @@ def main() -> None:
     flags = server_flags(args)
     settings = [json.loads(m) for m in args.medha or [json.dumps(DEFAULT_MEDHA)]]
     contenders = {"vLLM": None} | {label(m): m for m in settings}
+    engines = {engine_label(m): m for m in map(json.loads, args.engine_medha or [])}
+    contenders |= engines
     rows, errors = [], []
     logs = tempfile.mkdtemp(prefix="vllm-convoy-steps-")
     for rnd, name in alternated(list(contenders), args.rounds):
-        command = server_command(flags, contenders[name], args.front)
+        if name in engines:
+            command = engine_command(flags, engines[name])
+        else:
+            command = server_command(flags, contenders[name], args.front)
         step_log = os.path.join(logs, f"{rnd}-{len(rows)}.jsonl")
         env = dict(os.environ, MEDHA_STEP_LOG=step_log)
-        if contenders[name] is None and args.plain_bind:
-            env["VLLM_CPU_OMP_THREADS_BIND"] = args.plain_bind
+        bind = args.plain_bind if contenders[name] is None and args.plain_bind else args.bind
+        if bind and name not in engines:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = bind
+        if args.fresh_cache and contenders[name] is not None:
+            env["MEDHA_CACHE_DIR"] = tempfile.mkdtemp(prefix="medha-convoy-cache-")
         with local_server(command, quiet=not args.verbose, env=env) as url:
             asyncio.run(scenario(url, False, 99))  # warm-up
+            # (the runs alone and behind draw different prompts: every server here caches
+            # prefixes, and shorts it had seen alone would be served from the cache behind)
             alone = asyncio.run(scenario(url, False, rnd))
-            behind = asyncio.run(scenario(url, True, rnd))
-        if contenders[name] is not None and os.path.exists(step_log):
+            behind = asyncio.run(scenario(url, True, 1000 + rnd))
+        if contenders[name] is not None and name not in engines and os.path.exists(step_log):
             errors.append((name, rnd, *prediction_error(read_step_log(step_log))))
         row = (name, rnd, alone["short_p50"], behind["short_p50"], behind["short_max"])
         rows.append((*row, behind["long"]))
@@ -119,7 +159,9 @@ def main() -> None:
             flush=True,
         )
     print(
-        f"\n{flags}; front {args.front}; plain vLLM bound to {args.plain_bind or 'its default'}\n"
+        f"\n{flags}; front {args.front}; plain vLLM bound to "
+        f"{args.plain_bind or args.bind or 'its default'}, medha on vLLM to "
+        f"{args.bind or 'its default'}\n"
     )
     print("| round | scheduler | short TTFT p50 alone | behind the long one | ratio | max behind "
           "| long TTFT |")  # fmt: skip
@@ -140,10 +182,17 @@ def main() -> None:
     for rnd in range(args.rounds):
         plain = next(r for r in rows if r[1] == rnd and r[0] == "vLLM")
         for ours in (r for r in rows if r[1] == rnd and r[0] != "vLLM"):
+            goal = 1.10 if ours[0] in engines else 1.15
             print(
                 f"round {rnd} {ours[0]}: shorts behind / alone {ours[3] / ours[2]:.2f}x (goal "
-                f"<= 1.5x), long TTFT / plain vLLM's {ours[5] / plain[5]:.2f}x (goal <= 1.15x)"
+                f"<= 1.5x), long TTFT / plain vLLM's {ours[5] / plain[5]:.2f}x (goal <= "
+                f"{goal:.2f}x)"
             )
+
+
+def engine_label(settings: dict) -> str:
+    """`medha engine (lars, adaptive)`, with any other settings after them."""
+    return "medha engine" + label(settings).removeprefix("vLLM + medha")
 
 
 def label(medha: dict) -> str:

@@ -49,6 +49,9 @@ pin_reference_cpu()
 # steps (--calibrate online, the default) would plan by this machine's speed of the moment.
 # The tests of the correction turn it on themselves.
 os.environ["MEDHA_CALIBRATE"] = "off"
+# ... and no engine times itself before serving (a minute each): they plan with that CPU's
+# roofline; the tests of the start-up profile turn it on themselves.
+os.environ["MEDHA_SELF_PROFILE_S"] = "0"
 
 # The toy scheduler of the paper's scenarios (bench/scheduling_scenarios.py runs them too);
 # tests import both names from here.

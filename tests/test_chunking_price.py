@@ -1,5 +1,7 @@
 """The default budgets come from the predictor's chunking price (issue 35)."""
 
+import dataclasses
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -7,13 +9,26 @@ from hypothesis import strategies as st
 from medha.perf import ParallelConfig, make_predictor
 from medha.perf.chunking_price import budget_for_price, chunking_price, isolated_chunk
 from medha.scheduler.config import SchedulerConfig
-from medha.scheduler.config_defaults import resolve_config
+from medha.scheduler.config_defaults import (
+    READING_TPOT_S,
+    chat_time_s,
+    price_report,
+    resolve_config,
+)
+from medha.testing.reference_cpu import REFERENCE_CPU
 
 GPU = make_predictor("roofline", "llama-3-8b", "h100", ParallelConfig(tp=8))
 # a machine whose lone decode step takes longer than 0.05 s, as a CPU's does (Llama-3-70B on one
 # A100: 90 ms); the roofline of a named device, so the same on every machine the tests run on
 SLOW = make_predictor("roofline", "llama-3-70b", "a100")
 N = 32768  # the prompt the defaults are priced on (the longest allowed, capped at 32K)
+# a CPU-like machine where a small model's steps are mostly fixed cost (the reference CPU with
+# 100x its FLOP/s, SmolLM2's 8K context): 0.05 s steps chunk a max-length prompt at over 1.5x,
+# and the price rule alone would ask for 0.19 s steps
+DEAR = make_predictor(
+    "roofline", "smollm2-135m", dataclasses.replace(REFERENCE_CPU, peak_flops=1.5e13),
+    ParallelConfig(),
+)  # fmt: skip
 
 
 def test_chunking_costs_more_the_smaller_the_budget():
@@ -66,9 +81,29 @@ def test_slow_steps_take_the_defaults_from_the_price():
     assert c.tpot_target_s > 0.05
     assert chunking_price(SLOW, c.iteration_budget_s, N) <= 1.1
     assert chunking_price(SLOW, 0.97 * c.iteration_budget_s, N) > 1.1
-    # two budgets at least under every default deadline; the arrival wait at most half of it
+    # two budgets at least under every default deadline; the arrival wait at most half of it,
+    # and at most a chat's time alone (here longer than that half)
     assert c.min_ttft_deadline_s == max(0.5, 2 * c.iteration_budget_s)
     assert c.iteration_budget_s <= c.arrival_wait_s <= c.min_ttft_deadline_s / 2
+    assert chat_time_s(SLOW, N) > c.arrival_wait_s
+
+
+def test_where_chunking_is_dear_the_shorts_come_first():
+    n = DEAR.model.max_context
+    c = resolve_config(SchedulerConfig(), DEAR)
+    # the price rule alone would stretch the steps past a reading pace; the target stops there
+    assert budget_for_price(DEAR, 1.1, n) > READING_TPOT_S
+    assert c.tpot_target_s == c.iteration_budget_s == READING_TPOT_S
+    # a chat arriving during a lone long prompt's step waits at most its own time alone: here
+    # that is under the budget, so the long prompt runs in budget-sized steps too (half the
+    # deadline floor would have allowed 0.25 s)
+    assert chat_time_s(DEAR, n) < c.iteration_budget_s == c.arrival_wait_s
+    assert c.min_ttft_deadline_s / 2 > c.arrival_wait_s
+    # what the long prompt pays for it is reported, with the steps' fixed cost
+    report = price_report(c, DEAR)
+    assert "shorts first" in report
+    assert f"at {chunking_price(DEAR, c.arrival_wait_s, n):.2f}x" in report
+    assert "0.05 s steps" in price_report(resolve_config(SchedulerConfig(), GPU), GPU)
 
 
 def test_given_settings_win():

@@ -411,3 +411,54 @@ def test_failed_conversion_leaves_nothing_behind(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="disk full"):
         checkpoint.embedded_smollm2()
     assert list((tmp_path / "models").iterdir()) == []
+
+
+def test_an_engine_with_no_profile_times_itself_once(tmp_path, monkeypatch, caplog):
+    """Issue 48, item 1: with --predictor auto and no profile of it, the engine times the
+    quick grid (corners first) for up to --self-profile-s before serving, writes the profile
+    where `medha profile` writes, and plans with it; the next start reads it and times nothing.
+    A budget that times too few shapes keeps the roofline and writes nothing; 0 skips it."""
+    import logging
+
+    from medha.benchmark.tiny_llama import build_tiny_llama
+    from medha.engine.llm_engine import MIN_SELF_PROFILE_ROWS
+    from medha.perf.grid import grid
+    from medha.perf.profile_data import load_profile
+
+    # a model of this test's own (its profile's name is its directory's), so that no other
+    # test's engine finds the profile written here
+    model = str(build_tiny_llama(tmp_path / "self-profiled-llama"))
+    engine_config = dict(model=model, dtype="float32", kernels="torch", kv_memory_gb=0.05)
+    sched = SchedulerConfig(max_model_len=256, max_num_seqs=8)
+    monkeypatch.delenv("MEDHA_SELF_PROFILE_S")  # the suite's 0; the default is a minute
+
+    def start(**options):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="medha.engine"):
+            return LLM(scheduler=sched, **engine_config, **options).engine
+
+    skipped = start(self_profile_s=0)
+    path = Path(skipped.profile_path)
+    assert not path.exists() and "roofline" in skipped.predictor.describe()
+    too_short = start(self_profile_s=1e-9)
+    assert not path.exists() and "roofline" in too_short.predictor.describe()
+    assert "too few to fit" in caplog.text
+    try:
+        e = start(self_profile_s=120)
+        assert "timing up to" in caplog.text and path.exists()
+        rows = load_profile(path).iteration_rows
+        seqs = e.scheduler.config.max_num_seqs
+        shapes = grid(e.max_model_len, e.kv_capacity_tokens, 8, 0, quick=True, max_num_seqs=seqs)
+        # a small model's whole quick grid fits the time: every shape timed once
+        assert len(rows) == len(shapes) >= MIN_SELF_PROFILE_ROWS
+        assert "profiled" in e.predictor.describe()
+        assert "planning with profiled" in caplog.text  # with the price report
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="medha.engine"):
+            again = LLM(scheduler=sched, **engine_config)
+        assert "timing up to" not in caplog.text
+        assert "profiled" in again.engine.predictor.describe()
+        (out,) = again.generate([[5, 6, 7]], SamplingParams(max_tokens=4, ignore_eos=True))
+        assert len(out.token_ids) == 4
+    finally:
+        path.unlink(missing_ok=True)

@@ -212,3 +212,56 @@ def test_a_scheduler_with_a_learner_plans_by_what_its_batches_took():
     assert abs(sched.prefill_times.time(3000) / alone - 1) <= 0.05
     p, sched, ratios, _, _ = run(learn=False)
     assert p.version == 0 and statistics.median(abs(r - 1) for r in ratios[10:]) > 0.5
+
+
+def test_the_defaults_follow_the_corrected_model():
+    """Issue 48, item 2: the defaults a config leaves unset (TPOT target and budget, deadline
+    floor, arrival wait) are resolved again from the corrected model, from the learner's 16th
+    batch on; the packer and the policy plan with them. What the caller set stays, and without
+    a learner (the simulator) nothing moves."""
+    from medha.benchmark.scenarios import TOKEN_S
+    from medha.core.batch import BatchResult
+    from medha.core.request import Request
+    from medha.perf.toy_predictor import FixedCostPredictor
+    from medha.scheduler.block_manager import BlockManager
+    from medha.scheduler.config import SchedulerConfig
+    from medha.scheduler.config_defaults import resolve_config
+    from medha.scheduler.replica_scheduler import REDEFAULT_FIRST, ReplicaScheduler
+
+    # the base prices 0.05 s steps as affordable; the engine pays 40 ms more a step, and every
+    # token twice the base's price, so chunking at 0.05 s is dear there: shorts first
+    truth = CorrectedPredictor(FixedCostPredictor(TOKEN_S))
+    truth.set_theta((0.04, 0.0, 2.0, 1.0, 1.0))
+    want = resolve_config(SchedulerConfig(), truth)
+    assert resolve_config(SchedulerConfig(), FixedCostPredictor(TOKEN_S)).tpot_target_s == 0.05
+    assert want.tpot_target_s == 0.15
+
+    def run(config: SchedulerConfig, learn: bool):
+        p = CorrectedPredictor(FixedCostPredictor(TOKEN_S))
+        learner = StepLearner(p) if learn else None
+        sched = ReplicaScheduler(config, p, BlockManager(1 << 14), learner=learner)
+        now, targets = 0.0, []
+        for i in range(24):
+            sched.add_request(Request(f"r{i}", now, 200 + 50 * i, 16), now)
+        while sched.has_unfinished():
+            batch = sched.schedule(now)
+            took = truth.batch_time(batch)
+            now += took
+            sched.update(batch, BatchResult(took), now)
+            targets.append(sched.config.tpot_target_s)
+        return sched, targets
+
+    sched, targets = run(SchedulerConfig(), learn=True)
+    assert targets[: REDEFAULT_FIRST - 1] == [0.05] * (REDEFAULT_FIRST - 1)
+    assert targets[-1] == want.tpot_target_s
+    c = sched.config
+    assert (c.iteration_budget_s, c.arrival_wait_s, c.min_ttft_deadline_s) == (
+        want.iteration_budget_s,
+        want.arrival_wait_s,
+        want.min_ttft_deadline_s,
+    )
+    assert sched.packer.iteration_budget_s == c.iteration_budget_s and sched.policy.config is c
+    still, targets = run(SchedulerConfig(), learn=False)
+    assert set(targets) == {0.05} and still.packer.iteration_budget_s == 0.05
+    given, targets = run(SchedulerConfig(tpot_target_s=0.05), learn=True)
+    assert set(targets) == {0.05} and given.config.arrival_wait_s == want.arrival_wait_s

@@ -45,3 +45,22 @@ def test_the_old_grid_is_kept_where_the_limits_allow():
     for b in (1, 4, 16, 64):
         for kv in (128, 1024, 4096):
             assert Shape((), (kv,) * b) in shapes
+
+
+def test_a_grid_cut_short_still_spans_what_the_engine_runs():
+    """The engine's start-up profile runs the grid corners first until its time is up: the
+    first few shapes already hold the smallest and the deepest prefill chunk, a lone decode and
+    the widest decode batch, and a mixed batch; the order is a permutation of the grid."""
+    from medha.perf.grid import corners_first
+
+    shapes = grid(8192, capacity=100_000, mixed=8, seed=0, quick=True, max_num_seqs=128)
+    order = corners_first(shapes)
+    assert sorted(order, key=repr) == sorted(shapes, key=repr)
+    first = order[:6]
+    chunks = [p for s in first if not s.decode_kv for p in s.prefills]
+    assert (1, 0) in chunks and max(n + k for n, k in chunks) == 8192
+    decode_only = [s.decode_kv for s in first if not s.prefills]
+    assert min(map(len, decode_only)) == 1
+    assert any(s.prefills and s.decode_kv for s in first)
+    widest = max(len(s.decode_kv) for s in shapes)
+    assert widest in [len(s.decode_kv) for s in order[: len(order) // 2]]

@@ -67,6 +67,24 @@ def server_command(flags: ServerFlags, medha: dict | None, front: str = "vllm"):
     return command
 
 
+def engine_command(flags: ServerFlags, medha: dict):
+    """`command(port)` for local_server: `medha serve` on medha's own engine, with the same
+    model, dtype, context, KV cache size and sequences per step as the vLLM servers (not vLLM's
+    cap on a step's tokens, which medha's engine does not have), and `medha`'s settings as
+    its flags."""
+
+    def command(port: int) -> list[str]:
+        cmd = [sys.executable, "-m", "medha", "serve", "--model", flags.model]
+        cmd += ["--served-model-name", "m", "--port", str(port), "--dtype", flags.dtype]
+        cmd += ["--kv-memory-gb", str(flags.kv_gib), "--max-model-len", str(flags.max_model_len)]
+        cmd += ["--max-num-seqs", str(flags.max_num_seqs), "--log-level", "warning"]
+        for key, value in medha.items():
+            cmd += ["--" + key.replace("_", "-"), str(value)]
+        return cmd
+
+    return command
+
+
 def add_server_args(ap) -> None:
     ap.add_argument("--model", default=None, help="model directory (default: SmolLM2)")
     ap.add_argument("--dtype", default="auto", help="vLLM's --dtype (default auto: bf16 here)")

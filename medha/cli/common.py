@@ -74,7 +74,7 @@ def scheduler_config_from_args(args: argparse.Namespace) -> SchedulerConfig:
         raise CliError(str(e)) from None
 
 
-def llm_from_args(args: argparse.Namespace) -> LLM:
+def llm_from_args(args: argparse.Namespace, **overrides) -> LLM:
     from medha.engine.config import EngineConfig
     from medha.engine.errors import EngineError
     from medha.engine.llm import LLM
@@ -82,7 +82,7 @@ def llm_from_args(args: argparse.Namespace) -> LLM:
     try:
         return LLM(
             scheduler=scheduler_config_from_args(args),
-            **vars(dataclass_from_args(EngineConfig, args)),
+            **vars(dataclass_from_args(EngineConfig, args, **overrides)),
         )
     except EngineError as e:
         raise CliError(str(e)) from None

@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> None:
     from medha.engine.profiler import Profiler
     from medha.perf.grid import grid
 
-    llm = llm_from_args(args)
+    llm = llm_from_args(args, self_profile_s=0)  # this command is the profile
     engine = llm.engine
     out = args.out or engine.profile_path
     shapes = grid(

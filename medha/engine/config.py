@@ -20,6 +20,11 @@ CALIBRATE_MODES = ("online", "off")
 # The default of --calibrate where it is not given: the test suite sets it to off, so that its
 # engines plan exactly as the simulator over the same fixed reference CPU
 CALIBRATE_ENV = "MEDHA_CALIBRATE"
+# The default of --self-profile-s where it is not given (the test suite sets 0: its engines plan
+# with the fixed reference CPU), and the default's default: about a minute, issue 48's bound on
+# what a first start may add
+SELF_PROFILE_ENV = "MEDHA_SELF_PROFILE_S"
+SELF_PROFILE_S = 60.0
 
 
 @dataclass
@@ -90,6 +95,20 @@ class EngineConfig:
                 f"or off (default: ${CALIBRATE_ENV}, else online)"
             ),
             "choices": CALIBRATE_MODES,
+        },
+    )
+    self_profile_s: float | None = field(
+        default=None,
+        metadata={
+            "help": (
+                "with --predictor auto and no profile of this engine (model, device, dtype, "
+                "kernels, layout) where `medha profile` writes them: seconds spent timing a "
+                "grid of batch shapes before serving, the corners first, written there so that "
+                "later starts plan with it at once; 0 skips it (the roofline, corrected online "
+                f"as batches run). medha's engine only: on vLLM the scheduler learns from its "
+                f"first steps (--calibrate online). Default: ${SELF_PROFILE_ENV}, else "
+                f"{SELF_PROFILE_S:.0f}"
+            )
         },
     )
     cuda_graphs: bool = field(
@@ -166,6 +185,7 @@ class EngineConfig:
                 f"block_size must be an integer in [1, 65536], got {self.block_size!r}"
             )
         self.calibrate = resolve_calibrate(self.calibrate)
+        self.self_profile_s = resolve_self_profile_s(self.self_profile_s)
         if self.threads is not None and not (isinstance(self.threads, int) and self.threads >= 1):
             raise EngineError(f"threads must be a positive integer, got {self.threads!r}")
 
@@ -178,3 +198,21 @@ def resolve_calibrate(mode: str | None) -> str:
     if mode not in CALIBRATE_MODES:
         raise EngineError(f"calibrate must be one of {', '.join(CALIBRATE_MODES)}, got {mode!r}")
     return mode
+
+
+def resolve_self_profile_s(seconds: float | None) -> float:
+    """--self-profile-s as given, else $MEDHA_SELF_PROFILE_S, else 60; EngineError for anything
+    but a finite number >= 0."""
+    if seconds is None:
+        text = os.environ.get(SELF_PROFILE_ENV)
+        if not text:
+            return SELF_PROFILE_S
+        try:
+            seconds = float(text)
+        except ValueError:
+            raise EngineError(f"${SELF_PROFILE_ENV} must be a number, got {text!r}") from None
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+        raise EngineError(f"self_profile_s must be a number, got {seconds!r}")
+    if not (math.isfinite(seconds) and seconds >= 0):
+        raise EngineError(f"self_profile_s must be finite and >= 0, got {seconds!r}")
+    return float(seconds)

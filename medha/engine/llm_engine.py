@@ -19,6 +19,8 @@ medha/engine/setup.py.
 from __future__ import annotations
 
 import collections
+import logging
+import os
 import time
 from dataclasses import dataclass
 
@@ -36,9 +38,17 @@ from medha.engine.sampling_params import SamplingParams
 from medha.engine.setup import EngineSetup, tune_process
 from medha.engine.tokenizer import Tokenizer
 from medha.perf.online_fit import CorrectedPredictor, StepLearner
+from medha.perf.predictor import Predictor
 from medha.scheduler.block_manager import BlockManager
 from medha.scheduler.config import SchedulerConfig
+from medha.scheduler.config_defaults import price_report
 from medha.scheduler.replica_scheduler import ReplicaScheduler
+
+log = logging.getLogger("medha.engine")
+
+# fewer timed shapes than this (a machine too slow for --self-profile-s) fit no model worth
+# planning with: the engine keeps the roofline, corrected online, and writes nothing
+MIN_SELF_PROFILE_ROWS = 8
 
 
 @dataclass(frozen=True)
@@ -77,20 +87,73 @@ class LLMEngine:
         if self.runner.triton_decode and self.workers is None and self.config.cuda_graphs:
             self.runner.capture_decode_graphs(scheduler.max_num_seqs, scheduler.max_model_len)
         self._inflight: collections.deque = collections.deque()  # pipelined batches
-        self.predictor, learner = setup.predictor(), None
-        # a pipeline's batch times overlap other batches', so they time no one batch: the
-        # model is corrected only where each batch runs alone
-        if self.config.calibrate == "online" and self.pipeline is None:
-            self.predictor = CorrectedPredictor(self.predictor)
-            learner = StepLearner(self.predictor)
-        blocks = BlockManager.for_layout(setup.num_blocks, self.config.block_size, setup.parallel)
-        self.scheduler = ReplicaScheduler(scheduler, self.predictor, blocks, learner=learner)
+        self._plan(scheduler, setup.predictor())
+        if setup.self_profile_due():
+            self._profile_self(scheduler)
+        log.info("planning with %s: %s", self.predictor.describe(),
+                 price_report(self.scheduler.config, self.predictor))  # fmt: skip
         self.swap_blocks = HostKVBlocks.for_swap_pool(scheduler, self.runner)
         self.prefix_host_blocks = HostKVBlocks.for_prefix_host_tier(scheduler, self.runner)
         self._states: dict[str, RequestState] = {}
         self.isolation = FailureIsolation(self.runner, self.workers, self.scheduler, self._states)
         self.metrics = EngineMetrics()
         self.governor = setup.governor(self.workers)
+
+    def _plan(self, scheduler: SchedulerConfig, predictor: Predictor) -> None:
+        """The scheduler (over a fresh KV cache) planning with `predictor`, corrected online
+        unless --calibrate off. A pipeline's batch times overlap other batches', so they time no
+        one batch: the model is corrected only where each batch runs alone."""
+        learner = None
+        if self.config.calibrate == "online" and self.pipeline is None:
+            predictor = CorrectedPredictor(predictor)
+            learner = StepLearner(predictor)
+        setup = self.setup
+        blocks = BlockManager.for_layout(setup.num_blocks, self.config.block_size, setup.parallel)
+        self.predictor = predictor
+        self.scheduler = ReplicaScheduler(scheduler, predictor, blocks, learner=learner)
+
+    def _profile_self(self, scheduler: SchedulerConfig) -> None:
+        """Time a grid of batch shapes for about --self-profile-s seconds (the quick grid up to
+        this engine's context and max_num_seqs, corners first: medha/perf/grid.py), write it
+        where `medha profile` writes, and plan with it (issue 48: no manual step before the
+        scheduler knows its engine)."""
+        from medha.engine.profiler import Profiler
+        from medha.perf.grid import corners_first, grid
+
+        seconds, path = self.config.self_profile_s, self.profile_path
+        shapes = grid(
+            self.max_model_len,
+            self.kv_capacity_tokens,
+            mixed=8,
+            seed=0,
+            quick=True,
+            max_num_seqs=self.scheduler.config.max_num_seqs,
+        )
+        log.warning(
+            "no profile of this engine at %s: timing up to %d batch shapes for about %.0f s "
+            "before serving, then planning with them (once; --self-profile-s 0 skips this, "
+            "`medha profile` times a full grid)",
+            path, len(shapes), seconds,
+        )  # fmt: skip
+        start = time.perf_counter()
+        profile = Profiler(self).run(
+            corners_first(shapes), budget_s=seconds, predictor=self.predictor, repeats=1
+        )
+        profile.sources = ["medha serve's start-up profile"]
+        if len(profile.iteration_rows) < MIN_SELF_PROFILE_ROWS:
+            log.warning(
+                "the start-up profile timed %d shapes in %.0f s, too few to fit; planning with "
+                "%s, corrected online", len(profile.iteration_rows),
+                time.perf_counter() - start, self.predictor.describe(),
+            )  # fmt: skip
+            return
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        profile.save(path)
+        log.warning(
+            "timed %d batch shapes in %.0f s; wrote %s",
+            len(profile.iteration_rows), time.perf_counter() - start, path,
+        )  # fmt: skip
+        self._plan(scheduler, self.setup.predictor())
 
     def close(self) -> None:
         """Stop the worker processes, if any (also done at interpreter exit)."""

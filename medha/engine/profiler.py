@@ -10,19 +10,22 @@ medha/perf/profiled_predictor.py).
 from __future__ import annotations
 
 import random
+import statistics
 import time
 
 from tqdm import tqdm
 
 from medha.core.batch import Batch, Chunk
 from medha.core.request import Request
-from medha.engine.llm_engine import LLMEngine
 from medha.perf.grid import Shape
+from medha.perf.predictor import Predictor
 from medha.perf.profile_data import IterationRow, Profile
 
 
 class Profiler:
-    def __init__(self, engine: LLMEngine, seed: int = 0) -> None:
+    def __init__(self, engine, seed: int = 0) -> None:
+        """`engine`: an idle LLMEngine (not imported here: the engine imports this module to
+        time itself at start)."""
         if engine.has_unfinished():
             raise RuntimeError("profile an idle engine")
         self.engine = engine
@@ -67,10 +70,35 @@ class Profiler:
                 "profiling; raise --kv-memory-gb"
             )
 
-    def run(self, shapes: list[Shape], progress: bool = True) -> Profile:
+    def run(
+        self,
+        shapes: list[Shape],
+        progress: bool = True,
+        budget_s: float | None = None,
+        predictor: Predictor | None = None,
+        repeats: int = 2,
+    ) -> Profile:
+        """Time `shapes` in order (`repeats` timed runs each after a warm-up). With `budget_s`,
+        stop once the time is spent, and skip a shape whose runs `predictor` says (scaled by
+        what the shapes timed so far took against it) would not fit what is left."""
         e = self.engine
         profile = Profile(sources=["medha profile"], model=e.spec.name, hardware=e.device.type)
-        for shape in tqdm(shapes, desc="profiling", unit="batch", disable=not progress):
-            seconds = self.measure(shape)
+        start, ratios = time.perf_counter(), []
+        bar = tqdm(shapes, desc="profiling", unit="batch", disable=not progress)
+        for shape in bar:
+            predicted = (
+                None if predictor is None else predictor.shape_time(shape.prefills, shape.decode_kv)
+            )
+            if budget_s is not None:
+                left = budget_s - (time.perf_counter() - start)
+                if left <= 0:
+                    break
+                scale = statistics.median(ratios) if ratios else 1.0
+                if predicted is not None and (repeats + 1) * predicted * scale > left:
+                    continue
+            seconds = self.measure(shape, repeats)
+            if predicted:
+                ratios.append(seconds / predicted)
             profile.iteration_rows.append(IterationRow(1, shape.prefills, shape.decode_kv, seconds))
+        bar.close()
         return profile

@@ -180,6 +180,15 @@ class EngineSetup:
         # tp stays 1: a profile of a tp layout times whole iterations, all-reduces included
         return make_predictor(spec, self.spec, hardware, dataclasses.replace(self.parallel, tp=1))
 
+    def self_profile_due(self) -> bool:
+        """Whether the engine times itself before serving: --predictor auto, no profile of it
+        at `profile_path`, and --self-profile-s above 0."""
+        return (
+            self.config.predictor == "auto"
+            and self.config.self_profile_s > 0
+            and not os.path.exists(self.profile_path)
+        )
+
     def governor(self, workers: WorkerGroup | None) -> ThreadGovernor | None:
         """Fits the thread count to the free cores, unless --threads fixed it (or the model
         runs on a GPU, or in worker processes that each hold a share of the cores)."""

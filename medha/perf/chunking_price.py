@@ -102,14 +102,21 @@ def budget_for_price(
     budget, so the search starts there and goes up in steps of 25% to the first budget within
     the price, then bisects the last step (on a log scale); it stops at the time of one
     largest step (`max_chunk`, or the whole prompt), which prices it at 1."""
-    return _budget_for_price(predictor, price, num_tokens, min_chunk, max_chunk)
+    version = getattr(predictor, "version", None)  # a CorrectedPredictor's, which changes
+    return _budget_for_price(predictor, version, price, num_tokens, min_chunk, max_chunk)
 
 
 @lru_cache(maxsize=256)
 def _budget_for_price(
-    predictor: Predictor, price: float, num_tokens: int, min_chunk: int, max_chunk: int | None
+    predictor: Predictor,
+    version: int | None,
+    price: float,
+    num_tokens: int,
+    min_chunk: int,
+    max_chunk: int | None,
 ) -> float:
-    # (cached per predictor object: every scheduler of a simulation resolves its config)
+    # (cached per predictor object and version: every scheduler of a simulation resolves its
+    # config, and an engine's corrected model is the same object with new weights)
     p = predictor
 
     def priced(budget: float) -> float:

@@ -106,3 +106,46 @@ def random_mixed(count: int, max_len: int, capacity: int, seed: int) -> list[Sha
         if shape.kv_tokens() <= capacity:
             out.append(shape)
     return out
+
+
+def corners_first(shapes: list[Shape]) -> list[Shape]:
+    """`shapes` reordered so that a grid cut short still spans what the engine runs: one
+    prefill chunk alone, decode batches of one KV length, and the rest (mixed batches) in turn,
+    each kind by size in bisection order: its smallest and largest shape, then the middle, then
+    the quarters, ... (the smallest chunk at offset 0 and the largest at the deepest offset; a
+    lone short decode and the widest batch over the longest KV). The engine's start-up profile
+    runs the grid in this order until its time is up."""
+    alone = sorted((s for s in shapes if len(s.prefills) == 1 and not s.decode_kv), key=_size)
+    decodes = sorted(
+        (s for s in shapes if not s.prefills and len(set(s.decode_kv)) == 1), key=_size
+    )
+    chosen = set(alone) | set(decodes)
+    mixed = [s for s in shapes if s not in chosen]
+    spread = [_bisection(k) for k in (alone, decodes, mixed)]
+    out = []
+    for i in range(max(map(len, spread), default=0)):
+        out += [k[i] for k in spread if i < len(k)]
+    return out
+
+
+def _size(s: Shape) -> tuple:
+    return (s.prefills[0] if s.prefills else (), len(s.decode_kv), s.decode_kv[:1])
+
+
+def _bisection(items: list) -> list:
+    if len(items) <= 2:
+        return list(items)
+    order, seen = [0, len(items) - 1], {0, len(items) - 1}
+    spans = [(0, len(items) - 1)]
+    while spans:
+        nxt = []
+        for lo, hi in spans:
+            if hi - lo < 2:
+                continue
+            mid = (lo + hi) // 2
+            if mid not in seen:
+                seen.add(mid)
+                order.append(mid)
+            nxt += [(lo, mid), (mid, hi)]
+        spans = nxt
+    return [items[i] for i in order]

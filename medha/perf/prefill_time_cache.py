@@ -61,6 +61,12 @@ class PrefillTimeCache:
             self.boundaries.append(k)
             self.cumulative_s.append(t)
 
+    def plan_with(self, plan_chunk: ChunkPlanner) -> None:
+        """Walk with another chunk planner from now on (a packer of new budgets), from the
+        start."""
+        self._plan = plan_chunk
+        self.reset()
+
     def reset(self) -> None:
         """Forget the walk: the predictor (or its correction) changed, so every chunk the
         packer would plan and its time may have; the next question walks again."""

@@ -13,7 +13,12 @@ from __future__ import annotations
 import dataclasses
 
 from medha.core.config import MIN_TTFT_DEADLINE_S, default_long_threshold, iteration_budget
-from medha.perf.chunking_price import budget_for_price, chunking_price, priced_prompt
+from medha.perf.chunking_price import (
+    budget_for_price,
+    chunking_price,
+    isolated_chunk,
+    priced_prompt,
+)
 from medha.perf.predictor import Predictor
 from medha.scheduler.config import SchedulerConfig
 
@@ -27,6 +32,17 @@ AFFORDABLE_PRICE = 1.5
 TARGET_PRICE = 1.1
 # a step nobody waits on is made as long as chunking has a price worth saving
 NEGLIGIBLE_PRICE = 1.02
+# Shorts first where chunking is dear (issue 48): the defaults keep the short requests' targets
+# and only then lower the long prompt's price. A person reads about 4-5 words (5-7 tokens) a
+# second, so a token every 0.15 s still streams ahead of the reader: the TPOT target never
+# rises past it (the price rule alone gave 0.74 s on this EPYC and 1.81 s on an AMX Xeon once
+# profiled, where the shorts then waited 15x their time alone). And a chat arriving during a
+# long prompt's step waits at most its own time alone (a CHAT_PROMPT_TOKENS prompt: a chat
+# turn, or the convoy benchmarks' 8 shorts of 64 tokens), so its TTFT stays within about 1.5x
+# of it at the median (bench/engine_convoy.py: arrival waits of 0.3 s kept the shorts at
+# 0.8x alone here, 0.5 s let them reach 1.5x).
+READING_TPOT_S = 0.15
+CHAT_PROMPT_TOKENS = 512
 
 
 def resolve_config(config: SchedulerConfig, predictor: Predictor) -> SchedulerConfig:
@@ -81,16 +97,27 @@ def default_tpot_target(
     predictor: Predictor, max_model_len: int, min_chunk: int, max_chunk: int | None = None
 ) -> float:
     """0.05 s where the predictor prices chunking a max-length prompt (up to 32K tokens) at
-    that budget within 1.5x; elsewhere the smallest budget that prices it within 1.1x. The
-    price is against the largest steps the engine runs (`max_chunk` tokens: vLLM's cap on a
-    step; none: the whole prompt)."""
-    n = priced_prompt(max_model_len)
-    spp = predictor.parallel.spp
-    slo_budget = iteration_budget(SLO_TPOT_S, spp)
-    if chunking_price(predictor, slo_budget, n, min_chunk, max_chunk) <= AFFORDABLE_PRICE:
+    that budget within 1.5x (`affordable`); elsewhere the smallest budget that prices it within
+    1.1x, but never past a reading pace (READING_TPOT_S: shorts first). The price is against
+    the largest steps the engine runs (`max_chunk` tokens: vLLM's cap on a step; none: the
+    whole prompt)."""
+    if affordable(predictor, max_model_len, min_chunk, max_chunk):
         return SLO_TPOT_S
+    spp = predictor.parallel.spp
+    n = priced_prompt(max_model_len)
     budget = budget_for_price(predictor, TARGET_PRICE, n, min_chunk, max_chunk)
-    return max(SLO_TPOT_S, round(budget * (spp + 1) / spp if spp > 1 else budget, 4))
+    target = round(budget * (spp + 1) / spp if spp > 1 else budget, 4)
+    return max(SLO_TPOT_S, min(target, READING_TPOT_S))
+
+
+def affordable(
+    predictor: Predictor, max_model_len: int, min_chunk: int, max_chunk: int | None = None
+) -> bool:
+    """Whether the hardware gives both: steps at the SLO's TPOT (0.05 s) chunk a max-length
+    prompt (up to 32K tokens) within AFFORDABLE_PRICE."""
+    slo_budget = iteration_budget(SLO_TPOT_S, predictor.parallel.spp)
+    n = priced_prompt(max_model_len)
+    return chunking_price(predictor, slo_budget, n, min_chunk, max_chunk) <= AFFORDABLE_PRICE
 
 
 def default_arrival_wait(
@@ -104,10 +131,53 @@ def default_arrival_wait(
     a price worth saving (the budget at which a max-length prompt, up to 32K tokens, costs
     within 1.02x), but at most half `shortest_s`, the shortest TTFT deadline a request arriving
     now could have (the configured one, or the floor under the default deadlines), so that it
-    waits at most half its deadline for the next step; never below the iteration budget.
-    `chunks`: the least and the most tokens of a step (as `default_tpot_target` prices)."""
+    waits at most half its deadline for the next step; where chunking is dear (not
+    `affordable`), at most a chat's own time alone too (`chat_time_s`: shorts first); never
+    below the iteration budget. `chunks`: the least and the most tokens of a step (as
+    `default_tpot_target` prices)."""
     if budget_s >= shortest_s / 2:
         return budget_s
     n = priced_prompt(max_model_len)
-    cheap = budget_for_price(predictor, NEGLIGIBLE_PRICE, n, *chunks)
-    return max(budget_s, min(cheap, shortest_s / 2))
+    wait = min(budget_for_price(predictor, NEGLIGIBLE_PRICE, n, *chunks), shortest_s / 2)
+    if not affordable(predictor, max_model_len, *chunks):
+        wait = min(wait, chat_time_s(predictor, max_model_len))
+    return max(budget_s, wait)
+
+
+def chat_time_s(predictor: Predictor, max_model_len: int) -> float:
+    """A chat's prefill alone: a CHAT_PROMPT_TOKENS prompt (or the whole context, if shorter)
+    in one step."""
+    return predictor.prefill_step_time(min(CHAT_PROMPT_TOKENS, max_model_len), 0)
+
+
+def price_report(config: SchedulerConfig, predictor: Predictor) -> str:
+    """One line on what the resolved `config`'s steps cost a long prompt, as `predictor`
+    prices it: the TPOT target, budget, arrival wait and deadline floor; a max-length prompt's
+    (up to 32K tokens) chunking price at the arrival wait (the step a lone prefill runs in) and
+    the number of steps it takes; and each step's fixed cost split into what is physics
+    (reading every weight once at the memory's bandwidth) and what is not (launches,
+    bookkeeping, the kernels' shortfall). The engine logs it at start."""
+    n = priced_prompt(config.max_model_len)
+    chunks = (config.min_chunk_tokens, config.max_batch_tokens)
+    wait = config.arrival_wait_s
+    done, steps, chunk = 0, 0, None
+    while done < n:  # the lone prompt's walk, as chunking_price takes it
+        left = min(n - done, chunks[1] or n)
+        chunk = isolated_chunk(predictor, wait, done, left, chunks[0], guess=chunk)
+        done, steps = done + chunk, steps + 1
+    fixed = predictor.prefill_step_time(1, 0)
+    hw = predictor.hardware
+    weights = predictor.model.num_params * hw.dtype_bytes / hw.mem_bw
+    rule = (
+        "0.05 s steps chunk it within 1.5x"
+        if affordable(predictor, config.max_model_len, *chunks)
+        else "shorts first"
+    )
+    return (
+        f"TPOT target {config.tpot_target_s:.3g} s, iteration budget "
+        f"{config.iteration_budget_s:.3g} s, arrival wait {wait:.3g} s, TTFT deadline floor "
+        f"{config.min_ttft_deadline_s:.3g} s ({rule}); a {n:,}-token prompt alone runs in "
+        f"{steps} steps at {chunking_price(predictor, wait, n, *chunks):.2f}x its time in the "
+        f"largest ones; each step's fixed cost {fixed * 1e3:.1f} ms, of which reading the "
+        f"weights once at {hw.mem_bw / 1e9:.0f} GB/s {min(weights, fixed) * 1e3:.1f} ms"
+    )

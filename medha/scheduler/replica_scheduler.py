@@ -16,6 +16,7 @@ alone changes a request's state and progress and keeps the queues.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Collection, Iterable, Iterator
 
@@ -35,6 +36,13 @@ from medha.scheduler.request_table import RequestTable, SchedulerInvariantError,
 
 __all__ = ["ReplicaScheduler", "SchedulerInvariantError", "SchedulerStats"]
 
+log = logging.getLogger("medha.scheduler")
+
+# A learner's batch count at which the defaults are first resolved again from its corrections
+# (then at every doubling: ReplicaScheduler._redefault)
+REDEFAULT_FIRST = 16
+# ... and how far a probe shape's time must have moved since the last resolution (relative)
+REDEFAULT_MOVE = 0.1
 # Weight of the newest batch in `step_scale`: the article on Orca/Sarathi scheduling (seed 001)
 # keeps its iteration time as an exponential average with this weight.
 STEP_SCALE_WEIGHT = 0.1
@@ -68,7 +76,10 @@ class ReplicaScheduler:
         self._running_ahead: Batch | None = None
         # The one resolution of the config: the packer, the policy, the KV arbiter and the
         # simulator's metrics all read this object's defaults (resolve_config returns it unchanged).
-        self.config = config = resolve_config(config, predictor)
+        self.config = config = resolve_config(given := config, predictor)
+        # what the caller set; the defaults it leaves unset follow a learner's corrections
+        self._given = given
+        self._redefault_at = REDEFAULT_FIRST  # the learner's batches at the next re-resolution
         self.predictor = predictor
         self.packer = make_packer(config, predictor)
         self.policy = replica_policy(config)
@@ -101,6 +112,8 @@ class ReplicaScheduler:
         # an executor's: corrects `predictor` (a CorrectedPredictor) from the measured time of
         # each batch; the simulator has none, its predictor is the truth there and stays put
         self.learner = learner
+        # the probe shapes' times the defaults were last resolved from
+        self._resolved_probes = learner.probe_times() if learner else []
 
     @property
     def blocks(self) -> BlockManager:
@@ -415,9 +428,45 @@ class ReplicaScheduler:
         follow it."""
         if batch.swap_in or batch.swap_out or batch.cache_in or batch.cache_out:
             return
-        if self.learner.observe(*batch.shape(), measured_s) and self.learner.moved():
+        learner = self.learner
+        moved = learner.observe(*batch.shape(), measured_s) and learner.moved()
+        if moved:
             self.prefill_times.reset()
+        if learner.observed >= self._redefault_at:
+            self._redefault_at *= 2
+            moved = self._redefault() or moved
+        if moved:
             self.requests.reprice()
+
+    def _redefault(self) -> bool:
+        """Resolve the defaults the given config left unset (the TPOT target and budget, the
+        deadline floor, the arrival wait: resolve_config) again from the corrected model, so
+        that the packer and the policy plan with what the engine's steps cost now (issue 48,
+        item 2); whether they changed. Called at the learner's 16th batch and then each time
+        its count doubles, and it resolves only where a probe shape's time moved by more than
+        REDEFAULT_MOVE since the last resolution: one walks the chunking price over a
+        max-length prompt (0.1-0.2 s in Python), and an early model knows few shapes. The
+        deadlines given so far stay; the caller prices the requests' work again."""
+        probes = self.learner.probe_times()
+        if all(
+            abs(a / b - 1) <= REDEFAULT_MOVE for a, b in zip(probes, self._resolved_probes) if b > 0
+        ):
+            return False
+        self._resolved_probes = probes
+        config = resolve_config(self._given, self.predictor)
+        if config == self.config:
+            return False
+        log.info(
+            "defaults resolved again from the corrected model after %d batches: TPOT target "
+            "%.3g s, iteration budget %.3g s, arrival wait %.3g s, TTFT deadline floor %.3g s",
+            self.learner.observed, config.tpot_target_s, config.iteration_budget_s,
+            config.arrival_wait_s, config.min_ttft_deadline_s,
+        )  # fmt: skip
+        self.config = config
+        self.packer = make_packer(config, self.predictor)
+        self.policy.config = config
+        self.prefill_times.plan_with(self.packer.plan_isolated)
+        return True
 
     def _decode_step_time(self, kv_lens: list[int]) -> float:
         """A decode step over these context lengths as the executor will run it: predicted,
