@@ -74,8 +74,9 @@ class ReplicaScheduler:
         self.async_scheduling = async_scheduling
         # (async scheduling) the last batch formed, while it runs and before the next one forms
         self._running_ahead: Batch | None = None
-        # The one resolution of the config: the packer, the policy, the KV arbiter and the
-        # simulator's metrics all read this object's defaults (resolve_config returns it unchanged).
+        # The resolution of the config: the packer, the policy, the KV arbiter and the
+        # simulator's metrics all read this object's defaults (resolve_config returns it
+        # unchanged); only a learner's corrections resolve them again (`_redefault`).
         self.config = config = resolve_config(given := config, predictor)
         # what the caller set; the defaults it leaves unset follow a learner's corrections
         self._given = given
