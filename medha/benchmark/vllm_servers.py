@@ -39,14 +39,8 @@ def server_command(flags: ServerFlags, medha: dict | None, front: str = "vllm"):
 
     def command(port: int) -> list[str]:
         if medha is not None and front == "medha":
-            cmd = [sys.executable, "-m", "medha", "serve", "--engine", "vllm"]
-            cmd += ["--model", flags.model, "--served-model-name", "m", "--port", str(port)]
-            cmd += ["--dtype", flags.dtype, "--kv-memory-gb", str(flags.kv_gib)]
-            cmd += ["--max-model-len", str(flags.max_model_len)]
-            cmd += ["--max-batch-tokens", str(flags.max_num_batched_tokens)]
-            cmd += ["--max-num-seqs", str(flags.max_num_seqs), "--log-level", "warning"]
-            for key, value in medha.items():
-                cmd += ["--" + key.replace("_", "-"), str(value)]
+            engine = ["--engine", "vllm", "--max-batch-tokens", str(flags.max_num_batched_tokens)]
+            cmd = _medha_serve(flags, medha, port, engine)
             if flags.enforce_eager:
                 cmd += ["--vllm-arg", "enforce_eager=true"]
             return cmd
@@ -74,15 +68,21 @@ def engine_command(flags: ServerFlags, medha: dict):
     its flags."""
 
     def command(port: int) -> list[str]:
-        cmd = [sys.executable, "-m", "medha", "serve", "--model", flags.model]
-        cmd += ["--served-model-name", "m", "--port", str(port), "--dtype", flags.dtype]
-        cmd += ["--kv-memory-gb", str(flags.kv_gib), "--max-model-len", str(flags.max_model_len)]
-        cmd += ["--max-num-seqs", str(flags.max_num_seqs), "--log-level", "warning"]
-        for key, value in medha.items():
-            cmd += ["--" + key.replace("_", "-"), str(value)]
-        return cmd
+        return _medha_serve(flags, medha, port, [])
 
     return command
+
+
+def _medha_serve(flags: ServerFlags, medha: dict, port: int, engine: list[str]) -> list[str]:
+    """`medha serve` with the flags every server shares, then `engine`'s (none: medha's own
+    engine), then `medha`'s settings as flags (last, so that they win)."""
+    cmd = [sys.executable, "-m", "medha", "serve", *engine, "--model", flags.model]
+    cmd += ["--served-model-name", "m", "--port", str(port), "--dtype", flags.dtype]
+    cmd += ["--kv-memory-gb", str(flags.kv_gib), "--max-model-len", str(flags.max_model_len)]
+    cmd += ["--max-num-seqs", str(flags.max_num_seqs), "--log-level", "warning"]
+    for key, value in medha.items():
+        cmd += ["--" + key.replace("_", "-"), str(value)]
+    return cmd
 
 
 def add_server_args(ap) -> None:

@@ -75,7 +75,6 @@ def run(args: argparse.Namespace) -> None:
         file=sys.stderr,
     )
     profile = Profiler(engine, seed=args.seed).run(shapes, progress=not args.quiet)
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
     profile.save(out)
     if Path(out).resolve() == Path(engine.profile_path).resolve():
         print(
@@ -112,7 +111,6 @@ def _profile_vllm(args: argparse.Namespace) -> None:
     out = args.out or vllm_profile_path(
         profiler.model, profiler.device, profiler.dtype, profiler.tp
     )
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
     profile.save(out)
     print(
         f"{report['steps']} steps (the model in vLLM's {report['executor']} executor) in "

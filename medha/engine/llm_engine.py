@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import os
 import time
 from dataclasses import dataclass
 
@@ -147,7 +146,6 @@ class LLMEngine:
                 time.perf_counter() - start, self.predictor.describe(),
             )  # fmt: skip
             return
-        os.makedirs(os.path.dirname(path), exist_ok=True)
         profile.save(path)
         log.warning(
             "timed %d batch shapes in %.0f s; wrote %s",

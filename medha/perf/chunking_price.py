@@ -13,7 +13,8 @@ budget").
 from __future__ import annotations
 
 import math
-from functools import lru_cache
+from collections.abc import Callable
+from functools import lru_cache, wraps
 
 from medha.perf.predictor import Predictor
 
@@ -72,17 +73,64 @@ def chunking_price(
     """Predicted time of a `num_tokens` prompt alone in chunks that fit `budget_s` (as
     `isolated_chunk` sizes them), over its time in one step, or in `max_chunk`-token steps
     where the engine caps a step's tokens (vLLM's max_num_batched_tokens): >= 1 up to
-    rounding."""
+    rounding. Cached (`per_model`): resolving a config asks the price at the SLO's budget for
+    the TPOT target and again for the arrival wait."""
+    return _chunking_price(predictor, budget_s, num_tokens, min_chunk, max_chunk)
+
+
+def per_model(maxsize: int) -> Callable:
+    """An lru_cache keyed by the predictor object and its `version` (a CorrectedPredictor's,
+    which changes as it learns: the same object with new weights), then the other arguments,
+    given positionally. Every scheduler of a simulation resolves its config over the same
+    predictor, and an engine resolves its again as its model is corrected."""
+
+    def wrap(fn: Callable) -> Callable:
+        @lru_cache(maxsize=maxsize)
+        def cached(predictor: Predictor, version: int | None, *args):
+            return fn(predictor, *args)
+
+        @wraps(fn)
+        def call(predictor: Predictor, *args):
+            return cached(predictor, getattr(predictor, "version", None), *args)
+
+        return call
+
+    return wrap
+
+
+@per_model(maxsize=1024)
+def _chunking_price(
+    predictor: Predictor,
+    budget_s: float,
+    num_tokens: int,
+    min_chunk: int,
+    max_chunk: int | None,
+) -> float:
     step = predictor.prefill_step_time
     cap = max_chunk or num_tokens
-    done, total, n = 0, 0.0, None
+    total = sum(step(n, k) for n, k in chunk_walk(predictor, budget_s, num_tokens, min_chunk, cap))
+    best = sum(step(min(cap, num_tokens - k), k) for k in range(0, num_tokens, cap))
+    return total / best
+
+
+def chunk_walk(
+    predictor: Predictor,
+    budget_s: float,
+    num_tokens: int,
+    min_chunk: int = 32,
+    max_chunk: int | None = None,
+) -> list[tuple[int, int]]:
+    """The (chunk, kv_offset) steps of a `num_tokens` prompt alone in chunks that fit
+    `budget_s` (as `isolated_chunk` sizes them, each at most `max_chunk` tokens)."""
+    cap = max_chunk or num_tokens
+    out: list[tuple[int, int]] = []
+    done, n = 0, None
     while done < num_tokens:
         left = min(num_tokens - done, cap)
         n = isolated_chunk(predictor, budget_s, done, left, min_chunk, guess=n)
-        total += step(n, done)
+        out.append((n, done))
         done += n
-    best = sum(step(min(cap, num_tokens - k), k) for k in range(0, num_tokens, cap))
-    return total / best
+    return out
 
 
 def priced_prompt(max_model_len: int) -> int:
@@ -102,21 +150,13 @@ def budget_for_price(
     budget, so the search starts there and goes up in steps of 25% to the first budget within
     the price, then bisects the last step (on a log scale); it stops at the time of one
     largest step (`max_chunk`, or the whole prompt), which prices it at 1."""
-    version = getattr(predictor, "version", None)  # a CorrectedPredictor's, which changes
-    return _budget_for_price(predictor, version, price, num_tokens, min_chunk, max_chunk)
+    return _budget_for_price(predictor, price, num_tokens, min_chunk, max_chunk)
 
 
-@lru_cache(maxsize=256)
+@per_model(maxsize=256)
 def _budget_for_price(
-    predictor: Predictor,
-    version: int | None,
-    price: float,
-    num_tokens: int,
-    min_chunk: int,
-    max_chunk: int | None,
+    predictor: Predictor, price: float, num_tokens: int, min_chunk: int, max_chunk: int | None
 ) -> float:
-    # (cached per predictor object and version: every scheduler of a simulation resolves its
-    # config, and an engine's corrected model is the same object with new weights)
     p = predictor
 
     def priced(budget: float) -> float:

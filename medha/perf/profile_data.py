@@ -84,8 +84,10 @@ class Profile:
         }
 
     def save(self, path: str | Path) -> None:
-        """Write atomically, so an interrupted run never leaves a truncated profile behind."""
+        """Write atomically, so an interrupted run never leaves a truncated profile behind;
+        the directory is made if it is missing."""
         path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(json.dumps(self.to_json(), indent=1))
         tmp.replace(path)

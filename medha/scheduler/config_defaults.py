@@ -15,8 +15,8 @@ import dataclasses
 from medha.core.config import MIN_TTFT_DEADLINE_S, default_long_threshold, iteration_budget
 from medha.perf.chunking_price import (
     budget_for_price,
+    chunk_walk,
     chunking_price,
-    isolated_chunk,
     priced_prompt,
 )
 from medha.perf.predictor import Predictor
@@ -160,11 +160,7 @@ def price_report(config: SchedulerConfig, predictor: Predictor) -> str:
     n = priced_prompt(config.max_model_len)
     chunks = (config.min_chunk_tokens, config.max_batch_tokens)
     wait = config.arrival_wait_s
-    done, steps, chunk = 0, 0, None
-    while done < n:  # the lone prompt's walk, as chunking_price takes it
-        left = min(n - done, chunks[1] or n)
-        chunk = isolated_chunk(predictor, wait, done, left, chunks[0], guess=chunk)
-        done, steps = done + chunk, steps + 1
+    steps = len(chunk_walk(predictor, wait, n, *chunks))
     fixed = predictor.prefill_step_time(1, 0)
     hw = predictor.hardware
     weights = predictor.model.num_params * hw.dtype_bytes / hw.mem_bw
