@@ -106,16 +106,17 @@ def main() -> None:
         import matplotlib.pyplot as plt
 
         fig, ax = plt.subplots(figsize=(6, 4))
-        for kind, marker in (("static", "s"), ("adaptive", "o")):
-            pts = [
-                (r[2] * 1e3, r[4], r[0])
-                for r in rows
-                if r[0].startswith(kind) and "overload" not in r[0]
-            ]
+        series = (  # (label, marker, the rows it draws)
+            ("static", "s", lambda n: n.startswith("static")),
+            ("adaptive", "o", lambda n: n.startswith("adaptive") and "overload" not in n),
+            ("adaptive, no overload steps", "x", lambda n: "overload" in n),
+        )
+        for kind, marker, drawn in series:
+            pts = [(r[2] * 1e3, r[4], r[0]) for r in rows if drawn(r[0])]
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, label=kind)
             for x, y, label in pts:
                 ax.annotate(
-                    label.split(":")[-1].replace("adaptive ", ""),
+                    label.split(":")[-1].replace("adaptive ", "").split(",")[0],
                     (x, y),
                     textcoords="offset points",
                     xytext=(4, 4),
