@@ -83,6 +83,8 @@ def main() -> None:
                 s["by_class"]["long"]["ttft_s"]["p50"],
                 s["by_class"]["short"]["ttft_s"]["p99"],
                 s["throughput"]["output_tokens_per_s"],
+                s["by_class"]["long"]["ttft_s"]["p99"],
+                s["by_class"]["long"]["tpot_s"]["p99"],
             )
         )
     print(
@@ -91,13 +93,13 @@ def main() -> None:
     )
     print(
         "| chunking | TPOT p50 | TPOT p99 | TBT p99 | long TTFT p50 | short TTFT p99 "
-        "| output tok/s |"
+        "| output tok/s | long TTFT p99 | long TPOT p99 |"
     )
-    print("|---|---|---|---|---|---|---|")
-    for name, t50, t99, b99, lt, st, tok_s in rows:
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name, t50, t99, b99, lt, st, tok_s, lt99, ltpot in rows:
         print(
             f"| {name} | {t50 * 1e3:.0f} ms | {t99 * 1e3:.0f} ms | {b99 * 1e3:.0f} ms | "
-            f"{lt:.1f} s | {st:.2f} s | {tok_s:.0f} |"
+            f"{lt:.1f} s | {st:.2f} s | {tok_s:.0f} | {lt99:.0f} s | {ltpot * 1e3:.0f} ms |"
         )
     if args.plot:
         import matplotlib
