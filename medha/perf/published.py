@@ -20,6 +20,7 @@ from medha.perf.model_specs import ModelSpec
 from medha.perf.online_fit import NAMES, CorrectedPredictor
 from medha.perf.parallel_config import ParallelConfig
 from medha.perf.predictor import Predictor
+from medha.scheduler.config import SchedulerConfig
 
 FORMAT = "medha-predictor"
 # the bases a description can name: those make_predictor builds from the specs alone, and the
@@ -32,9 +33,12 @@ class DescriptionError(ValueError):
     """A description the router cannot build a predictor from (it keeps its own)."""
 
 
-def describe(predictor: Predictor) -> dict | None:
+def describe(predictor: Predictor, scheduler: SchedulerConfig | None = None) -> dict | None:
     """`predictor` as data, or None for a model that cannot be described (a roofline-cta with
-    its own rate, a toy): the replica then publishes nothing and the router keeps its own."""
+    its own rate, a toy): the replica then publishes nothing and the router keeps its own.
+    With `scheduler`, the replica's scheduler config as it stands (its defaults resolved, and
+    resolved again as its model is corrected): the rules the router's model of the replica
+    applies (`scheduler_of`)."""
     corrected = isinstance(predictor, CorrectedPredictor)
     base = predictor.inner if corrected else predictor
     if base.name not in (*BASES, PROFILED) or type(base).__name__ == "CtaRooflinePredictor":
@@ -50,13 +54,33 @@ def describe(predictor: Predictor) -> dict | None:
         "correction": (
             {"theta": list(predictor.theta), "fits": predictor.version} if corrected else None
         ),
+        "scheduler": dataclasses.asdict(scheduler) if scheduler is not None else None,
     }
 
 
 def base_of(description: dict) -> dict:
-    """The part of a description that is fixed for a replica's life (all but the correction):
-    a router rebuilds the base only when this changes."""
-    return {k: v for k, v in description.items() if k != "correction"}
+    """The part of a description that is fixed for a replica's life (all but the correction
+    and the scheduler config, which move as the replica learns): a router rebuilds the base
+    only when this changes."""
+    return {k: v for k, v in description.items() if k not in ("correction", "scheduler")}
+
+
+def scheduler_of(description: dict) -> SchedulerConfig | None:
+    """The scheduler config a replica runs (None: it publishes none, as before issue 52), checked
+    as input from the network: DescriptionError for anything `SchedulerConfig` refuses or a
+    config whose defaults are not resolved."""
+    data = description.get("scheduler")
+    if data is None:
+        return None
+    if not isinstance(data, dict):
+        raise DescriptionError("scheduler must be an object")
+    try:
+        config = SchedulerConfig(**data)
+    except (TypeError, ValueError) as e:
+        raise DescriptionError(f"scheduler: {e}") from None
+    if not config.is_resolved:
+        raise DescriptionError("scheduler: its defaults are not resolved")
+    return config
 
 
 def _spec(cls, data: object, what: str):
