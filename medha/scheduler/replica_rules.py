@@ -14,6 +14,7 @@ of one (`medha.dispatch.Pending`) has the same names.
 """
 
 from __future__ import annotations
+
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypeVar
