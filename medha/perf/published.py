@@ -66,7 +66,7 @@ def base_of(description: dict) -> dict:
 
 
 def scheduler_of(description: dict) -> SchedulerConfig | None:
-    """The scheduler config a replica runs (None: it publishes none, as before issue 52), checked
+    """The scheduler config a replica runs (None: it publishes none, as older replicas), checked
     as input from the network: DescriptionError for anything `SchedulerConfig` refuses or a
     config whose defaults are not resolved."""
     data = description.get("scheduler")
