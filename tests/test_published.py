@@ -18,9 +18,9 @@ from medha.perf.published import (
     base_of,
     describe,
     predictor_from_description,
-    scheduler_of,
     theta_of,
 )
+from medha.route.app import published_scheduler
 from medha.scheduler.config import SchedulerConfig
 from medha.scheduler.config_defaults import resolve_config
 
@@ -122,10 +122,10 @@ def test_the_scheduler_config_travels_beside_the_model():
     """A replica publishes the scheduler config it runs, flags and resolved defaults alike; it
     moves as the replica resolves its defaults again, so it is not part of the base."""
     d, config = _with_scheduler(overload_steps=False, arrival_wait_s=0.3)
-    got = scheduler_of(d)
+    got = published_scheduler(d)
     assert got == config and got.overload_steps is False and got.arrival_wait_s == 0.3
     assert base_of(d) == base_of(_with_scheduler(tpot_target_s=0.2)[0])
-    assert scheduler_of(describe(make_predictor("roofline", "smollm2-135m", "cpu"))) is None
+    assert published_scheduler(describe(make_predictor("roofline", "smollm2-135m", "cpu"))) is None
 
 
 @pytest.mark.parametrize(
@@ -145,4 +145,4 @@ def test_a_scheduler_config_that_is_off_is_refused(mutate):
     d, _ = _with_scheduler()
     d["scheduler"] = mutate(d["scheduler"])
     with pytest.raises(DescriptionError):
-        scheduler_of(d)
+        published_scheduler(d)

@@ -363,14 +363,15 @@ def test_a_medha_replica_publishes_the_model_it_plans_with(two_replicas):
     """GET /medha/predictor on `medha serve`: a description the router rebuilds into the
     model the replica's scheduler holds (its base on this machine: the tiny model's shapes),
     which the router then prices that replica with."""
-    from medha.perf.published import predictor_from_description, scheduler_of
+    from medha.perf.published import predictor_from_description
+    from medha.route.app import published_scheduler
 
     description = httpx.get(two_replicas[0] + "/medha/predictor", timeout=TIMEOUT_S).json()
     model = predictor_from_description(description).model
     served_len = httpx.get(two_replicas[0] + "/v1/models", timeout=TIMEOUT_S).json()
     assert model.num_layers >= 1 and model.max_context >= served_len["data"][0]["max_model_len"]
     # and the scheduler config it runs, resolved
-    assert scheduler_of(description).max_model_len == served_len["data"][0]["max_model_len"]
+    assert published_scheduler(description).max_model_len == served_len["data"][0]["max_model_len"]
     with router(two_replicas, "--api-key", "k") as url:
         listing = wait_priced_by_replicas(url, "k")
         assert all(r["scheduler_from_replica"] for r in listing)

@@ -20,7 +20,6 @@ from medha.perf.model_specs import ModelSpec
 from medha.perf.online_fit import NAMES, CorrectedPredictor
 from medha.perf.parallel_config import ParallelConfig
 from medha.perf.predictor import Predictor
-from medha.scheduler.config import SchedulerConfig
 
 FORMAT = "medha-predictor"
 # the bases a description can name: those make_predictor builds from the specs alone, and the
@@ -33,12 +32,12 @@ class DescriptionError(ValueError):
     """A description the router cannot build a predictor from (it keeps its own)."""
 
 
-def describe(predictor: Predictor, scheduler: SchedulerConfig | None = None) -> dict | None:
+def describe(predictor: Predictor, scheduler: object | None = None) -> dict | None:
     """`predictor` as data, or None for a model that cannot be described (a roofline-cta with
     its own rate, a toy): the replica then publishes nothing and the router keeps its own.
-    With `scheduler`, the replica's scheduler config as it stands (its defaults resolved, and
+    With `scheduler`, the replica's SchedulerConfig as it stands (its defaults resolved, and
     resolved again as its model is corrected): the rules the router's model of the replica
-    applies (`scheduler_of`)."""
+    applies (medha/route/app.py: `published_scheduler`; perf/ imports nothing of scheduler/)."""
     corrected = isinstance(predictor, CorrectedPredictor)
     base = predictor.inner if corrected else predictor
     if base.name not in (*BASES, PROFILED) or type(base).__name__ == "CtaRooflinePredictor":
@@ -63,24 +62,6 @@ def base_of(description: dict) -> dict:
     and the scheduler config, which move as the replica learns): a router rebuilds the base
     only when this changes."""
     return {k: v for k, v in description.items() if k not in ("correction", "scheduler")}
-
-
-def scheduler_of(description: dict) -> SchedulerConfig | None:
-    """The scheduler config a replica runs (None: it publishes none, as older replicas), checked
-    as input from the network: DescriptionError for anything `SchedulerConfig` refuses or a
-    config whose defaults are not resolved."""
-    data = description.get("scheduler")
-    if data is None:
-        return None
-    if not isinstance(data, dict):
-        raise DescriptionError("scheduler must be an object")
-    try:
-        config = SchedulerConfig(**data)
-    except (TypeError, ValueError) as e:
-        raise DescriptionError(f"scheduler: {e}") from None
-    if not config.is_resolved:
-        raise DescriptionError("scheduler: its defaults are not resolved")
-    return config
 
 
 def _spec(cls, data: object, what: str):

@@ -134,6 +134,27 @@ def auto_predictor(model: str, hardware: str) -> str:
     return f"profiled:{found[-1]}" if found else "roofline"
 
 
+def published_scheduler(description: dict):
+    """The scheduler config a replica publishes beside its model (None: none, as older replicas),
+    checked as input from the network: DescriptionError for anything `SchedulerConfig` refuses
+    or a config whose defaults are not resolved."""
+    from medha.perf.published import DescriptionError
+    from medha.scheduler.config import SchedulerConfig
+
+    data = description.get("scheduler")
+    if data is None:
+        return None
+    if not isinstance(data, dict):
+        raise DescriptionError("scheduler must be an object")
+    try:
+        config = SchedulerConfig(**data)
+    except (TypeError, ValueError) as e:
+        raise DescriptionError(f"scheduler: {e}") from None
+    if not config.is_resolved:
+        raise DescriptionError("scheduler: its defaults are not resolved")
+    return config
+
+
 class Router:
     def __init__(
         self,
@@ -501,12 +522,7 @@ class Router:
         gets the defaults resolved over its model under the router's --policy. A replica
         without the endpoint (vLLM's server), or one that answers something unusable, keeps
         the router's model."""
-        from medha.perf.published import (
-            DescriptionError,
-            base_of,
-            predictor_from_description,
-            scheduler_of,
-        )
+        from medha.perf.published import DescriptionError, base_of, predictor_from_description
         from medha.scheduler.config import SchedulerConfig
         from medha.scheduler.config_defaults import resolve_config
 
@@ -530,7 +546,7 @@ class Router:
             description = json.loads(text)
             if not isinstance(description, dict):
                 raise DescriptionError("not an object")
-            base, published = base_of(description), scheduler_of(description)
+            base, published = base_of(description), published_scheduler(description)
             new_base = base != b.predictor_base  # first seen (or the replica was restarted)
             if new_base or published != b.scheduler_published:
                 # (building a fitted profile's model takes seconds, a walk a fraction of one:
