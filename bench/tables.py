@@ -94,6 +94,15 @@ TABLES: dict[str, Table] = {
         + ("--trace",)
     ),
     "pla-table2": Table((PLA, "--only", "table2", "--table2-requests", "4000", "--trace")),
+    "aligned-fig1": Table(
+        (ALIGNED, "--figure", "1", "--predictors", "roofline", "roofline-cta")
+        + ("roofline-cta:4.4", "roofline-padded"),
+        quick=True,
+    ),
+    "aligned-fig13": Table(
+        (ALIGNED, "--figure", "13", "--model", "opt-13b", "--predictors", "roofline")
+        + ("roofline-cta:4.4", "roofline-padded", "--seeds", "0", "1")
+    ),
     **{
         f"aligned-fig{fig}{suffix}": Table(
             (ALIGNED, "--figure", fig, "--predictors", *rest, "--seeds", "0", "1", *change)
