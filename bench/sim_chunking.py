@@ -129,7 +129,7 @@ def main() -> None:
         ax.set_xscale("log")
         ax.set_title("Chunking: prefill latency vs decode latency")
         ax.grid(alpha=0.3)
-        ax.legend(loc="lower left", fontsize=8)
+        ax.legend(loc="upper right", fontsize=8)
         fig.tight_layout()
         fig.savefig(args.plot, dpi=110)
 
