@@ -6,7 +6,9 @@
 Llama-3-8B on 16 A100s (TP8 x SPP2), ShareGPT + 5% long requests, lars for every run so that
 only the chunking differs: static chunks of 256 to 4096 tokens against adaptive chunking with
 TPOT targets of 25 to 200 ms. Static chunks cost ever more per iteration as a long
-request's KV grows; a time budget does not.
+request's KV grows; a time budget does not. One more run changes one thing: the 25 ms target
+without the overload steps (`--no-overload-steps`: a request past its TTFT deadline still
+waits on every step; docs/design.md, "The iteration budget").
 """
 
 from __future__ import annotations
@@ -55,6 +57,12 @@ def main() -> None:
         (f"adaptive {b} ms", SchedulerConfig(policy="lars", tpot_target_s=b / 1e3))
         for b in BUDGETS_MS
     ]
+    runs.append(
+        (
+            f"adaptive {BUDGETS_MS[0]} ms, no overload steps",
+            SchedulerConfig(policy="lars", tpot_target_s=BUDGETS_MS[0] / 1e3, overload_steps=False),
+        )
+    )
     rows = []
     for name, sched in runs:
         s = simulate(
@@ -74,18 +82,24 @@ def main() -> None:
                 s["tbt_s"]["p99"],
                 s["by_class"]["long"]["ttft_s"]["p50"],
                 s["by_class"]["short"]["ttft_s"]["p99"],
+                s["throughput"]["output_tokens_per_s"],
+                s["by_class"]["long"]["ttft_s"]["p99"],
+                s["by_class"]["long"]["tpot_s"]["p99"],
             )
         )
     print(
         f"{args.qps} QPS, {args.num_requests} requests, predictor {args.predictor}; static runs "
         "keep the default 50 ms TPOT target, adaptive runs name theirs\n"
     )
-    print("| chunking | TPOT p50 | TPOT p99 | TBT p99 | long TTFT p50 | short TTFT p99 |")
-    print("|---|---|---|---|---|---|")
-    for name, t50, t99, b99, lt, st in rows:
+    print(
+        "| chunking | TPOT p50 | TPOT p99 | TBT p99 | long TTFT p50 | short TTFT p99 "
+        "| output tok/s | long TTFT p99 | long TPOT p99 |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name, t50, t99, b99, lt, st, tok_s, lt99, ltpot in rows:
         print(
             f"| {name} | {t50 * 1e3:.0f} ms | {t99 * 1e3:.0f} ms | {b99 * 1e3:.0f} ms | "
-            f"{lt:.1f} s | {st:.2f} s |"
+            f"{lt:.1f} s | {st:.2f} s | {tok_s:.0f} | {lt99:.0f} s | {ltpot * 1e3:.0f} ms |"
         )
     if args.plot:
         import matplotlib
@@ -94,12 +108,17 @@ def main() -> None:
         import matplotlib.pyplot as plt
 
         fig, ax = plt.subplots(figsize=(6, 4))
-        for kind, marker in (("static", "s"), ("adaptive", "o")):
-            pts = [(r[2] * 1e3, r[4], r[0]) for r in rows if r[0].startswith(kind)]
+        series = (  # (label, marker, the rows it draws)
+            ("static", "s", lambda n: n.startswith("static")),
+            ("adaptive", "o", lambda n: n.startswith("adaptive") and "overload" not in n),
+            ("adaptive, no overload steps", "x", lambda n: "overload" in n),
+        )
+        for kind, marker, drawn in series:
+            pts = [(r[2] * 1e3, r[4], r[0]) for r in rows if drawn(r[0])]
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, label=kind)
             for x, y, label in pts:
                 ax.annotate(
-                    label.split(":")[-1].replace("adaptive ", ""),
+                    label.split(":")[-1].replace("adaptive ", "").split(",")[0],
                     (x, y),
                     textcoords="offset points",
                     xytext=(4, 4),
@@ -110,7 +129,7 @@ def main() -> None:
         ax.set_xscale("log")
         ax.set_title("Chunking: prefill latency vs decode latency")
         ax.grid(alpha=0.3)
-        ax.legend()
+        ax.legend(loc="upper right", fontsize=8)
         fig.tight_layout()
         fig.savefig(args.plot, dpi=110)
 

@@ -4,13 +4,14 @@
     python bench/sim_slo_risk.py --json out.json
 
 Llama-3-8B on one A100 (roofline predictor), swap preemption over the A100's PCIe link, the
-default 50 ms TPOT target. A load whose decodes alone fill the KV cache: 4,000-token prompts
-with geometric outputs (mean 1,000) at 1.5 per second, classes drawn REALTIME 10%, HIGH 20%,
+default 50 ms TPOT target. A load whose decodes alone fill the KV cache: 16,000-token prompts
+with geometric outputs (mean 1,000) at 0.5 per second, classes drawn REALTIME 10%, HIGH 20%,
 NORMAL 40%, LOW 30%. Once the cache holds ~400K tokens of context, a decode step reads more KV
 than the TPOT target allows. Three runs: fcfs; the priority policy without SLO-risk preemption
 (classes order prefills, swap-ins and victims under memory pressure only); and with it (a
 REALTIME or HIGH decode whose next token is predicted within 15 ms of its target sheds NORMAL
-and LOW decodes until it is 30 ms clear). Per class: TBT p99 (every gap between two tokens), the
+and LOW decodes until it is 30 ms clear); the last two again without the overload steps
+(`overload_steps=False`). Per class: TBT p99 (every gap between two tokens), the
 share of requests whose TPOT meets the target, TTFT p50; then throughput and preemptions.
 """
 
@@ -42,6 +43,13 @@ RUNS = (  # (name, scheduler settings)
     ("fcfs", dict(policy="fcfs")),
     ("priority", dict(policy="priority")),
     ("priority, SLO-risk preemption", dict(policy="priority", priority_slo_risk=True)),
+    # one change each: a late request waits on every step (docs/design.md, "The iteration
+    # budget": under overload steps run to the arrival wait, the late decodes' tokens with them)
+    ("priority, no overload steps", dict(policy="priority", overload_steps=False)),
+    (
+        "priority, SLO-risk preemption, no overload steps",
+        dict(policy="priority", priority_slo_risk=True, overload_steps=False),
+    ),
 )
 SCENARIOS = (  # (name, own TPOT targets per class; the others get the scheduler's 50 ms)
     ("every class 50 ms", {}),

@@ -62,6 +62,16 @@ TABLES: dict[str, Table] = {
         ("bench/sim_convoy_effect.py", "--qps", "0.75", "--window", "3600", "--configs")
         + ("medha", "loongserve, contiguous ring", "loongserve +reserv, contiguous ring")
     ),
+    # LoongServe's macro iterations changed alone, short requests only
+    "convoy-short-macro": Table(
+        ("bench/sim_convoy_effect.py", "--long-fraction", "0", "--qps", "0.25", "0.75", "1.25")
+        + ("1.75", "--configs", "medha", "loongserve", "loongserve, macro")
+    ),
+    # the same with long requests, beside LoongServe as it is and LARS's other formula
+    "convoy-macro-formula": Table(
+        ("bench/sim_convoy_effect.py", "--qps", "0.125", "0.25", "--configs", "medha")
+        + ("loongserve", "loongserve, macro", "medha, s / w(t)")
+    ),
     "capacity-500": Table(("bench/sim_capacity.py", "--num-requests", "500")),
     "convoy-short": Table(
         ("bench/sim_convoy_effect.py", "--long-fraction", "0", "--qps", "0.25", "0.75", "1.25")
@@ -84,6 +94,15 @@ TABLES: dict[str, Table] = {
         + ("--trace",)
     ),
     "pla-table2": Table((PLA, "--only", "table2", "--table2-requests", "4000", "--trace")),
+    "aligned-fig1": Table(
+        (ALIGNED, "--figure", "1", "--predictors", "roofline", "roofline-cta")
+        + ("roofline-cta:4.4", "roofline-padded"),
+        quick=True,
+    ),
+    "aligned-fig13": Table(
+        (ALIGNED, "--figure", "13", "--model", "opt-13b", "--predictors", "roofline")
+        + ("roofline-cta:4.4", "roofline-padded", "--seeds", "0", "1")
+    ),
     **{
         f"aligned-fig{fig}{suffix}": Table(
             (ALIGNED, "--figure", fig, "--predictors", *rest, "--seeds", "0", "1", *change)

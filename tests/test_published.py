@@ -20,6 +20,9 @@ from medha.perf.published import (
     predictor_from_description,
     theta_of,
 )
+from medha.route.app import published_scheduler
+from medha.scheduler.config import SchedulerConfig
+from medha.scheduler.config_defaults import resolve_config
 
 SHAPES = [
     ([(1, 0)], []),
@@ -107,3 +110,39 @@ def test_a_description_that_is_off_is_refused(mutate):
         predictor_from_description(_broken(mutate))
     with pytest.raises(DescriptionError):
         predictor_from_description("not even an object")
+
+
+def _with_scheduler(**settings) -> tuple[dict, SchedulerConfig]:
+    p = make_predictor("roofline", "smollm2-135m", "cpu")
+    config = resolve_config(SchedulerConfig(policy="edf", **settings), p)
+    return json.loads(json.dumps(describe(p, config))), config
+
+
+def test_the_scheduler_config_travels_beside_the_model():
+    """A replica publishes the scheduler config it runs, flags and resolved defaults alike; it
+    moves as the replica resolves its defaults again, so it is not part of the base."""
+    d, config = _with_scheduler(overload_steps=False, arrival_wait_s=0.3)
+    got = published_scheduler(d)
+    assert got == config and got.overload_steps is False and got.arrival_wait_s == 0.3
+    assert base_of(d) == base_of(_with_scheduler(tpot_target_s=0.2)[0])
+    assert published_scheduler(describe(make_predictor("roofline", "smollm2-135m", "cpu"))) is None
+
+
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda s: "fast",
+        lambda s: {**s, "surprise": 1},
+        lambda s: {**s, "policy": "magic"},
+        lambda s: {**s, "arrival_wait_s": -1.0},
+        lambda s: {**s, "iteration_budget_s": math.nan},
+        lambda s: {**s, "lars": 3},
+        lambda s: {**s, "max_num_seqs": 0},
+        lambda s: {**s, "tpot_target_s": None},  # not resolved
+    ],
+)
+def test_a_scheduler_config_that_is_off_is_refused(mutate):
+    d, _ = _with_scheduler()
+    d["scheduler"] = mutate(d["scheduler"])
+    with pytest.raises(DescriptionError):
+        published_scheduler(d)

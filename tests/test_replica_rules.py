@@ -168,10 +168,12 @@ def test_a_decode_with_its_own_tpot_target_caps_the_step():
     assert budget == pytest.approx((1 + twin.sched.config.min_chunk_tokens) / 1024)
 
 
-def test_late_requests_wait_on_no_step_under_overload():
+@pytest.mark.parametrize("overload_steps", [True, False])
+def test_late_requests_wait_on_no_step_under_overload(overload_steps):
     """Past its deadline a request waits on nothing a step could save: with a late decode, a
-    late short prefill and a long one, the step runs to the arrival wait."""
-    twin = Twin()
+    late short prefill and a long one, the step runs to the arrival wait. With the overload
+    steps off (`--no-overload-steps`) the late ones wait on it like any other: the budget."""
+    twin = Twin(overload_steps=overload_steps)
     twin.send(Request.from_tokens("R", 0.0, tokens(64, 8), 2000, ttft_deadline_s=0.05))
     twin.send(Request.from_tokens("L", 0.0, tokens(4096, 9), 4, ttft_deadline_s=20.0))
     twin.run_until(0.2)
@@ -181,7 +183,7 @@ def test_late_requests_wait_on_no_step_under_overload():
     assert s.started and s.first_token_s is None and s.deadline_s < twin.now
     assert twin.sched.get("R").first_token_s > twin.sched.get("R").deadline_s
     budget, order = assert_same(twin)
-    assert budget == WAIT and order == ["S", "L"]
+    assert budget == (WAIT if overload_steps else BUDGET) and order == ["S", "L"]
 
 
 def test_ties_in_the_policys_key_keep_the_queue_order():

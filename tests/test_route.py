@@ -2,6 +2,7 @@
 and in front of two real `medha serve` replicas through the official openai client."""
 
 import asyncio
+import dataclasses
 import json
 import sys
 import time
@@ -363,13 +364,17 @@ def test_a_medha_replica_publishes_the_model_it_plans_with(two_replicas):
     model the replica's scheduler holds (its base on this machine: the tiny model's shapes),
     which the router then prices that replica with."""
     from medha.perf.published import predictor_from_description
+    from medha.route.app import published_scheduler
 
     description = httpx.get(two_replicas[0] + "/medha/predictor", timeout=TIMEOUT_S).json()
     model = predictor_from_description(description).model
     served_len = httpx.get(two_replicas[0] + "/v1/models", timeout=TIMEOUT_S).json()
     assert model.num_layers >= 1 and model.max_context >= served_len["data"][0]["max_model_len"]
+    # and the scheduler config it runs, resolved
+    assert published_scheduler(description).max_model_len == served_len["data"][0]["max_model_len"]
     with router(two_replicas, "--api-key", "k") as url:
-        wait_priced_by_replicas(url, "k")
+        listing = wait_priced_by_replicas(url, "k")
+        assert all(r["scheduler_from_replica"] for r in listing)
 
 
 def test_a_frozen_replica_is_taken_out_and_its_waiting_requests_go_elsewhere():
@@ -445,6 +450,49 @@ def test_a_frozen_replica_does_not_delay_taking_a_dead_one_out():
             assert [up.labels(str(i))._value.get() for i in range(3)] == [1.0, 0.0, 1.0]
         finally:
             await r.stop()
+
+    asyncio.run(scenario())
+
+
+def test_the_router_applies_the_scheduler_config_a_replica_publishes():
+    """A replica's GET /medha/predictor carries the scheduler config it runs: the router's model
+    of that replica applies those rules (here `--no-overload-steps` and its own arrival wait,
+    which the router's defaults would not give), and takes the config again when the replica
+    resolves its defaults anew, keeping the model it built and the slowdown it measured. In
+    process."""
+    from medha.perf import make_predictor
+    from medha.perf.published import describe
+    from medha.route.app import Router
+    from medha.route.config import RouteConfig
+    from medha.scheduler.config import SchedulerConfig
+    from medha.scheduler.config_defaults import resolve_config
+
+    replica_model = make_predictor("roofline", "smollm2-135m", "cpu")
+    published = {"config": resolve_config(
+        SchedulerConfig(policy="edf", overload_steps=False, arrival_wait_s=0.4), replica_model
+    )}  # fmt: skip
+
+    async def scenario():
+        r = Router(RouteConfig(predictor="roofline", healthy_after=1, health_interval_s=60.0),
+                   ["http://a"])  # fmt: skip
+
+        async def get(url, headers, read=False):
+            if url.endswith("/medha/predictor"):
+                return 200, json.dumps(describe(replica_model, published["config"]))
+            return (404, "") if read else 200
+
+        r._get = get
+        t, b = r.tracked[0], r.backends[0]
+        assert t.scheduler_config.overload_steps and t.scheduler_config.policy != "edf"
+        await r._learn_predictor(b)
+        assert t.scheduler_config == published["config"]
+        assert t._rules.overload_steps is False and t._rules.arrival_wait_s == 0.4
+        assert t.predictor is not r.predictor and t.predictor.model == replica_model.model
+        built, t.slowdown = t.predictor, 1.3
+        published["config"] = dataclasses.replace(published["config"], arrival_wait_s=0.5)
+        await r._learn_predictor(b)
+        assert t._rules.arrival_wait_s == 0.5
+        assert t.predictor is built and t.slowdown == 1.3
 
     asyncio.run(scenario())
 

@@ -407,3 +407,34 @@ def test_a_decodes_own_tpot_target_caps_the_prefill_chunk_beside_it(spp):
     assert n == int(budget * 1024) - 1 and t <= budget
     # a target no batch can meet still leaves one minimum chunk (4 tokens) for the prefills
     assert chunk_beside_decode(1e-9) == (4, 5 / 1024)
+
+
+@pytest.mark.parametrize("policy", ["lars", "edf", "fcfs", "priority"])
+@pytest.mark.parametrize("overload_steps", [True, False])
+def test_prefills_short_of_memory_never_evict_each_other_forever(policy, overload_steps):
+    """Eight 2,048-token prompts (long here) in a cache of 300 blocks (about two of them): each
+    starts when its whole context fits beside what the others hold so far, and the started
+    ones then outgrow the cache. A started prefill keeps its KV by admission order, so one
+    evicted cannot evict the one that evicted it: every prompt finishes. Ranked by LARS's
+    slack key, which rises as a prefill is served, they took turns evicting each other and
+    none finished in 20,000 batches (8,415 preemptions)."""
+    sched = toy_scheduler(
+        policy,
+        num_blocks=300,
+        long_prefill_threshold=1024,
+        arrival_wait_s=0.25,
+        preemption_mode="recompute",
+        overload_steps=overload_steps,
+    )
+    reqs = [Request(f"r{i}", i * 0.05, 2048, 50) for i in range(8)]
+    batches = 0
+
+    def on_batch(batch, now):
+        nonlocal batches
+        batches += 1
+        assert batches < 20_000, f"{sum(r.finish_s is not None for r in reqs)} of 8 done"
+        sched.check_invariants()
+
+    replay(sched, reqs, on_batch=on_batch)
+    assert all(r.finish_s is not None for r in reqs)
+    assert sched.kv.stats.preemptions < 50

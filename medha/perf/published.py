@@ -32,9 +32,12 @@ class DescriptionError(ValueError):
     """A description the router cannot build a predictor from (it keeps its own)."""
 
 
-def describe(predictor: Predictor) -> dict | None:
+def describe(predictor: Predictor, scheduler: object | None = None) -> dict | None:
     """`predictor` as data, or None for a model that cannot be described (a roofline-cta with
-    its own rate, a toy): the replica then publishes nothing and the router keeps its own."""
+    its own rate, a toy): the replica then publishes nothing and the router keeps its own.
+    With `scheduler`, the replica's SchedulerConfig as it stands (its defaults resolved, and
+    resolved again as its model is corrected): the rules the router's model of the replica
+    applies (medha/route/app.py: `published_scheduler`; perf/ imports nothing of scheduler/)."""
     corrected = isinstance(predictor, CorrectedPredictor)
     base = predictor.inner if corrected else predictor
     if base.name not in (*BASES, PROFILED) or type(base).__name__ == "CtaRooflinePredictor":
@@ -50,13 +53,15 @@ def describe(predictor: Predictor) -> dict | None:
         "correction": (
             {"theta": list(predictor.theta), "fits": predictor.version} if corrected else None
         ),
+        "scheduler": dataclasses.asdict(scheduler) if scheduler is not None else None,
     }
 
 
 def base_of(description: dict) -> dict:
-    """The part of a description that is fixed for a replica's life (all but the correction):
-    a router rebuilds the base only when this changes."""
-    return {k: v for k, v in description.items() if k != "correction"}
+    """The part of a description that is fixed for a replica's life (all but the correction
+    and the scheduler config, which move as the replica learns): a router rebuilds the base
+    only when this changes."""
+    return {k: v for k, v in description.items() if k not in ("correction", "scheduler")}
 
 
 def _spec(cls, data: object, what: str):

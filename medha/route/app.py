@@ -134,6 +134,27 @@ def auto_predictor(model: str, hardware: str) -> str:
     return f"profiled:{found[-1]}" if found else "roofline"
 
 
+def published_scheduler(description: dict):
+    """The scheduler config a replica publishes beside its model (None: none, as older replicas),
+    checked as input from the network: DescriptionError for anything `SchedulerConfig` refuses
+    or a config whose defaults are not resolved."""
+    from medha.perf.published import DescriptionError
+    from medha.scheduler.config import SchedulerConfig
+
+    data = description.get("scheduler")
+    if data is None:
+        return None
+    if not isinstance(data, dict):
+        raise DescriptionError("scheduler must be an object")
+    try:
+        config = SchedulerConfig(**data)
+    except (TypeError, ValueError) as e:
+        raise DescriptionError(f"scheduler: {e}") from None
+    if not config.is_resolved:
+        raise DescriptionError("scheduler: its defaults are not resolved")
+    return config
+
+
 class Router:
     def __init__(
         self,
@@ -476,12 +497,15 @@ class Router:
             config = dataclasses.replace(config, max_model_len=self.context)
         return replica_prefill_times(config, predictor)
 
-    def _price_with(self, t: TrackedReplica, predictor, config) -> None:
+    def _price_with(self, t: TrackedReplica, predictor, config, walk=None) -> None:
         """Replica `t` priced from now on with `predictor` under its scheduler `config`: the
         router's own model shares one walk (`prefill_times`, which a replica added later gets
-        too), a replica's published one has its own."""
-        own = predictor is self.predictor
-        t.set_model(predictor, config, self.prefill_times if own else self._walk(config, predictor))
+        too), a replica's published one has its own (`walk`, when the caller made it off the
+        event loop)."""
+        own = predictor is self.predictor and config is self.scheduler_config
+        if walk is None:
+            walk = self.prefill_times if own else self._walk(config, predictor)
+        t.set_model(predictor, config, walk)
 
     async def _learn_predictor(self, b: Backend) -> None:
         """The batch-time model the replica plans with (`medha serve`'s GET /medha/predictor),
@@ -491,17 +515,25 @@ class Router:
         online correction: fitted per replica to the batches each ran, it differed by up to
         20% between two replicas on identical cores, and a router that took it sent 70-80%
         of a multi-turn run to the one whose fit was faster (docs/route.md); the replica's
-        speed under load is what the router measures itself (`slowdown`). A replica without
-        the endpoint (vLLM's server), or one that answers something unusable, keeps the
-        router's model."""
+        speed under load is what the router measures itself (`slowdown`). With it, the
+        scheduler config the replica runs, its defaults as it resolved them (again as its
+        model is corrected) and whatever its flags set (`--policy`, `--no-overload-steps`,
+        ...): the rules the router's model of it applies; a replica that publishes none
+        gets the defaults resolved over its model under the router's --policy. A replica
+        without the endpoint (vLLM's server), or one that answers something unusable, keeps
+        the router's model."""
         from medha.perf.published import DescriptionError, base_of, predictor_from_description
         from medha.scheduler.config import SchedulerConfig
         from medha.scheduler.config_defaults import resolve_config
 
-        def build(base: dict):
-            predictor = predictor_from_description(base)
-            # resolved as the replica resolves its defaults: over its model
-            return predictor, resolve_config(SchedulerConfig(policy=self.config.policy), predictor)
+        def build(base: dict | None, published: SchedulerConfig | None, predictor):
+            if base is not None:
+                predictor = predictor_from_description(base)
+            # the replica's own config, or resolved as the replica resolves its defaults
+            config = published or resolve_config(
+                SchedulerConfig(policy=self.config.policy), predictor
+            )
+            return predictor, config, self._walk(config, predictor)
 
         t = self.tracked[b.replica_id]
         try:
@@ -509,18 +541,27 @@ class Router:
             if status != 200:
                 if status == 404 and b.predictor_base is not None:  # now a server without one
                     self._price_with(t, self.predictor, self.scheduler_config)
-                    b.predictor_base = None
+                    b.predictor_base = b.scheduler_published = None
                 return
             description = json.loads(text)
             if not isinstance(description, dict):
                 raise DescriptionError("not an object")
-            base = base_of(description)
-            if base != b.predictor_base:  # first seen (or the replica was restarted)
-                # (building a fitted profile's model takes seconds: off the event loop)
-                predictor, config = await asyncio.to_thread(build, base)
-                self._price_with(t, predictor, config)
-                b.predictor_base = base
-                log.info("replica %d: priced with its own model, %s", b.replica_id, t.describe())
+            base, published = base_of(description), published_scheduler(description)
+            new_base = base != b.predictor_base  # first seen (or the replica was restarted)
+            if new_base or published != b.scheduler_published:
+                # (building a fitted profile's model takes seconds, a walk a fraction of one:
+                # off the event loop)
+                predictor, config, walk = await asyncio.to_thread(
+                    build, base if new_base else None, published, t.predictor
+                )
+                self._price_with(t, predictor, config, walk)
+                b.predictor_base, b.scheduler_published = base, published
+                log.info(
+                    "replica %d: priced with its own model, %s; %s",
+                    b.replica_id,
+                    t.describe(),
+                    "its scheduler config" if published else "the defaults resolved over it",
+                )
         except (TimeoutError, aiohttp.ClientError, OSError):
             pass  # the health check says what is wrong with a replica that does not answer
         except Exception as e:  # whatever a replica answers, it must not stop the router
@@ -635,6 +676,8 @@ class Router:
             # what the router prices its work with: its own model once read, else the router's
             "predictor": self.tracked[b.replica_id].describe(),
             "predictor_from_replica": b.predictor_base is not None,
+            # the scheduler config its model applies: the one it published, else the defaults
+            "scheduler_from_replica": b.scheduler_published is not None,
         }
 
     async def _lifespan(self, receive, send) -> None:

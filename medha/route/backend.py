@@ -9,6 +9,10 @@ import enum
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from medha.scheduler.config import SchedulerConfig
 
 
 class Breaker(enum.Enum):
@@ -33,10 +37,12 @@ class Backend:
     failure_times: collections.deque = field(default_factory=collections.deque, repr=False)
     down_since: float | None = None
     models: list[dict] = field(default_factory=list)  # its /v1/models data, last seen
-    # its /medha/predictor: when the router reads it next, and its base as last read (None:
-    # the router prices it with its own model)
+    # its /medha/predictor: when the router reads it next, its base as last read (None: the
+    # router prices it with its own model) and the scheduler config it published with it
+    # (None: none, and the router resolves the defaults over that model)
     predictor_due_s: float = 0.0
     predictor_base: dict | None = field(default=None, repr=False)
+    scheduler_published: SchedulerConfig | None = field(default=None, repr=False)
     draining: bool = False  # being removed: takes no new request, finishes those it holds
     removed: bool = False  # gone (drained): kept only so that replica ids stay put
     clock: Callable[[], float] = field(default=time.monotonic, repr=False)

@@ -125,6 +125,17 @@ class SchedulerConfig:
             "iteration budget; the iteration budget itself when that is given",
         ),
     )
+    overload_steps: bool = field(
+        default=True,
+        metadata=help_metadata(
+            CHUNKING,
+            "under overload, when every request decoding and every short one waiting is past "
+            "its TTFT deadline, run the step to the arrival wait as if nobody waited on it: "
+            "the queue drains sooner, and the late requests' tokens come at up to the arrival "
+            "wait apart (off: a late decode waits on the step like any other; "
+            "docs/design.md, 'The iteration budget')",
+        ),
+    )
     lars: LarsSettings = field(
         default_factory=lambda: LarsSettings(), metadata={"flag_prefix": "lars_"}
     )

@@ -76,6 +76,7 @@ class StepRules:
     arrival_wait_s: float
     min_chunk_tokens: int
     spp: int
+    overload_steps: bool = True  # a late request waits on no step (nobody_waits)
 
     @classmethod
     def of(cls, config: SchedulerConfig, spp: int) -> StepRules:
@@ -85,6 +86,7 @@ class StepRules:
             config.arrival_wait_s,
             config.min_chunk_tokens,
             spp,
+            config.overload_steps,
         )
 
 
@@ -111,18 +113,20 @@ def on_time(d: Decoding) -> bool:
 def nobody_waits(q: QueueSnapshot, rules: StepRules) -> bool:
     """Whether nobody waits on this step's end: nothing decodes on time and the queue holds one
     prefill alone, or long ones and late ones only (a long prefill waits for its whole prefill;
-    a late one, past its TTFT deadline, for nothing a step could save). Read from the queue's
+    a late one, past its TTFT deadline, for nothing a step could save; with
+    `overload_steps` off a late one waits like any other). Read from the queue's
     shape and, once deadlines have passed, the deadlines: while every deadline is ahead of
     both clocks the simulator, given the engine's requests, makes the engine's decisions
     (analysis/schedule_match.py)."""
     if rules.arrival_wait_s <= rules.iteration_budget_s:
         return False  # the cheap exit first: the step is the budget either way
-    if any(on_time(d) for d in q.decoding):
+    late = rules.overload_steps  # a late request waits on no step (off: on every step)
+    if any(not late or on_time(d) for d in q.decoding):
         return False
     if len(q.waiting) <= 1:
         return True
     long, now = rules.long_threshold, q.now
-    return all(is_long(r, long) or r.deadline_s < now for r in q.waiting)
+    return all(is_long(r, long) or (late and r.deadline_s < now) for r in q.waiting)
 
 
 def step_budget_s(q: QueueSnapshot, rules: StepRules, floor_s: Callable[[], float]) -> float:

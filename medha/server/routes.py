@@ -47,13 +47,17 @@ async def models(state: ServerStateDep):
 @router.get("/medha/predictor", dependencies=[Depends(authorize)])
 async def predictor(state: ServerStateDep):
     """The batch-time model this replica plans with, as data (medha/perf/published.py): its
-    base and the online correction fitted so far. `medha route` prices this replica's work
-    with the base (docs/route.md says why not the correction); 404 where the engine has no
-    model to describe."""
+    base, the online correction fitted so far and the scheduler config as it now stands.
+    `medha route` prices this replica's work with the base (docs/route.md says why not the
+    correction) under that config; 404 where the engine has no model to describe."""
     from medha.perf.published import describe
+    from medha.scheduler.config import SchedulerConfig
 
     model = getattr(state.engine, "predictor", None)
-    description = describe(model) if model is not None else None
+    scheduler = getattr(getattr(state.engine, "scheduler", None), "config", None)
+    if not isinstance(scheduler, SchedulerConfig):
+        scheduler = None
+    description = describe(model, scheduler) if model is not None else None
     if description is None:
         raise RequestError(
             "this replica's engine publishes no batch-time model", None, 404, "not_found_error"

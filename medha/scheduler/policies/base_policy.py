@@ -103,14 +103,22 @@ class Policy(ABC):
     def eviction_rank(self, now: float) -> Callable[[Request], tuple]:
         """Who keeps its KV when blocks run short: lower ranks are kept longer. Running decodes
         outrank every prefill (evicting one throws away admitted work and stalls its token
-        stream); among decodes the newest goes first, as in vLLM; among prefills the policy's
-        key decides. Admission order breaks ties, so the rank is a total order."""
+        stream); among decodes the newest goes first, as in vLLM. Then the prefills that have
+        started, the oldest admitted first, and only then the policy's key, over those not
+        started (which hold no KV, so it decides only whom they may evict: none that has
+        started). A started prefill's place must not move as it is served: a slack key rises
+        as its work shrinks, and two prefills that took turns evicting each other by it never
+        finished (issue 52: 16K-token prompts under recompute, stuck at 49 of 60 done), while
+        in admission order one evicted can never evict the older one that evicted it.
+        Admission order breaks ties, so the rank is a total order."""
         key = self.sort_key(now)
         decoding = RequestState.DECODING
         return lambda r: (
             (0, r.arrival_s, r.admission_seq)
             if r.state is decoding
-            else (1, key(r), r.admission_seq)
+            else (1, 0, r.admission_seq)
+            if r.started
+            else (1, 1, key(r), r.admission_seq)
         )
 
     def may_evict_decodes(self, r: Request) -> bool:

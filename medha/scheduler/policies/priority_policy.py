@@ -66,13 +66,16 @@ class PriorityPolicy(Policy):
         return [r for r, _ in tagged]
 
     def eviction_rank(self, now: float) -> Callable[[Request], tuple]:
-        """By class before anything else: a LOW decode goes before a HIGH prefill."""
+        """By class before anything else: a LOW decode goes before a HIGH prefill. Within a
+        class as the base policy ranks (started prefills in admission order)."""
         key = self.sort_key(now)
         decoding = RequestState.DECODING
         return lambda r: (
             (r.priority_rank, 0, r.arrival_s, r.admission_seq)
             if r.state is decoding
-            else (r.priority_rank, 1, key(r), r.admission_seq)
+            else (r.priority_rank, 1, 0, r.admission_seq)
+            if r.started
+            else (r.priority_rank, 1, 1, key(r), r.admission_seq)
         )
 
     def may_evict_decodes(self, r: Request) -> bool:
