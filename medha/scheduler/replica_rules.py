@@ -76,7 +76,7 @@ class StepRules:
     arrival_wait_s: float
     min_chunk_tokens: int
     spp: int
-    overload_steps: bool = True  # a late request waits on no step (nobody_waits)
+    overload_steps: bool  # a late request waits on no step (nobody_waits)
 
     @classmethod
     def of(cls, config: SchedulerConfig, spp: int) -> StepRules:

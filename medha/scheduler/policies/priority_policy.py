@@ -20,7 +20,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
-from medha.core.request import PRIORITY_CLASSES, Request, RequestState
+from medha.core.request import PRIORITY_CLASSES, Request
 from medha.scheduler.config import SchedulerConfig
 from medha.scheduler.policies.base_policy import (
     POLICIES,
@@ -68,15 +68,8 @@ class PriorityPolicy(Policy):
     def eviction_rank(self, now: float) -> Callable[[Request], tuple]:
         """By class before anything else: a LOW decode goes before a HIGH prefill. Within a
         class as the base policy ranks (started prefills in admission order)."""
-        key = self.sort_key(now)
-        decoding = RequestState.DECODING
-        return lambda r: (
-            (r.priority_rank, 0, r.arrival_s, r.admission_seq)
-            if r.state is decoding
-            else (r.priority_rank, 1, 0, r.admission_seq)
-            if r.started
-            else (r.priority_rank, 1, 1, key(r), r.admission_seq)
-        )
+        within = super().eviction_rank(now)
+        return lambda r: (r.priority_rank, *within(r))
 
     def may_evict_decodes(self, r: Request) -> bool:
         """Any request may evict a decode ranked below it: the class ranks alone keep a
