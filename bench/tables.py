@@ -159,11 +159,17 @@ TABLES: dict[str, Table] = {
     "deferred-sharegpt": Table(("bench/sim_deferred_prefill_paper.py", "--sections", "sharegpt")),
     "deferred-h100-mixed": Table(("bench/sim_deferred_prefill.py", "--mixed")),
     # Figures 11 and 12, and the one-change run with long prompts four times Medha-SWE's
-    "parallel-3d": Table(("bench/sim_3d_parallel.py",)),
-    "parallel-3d-4m": Table(
-        ("bench/sim_3d_parallel.py", "--qps", "1.75", "--num-requests", "100")
-        + ("--long-scale", "4")
-    ),
+    **{
+        f"parallel-3d{suffix}": Table(("bench/sim_3d_parallel.py", *change))
+        for suffix, change in (("", ()), ("-no-overload", ("--no-overload-steps",)))
+    },
+    **{
+        f"parallel-3d-4m{suffix}": Table(
+            ("bench/sim_3d_parallel.py", "--qps", "1.75", "--num-requests", "100")
+            + ("--long-scale", "4", *change)
+        )
+        for suffix, change in (("", ()), ("-no-overload", ("--no-overload-steps",)))
+    },
     # row 3: 1% long requests
     "convoy-1pct": Table(
         ("bench/sim_convoy_effect.py", "--long-fraction", "0.01", "--qps", "0.25", "0.75")
