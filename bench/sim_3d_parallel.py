@@ -29,7 +29,14 @@ LONG_SCALE = 2.0
 MAX_MODEL_LEN = 1 << 21
 
 
-def run(qps: float, n: int, seed: int, predictor: str, long_scale: float = LONG_SCALE):
+def run(
+    qps: float,
+    n: int,
+    seed: int,
+    predictor: str,
+    long_scale: float = LONG_SCALE,
+    overload_steps: bool = True,
+):
     work = WorkloadConfig(
         trace="sharegpt",
         qps=qps,
@@ -46,6 +53,7 @@ def run(qps: float, n: int, seed: int, predictor: str, long_scale: float = LONG_
                 parallel=parallel,
                 scheduler=SchedulerConfig(
                     multi_prefill=True,
+                    overload_steps=overload_steps,
                     max_model_len=max(MAX_MODEL_LEN, int(LONG_PREFILL["high"] * long_scale)),
                 ),
             ),
@@ -74,16 +82,26 @@ def main() -> None:
         help="long prompts as Medha-SWE's times this (default 2: up to 2M tokens; 4 puts the "
         "longest decodes past SPP8's iteration budget, where KVP has something to gain)",
     )
+    ap.add_argument(
+        "--no-overload-steps",
+        dest="overload_steps",
+        action="store_false",
+        help="the one-change run: a request past its TTFT deadline waits on every step like any "
+        "other (SchedulerConfig.overload_steps off; by default a step runs to the arrival wait "
+        "once every decode and short prefill is late)",
+    )
     ap.add_argument("--quick", action="store_true", help="one rate, 60 requests (CI)")
     args = ap.parse_args()
     if args.quick:
         args.qps, args.num_requests = [0.25], 60
     rows = []
     for qps in args.qps:
-        two, three = run(qps, args.num_requests, args.seed, args.predictor, args.long_scale)
+        two, three = run(
+            qps, args.num_requests, args.seed, args.predictor, args.long_scale, args.overload_steps
+        )
         print(
             f"\n### {qps} QPS ({args.num_requests} requests, seed {args.seed}, long prompts "
-            f"x{args.long_scale:g})\n"
+            f"x{args.long_scale:g}{'' if args.overload_steps else ', no overload steps'})\n"
         )
         print(compare_table([two, three])[0])
         rows.append((qps, two.summary, three.summary))

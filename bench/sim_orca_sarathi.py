@@ -32,6 +32,7 @@ import time
 from medha.core.request import Request
 from medha.perf import ParallelConfig, make_predictor
 from medha.scheduler.config import SchedulerConfig
+from medha.sim.metrics.summary import pct as percentiles
 from medha.sim.simulator import ClusterConfig, Simulator
 from medha.sim.workload.traces import load_trace
 
@@ -144,13 +145,14 @@ def serving(args) -> dict:
             )
             done = [r for r in res.requests if r.token_times_s]
             span = max(r.token_times_s[-1] for r in done) - min(r.arrival_s for r in done)
-            tbt = sorted(b - a for r in done for a, b in zip(r.token_times_s, r.token_times_s[1:]))
-            ttft = sorted(r.ttft_s for r in done)
+            tbt = percentiles(
+                b - a for r in done for a, b in zip(r.token_times_s, r.token_times_s[1:])
+            )
             row = {
                 "tps": sum(r.num_output_tokens for r in done) / span,
-                "tbt50": tbt[len(tbt) // 2],
-                "tbt99": tbt[int(0.99 * (len(tbt) - 1))],
-                "ttft99": ttft[int(0.99 * (len(ttft) - 1))],
+                "tbt50": tbt["p50"],
+                "tbt99": tbt["p99"],
+                "ttft99": percentiles(r.ttft_s for r in done)["p99"],
             }
             out.setdefault((tp, key), row)
             a = ARTICLE[key]

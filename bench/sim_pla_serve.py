@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from medha.core.request import Request
 from medha.perf import ParallelConfig
 from medha.scheduler.config import SchedulerConfig
+from medha.sim.metrics.summary import pct as percentiles
 from medha.sim.simulator import ClusterConfig, Simulator
 
 SLO_S = 0.4
@@ -170,14 +171,14 @@ def simulate(
 
 def metrics(result) -> dict:
     rs = [r for r in result.requests if r.ttft_s is not None]
-    ttft = sorted(r.ttft_s for r in rs)
+    ttft = [r.ttft_s for r in rs]
     span = max(r.finish_s for r in rs) - min(r.arrival_s for r in rs)
     awd = [d for rep in result.dispatcher.replicas for d in _dispatches(rep)]
     return {
         "n": len(rs),
         "rps": len(rs) / span,
         "mean": statistics.mean(ttft),
-        "p90": ttft[int(0.9 * (len(ttft) - 1))],
+        "p90": percentiles(ttft)["p90"],
         "viol": sum(t > SLO_S for t in ttft) / len(ttft),
         "span": span,
         "depth": statistics.mean(d.depth for d in awd) if awd else float("nan"),

@@ -37,6 +37,8 @@ DOC = ROOT / "docs" / "reproductions.md"
 PLA = "bench/sim_pla_serve.py"
 ORCA = "bench/sim_orca_sarathi.py"
 ALIGNED = "bench/sim_aligned_serve.py"
+# the three cost models every AlignedServe reading is given under
+ALIGNED_MODELS = ("roofline", "roofline-cta:4.4", "roofline-padded")
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,61 @@ TABLES: dict[str, Table] = {
             ("-nodes", ("--starvation-scope", "nodes")),
         )
     },
+    # the summary against vLLM (Figs. 7-10): every mix, OPT-2.7B, every trace, each model
+    "aligned-fig7-mixes": Table(
+        (ALIGNED, "--figure", "7", "--predictors", *ALIGNED_MODELS, "--seeds", "0", "1")
+    ),
+    "aligned-fig7-opt2.7b": Table(
+        (ALIGNED, "--figure", "7", "--model", "opt-2.7b", "--predictors", *ALIGNED_MODELS)
+        + ("--seeds", "0", "1")
+    ),
+    "aligned-fig8-roofline": Table(
+        (ALIGNED, "--figure", "8", "--predictors", "roofline", "--seeds", "0", "1")
+    ),
+    # the one-change runs of the Figs. 7-10 prose, the default's row in aligned-fig7
+    **{
+        f"aligned-fig7-{name}": Table(
+            (ALIGNED, "--figure", "7", "--predictors", *ALIGNED_MODELS, "--mixes", "0.7")
+            + ("0.95", "--seeds", "0", "1", *change)
+        )
+        for name, change in (
+            ("memory-1.0", ("--memory-fraction", "1.0")),
+            ("switch-on-room", ("--switch-on-room",)),
+            ("no-starvation", ("--no-starvation",)),
+            ("fixed-output", ("--fixed-output", "256")),
+            ("fixed-output-min-batch", ("--fixed-output", "256", "--min-batch", "4")),
+        )
+    },
+    "aligned-fig14": Table(
+        (ALIGNED, "--figure", "14", "--traces", "azure", "--predictors", *ALIGNED_MODELS)
+        + ("--seeds", "0", "1")
+    ),
+    **{
+        f"aligned-switch{suffix}": Table(
+            (ALIGNED, "--figure", "switch", "--traces", "sharegpt", "longbench~arxiv")
+            + ("--predictors", *ALIGNED_MODELS, "--seeds", "0", "1", *change)
+        )
+        for suffix, change in (("", ()), ("-min-batch", ("--min-batch", "4")))
+    },
+    "deferred-paper": Table(("bench/sim_deferred_prefill_paper.py",)),
+    "deferred-sharegpt": Table(("bench/sim_deferred_prefill_paper.py", "--sections", "sharegpt")),
+    "deferred-h100-mixed": Table(("bench/sim_deferred_prefill.py", "--mixed")),
+    # Figures 11 and 12, and the one-change run with long prompts four times Medha-SWE's
+    **{
+        f"parallel-3d{suffix}": Table(("bench/sim_3d_parallel.py", *change))
+        for suffix, change in (("", ()), ("-no-overload", ("--no-overload-steps",)))
+    },
+    **{
+        f"parallel-3d-4m{suffix}": Table(
+            ("bench/sim_3d_parallel.py", "--qps", "1.75", "--num-requests", "100")
+            + ("--long-scale", "4", *change)
+        )
+        for suffix, change in (("", ()), ("-no-overload", ("--no-overload-steps",)))
+    },
+    # row 3: 1% long requests
+    "convoy-1pct": Table(
+        ("bench/sim_convoy_effect.py", "--long-fraction", "0.01", "--qps", "0.25", "0.75")
+    ),
     **{
         f"parallel-fig{fig}": Table(("bench/sim_parallel_figures.py", "--figure", fig))
         for fig in ("17a", "17b", "15", "16", "18", "19", "20", "3b")

@@ -76,27 +76,44 @@ def test_the_tracked_replica_drains_waiting_work_in_deadline_order_and_learns_fi
     assert r.progress(short)[0] == 0.5 and r.progress(short)[2]
 
 
-def test_the_tracked_replica_learns_its_slowdown_from_requests_served_alone():
+def test_the_tracked_replica_learns_its_slowdown_over_busy_periods():
     (r,), config, clock = tracked_cluster(1)
     solo = Request.from_tokens("solo", 0.0, tokens(0, 1024), 4)  # 1 s predicted, alone
     send(r, config, solo)
     clock.t = 1.5  # the replica took 1.5x its profile
     r.on_first_token("solo")
     assert r.slowdown == pytest.approx(1.5)  # the first sample counts in full
-    # a request that shared the prefill with another is no sample
-    a = Request.from_tokens("a", 1.5, tokens(0, 1024, 1), 4)
-    b = Request.from_tokens("b", 1.5, tokens(0, 1024, 2), 4)
-    send(r, config, a)
-    send(r, config, b)
-    clock.t = 6.0
-    r.on_first_token("a")
+    r.on_end("solo")
+    # two sent together (2 s of work at the profile's speed): one sample of their busy period,
+    # from the first one's dispatch to the last first token, whichever came first
+    for name, i in (("a", 1), ("b", 2)):
+        send(r, config, Request.from_tokens(name, clock.t, tokens(0, 1024, i), 4))
+    clock.t = 1.5 + 2.0 * 1.5  # at 1.5x again
     r.on_first_token("b")
-    assert r.slowdown == pytest.approx(1.5)
+    r.on_first_token("a")
+    assert r._samples == 2 and r.slowdown == pytest.approx(1.5)
+    clock.t += 4.0  # (decodes ended)
+    for name in ("a", "b"):
+        r.on_end(name)
+    # a period in which a request ended without its first token is no sample: its work was
+    # not all done
+    for name, i in (("c", 3), ("d", 4)):
+        send(r, config, Request.from_tokens(name, clock.t, tokens(0, 1024, i), 4))
+    r.on_end("c")  # (the client left)
+    clock.t += 3.0
+    r.on_first_token("d")
+    assert r._samples == 2
+    r.on_end("d")
+    # nor is a period with a whole answer in it (its first token is its end)
+    r.on_dispatch(Request.from_tokens("w", clock.t, tokens(0, 1024, 5), 4), clock.t + 9, 4, False)
+    send(r, config, Request.from_tokens("e", clock.t, tokens(0, 1024, 6), 4))
+    clock.t += 0.5
+    r.on_first_token("e")
+    assert r._samples == 2 and r.slowdown == pytest.approx(1.5)
     # the slowdown (and the decodes now running) stretch the drain and the prediction
-    c = Request.from_tokens("c", 6.0, tokens(0, 1024, 3), 4)
-    send(r, config, c)
-    stretch = r.prefill_stretch()
-    assert stretch > 1.5
+    f = Request.from_tokens("f", clock.t, tokens(0, 1024, 7), 4)
+    send(r, config, f)
+    assert r.prefill_stretch() > 1.5
 
 
 def test_the_tracked_replica_reads_the_step_by_the_packers_rule_of_who_waits():

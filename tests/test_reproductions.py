@@ -94,3 +94,17 @@ def test_a_broken_marker_is_an_error_not_a_silent_skip(tmp_path, change, error):
     doc.write_text(change((ROOT / "docs/reproductions.md").read_text()))
     run = tables("--check", "--only", "pla-fig7-1", doc=doc)
     assert run.returncode == 2 and error in run.stderr, run.stderr
+
+
+def test_every_table_the_script_writes_has_its_place_in_the_doc():
+    """A table in `TABLES` without its markers would never be checked (only the tables asked
+    for are looked up): each has one place, and each names the commit its numbers are from."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import tables as t
+
+    found = t.parse((ROOT / "docs/reproductions.md").read_text())
+    assert sorted(found) == sorted(t.TABLES)
+    for line in (ROOT / "docs/reproductions.md").read_text().splitlines():
+        m = t.START.match(line)
+        if m:
+            assert re.fullmatch(r"[0-9a-f]{10}", m["commit"]), line

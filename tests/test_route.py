@@ -739,6 +739,77 @@ def test_max_concurrent_caps_open_streams(two_stubs):
         assert a == b == 200 and tb > ta + 0.4
 
 
+def test_the_rate_bucket_admits_its_burst_then_its_rate():
+    from medha.route.app import RateBucket
+
+    now = [0.0]
+    b = RateBucket(2.0, 3, lambda: now[0])
+    for _ in range(3):  # the burst, at once
+        assert b.ready()
+        b.take()
+    assert not b.ready() and b.wait_s() == pytest.approx(0.5)
+    now[0] = 0.25
+    assert not b.ready() and b.wait_s() == pytest.approx(0.25)
+    now[0] = 0.5
+    assert b.ready()
+    b.take()
+    now[0] = 100.0  # a quiet spell refills it to the burst, not past
+    taken = 0
+    while b.ready():
+        b.take()
+        taken += 1
+    assert taken == 3
+    assert RateBucket(0.5, 0, lambda: 0.0).burst == 1  # (one second's worth, at least 1)
+    unlimited = RateBucket(0.0, 0, lambda: 0.0)
+    for _ in range(1000):
+        assert unlimited.ready() and unlimited.wait_s() == 0.0
+        unlimited.take()
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf"), True])
+def test_the_rate_limit_is_validated(bad):
+    from medha.route.config import RouteConfig
+
+    with pytest.raises(ValueError, match="rate_limit_rps"):
+        RouteConfig(rate_limit_rps=bad)
+    with pytest.raises(ValueError, match="rate_limit_burst"):
+        RouteConfig(rate_limit_burst=-1)
+
+
+def test_the_rate_limit_spaces_a_burst_queues_the_rest_and_refuses_past_the_queue(two_stubs):
+    """--rate-limit-rps 4 with a burst of 2: of 6 requests sent together, 2 start at once, 3
+    queue and start a quarter of a second apart (no request's event wakes them: the bucket's
+    refill does), and the sixth, past --queue-size 3, gets 429."""
+    flags = ["--rate-limit-rps", "4", "--rate-limit-burst", "2", "--queue-size", "3"]
+    with router(two_stubs, *flags) as url:
+
+        async def send(client, i):
+            await asyncio.sleep(0.01 * i)  # (arrival order)
+            body = {"model": "stub", "prompt": "x", "max_tokens": 1}
+            r = await client.post(url + "/v1/completions", json=body)
+            return r.status_code, time.monotonic()
+
+        async def main():
+            async with httpx.AsyncClient(timeout=TIMEOUT_S) as client:
+                t0 = time.monotonic()
+                done = await asyncio.gather(*(send(client, i) for i in range(6)))
+                return [(status, t - t0) for status, t in done]
+
+        done = asyncio.run(main())
+        assert [status for status, _ in done] == [200] * 5 + [429]
+        ends = [t for _, t in done[:5]]
+        # the queued three start 0.25 s apart after the burst: the last at >= 0.75 s
+        assert ends[2] >= 0.2 and ends[3] >= 0.45 and ends[4] >= 0.7, ends
+        metrics = httpx.get(url + "/metrics", timeout=TIMEOUT_S).text
+        assert 'medha_router_requests_total{outcome="rejected"} 1.0' in metrics
+        assert "medha_router_queued 0.0" in metrics
+    # queued past --queue-timeout-s on an empty bucket: 408
+    flags = ["--rate-limit-rps", "1", "--rate-limit-burst", "1", "--queue-timeout-s", "0.3"]
+    with router(two_stubs, *flags) as url:
+        (first, _), (second, waited) = _at_once(url, 2)
+        assert (first, second) == (200, 408) and 0.25 < waited < 0.9
+
+
 def test_the_breaker_counts_failures_in_its_window_and_closes_after_enough_trials():
     from medha.route.backend import Backend, Breaker
 

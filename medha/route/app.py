@@ -19,8 +19,10 @@ the replica unchanged. Faults:
 - A client that disconnects cancels its request, which closes the connection to the replica
   (medha serve aborts the request then).
 - Body limits as `medha serve` (413 before reading; 429 past the bytes of all bodies the router
-  holds, which it holds until a request's first token, for its retries), and admission: 429
-  with Retry-After past `max_waiting` requests waiting for their first token.
+  holds, which it holds until a request's first token, for its retries), and admission: past
+  `max_waiting` requests waiting for their first token, `max_concurrent` open ones or the
+  `rate_limit_rps` token bucket a request queues, in arrival order; 429 with Retry-After past
+  `queue_size` queued, 408 after `queue_timeout_s`.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import collections
 import dataclasses
 import json
 import logging
+import math
 import random
 import secrets
 import time
@@ -230,6 +233,8 @@ class Router:
         # how many were woken and have not started yet (they hold the room they were given)
         self._queue: collections.deque[asyncio.Future] = collections.deque()
         self._admitting = 0
+        self._bucket = RateBucket(config.rate_limit_rps, config.rate_limit_burst, clock)
+        self._refill: asyncio.TimerHandle | None = None  # wakes the queue when the bucket refills
         self._client: aiohttp.ClientSession | None = None
         self._api_key = config.api_key.encode() if config.api_key else None
 
@@ -772,8 +777,10 @@ class Router:
     def _has_room(self) -> bool:
         c = self.config
         taken = self._admitting
-        return self.waiting + taken < c.max_waiting and (
-            not c.max_concurrent or self.open + taken < c.max_concurrent
+        return (
+            self.waiting + taken < c.max_waiting
+            and (not c.max_concurrent or self.open + taken < c.max_concurrent)
+            and self._bucket.ready()
         )
 
     async def _admitted(self, send, body_bytes: int) -> bool:
@@ -782,6 +789,7 @@ class Router:
         the answer sent). A request admitted starts without an await in between, so the room
         it was given is taken before anyone else looks."""
         if self._has_room() and not self._queue:
+            self._bucket.take()
             return True
         c = self.config
         if len(self._queue) >= c.queue_size:
@@ -791,7 +799,7 @@ class Router:
                 RequestError(
                     f"{self.waiting} requests wait for their first token, {self.open} are open "
                     f"and {len(self._queue)} queued (medha route --max-waiting, "
-                    "--max-concurrent, --queue-size); retry later",
+                    "--max-concurrent, --rate-limit-rps, --queue-size); retry later",
                     None,
                     429,
                     "rate_limit_error",
@@ -803,6 +811,7 @@ class Router:
         self._queue.append(turn)
         self.held_bytes += body_bytes
         self.metrics.queued.set(len(self._queue))
+        self._wake()  # (sets the bucket's wake; or the bucket refilled since it was looked at)
         try:
             await asyncio.wait_for(asyncio.shield(turn), c.queue_timeout_s)
         except TimeoutError:
@@ -836,14 +845,64 @@ class Router:
         return True
 
     def _wake(self) -> None:
-        """Give the room a request left to the oldest queued ones."""
+        """Give the room a request left (or the bucket refilled) to the oldest queued ones."""
         queue = self._queue
-        while queue and self._has_room():
-            turn = queue.popleft()
-            if not turn.done():
-                self._admitting += 1
-                turn.set_result(None)
+        while True:
+            while queue and self._has_room():
+                turn = queue.popleft()
+                if not turn.done():
+                    self._admitting += 1
+                    self._bucket.take()
+                    turn.set_result(None)
+            if not self._wake_at_refill() or not self._has_room():
+                break  # (the bucket refilled since it was looked at, and there is room: again)
         self.metrics.queued.set(len(queue))
+
+    def _wake_at_refill(self) -> bool:
+        """With requests queued on an empty bucket, wake them when it next holds a request: no
+        other event would (the room the others wait for is given back by requests' events).
+        True when requests are queued, no wake is set and the bucket holds a request now."""
+        if not self._queue or self._refill is not None:
+            return False
+        wait = self._bucket.wait_s()
+        if wait <= 0:
+            return True
+
+        def refilled() -> None:
+            self._refill = None
+            self._wake()
+
+        # (a loop may run a timer up to its clock's resolution early: refilled() then sets the
+        # next one)
+        self._refill = asyncio.get_running_loop().call_later(wait, refilled)
+        return False
+
+
+class RateBucket:
+    """`--rate-limit-rps`: a token bucket of requests, `rate` a second up to `burst` (0: one
+    second's worth), full at the start. A rate of 0 admits everything."""
+
+    def __init__(self, rate: float, burst: int, clock: Callable[[], float]) -> None:
+        self.rate, self.clock = rate, clock
+        self.burst = float(burst or max(1, math.ceil(rate)))
+        self._tokens, self._at = self.burst, clock()
+
+    def _refill(self) -> float:
+        now = self.clock()
+        self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
+        self._at = now
+        return self._tokens
+
+    def ready(self) -> bool:
+        return not self.rate or self._refill() >= 1.0
+
+    def take(self) -> None:
+        if self.rate:
+            self._tokens -= 1.0
+
+    def wait_s(self) -> float:
+        """Seconds until it holds a whole request again (0: it does, or there is no limit)."""
+        return 0.0 if not self.rate else max(0.0, (1.0 - self._refill()) / self.rate)
 
 
 class _Exchange:

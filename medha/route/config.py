@@ -167,6 +167,21 @@ class RouteConfig:
         default=60.0,
         metadata=_help("a request still queued after this many seconds gets 408"),
     )
+    rate_limit_rps: float = field(
+        default=0.0,
+        metadata=_help(
+            "requests admitted a second, all clients (a token bucket; 0: no limit); past it a "
+            "request queues as at --max-concurrent (429 past --queue-size, 408 after "
+            "--queue-timeout-s)"
+        ),
+    )
+    rate_limit_burst: int = field(
+        default=0,
+        metadata=_help(
+            "requests the bucket admits at once after a quiet spell (0: one second's worth, "
+            "at least 1)"
+        ),
+    )
     max_request_bytes: int | None = field(
         default=None,
         metadata=_help(
@@ -209,7 +224,10 @@ class RouteConfig:
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                 raise ValueError(f"{name} must be a number of seconds >= 0, got {v!r}")
-        for name in ("max_concurrent", "queue_size"):
+        v = self.rate_limit_rps
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (0 <= v < math.inf):
+            raise ValueError(f"rate_limit_rps must be requests a second >= 0, got {v!r}")
+        for name in ("max_concurrent", "queue_size", "rate_limit_burst"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {v!r}")

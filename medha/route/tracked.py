@@ -14,10 +14,14 @@ is never streamed shows no first token: it waits, its work drained to nothing, u
 
 The profile prices a replica's batches; a replica serving under load is slower than that
 (1.2-1.5x on issue 33's 2-core machine, with the router and the clients beside the replicas,
-while a lone request through HTTP takes what the profile says). The model measures it: each
-request that had the replica's prefill to itself from dispatch to first token (no other
-waiting request beside it) is a sample of its time to first token against the prediction, and
-`slowdown`, their average, stretches every prediction and the drain.
+while a lone request through HTTP takes what the profile says). The model measures it over
+busy periods: from a dispatch that finds no request waiting for its first token to the first
+token that leaves none waiting, the replica prefills exactly the work the router sent it in
+that time, in whatever order it chose. The period's measured length against its predicted
+one (the iteration under way, then each request's prefill work stretched by the decodes as
+they were at its dispatch) is a sample of its speed, and `slowdown`, their average, stretches
+every prediction and the drain. A lone request is a period of one. A period holding a request
+answered whole (no first token seen) or one that ended without a first token is no sample.
 
 What a replica's prefix cache holds is predicted the same way: every prompt the router sent it,
 its chained block keys kept in an LRU of the cache's capacity.
@@ -42,8 +46,8 @@ from medha.scheduler.replica_rules import QueueSnapshot, StepRules, prefill_orde
 
 # How long an ended request's record stays for the dispatchers that look back (pla's window).
 _KEEP_ENDED_S = 120.0
-# The slowdown's samples: requests predicted to take at least this long (below it the HTTP
-# round trip, not the replica's speed, is what they measure), averaged (a running mean over the
+# The slowdown's samples: busy periods predicted to take at least this long (below it the
+# HTTP round trip, not the replica's speed, is what they measure), averaged (a running mean over the
 # first ones, so that the first sample counts in full: the start of a run is when a wrong speed
 # costs most), then each moving the average this far, each clipped to this range (one stalled or
 # cut request must not throw the model off).
@@ -77,6 +81,17 @@ class PrefixIndex:
             self._keys.popitem(last=False)
 
 
+@dataclass(slots=True)
+class BusyPeriod:
+    """A stretch of time in which the replica always had a request waiting for its first token
+    (see the module): when it began, its length predicted at the profile's speed so far, and
+    whether it can still be a sample of the speed."""
+
+    start_s: float
+    predicted_s: float
+    sample: bool = True
+
+
 @dataclass(slots=True, eq=False)  # one per dispatch: identity, not field equality
 class Routed:
     """One request the router sent a replica, as the router sees it."""
@@ -89,10 +104,6 @@ class Routed:
     tokens: int = 0
     ended_s: float | None = None
     total_s: float = 0.0  # its whole predicted prefill work, as sent
-    # a sample of the replica's speed while it had the prefill to itself: when it was sent, its
-    # predicted time to first token alone (None: it shared the prefill, no sample)
-    sent_s: float = 0.0
-    alone_s: float | None = None
     # whether the router sees its first token; a whole answer's comes with its end, so until
     # then one whose predicted work has drained is taken to be decoding (first token unknown)
     streamed: bool = True
@@ -139,6 +150,7 @@ class TrackedReplica:
         self._decode_share = DecodeShare(predictor, config.iteration_budget_s)
         self.slowdown = 1.0  # measured time to first token / predicted (see the module)
         self._samples = 0
+        self._period: BusyPeriod | None = None  # the busy period under way, if any
         self._policy = replica_policy(config)
         self._rules = StepRules.of(config, predictor.parallel.spp)
         self._live: dict[str, Routed] = {}
@@ -156,6 +168,8 @@ class TrackedReplica:
         self._drain(self.clock())
         if predictor is not self.predictor:
             self.slowdown, self._samples = 1.0, 0
+        if self._period is not None:  # (priced with the old model)
+            self._period.sample = False
         self.predictor = predictor
         self.scheduler_config = config
         self.prefill_times = prefill_times
@@ -181,18 +195,15 @@ class TrackedReplica:
             work,
             expected_tokens,
             total_s=work,
-            sent_s=now,
             streamed=streamed,
             cached=cached,
         )
-        sharing = [r for r in self._queue if r.waiting]
-        if sharing:  # they share the prefill from now on: none of them is a sample
-            for other in sharing:
-                other.alone_s = None
-        elif streamed:  # (a whole answer's "first token" is its end: no sample of the prefill)
-            wait = self.iteration_left_s(now) / self.slowdown
-            alone = wait + work * self._decode_share.stretch(self._decode_contexts())
-            routed.alone_s = alone if alone >= _SAMPLE_MIN_S else None
+        if self._period is None or not any(r.waiting for r in self._queue):
+            # a new busy period, from the iteration under way (at the profile's speed)
+            self._period = BusyPeriod(now, self.iteration_left_s(now) / self.slowdown)
+        self._period.predicted_s += work * self._decode_share.stretch(self._decode_contexts())
+        # (a whole answer's "first token" is its end: no measure of the prefill)
+        self._period.sample &= streamed
         self._live[request.request_id] = routed
         self._queue.append(routed)
         keys, _, _ = cacheable_pages(request, self.block_size)
@@ -203,14 +214,17 @@ class TrackedReplica:
         if r is not None and r.first_token_s is None:
             now = self.clock()
             self._drain(now)
-            if r.alone_s is not None:
-                lo, hi = _SAMPLE_RANGE
-                ratio = min(hi, max(lo, (now - r.sent_s) / r.alone_s))
-                self._samples += 1
-                weight = max(_SAMPLE_WEIGHT, 1.0 / self._samples)
-                self.slowdown += weight * (ratio - self.slowdown)
             r.first_token_s, r.work_s, r.tokens = now, 0.0, 1
             self._queue.remove(r)
+            period = self._period
+            if period is not None and not any(q.waiting for q in self._queue):
+                self._period = None  # it ends: none waits
+                if period.sample and period.predicted_s >= _SAMPLE_MIN_S:
+                    lo, hi = _SAMPLE_RANGE
+                    ratio = min(hi, max(lo, (now - period.start_s) / period.predicted_s))
+                    self._samples += 1
+                    weight = max(_SAMPLE_WEIGHT, 1.0 / self._samples)
+                    self.slowdown += weight * (ratio - self.slowdown)
 
     def on_tokens(self, request_id: str, n: int) -> None:
         r = self._live.get(request_id)
@@ -225,6 +239,8 @@ class TrackedReplica:
         if r is not None:
             if r.first_token_s is None:
                 self._queue.remove(r)
+                if self._period is not None:  # its work was not all done: no measure
+                    self._period.sample = False
             r.ended_s = now
             self._ended[request_id] = r
         while self._ended and next(iter(self._ended.values())).ended_s < now - _KEEP_ENDED_S:
