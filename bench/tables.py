@@ -160,13 +160,10 @@ TABLES: dict[str, Table] = {
     "deferred-h100-mixed": Table(("bench/sim_deferred_prefill.py", "--mixed")),
     # Figures 11 and 12, and the one-change run with long prompts four times Medha-SWE's
     **{
-        f"parallel-3d{suffix}": Table(("bench/sim_3d_parallel.py", *change))
-        for suffix, change in (("", ()), ("-no-overload", ("--no-overload-steps",)))
-    },
-    **{
-        f"parallel-3d-4m{suffix}": Table(
-            ("bench/sim_3d_parallel.py", "--qps", "1.75", "--num-requests", "100")
-            + ("--long-scale", "4", *change)
+        f"parallel-3d{size}{suffix}": Table(("bench/sim_3d_parallel.py", *run, *change))
+        for size, run in (
+            ("", ()),
+            ("-4m", ("--qps", "1.75", "--num-requests", "100", "--long-scale", "4")),
         )
         for suffix, change in (("", ()), ("-no-overload", ("--no-overload-steps",)))
     },

@@ -102,9 +102,9 @@ def test_every_table_the_script_writes_has_its_place_in_the_doc():
     sys.path.insert(0, str(ROOT / "bench"))
     import tables as t
 
-    found = t.parse((ROOT / "docs/reproductions.md").read_text())
-    assert sorted(found) == sorted(t.TABLES)
-    for line in (ROOT / "docs/reproductions.md").read_text().splitlines():
+    text = (ROOT / "docs/reproductions.md").read_text()
+    assert sorted(t.parse(text)) == sorted(t.TABLES)
+    for line in text.splitlines():
         m = t.START.match(line)
         if m:
             assert re.fullmatch(r"[0-9a-f]{10}", m["commit"]), line

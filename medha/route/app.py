@@ -845,7 +845,9 @@ class Router:
         return True
 
     def _wake(self) -> None:
-        """Give the room a request left (or the bucket refilled) to the oldest queued ones."""
+        """Give the room a request left (or the bucket refilled) to the oldest queued ones. With
+        requests still queued on an empty bucket, wake them again when it next holds a request:
+        no other event would (the room the others wait for is given back by requests' events)."""
         queue = self._queue
         while True:
             while queue and self._has_room():
@@ -854,28 +856,21 @@ class Router:
                     self._admitting += 1
                     self._bucket.take()
                     turn.set_result(None)
-            if not self._wake_at_refill() or not self._has_room():
-                break  # (the bucket refilled since it was looked at, and there is room: again)
+            if not queue or self._refill is not None:
+                break
+            wait = self._bucket.wait_s()
+            if wait > 0:
+                # (a loop may run a timer up to its clock's resolution early: this sets the next)
+                self._refill = asyncio.get_running_loop().call_later(wait, self._refilled)
+                break
+            if not self._has_room():
+                break  # the bucket holds a request; the room is what they wait for
+            # (the bucket refilled since it was looked at, and there is room: again)
         self.metrics.queued.set(len(queue))
 
-    def _wake_at_refill(self) -> bool:
-        """With requests queued on an empty bucket, wake them when it next holds a request: no
-        other event would (the room the others wait for is given back by requests' events).
-        True when requests are queued, no wake is set and the bucket holds a request now."""
-        if not self._queue or self._refill is not None:
-            return False
-        wait = self._bucket.wait_s()
-        if wait <= 0:
-            return True
-
-        def refilled() -> None:
-            self._refill = None
-            self._wake()
-
-        # (a loop may run a timer up to its clock's resolution early: refilled() then sets the
-        # next one)
-        self._refill = asyncio.get_running_loop().call_later(wait, refilled)
-        return False
+    def _refilled(self) -> None:
+        self._refill = None
+        self._wake()
 
 
 class RateBucket:
