@@ -10,7 +10,7 @@ from conftest import TOKEN_S
 from medha.core.request import Request
 from medha.dispatch.base_dispatcher import DISPATCHERS, DecodeShare, Pending
 from medha.perf import ParallelConfig
-from medha.perf.toy_predictor import FixedCostPredictor
+from medha.perf.toy_predictor import TOY_MODEL, FixedCostPredictor
 from medha.route.tracked import PrefixIndex, TrackedReplica
 from medha.scheduler.config import SchedulerConfig
 from medha.scheduler.config_defaults import resolve_config
@@ -188,6 +188,29 @@ def test_the_slowdown_weighs_periods_by_their_length_and_forgets_past_its_window
     assert r.slowdown == pytest.approx(1.0, abs=0.01)
     sample(301, 1024, 60.0)
     assert r.slowdown < 3.0
+
+
+def test_a_replica_that_measured_nothing_runs_as_its_peers_of_the_same_model():
+    # (the router gives every replica the list of them all)
+    replicas, config, clock = tracked_cluster(4)
+    a, b, c, other = replicas
+    for r in replicas:
+        r.peers = replicas
+    model = FixedCostPredictor(TOKEN_S, model=dataclasses.replace(TOY_MODEL, name="other"))
+    other.set_model(model, config, replica_prefill_times(config, model))
+    for r, took in ((a, 2.0), (b, 3.0)):  # 1 s of work alone on each
+        send(r, config, Request.from_tokens(f"on{r.replica_id}", clock.t, tokens(0, 1024), 4))
+        clock.t += took
+        r.on_first_token(f"on{r.replica_id}")
+        r.on_end(f"on{r.replica_id}")
+    assert (a.slowdown, b.slowdown) == (2.0, 3.0)  # each its own
+    assert c.slowdown == pytest.approx(2.5)  # theirs, while it has measured nothing
+    assert other.slowdown == 1.0  # priced with another model: theirs is not its
+    # its first period of its own is its speed from then on
+    send(c, config, Request.from_tokens("c", clock.t, tokens(0, 1024, 1), 4))
+    clock.t += 1.2
+    c.on_first_token("c")
+    assert c.slowdown == pytest.approx(1.2)
 
 
 def test_decodes_stretch_prefill_by_their_marginal_share_of_the_budget():

@@ -488,7 +488,7 @@ def test_the_router_applies_the_scheduler_config_a_replica_publishes():
         assert t.scheduler_config == published["config"]
         assert t._rules.overload_steps is False and t._rules.arrival_wait_s == 0.4
         assert t.predictor is not r.predictor and t.predictor.model == replica_model.model
-        built, t.slowdown = t.predictor, 1.3
+        built, t._measured_s, t._predicted_s = t.predictor, 1.3, 1.0
         published["config"] = dataclasses.replace(published["config"], arrival_wait_s=0.5)
         await r._learn_predictor(b)
         assert t._rules.arrival_wait_s == 0.5

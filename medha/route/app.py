@@ -253,17 +253,17 @@ class Router:
         c = self.config
         cache = c.replica_cache_tokens or DEFAULT_CACHE_TOKENS
         self.backends.append(b)
-        self.tracked.append(
-            TrackedReplica(
-                i,
-                self.predictor,
-                self.scheduler_config,
-                self.prefill_times,
-                c.block_size,
-                cache,
-                self.clock,
-            )
+        t = TrackedReplica(
+            i,
+            self.predictor,
+            self.scheduler_config,
+            self.prefill_times,
+            c.block_size,
+            cache,
+            self.clock,
         )
+        t.peers = self.tracked  # (every replica's, as the list grows)
+        self.tracked.append(t)
         self._running[i] = set()
         return b
 

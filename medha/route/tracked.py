@@ -27,7 +27,10 @@ and the drain. Every period counts, a lone short prompt's too (a workload of sho
 must teach the replica's speed), each by its predicted length: a long period measures the speed
 better than a short one, whose jitter and fixed costs weigh a larger part of it. A period
 holding a request answered whole (no first token seen) or one that ended without a first token
-is no sample.
+is no sample. Until a replica has measured a period of its own, it is taken to run as its peers
+priced with the same model do (the mean of their slowdowns, each measured): a replica whose
+first period is one long prefill would otherwise be priced at the model's speed for all of it,
+and draw the short prompts that arrive meanwhile (the mixed workload's misses, issue 51).
 
 What a replica's prefix cache holds is predicted the same way: every prompt the router sent it,
 its chained block keys kept in an LRU of the cache's capacity.
@@ -38,7 +41,7 @@ from __future__ import annotations
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 from medha.core.request import Request
@@ -153,8 +156,11 @@ class TrackedReplica:
         self.clock = clock
         self._decode_token_s = decode_token_s(predictor)
         self._decode_share = DecodeShare(predictor, config.iteration_budget_s)
-        self.slowdown = 1.0  # measured time to first token / predicted (see the module)
         self._measured_s = self._predicted_s = 0.0  # the samples' forgetting sums
+        self._model = predictor.describe()  # (which peers' speed is this one's)
+        # the replicas whose measured speed is this one's until it measures its own (the
+        # router's list of them all: those priced with another model are passed over)
+        self.peers: Sequence[TrackedReplica] = ()
         self.round_trip_s = 0.0  # its quickest recent health check (the router's to set)
         self._period: BusyPeriod | None = None  # the busy period under way, if any
         self._policy = replica_policy(config)
@@ -173,7 +179,8 @@ class TrackedReplica:
         measured slowdown over: it was measured against the old one."""
         self._drain(self.clock())
         if predictor is not self.predictor:
-            self.slowdown, self._measured_s, self._predicted_s = 1.0, 0.0, 0.0
+            self._measured_s, self._predicted_s = 0.0, 0.0
+            self._model = predictor.describe()
         if self._period is not None:  # (priced with the old model)
             self._period.sample = False
         self.predictor = predictor
@@ -185,7 +192,7 @@ class TrackedReplica:
         self._rules = StepRules.of(config, predictor.parallel.spp)
 
     def describe(self) -> str:
-        return self.predictor.describe()
+        return self._model
 
     # ---- events (the proxy's) ----------------------------------------------------------------
     def on_dispatch(
@@ -235,7 +242,24 @@ class TrackedReplica:
             keep * self._measured_s + min(hi, max(lo, measured_s / predicted_s)) * predicted_s
         )
         self._predicted_s = keep * self._predicted_s + predicted_s
-        self.slowdown = self._measured_s / self._predicted_s
+
+    @property
+    def measured(self) -> bool:
+        """Whether it has measured a period of its own."""
+        return self._predicted_s > 0
+
+    @property
+    def slowdown(self) -> float:
+        """Measured time to first token over predicted (see the module): its own, else its
+        peers' of the same model, else 1."""
+        if self._predicted_s > 0:
+            return self._measured_s / self._predicted_s
+        learned = [
+            p._measured_s / p._predicted_s
+            for p in self.peers
+            if p.measured and p is not self and p._model == self._model
+        ]
+        return sum(learned) / len(learned) if learned else 1.0
 
     def on_tokens(self, request_id: str, n: int) -> None:
         r = self._live.get(request_id)
