@@ -279,6 +279,7 @@ class Result:
     # the router's own prediction of it (medha route's slack dispatcher sends it in the header
     # x-medha-predicted-ttft-ms; None for the other routers)
     predicted_ttft_s: float | None = None
+    replica: str | None = None  # which replica answered (medha route's x-medha-replica)
     e2e_s: float | None = None
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
@@ -314,6 +315,7 @@ async def _send(client, url: str, body: dict, headers: dict, res: Result, t0: fl
             predicted = resp.headers.get("x-medha-predicted-ttft-ms")
             if predicted is not None:
                 res.predicted_ttft_s = float(predicted) / 1000
+            res.replica = resp.headers.get("x-medha-replica")
             async for line in resp.aiter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
