@@ -279,6 +279,7 @@ class Result:
     # the router's own prediction of it (medha route's slack dispatcher sends it in the header
     # x-medha-predicted-ttft-ms; None for the other routers)
     predicted_ttft_s: float | None = None
+    replica: str | None = None  # which replica answered (medha route's x-medha-replica)
     e2e_s: float | None = None
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
@@ -314,6 +315,7 @@ async def _send(client, url: str, body: dict, headers: dict, res: Result, t0: fl
             predicted = resp.headers.get("x-medha-predicted-ttft-ms")
             if predicted is not None:
                 res.predicted_ttft_s = float(predicted) / 1000
+            res.replica = resp.headers.get("x-medha-replica")
             async for line in resp.aiter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
@@ -416,6 +418,15 @@ def replica_counters(url: str) -> dict:
         elif line.startswith("medha_prefix_cache_hits_tokens "):
             out["prefix_hits"] = float(line.split()[-1])
     return out
+
+
+def router_slowdowns(base: str) -> list[float] | None:
+    """The speed `medha route` measured for each replica (None: a peer router)."""
+    found = {}
+    for line in httpx.get(base + "/metrics", timeout=10).text.splitlines():
+        if line.startswith("medha_router_replica_slowdown{"):
+            found[line.split('"')[1]] = float(line.split()[-1])
+    return [found[k] for k in sorted(found, key=int)] or None
 
 
 def replica_kv_tokens(url: str) -> int:
@@ -539,6 +550,7 @@ def run_cell(name: str, workload: str, args, slo: Slo, calib: dict, log) -> dict
                 load = one_shots(workload, args)
             results, wall = asyncio.run(run_workload(base, model, load, slo, calib["chat"]))
             after = [replica_counters(u) for u in replicas]
+            slowdowns = router_slowdowns(base) if name.startswith("medha-") else None
     delta = [{k: a[k] - b[k] for k in a} for a, b in zip(after, before)]
     twin = twin_trace(results)
     trace = Path(args.out) / f"twin-{name}-{workload}-{args.seed}-{time.time_ns()}.jsonl"
@@ -554,6 +566,7 @@ def run_cell(name: str, workload: str, args, slo: Slo, calib: dict, log) -> dict
         "slo_field_forwarded": forwarded,
         "wall_s": wall,
         "replicas": delta,
+        "router_slowdowns": slowdowns,  # each replica's, as medha route measured it at the end
         "requests": [asdict(r) | {"text": None, "payload": None} for r in results],
     }
 
@@ -606,6 +619,7 @@ def summarize(cells: list[dict]) -> dict:
         "hot_spot_index": float(np.mean(hot)) if hot else None,
         "one_cache_hit_rate": _mean([c.get("one_cache_hit_rate") for c in cells]),
         "per_replica_requests": [[d["requests"] for d in c["replicas"]] for c in cells],
+        "router_slowdowns": [c.get("router_slowdowns") for c in cells],
         "requests_per_s": float(
             np.mean([sum(r["status"] == "ok" for r in c["requests"]) / c["wall_s"] for c in cells])
         ),
@@ -860,6 +874,11 @@ def _print(table: dict, skipped: dict, args) -> None:
                     f"median |error| {s['predicted_ttft_abs_error_p50_s']:.3f} s, median "
                     f"measured - predicted {s['predicted_ttft_error_p50_s']:+.3f} s"
                 )
+            if any(s.get("router_slowdowns") or ()):
+                speeds = "; ".join(
+                    ", ".join(f"{x:.2f}" for x in cell) for cell in s["router_slowdowns"] if cell
+                )
+                print(f"{name}: each replica's slowdown at the end, by round: {speeds}")
     for name, why in skipped.items():
         print(f"{name}: skipped: {why}")
 

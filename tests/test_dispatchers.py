@@ -10,7 +10,7 @@ from conftest import TOKEN_S
 from medha.core.request import Request
 from medha.dispatch.base_dispatcher import DISPATCHERS, DecodeShare, Pending
 from medha.perf import ParallelConfig
-from medha.perf.toy_predictor import FixedCostPredictor
+from medha.perf.toy_predictor import TOY_MODEL, FixedCostPredictor
 from medha.route.tracked import PrefixIndex, TrackedReplica
 from medha.scheduler.config import SchedulerConfig
 from medha.scheduler.config_defaults import resolve_config
@@ -91,7 +91,7 @@ def test_the_tracked_replica_learns_its_slowdown_over_busy_periods():
     clock.t = 1.5 + 2.0 * 1.5  # at 1.5x again
     r.on_first_token("b")
     r.on_first_token("a")
-    assert r._samples == 2 and r.slowdown == pytest.approx(1.5)
+    assert r.slowdown == pytest.approx(1.5)
     clock.t += 4.0  # (decodes ended)
     for name in ("a", "b"):
         r.on_end(name)
@@ -101,15 +101,15 @@ def test_the_tracked_replica_learns_its_slowdown_over_busy_periods():
         send(r, config, Request.from_tokens(name, clock.t, tokens(0, 1024, i), 4))
     r.on_end("c")  # (the client left)
     clock.t += 3.0
-    r.on_first_token("d")
-    assert r._samples == 2
+    r.on_first_token("d")  # (3 s for 2 s of work: a sample would have moved it)
+    assert r.slowdown == pytest.approx(1.5)
     r.on_end("d")
     # nor is a period with a whole answer in it (its first token is its end)
     r.on_dispatch(Request.from_tokens("w", clock.t, tokens(0, 1024, 5), 4), clock.t + 9, 4, False)
     send(r, config, Request.from_tokens("e", clock.t, tokens(0, 1024, 6), 4))
     clock.t += 0.5
-    r.on_first_token("e")
-    assert r._samples == 2 and r.slowdown == pytest.approx(1.5)
+    r.on_first_token("e")  # (0.5 s for 1 s of work)
+    assert r.slowdown == pytest.approx(1.5)
     # the slowdown (and the decodes now running) stretch the drain and the prediction
     f = Request.from_tokens("f", clock.t, tokens(0, 1024, 7), 4)
     send(r, config, f)
@@ -161,20 +161,56 @@ def test_pending_requests_are_ordered_as_the_replica_scheduler_orders_its_prefil
     assert order(edf, [long, short, started]) == ["started", "short", "long"]
 
 
-def test_the_slowdown_is_a_running_mean_until_the_moving_average_takes_over():
+def test_the_slowdown_weighs_periods_by_their_length_and_forgets_past_its_window():
     (r,), config, clock = tracked_cluster(1)
 
-    def sample(i, took):  # a 1 s prefill alone, its first token after `took`
-        send(r, config, Request.from_tokens(f"s{i}", clock.t, tokens(0, 1024, i), 4))
+    def sample(
+        i, n, took
+    ):  # a prefill of n tokens alone (n ms predicted), its first token after `took`
+        send(r, config, Request.from_tokens(f"s{i}", clock.t, tokens(0, n, i), 4))
         clock.t += took
         r.on_first_token(f"s{i}")
         r.on_end(f"s{i}")
 
-    for i in range(5):
-        sample(i, 2.0)
-    assert r.slowdown == pytest.approx(2.0)
-    sample(5, 1.0)  # the sixth moves it a fifth of the way
-    assert r.slowdown == pytest.approx(1.8)
+    sample(0, 1024, 2.0)
+    assert r.slowdown == pytest.approx(2.0)  # the first counts in full
+    # a short one at 3x moves it by its length, not as much as a long one would
+    sample(1, 128, 0.375)
+    assert 2.0 < r.slowdown < 2.2  # (2.11; a 1 s period at 3x: 2.56)
+    # short prompts alone teach the speed: 25 s of them at 1x leave the first ones nothing
+    for i in range(200):
+        sample(2 + i, 128, 0.125)
+    assert r.slowdown == pytest.approx(1.0, abs=0.01)
+    # the round trip is not the replica's: a period that took its prefill and the round trip
+    # measures 1x; one stalled far past any speed is clipped
+    r.round_trip_s = 0.05
+    sample(300, 1024, 1.05)
+    assert r.slowdown == pytest.approx(1.0, abs=0.01)
+    sample(301, 1024, 60.0)
+    assert r.slowdown < 3.0
+
+
+def test_a_replica_that_measured_nothing_runs_as_its_peers_of_the_same_model():
+    # (the router gives every replica the list of them all)
+    replicas, config, clock = tracked_cluster(4)
+    a, b, c, other = replicas
+    for r in replicas:
+        r.peers = replicas
+    model = FixedCostPredictor(TOKEN_S, model=dataclasses.replace(TOY_MODEL, name="other"))
+    other.set_model(model, config, replica_prefill_times(config, model))
+    for r, took in ((a, 2.0), (b, 3.0)):  # 1 s of work alone on each
+        send(r, config, Request.from_tokens(f"on{r.replica_id}", clock.t, tokens(0, 1024), 4))
+        clock.t += took
+        r.on_first_token(f"on{r.replica_id}")
+        r.on_end(f"on{r.replica_id}")
+    assert (a.slowdown, b.slowdown) == (2.0, 3.0)  # each its own
+    assert c.slowdown == pytest.approx(2.5)  # theirs, while it has measured nothing
+    assert other.slowdown == 1.0  # priced with another model: theirs is not its
+    # its first period of its own is its speed from then on
+    send(c, config, Request.from_tokens("c", clock.t, tokens(0, 1024, 1), 4))
+    clock.t += 1.2
+    c.on_first_token("c")
+    assert c.slowdown == pytest.approx(1.2)
 
 
 def test_decodes_stretch_prefill_by_their_marginal_share_of_the_budget():

@@ -488,7 +488,7 @@ def test_the_router_applies_the_scheduler_config_a_replica_publishes():
         assert t.scheduler_config == published["config"]
         assert t._rules.overload_steps is False and t._rules.arrival_wait_s == 0.4
         assert t.predictor is not r.predictor and t.predictor.model == replica_model.model
-        built, t.slowdown = t.predictor, 1.3
+        built, t._measured_s, t._predicted_s = t.predictor, 1.3, 1.0
         published["config"] = dataclasses.replace(published["config"], arrival_wait_s=0.5)
         await r._learn_predictor(b)
         assert t._rules.arrival_wait_s == 0.5
@@ -847,6 +847,10 @@ def test_replicas_join_and_leave_at_run_time(two_stubs):
         assert httpx.get(url + "/replicas", timeout=TIMEOUT_S).status_code == 401
         r = httpx.post(url + "/replicas", json={"url": b}, headers=key, timeout=TIMEOUT_S)
         assert r.status_code == 201 and r.json()["up"] and r.json()["id"] == 1
+        # its first check measured its HTTP hop; nothing has measured its speed yet
+        assert 0 < r.json()["round_trip_ms"] < 1e3 and r.json()["slowdown"] == 1.0
+        metrics = httpx.get(url + "/metrics", timeout=TIMEOUT_S).text
+        assert 'medha_router_replica_slowdown{replica="1"} 1.0' in metrics
         assert healthy_replicas(url) == 2
         for body, status in (({"url": b}, 409), ({"url": "ftp://x"}, 400), ([1], 400)):
             r = httpx.post(url + "/replicas", json=body, headers=key, timeout=TIMEOUT_S)

@@ -106,6 +106,13 @@ class RouterMetrics:
             ["replica"],
             registry=r,
         )
+        self.slowdown = Gauge(
+            "medha_router_replica_slowdown",
+            "Each replica's measured time to first token over the time its model predicts "
+            "(the router's measure of its speed under load)",
+            ["replica"],
+            registry=r,
+        )
         self.ttft = Histogram(
             "medha_router_time_to_first_token_seconds",
             "Arrival at the router to the first token passed on (streams)",
@@ -246,17 +253,17 @@ class Router:
         c = self.config
         cache = c.replica_cache_tokens or DEFAULT_CACHE_TOKENS
         self.backends.append(b)
-        self.tracked.append(
-            TrackedReplica(
-                i,
-                self.predictor,
-                self.scheduler_config,
-                self.prefill_times,
-                c.block_size,
-                cache,
-                self.clock,
-            )
+        t = TrackedReplica(
+            i,
+            self.predictor,
+            self.scheduler_config,
+            self.prefill_times,
+            c.block_size,
+            cache,
+            self.clock,
         )
+        t.peers = self.tracked  # (every replica's, as the list grows)
+        self.tracked.append(t)
         self._running[i] = set()
         return b
 
@@ -427,6 +434,7 @@ class Router:
     async def _check(self, b: Backend) -> None:
         c = self.config
         ok = False
+        sent = self.clock()
         try:
             status = await self._get(b.url + "/health", None)
             if status == 404:  # not every server has one
@@ -439,6 +447,7 @@ class Router:
         except (TimeoutError, aiohttp.ClientError, OSError):
             ok = False
         if ok:
+            self.tracked[b.replica_id].round_trip_s = b.round_trip_s(self.clock() - sent)
             if b.health_passed(c.healthy_after):
                 log.info("replica %d (%s) is in", b.replica_id, b.url)
                 self._distribute()
@@ -603,6 +612,7 @@ class Router:
         if path == "/metrics" and method == "GET":
             for t in self.tracked:
                 self.metrics.live.labels(str(t.replica_id)).set(t.num_live)
+                self.metrics.slowdown.labels(str(t.replica_id)).set(t.slowdown)
             return await _raw(send, 200, generate_latest(self.metrics.registry), b"text/plain")
         if path == "/replicas" or path.startswith("/replicas/"):
             return await self._admin(scope, receive, send, path, method)
@@ -671,6 +681,7 @@ class Router:
         return await _error(send, RequestError("method not allowed", None, 405))
 
     def _describe(self, b: Backend) -> dict:
+        t = self.tracked[b.replica_id]
         return {
             "id": b.replica_id,
             "url": b.url,
@@ -679,8 +690,11 @@ class Router:
             "removed": b.removed,
             "requests": len(self._running[b.replica_id]),
             # what the router prices its work with: its own model once read, else the router's
-            "predictor": self.tracked[b.replica_id].describe(),
+            "predictor": t.describe(),
             "predictor_from_replica": b.predictor_base is not None,
+            # its speed as measured against that model, and its HTTP hop (tracked.py)
+            "slowdown": round(t.slowdown, 4),
+            "round_trip_ms": round(1e3 * t.round_trip_s, 3),
             # the scheduler config its model applies: the one it published, else the defaults
             "scheduler_from_replica": b.scheduler_published is not None,
         }

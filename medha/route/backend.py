@@ -14,6 +14,10 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from medha.scheduler.config import SchedulerConfig
 
+# The round trips of a replica's last this many passed health checks; the quickest is its HTTP
+# hop (a slower one waited on a busy replica).
+ROUND_TRIPS_KEPT = 20
+
 
 class Breaker(enum.Enum):
     CLOSED = "closed"  # requests flow
@@ -36,6 +40,9 @@ class Backend:
     trial_successes: int = 0  # trials that succeeded since the breaker went half-open
     failure_times: collections.deque = field(default_factory=collections.deque, repr=False)
     down_since: float | None = None
+    round_trips: collections.deque = field(
+        default_factory=lambda: collections.deque(maxlen=ROUND_TRIPS_KEPT), repr=False
+    )
     models: list[dict] = field(default_factory=list)  # its /v1/models data, last seen
     # its /medha/predictor: when the router reads it next, its base as last read (None: the
     # router prices it with its own model) and the scheduler config it published with it
@@ -62,6 +69,11 @@ class Backend:
             self.up, self.down_since = True, None
             return True
         return False
+
+    def round_trip_s(self, took_s: float) -> float:
+        """Record a passed check that took `took_s`: its HTTP hop, the quickest recent one."""
+        self.round_trips.append(took_s)
+        return min(self.round_trips)
 
     def health_failed(self, unhealthy_after: int) -> bool:
         """Record a failed check; True when this takes the replica out."""

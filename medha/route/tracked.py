@@ -14,14 +14,23 @@ is never streamed shows no first token: it waits, its work drained to nothing, u
 
 The profile prices a replica's batches; a replica serving under load is slower than that
 (1.2-1.5x on issue 33's 2-core machine, with the router and the clients beside the replicas,
-while a lone request through HTTP takes what the profile says). The model measures it over
-busy periods: from a dispatch that finds no request waiting for its first token to the first
-token that leaves none waiting, the replica prefills exactly the work the router sent it in
-that time, in whatever order it chose. The period's measured length against its predicted
-one (the iteration under way, then each request's prefill work stretched by the decodes as
-they were at its dispatch) is a sample of its speed, and `slowdown`, their average, stretches
-every prediction and the drain. A lone request is a period of one. A period holding a request
-answered whole (no first token seen) or one that ended without a first token is no sample.
+while a lone request through HTTP takes what the profile says), and a replica that plans with
+the roofline of its hardware may run 2x slower than it (the mixed workload of issue 51). The
+model measures it over busy periods: from a dispatch that finds no request waiting for its
+first token to the first token that leaves none waiting, the replica prefills exactly the work
+the router sent it in that time, in whatever order it chose. The period's measured length,
+less the replica's round trip (the HTTP hop the model does not price: its quickest recent
+health check), against its predicted one (the iteration under way, then each request's prefill
+work stretched by the decodes as they were at its dispatch) is a sample of its speed, and
+`slowdown`, measured over predicted summed over the recent periods, stretches every prediction
+and the drain. Every period counts, a lone short prompt's too (a workload of short prompts
+must teach the replica's speed), each by its predicted length: a long period measures the speed
+better than a short one, whose jitter and fixed costs weigh a larger part of it. A period
+holding a request answered whole (no first token seen) or one that ended without a first token
+is no sample. Until a replica has measured a period of its own, it is taken to run as its peers
+priced with the same model do (the mean of their slowdowns, each measured): a replica whose
+first period is one long prefill would otherwise be priced at the model's speed for all of it,
+and draw the short prompts that arrive meanwhile (the mixed workload's misses, issue 51).
 
 What a replica's prefix cache holds is predicted the same way: every prompt the router sent it,
 its chained block keys kept in an LRU of the cache's capacity.
@@ -32,7 +41,7 @@ from __future__ import annotations
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 from medha.core.request import Request
@@ -46,13 +55,12 @@ from medha.scheduler.replica_rules import QueueSnapshot, StepRules, prefill_orde
 
 # How long an ended request's record stays for the dispatchers that look back (pla's window).
 _KEEP_ENDED_S = 120.0
-# The slowdown's samples: busy periods predicted to take at least this long (below it the
-# HTTP round trip, not the replica's speed, is what they measure), averaged (a running mean over the
-# first ones, so that the first sample counts in full: the start of a run is when a wrong speed
-# costs most), then each moving the average this far, each clipped to this range (one stalled or
-# cut request must not throw the model off).
-_SAMPLE_MIN_S = 0.5
-_SAMPLE_WEIGHT = 0.2
+# The slowdown's samples (see the module): the sums of the periods' measured and predicted
+# lengths forget by exp(-predicted / this) at each new period (about the last this many seconds
+# of predicted work count; the first period counts in full: the start of a run is when a wrong
+# speed costs most), each period's measured length clipped to this range of its predicted one
+# (one stalled or cut request must not throw the model off).
+_SAMPLE_WINDOW_S = 4.0
 _SAMPLE_RANGE = (0.5, 3.0)
 
 
@@ -148,8 +156,12 @@ class TrackedReplica:
         self.clock = clock
         self._decode_token_s = decode_token_s(predictor)
         self._decode_share = DecodeShare(predictor, config.iteration_budget_s)
-        self.slowdown = 1.0  # measured time to first token / predicted (see the module)
-        self._samples = 0
+        self._measured_s = self._predicted_s = 0.0  # the samples' forgetting sums
+        self._model = predictor.describe()  # (which peers' speed is this one's)
+        # the replicas whose measured speed is this one's until it measures its own (the
+        # router's list of them all: those priced with another model are passed over)
+        self.peers: Sequence[TrackedReplica] = ()
+        self.round_trip_s = 0.0  # its quickest recent health check (the router's to set)
         self._period: BusyPeriod | None = None  # the busy period under way, if any
         self._policy = replica_policy(config)
         self._rules = StepRules.of(config, predictor.parallel.spp)
@@ -167,7 +179,8 @@ class TrackedReplica:
         measured slowdown over: it was measured against the old one."""
         self._drain(self.clock())
         if predictor is not self.predictor:
-            self.slowdown, self._samples = 1.0, 0
+            self._measured_s, self._predicted_s = 0.0, 0.0
+            self._model = predictor.describe()
         if self._period is not None:  # (priced with the old model)
             self._period.sample = False
         self.predictor = predictor
@@ -179,7 +192,7 @@ class TrackedReplica:
         self._rules = StepRules.of(config, predictor.parallel.spp)
 
     def describe(self) -> str:
-        return self.predictor.describe()
+        return self._model
 
     # ---- events (the proxy's) ----------------------------------------------------------------
     def on_dispatch(
@@ -219,12 +232,34 @@ class TrackedReplica:
             period = self._period
             if period is not None and not any(q.waiting for q in self._queue):
                 self._period = None  # it ends: none waits
-                if period.sample and period.predicted_s >= _SAMPLE_MIN_S:
-                    lo, hi = _SAMPLE_RANGE
-                    ratio = min(hi, max(lo, (now - period.start_s) / period.predicted_s))
-                    self._samples += 1
-                    weight = max(_SAMPLE_WEIGHT, 1.0 / self._samples)
-                    self.slowdown += weight * (ratio - self.slowdown)
+                if period.sample and period.predicted_s > 0:
+                    self._sample(now - period.start_s - self.round_trip_s, period.predicted_s)
+
+    def _sample(self, measured_s: float, predicted_s: float) -> None:
+        lo, hi = _SAMPLE_RANGE
+        keep = math.exp(-predicted_s / _SAMPLE_WINDOW_S)
+        self._measured_s = (
+            keep * self._measured_s + min(hi, max(lo, measured_s / predicted_s)) * predicted_s
+        )
+        self._predicted_s = keep * self._predicted_s + predicted_s
+
+    @property
+    def measured(self) -> bool:
+        """Whether it has measured a period of its own."""
+        return self._predicted_s > 0
+
+    @property
+    def slowdown(self) -> float:
+        """Measured time to first token over predicted (see the module): its own, else its
+        peers' of the same model, else 1."""
+        if self._predicted_s > 0:
+            return self._measured_s / self._predicted_s
+        learned = [
+            p._measured_s / p._predicted_s
+            for p in self.peers
+            if p.measured and p is not self and p._model == self._model
+        ]
+        return sum(learned) / len(learned) if learned else 1.0
 
     def on_tokens(self, request_id: str, n: int) -> None:
         r = self._live.get(request_id)
