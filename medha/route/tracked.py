@@ -176,7 +176,8 @@ class TrackedReplica:
         """Price from now on with `predictor` under the replica's scheduler `config` (its own
         model and defaults, read from it, or the router's walk to a longer context). What the
         requests it holds were priced at stays: their work drains on. A new model starts the
-        measured slowdown over: it was measured against the old one."""
+        measured slowdown over (it was measured against the old one): its peers' of the new
+        model until it measures its own."""
         self._drain(self.clock())
         if predictor is not self.predictor:
             self._measured_s, self._predicted_s = 0.0, 0.0
@@ -252,7 +253,7 @@ class TrackedReplica:
     def slowdown(self) -> float:
         """Measured time to first token over predicted (see the module): its own, else its
         peers' of the same model, else 1."""
-        if self._predicted_s > 0:
+        if self.measured:
             return self._measured_s / self._predicted_s
         learned = [
             p._measured_s / p._predicted_s
