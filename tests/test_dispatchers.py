@@ -164,9 +164,7 @@ def test_pending_requests_are_ordered_as_the_replica_scheduler_orders_its_prefil
 def test_the_slowdown_weighs_periods_by_their_length_and_forgets_past_its_window():
     (r,), config, clock = tracked_cluster(1)
 
-    def sample(
-        i, n, took
-    ):  # a prefill of n tokens alone (n ms predicted), its first token after `took`
+    def sample(i, n, took):  # n tokens alone (n / 1024 s predicted), first token after `took`
         send(r, config, Request.from_tokens(f"s{i}", clock.t, tokens(0, n, i), 4))
         clock.t += took
         r.on_first_token(f"s{i}")

@@ -255,11 +255,7 @@ class TrackedReplica:
         peers' of the same model, else 1."""
         if self.measured:
             return self._measured_s / self._predicted_s
-        learned = [
-            p._measured_s / p._predicted_s
-            for p in self.peers
-            if p.measured and p is not self and p._model == self._model
-        ]
+        learned = [p.slowdown for p in self.peers if p.measured and p._model == self._model]
         return sum(learned) / len(learned) if learned else 1.0
 
     def on_tokens(self, request_id: str, n: int) -> None:
