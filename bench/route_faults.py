@@ -64,7 +64,7 @@ def peer_router(name: str, urls: list[str]):
     from medha.benchmark.routers import check_installed, running_router
 
     check_installed(name)
-    with running_router(name, urls) as (url, _):
+    with running_router(name, urls) as (url, _, _):
         yield url
 
 

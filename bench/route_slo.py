@@ -94,6 +94,7 @@ from medha.benchmark.routers import (
     Missing,
     check_installed,
     contender,
+    cpu_seconds,
     install_peers,
     running_router,
     serving_replicas,
@@ -539,7 +540,11 @@ def run_cell(name: str, workload: str, args, slo: Slo, calib: dict, log) -> dict
         model = served_model(replicas[0])
         kv_tokens = replica_kv_tokens(replicas[0])
         t = time.perf_counter()
-        with running_router(name, replicas, log=log, medha_flags=router_flags) as (base, cmd):
+        with running_router(name, replicas, log=log, medha_flags=router_flags) as (
+            base,
+            cmd,
+            pid,
+        ):
             startup = time.perf_counter() - t
             forwarded = slo_field_forwarded(base, model)
             before = [replica_counters(u) for u in replicas]
@@ -548,7 +553,9 @@ def run_cell(name: str, workload: str, args, slo: Slo, calib: dict, log) -> dict
                 load = conversations(cfg, args.num_requests, args.qps, args.seed)
             else:
                 load = one_shots(workload, args)
+            cpu = cpu_seconds(pid)
             results, wall = asyncio.run(run_workload(base, model, load, slo, calib["chat"]))
+            cpu = cpu_seconds(pid) - cpu
             after = [replica_counters(u) for u in replicas]
             slowdowns = router_slowdowns(base) if name.startswith("medha-") else None
     delta = [{k: a[k] - b[k] for k in a} for a, b in zip(after, before)]
@@ -565,6 +572,8 @@ def run_cell(name: str, workload: str, args, slo: Slo, calib: dict, log) -> dict
         "router_startup_s": startup,
         "slo_field_forwarded": forwarded,
         "wall_s": wall,
+        # the router's CPU seconds over the workload: taken from the replicas' two cores
+        "router_cpu_s": cpu,
         "replicas": delta,
         "router_slowdowns": slowdowns,  # each replica's, as medha route measured it at the end
         "requests": [asdict(r) | {"text": None, "payload": None} for r in results],
@@ -620,6 +629,13 @@ def summarize(cells: list[dict]) -> dict:
         "one_cache_hit_rate": _mean([c.get("one_cache_hit_rate") for c in cells]),
         "per_replica_requests": [[d["requests"] for d in c["replicas"]] for c in cells],
         "router_slowdowns": [c.get("router_slowdowns") for c in cells],
+        "router_cpu_s_per_request": _mean(
+            [
+                c["router_cpu_s"] / len(c["requests"])
+                for c in cells
+                if c.get("router_cpu_s") is not None
+            ]
+        ),
         "requests_per_s": float(
             np.mean([sum(r["status"] == "ok" for r in c["requests"]) / c["wall_s"] for c in cells])
         ),
@@ -794,7 +810,8 @@ def main() -> None:
                     f"round {rnd} {name} {workload}: {s['requests']} requests, "
                     f"{s['errors']} errors, SLO {_fmt(s['slo_attainment'], '.0%')}, "
                     f"hits {_fmt(s['prefix_hit_rate'], '.0%')}, "
-                    f"hot spot {_fmt(s['hot_spot_index'], '.2f')}, router up in "
+                    f"hot spot {_fmt(s['hot_spot_index'], '.2f')}, router CPU "
+                    f"{_fmt(s['router_cpu_s_per_request'], '.4f')} s a request, router up in "
                     f"{cell['router_startup_s']:.1f} s ({time.perf_counter() - t:.0f} s)"
                 )
     table = {
@@ -868,6 +885,11 @@ def _print(table: dict, skipped: dict, args) -> None:
                 f"{s['output_tokens_per_s']:.1f} | {s['errors']} |"
             )
         for name, s in rows.items():
+            if s.get("router_cpu_s_per_request") is not None:
+                print(
+                    f"{name}: the router's CPU time, {1e3 * s['router_cpu_s_per_request']:.1f} ms "
+                    "a request (taken from the replicas' cores unless they are pinned apart)"
+                )
             if s.get("predicted"):
                 print(
                     f"{name}: predicted TTFT against measured over {s['predicted']} requests: "

@@ -154,13 +154,34 @@ def _ready(c: Contender, url: str, replicas: int) -> bool:
     return len(workers) == replicas and all(w.get("is_healthy") for w in workers)
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) spent so far by process `pid` and its live descendants, from
+    /proc: on a machine where the router shares the replicas' cores, what it took from them."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parent, spent = {}, {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # exited while we looked
+            continue
+        # after the command's ")": state ppid ... utime (12th) stime (13th)
+        parent[int(stat.parent.name)] = int(fields[1])
+        spent[int(stat.parent.name)] = (int(fields[11]) + int(fields[12])) / tick
+    tree, total = {pid}, 0.0
+    for p in sorted(parent):  # children have larger pids than their parents, almost always
+        if p in tree or parent[p] in tree:
+            tree.add(p)
+            total += spent[p]
+    return total
+
+
 @contextmanager
 def running_router(
     name: str, replicas: list[str], log=None, startup_s: float = 60.0, medha_flags=()
-) -> Iterator[tuple[str, list[str]]]:
+) -> Iterator[tuple[str, list[str], int]]:
     """Start contender `name` in front of `replicas` (base URLs), wait until it routes to all
-    of them, yield (its base URL, its command line); SIGTERM (then kill) on the way out.
-    Raises Missing when its router is not installed. `log`: an open file for its output."""
+    of them, yield (its base URL, its command line, its pid); SIGTERM (then kill) on the way
+    out. Raises Missing when its router is not installed. `log`: an open file for its output."""
     c = contender(name)
     port = free_port()
     cmd = router_command(c, replicas, port, free_port(), medha_flags)
@@ -177,7 +198,7 @@ def running_router(
                     f"{name}: not routing to {len(replicas)} replicas after {startup_s:.0f} s"
                 )
             time.sleep(0.2)
-        yield url, cmd
+        yield url, cmd, proc.pid
     finally:
         stop_processes([proc], 15.0)
 
