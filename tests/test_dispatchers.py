@@ -275,6 +275,36 @@ def test_slack_takes_the_cache_unless_the_queue_behind_it_costs_more():
     assert slack.pick(hit, t).replica_id == 1
 
 
+@pytest.mark.parametrize("waited_s", [0.0, 1.0])
+def test_slack_breaks_a_tie_within_its_tolerance_by_the_replica_time_a_choice_spends(waited_s):
+    # replica 1 holds the new request's 1024-token prefix and runs a 2 s cold prefill (L); the
+    # new request costs 0.07 s there, behind what is left of L, or 1.07 s on idle replica 0.
+    # Once L has run for 1 s the two first tokens are 0.03 s apart: slack alone takes replica
+    # 0 (and spends 1.07 s of it); within a tolerance of 0.03 s or more the choices tie and
+    # the one that spends less (the cache) wins. With 2 s of L ahead (waited_s 0) replica 0
+    # is ahead by more than any tolerance here.
+    def pick(tolerance_s):
+        replicas, config, clock = tracked_cluster(2)
+        slack = dispatcher("slack", replicas, config)
+        send(replicas[1], config, Request.from_tokens("warm", 0.0, tokens(1024, 1100), 4))
+        t = clock.t = replicas[1].pending(0.0)[0].work_s
+        replicas[1].on_first_token("warm")
+        replicas[1].on_end("warm")
+        send(replicas[1], config, Request.from_tokens("L", t, tokens(0, 2048, 5), 4))
+        now = clock.t = t + waited_s
+        slack.tolerance_s = tolerance_s
+        hit = Request.from_tokens("hit", now, tokens(1024, 1100, 1), 4)
+        return slack.pick(hit, now).replica_id, slack.predicted_first_token_s - now
+
+    assert pick(0.0) == (0, pytest.approx(1100 * TOKEN_S))
+    if waited_s:
+        assert pick(0.01)[0] == 0  # not a tie at this tolerance
+        chosen, ttft = pick(0.03)
+        assert chosen == 1 and 1100 * TOKEN_S < ttft < 1100 * TOKEN_S + 0.05  # 31 ms later
+    else:
+        assert pick(1.0)[0] == 0
+
+
 def test_slack_keeps_a_waiting_request_within_its_deadline_rather_than_the_new_one_fastest():
     # replica 0 holds a short request with 0.3 s of its 0.5 s allowance left to wait; replica 1
     # holds a long prefill with plenty of slack. A new short request with an earlier deadline

@@ -4,6 +4,7 @@ and in front of two real `medha serve` replicas through the official openai clie
 import asyncio
 import dataclasses
 import json
+import re
 import sys
 import time
 from contextlib import ExitStack, contextmanager
@@ -115,6 +116,21 @@ def test_the_slack_dispatcher_tells_the_client_its_predicted_ttft(two_stubs):
             r = complete(url, stream=stream)
             assert r.status_code == 200
             assert 0 <= float(r.headers["x-medha-predicted-ttft-ms"]) < 60_000
+        # and measures how far its predictions miss (its tolerance): replicas whose first
+        # token takes 0.3 s more than any model of them says
+        for stub in two_stubs:
+            configure(stub, delay_s=0.3)
+        errors = []
+        for _ in range(3):
+            r = complete(url, stream=True)
+            measured_s = r.elapsed.total_seconds()  # to the whole (short) answer
+            errors.append(measured_s - float(r.headers["x-medha-predicted-ttft-ms"]) / 1000)
+        metrics = httpx.get(url + "/metrics", timeout=TIMEOUT_S).text
+        error_s = float(
+            re.search(r"^medha_router_prediction_error_seconds (\S+)", metrics, re.M)[1]
+        )
+        # the router's clock starts when it has read the request, ends at the first token
+        assert 0.3 - 0.05 <= error_s <= sorted(errors)[1] + 0.01, (error_s, errors)
     with router(two_stubs, "--dispatcher", "round_robin") as url:
         assert "x-medha-predicted-ttft-ms" not in complete(url).headers
 

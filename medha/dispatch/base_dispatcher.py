@@ -170,6 +170,11 @@ class Dispatcher(ABC):
         # it chose, for a dispatcher that predicts one (slack), else None: the router passes it
         # on to the client (x-medha-predicted-ttft-ms), to be checked against what happened.
         self.predicted_first_token_s: float | None = None
+        # Seconds of predicted first-token time its caller cannot tell apart: the router's
+        # measured prediction error (`medha route` sets it as first tokens come); 0 in the
+        # simulator, where the prediction is the truth. A dispatcher that predicts (slack)
+        # breaks ties within it by the replica time a choice spends.
+        self.tolerance_s = 0.0
 
     @abstractmethod
     def pick(

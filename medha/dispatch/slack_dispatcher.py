@@ -15,6 +15,14 @@ every other replica's smallest without it); the dispatcher takes the replica tha
 this. When a request already late elsewhere decides that minimum for every choice, the
 new request's own predicted TTFT decides (then the least outstanding work).
 
+A prediction is only as good as the model of the replica: on the router, choices whose smallest
+relative slack lies within the router's measured prediction error of the best one
+(`tolerance_s`, the recent median of |first token - predicted|, over the new request's
+allowance) are a tie the model cannot break, and the tie goes to the choice that spends the
+least replica time on the new request (the one that holds its prefix): that time is what the
+next arrival may need (llm-d's "sticky until saturated", with a measured tolerance rather than
+a tuned one). In the simulator the model is the truth and the tolerance is 0.
+
 The new request's work on a replica is the prefill of what that replica's prefix cache does not
 hold, so cache affinity, queue length and the policy's order meet in one number, with no weight
 to tune per workload. Its deadline is the one the replicas would give it (its own TTFT target,
@@ -64,7 +72,7 @@ class SlackDispatcher(Dispatcher):
     def pick(self, request, now, candidates=None):
         candidates = candidates or self.replicas
         deadline = ttft_deadline_s(self.config, request, candidates[0])
-        before, after, ttft = {}, {}, {}
+        before, after, ttft, spent = {}, {}, {}, {}
         for r in candidates:
             rid = r.replica_id
             cached = r.cached_tokens(request)
@@ -89,6 +97,7 @@ class SlackDispatcher(Dispatcher):
                 lowest_with = min(lowest_with, slack)
                 if p is new:
                     ttft[rid], shift = t, work * stretch
+                    spent[rid] = shift
                 else:
                     lowest_without = min(lowest_without, relative_slack(p, t - shift))
             after[rid], before[rid] = lowest_with, lowest_without
@@ -97,9 +106,14 @@ class SlackDispatcher(Dispatcher):
             others = (before[o.replica_id] for o in candidates if o is not r)
             return min(after[r.replica_id], min(others, default=math.inf))
 
+        best = max(cluster_min(r) for r in candidates)
+        allowed = deadline - request.arrival_s
+        tied = best - (self.tolerance_s / allowed if allowed > 0 else 0.0)
         chosen = max(
             candidates,
             key=lambda r: (
+                cluster_min(r) >= tied,
+                -spent[r.replica_id] if self.tolerance_s > 0 else 0.0,
                 cluster_min(r),
                 -ttft[r.replica_id],
                 -r.outstanding_work_s(),

@@ -35,6 +35,7 @@ import logging
 import math
 import random
 import secrets
+import statistics
 import time
 import uuid
 from collections.abc import Callable
@@ -62,6 +63,8 @@ MAX_CONTEXT = 1 << 24  # tokens: a replica's reported context past this is not b
 # how often the router reads a replica's model again, in health checks (to see a replica
 # restarted with another model): every 10 s at the default interval
 PREDICTOR_REFRESH_CHECKS = 20
+# first tokens whose prediction error the dispatcher's tolerance is the median of
+PREDICTION_ERRORS = 64
 _ERROR_BODY_LIMIT = 1 << 16  # bytes of a replica's error answer passed on
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -117,6 +120,12 @@ class RouterMetrics:
             "medha_router_time_to_first_token_seconds",
             "Arrival at the router to the first token passed on (streams)",
             buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.prediction_error = Gauge(
+            "medha_router_prediction_error_seconds",
+            "The median |first token - predicted| over the recent requests whose first token "
+            "the dispatcher predicted (slack): its tolerance, within which choices tie",
             registry=r,
         )
         self.context = Gauge(
@@ -218,6 +227,11 @@ class Router:
         # oldest first: request id -> (the future the pull sets, its exchange)
         self._held: dict[str, tuple[asyncio.Future, _Exchange]] = {}
         self.dispatcher = None
+        # |first token - predicted| of the recent requests the dispatcher predicted, seconds:
+        # its median is the dispatcher's tolerance (`Dispatcher.tolerance_s`)
+        self.prediction_errors: collections.deque[float] = collections.deque(
+            maxlen=PREDICTION_ERRORS
+        )
         for url, key in zip(urls, keys or [None] * len(urls)):
             self._new_replica(url, key)
         self._new_dispatcher()
@@ -281,12 +295,26 @@ class Router:
             if members
             else None
         )
+        if self.dispatcher is not None:
+            self.dispatcher.tolerance_s = self.prediction_error_s()
         # what the old one held, the new one holds (or places at once), in the same order
         held, self._held = self._held, {}
         for fut, exchange in held.values():
             if not fut.done():
                 self._hold(exchange, fut)
         self._distribute()
+
+    def prediction_error_s(self) -> float:
+        """The median |first token - predicted| of the recent predicted requests (0 before
+        any)."""
+        return statistics.median(self.prediction_errors) if self.prediction_errors else 0.0
+
+    def on_predicted_first_token(self, error_s: float) -> None:
+        """A request's first token came `error_s` after (or, negative, before) the dispatcher
+        predicted it."""
+        self.prediction_errors.append(abs(error_s))
+        if self.dispatcher is not None:
+            self.dispatcher.tolerance_s = self.prediction_error_s()
 
     # ---- held requests (a dispatcher whose replicas pull: pla) --------------------------------
     def _hold(self, exchange: _Exchange, fut: asyncio.Future | None = None) -> asyncio.Future:
@@ -613,6 +641,7 @@ class Router:
             for t in self.tracked:
                 self.metrics.live.labels(str(t.replica_id)).set(t.num_live)
                 self.metrics.slowdown.labels(str(t.replica_id)).set(t.slowdown)
+            self.metrics.prediction_error.set(self.prediction_error_s())
             return await _raw(send, 200, generate_latest(self.metrics.registry), b"text/plain")
         if path == "/replicas" or path.startswith("/replicas/"):
             return await self._admin(scope, receive, send, path, method)
@@ -1164,10 +1193,13 @@ class _Exchange:
                     if not _has_token(held):
                         continue
                     view.on_first_token(rid)
+                    ttft = router.clock() - self.routing.request.arrival_s
+                    if self.predicted_ttft_s is not None:
+                        router.on_predicted_first_token(ttft - self.predicted_ttft_s)
                     router._distribute()
                     router.breaker_success(b)
                     self._release()
-                    router.metrics.ttft.observe(router.clock() - self.routing.request.arrival_s)
+                    router.metrics.ttft.observe(ttft)
                     await self._start_stream()
                     chunk, held = bytes(held), bytearray()
                 view.on_tokens(rid, chunk.count(b"data:"))
