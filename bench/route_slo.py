@@ -421,13 +421,18 @@ def replica_counters(url: str) -> dict:
     return out
 
 
-def router_slowdowns(base: str) -> list[float] | None:
-    """The speed `medha route` measured for each replica (None: a peer router)."""
-    found = {}
+def router_measures(base: str) -> dict:
+    """What `medha route` measured: each replica's speed, its median prediction error, the
+    picks that error changed."""
+    slowdowns, out = {}, {}
     for line in httpx.get(base + "/metrics", timeout=10).text.splitlines():
         if line.startswith("medha_router_replica_slowdown{"):
-            found[line.split('"')[1]] = float(line.split()[-1])
-    return [found[k] for k in sorted(found, key=int)] or None
+            slowdowns[line.split('"')[1]] = float(line.split()[-1])
+        elif line.startswith("medha_router_prediction_error_seconds "):
+            out["prediction_error_s"] = float(line.split()[-1])
+        elif line.startswith("medha_router_tie_breaks_total "):
+            out["tie_breaks"] = int(float(line.split()[-1]))
+    return out | {"slowdowns": [slowdowns[k] for k in sorted(slowdowns, key=int)] or None}
 
 
 def replica_kv_tokens(url: str) -> int:
@@ -557,7 +562,7 @@ def run_cell(name: str, workload: str, args, slo: Slo, calib: dict, log) -> dict
             results, wall = asyncio.run(run_workload(base, model, load, slo, calib["chat"]))
             cpu = cpu_seconds(pid) - cpu
             after = [replica_counters(u) for u in replicas]
-            slowdowns = router_slowdowns(base) if name.startswith("medha-") else None
+            measures = router_measures(base) if name.startswith("medha-") else {}
     delta = [{k: a[k] - b[k] for k in a} for a, b in zip(after, before)]
     twin = twin_trace(results)
     trace = Path(args.out) / f"twin-{name}-{workload}-{args.seed}-{time.time_ns()}.jsonl"
@@ -575,7 +580,11 @@ def run_cell(name: str, workload: str, args, slo: Slo, calib: dict, log) -> dict
         # the router's CPU seconds over the workload: taken from the replicas' two cores
         "router_cpu_s": cpu,
         "replicas": delta,
-        "router_slowdowns": slowdowns,  # each replica's, as medha route measured it at the end
+        # each replica's speed, as medha route measured it at the end; its prediction error
+        # and the picks that error changed
+        "router_slowdowns": measures.get("slowdowns"),
+        "router_prediction_error_s": measures.get("prediction_error_s"),
+        "router_tie_breaks": measures.get("tie_breaks"),
         "requests": [asdict(r) | {"text": None, "payload": None} for r in results],
     }
 
@@ -629,6 +638,7 @@ def summarize(cells: list[dict]) -> dict:
         "one_cache_hit_rate": _mean([c.get("one_cache_hit_rate") for c in cells]),
         "per_replica_requests": [[d["requests"] for d in c["replicas"]] for c in cells],
         "router_slowdowns": [c.get("router_slowdowns") for c in cells],
+        "router_tie_breaks": [c.get("router_tie_breaks") for c in cells],
         "router_cpu_s_per_request": _mean(
             [
                 c["router_cpu_s"] / len(c["requests"])
@@ -901,6 +911,9 @@ def _print(table: dict, skipped: dict, args) -> None:
                     ", ".join(f"{x:.2f}" for x in cell) for cell in s["router_slowdowns"] if cell
                 )
                 print(f"{name}: each replica's slowdown at the end, by round: {speeds}")
+            if any(n is not None for n in s.get("router_tie_breaks") or ()):
+                ties = s["router_tie_breaks"]
+                print(f"{name}: picks its prediction error changed, by round: {ties}")
     for name, why in skipped.items():
         print(f"{name}: skipped: {why}")
 

@@ -294,15 +294,17 @@ def test_slack_breaks_a_tie_within_its_tolerance_by_the_replica_time_a_choice_sp
         now = clock.t = t + waited_s
         slack.tolerance_s = tolerance_s
         hit = Request.from_tokens("hit", now, tokens(1024, 1100, 1), 4)
-        return slack.pick(hit, now).replica_id, slack.predicted_first_token_s - now
+        chosen = slack.pick(hit, now).replica_id
+        return chosen, slack.predicted_first_token_s - now, slack.tie_breaks
 
-    assert pick(0.0) == (0, pytest.approx(1100 * TOKEN_S))
+    assert pick(0.0) == (0, pytest.approx(1100 * TOKEN_S), 0)
     if waited_s:
-        assert pick(0.01)[0] == 0  # not a tie at this tolerance
-        chosen, ttft = pick(0.03)
-        assert chosen == 1 and 1100 * TOKEN_S < ttft < 1100 * TOKEN_S + 0.05  # 31 ms later
+        assert pick(0.01)[::2] == (0, 0)  # not a tie at this tolerance
+        chosen, ttft, ties = pick(0.03)
+        assert (chosen, ties) == (1, 1)
+        assert 1100 * TOKEN_S < ttft < 1100 * TOKEN_S + 0.05  # 31 ms later: a tie
     else:
-        assert pick(1.0)[0] == 0
+        assert pick(1.0)[::2] == (0, 0)
 
 
 def test_slack_keeps_a_waiting_request_within_its_deadline_rather_than_the_new_one_fastest():

@@ -4,6 +4,9 @@ routers is the bench's job (it needs the peers' wheels and two model replicas)."
 
 import os
 import stat
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -64,3 +67,19 @@ def test_a_missing_peer_raises_missing(tmp_path, monkeypatch):
     _fake_venv(path_dir, "vllm-router")
     monkeypatch.setenv("PATH", str(path_dir / "bin") + os.pathsep + str(tmp_path))
     routers.check_installed("vllm-router-cache_aware")
+
+
+def test_a_routers_cpu_time_counts_its_children():
+    # a shell (the router's launcher) whose child spins for 0.3 s of CPU: the parent's own
+    # time is near 0, the tree's is the child's
+    spin = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\n"
+    shell = subprocess.Popen(["sh", "-c", f'{sys.executable} -c "{spin}"; sleep 5'])
+    try:
+        deadline = time.monotonic() + 30
+        while (spent := routers.cpu_seconds(shell.pid)) < 0.3:
+            assert time.monotonic() < deadline, spent
+            time.sleep(0.05)
+        assert spent < 3.0  # the child's 0.3 s and the interpreters' start-up, not the wall
+    finally:
+        shell.kill()
+        shell.wait()

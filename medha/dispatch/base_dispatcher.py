@@ -175,6 +175,7 @@ class Dispatcher(ABC):
         # simulator, where the prediction is the truth. A dispatcher that predicts (slack)
         # breaks ties within it by the replica time a choice spends.
         self.tolerance_s = 0.0
+        self.tie_breaks = 0  # picks the tolerance changed (to the replica that spends less)
 
     @abstractmethod
     def pick(

@@ -106,19 +106,22 @@ class SlackDispatcher(Dispatcher):
             others = (before[o.replica_id] for o in candidates if o is not r)
             return min(after[r.replica_id], min(others, default=math.inf))
 
-        best = max(cluster_min(r) for r in candidates)
-        allowed = deadline - request.arrival_s
-        tied = best - (self.tolerance_s / allowed if allowed > 0 else 0.0)
-        chosen = max(
-            candidates,
-            key=lambda r: (
-                cluster_min(r) >= tied,
-                -spent[r.replica_id] if self.tolerance_s > 0 else 0.0,
+        def rank(r: ReplicaView) -> tuple:
+            return (
                 cluster_min(r),
                 -ttft[r.replica_id],
                 -r.outstanding_work_s(),
                 -r.replica_id,
-            ),
-        )
+            )
+
+        chosen = max(candidates, key=rank)
+        allowed = deadline - request.arrival_s
+        if self.tolerance_s > 0 and allowed > 0:
+            within = cluster_min(chosen) - self.tolerance_s / allowed
+            tied = sorted((r for r in candidates if cluster_min(r) >= within), key=rank)[::-1]
+            cheapest = min(tied, key=lambda r: spent[r.replica_id])  # the best ranked of equals
+            if spent[cheapest.replica_id] < spent[chosen.replica_id]:
+                chosen = cheapest
+                self.tie_breaks += 1
         self.predicted_first_token_s = ttft[chosen.replica_id]
         return chosen

@@ -128,6 +128,12 @@ class RouterMetrics:
             "the dispatcher predicted (slack): its tolerance, within which choices tie",
             registry=r,
         )
+        self.tie_breaks = Counter(
+            "medha_router_tie_breaks",
+            "Picks the prediction error changed: choices within it of the best tie, and the "
+            "tie went to the replica that spends less time on the request (its cache)",
+            registry=r,
+        )
         self.context = Gauge(
             "medha_router_context_tokens",
             "The longest context the router prices prompts to: its --model's, or a longer one "
@@ -1033,7 +1039,10 @@ class _Exchange:
                 if view is None:
                     break
             else:
+                ties = router.dispatcher.tie_breaks
                 view = router.dispatcher.pick(request, router.clock(), candidates)
+                if router.dispatcher.tie_breaks != ties:
+                    router.metrics.tie_breaks.inc()
             predicted = router.dispatcher.predicted_first_token_s
             self.predicted_ttft_s = None if predicted is None else predicted - request.arrival_s
             backend = router.backends[view.replica_id]
