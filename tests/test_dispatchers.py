@@ -307,6 +307,30 @@ def test_slack_breaks_a_tie_within_its_tolerance_by_the_replica_time_a_choice_sp
         assert pick(1.0)[::2] == (0, 0)
 
 
+def test_slack_ties_a_prompt_no_cache_holds_to_the_replica_whose_cache_holds_least():
+    # idle replicas, replica 0 sent two prompts (ended), replica 1 one: a prompt neither
+    # holds costs the same on both; slack alone takes the lower id, within a tolerance the
+    # replica sent less (whose next turns it will be sent fewer of); a prompt replica 0
+    # holds stays there
+    replicas, config, clock = tracked_cluster(2)
+    slack = dispatcher("slack", replicas, config)
+    for i, (r, n) in enumerate([(0, 1024), (0, 1024), (1, 512)]):
+        req = Request.from_tokens(f"p{i}", clock.t, tokens(0, n, 20 + i), 4)
+        send(replicas[r], config, req)
+        clock.t += replicas[r].pending(clock.t)[0].work_s
+        replicas[r].on_first_token(req.request_id)
+        replicas[r].on_end(req.request_id)
+    assert [r.prefix_cache_blocks() for r in replicas] == [128, 32]
+    now = clock.t
+    fresh = Request.from_tokens("fresh", now, tokens(0, 300, 40), 4)
+    turn = Request.from_tokens("turn", now, tokens(0, 1024, 20) + [5] * 60, 4)
+    assert slack.pick(fresh, now).replica_id == 0
+    slack.tolerance_s = 0.05
+    assert slack.pick(fresh, now).replica_id == 1
+    assert slack.pick(turn, now).replica_id == 0
+    assert slack.tie_breaks == 1
+
+
 def test_slack_keeps_a_waiting_request_within_its_deadline_rather_than_the_new_one_fastest():
     # replica 0 holds a short request with 0.3 s of its 0.5 s allowance left to wait; replica 1
     # holds a long prefill with plenty of slack. A new short request with an earlier deadline

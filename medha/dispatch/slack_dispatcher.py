@@ -21,7 +21,10 @@ relative slack lies within the router's measured prediction error of the best on
 allowance) are a tie the model cannot break, and the tie goes to the choice that spends the
 least replica time on the new request (the one that holds its prefix): that time is what the
 next arrival may need (llm-d's "sticky until saturated", with a measured tolerance rather than
-a tuned one). In the simulator the model is the truth and the tolerance is 0.
+a tuned one). Of choices that spend the same (within the tolerance too: a prompt neither holds,
+or both), the one whose prefix cache holds least, as SGLang's cache_aware places a prompt no
+cache matches: the replica sent fewer prompts lately will be sent fewer next turns. In the
+simulator the model is the truth and the tolerance is 0.
 
 The new request's work on a replica is the prefill of what that replica's prefix cache does not
 hold, so cache affinity, queue length and the policy's order meet in one number, with no weight
@@ -119,9 +122,12 @@ class SlackDispatcher(Dispatcher):
         if self.tolerance_s > 0 and allowed > 0:
             within = cluster_min(chosen) - self.tolerance_s / allowed
             tied = sorted((r for r in candidates if cluster_min(r) >= within), key=rank)[::-1]
-            cheapest = min(tied, key=lambda r: spent[r.replica_id])  # the best ranked of equals
-            if spent[cheapest.replica_id] < spent[chosen.replica_id]:
-                chosen = cheapest
+            least = min(spent[r.replica_id] for r in tied)
+            cheap = [r for r in tied if spent[r.replica_id] <= least + self.tolerance_s]
+            # of those, the one whose cache holds least (the best ranked of equals)
+            better = min(cheap, key=lambda r: r.prefix_cache_blocks())
+            if better is not chosen:
+                chosen = better
                 self.tie_breaks += 1
         self.predicted_first_token_s = ttft[chosen.replica_id]
         return chosen
