@@ -67,7 +67,10 @@ with a first token within target; failures count as misses) and misses, the clus
 hit rate (prefix_cache_hits_tokens over prefix_cache_queries_tokens, both replicas' /metrics,
 read before and after the run), the hot-spot index (replicas x the busiest replica's share of
 the requests, from each replica's medha_requests_total; 1.0 is perfectly even, 2.0 all on
-one), throughput (completed requests and output tokens a second of wall time). The JSON at
+one; and the same over the prefill work, the prompt tokens each replica's cache missed: a
+router that keeps long conversations on one replica and sends the many short ones to the
+other is even by work and not by count), the router's CPU time a request (on this machine
+taken from the replicas' cores), throughput (completed requests and output tokens a second of wall time). The JSON at
 --out/summary.json holds every round, every request and the calibration.
 """
 
@@ -612,11 +615,15 @@ def summarize(cells: list[dict]) -> dict:
     met = sum(1 for r in ok if r["ttft_s"] <= r["target_s"])
     queries = sum(d["prefix_queries"] for c in cells for d in c["replicas"])
     hits = sum(d["prefix_hits"] for c in cells for d in c["replicas"])
-    hot = []
+    hot, hot_work = [], []
     for c in cells:
         counts = [d["requests"] for d in c["replicas"]]
         if sum(counts):
             hot.append(len(counts) * max(counts) / sum(counts))
+        # the same over the prefill work each replica did: the prompt tokens its cache missed
+        work = [d["prefix_queries"] - d["prefix_hits"] for d in c["replicas"]]
+        if sum(work) > 0:
+            hot_work.append(len(work) * max(work) / sum(work))
     # how far the router's predicted TTFT was from the measured one, per request (its own
     # clock starts when it has read the request, the client's when it sends it: a few ms)
     predicted = [r for r in ok if r.get("predicted_ttft_s") is not None]
@@ -635,6 +642,7 @@ def summarize(cells: list[dict]) -> dict:
         "slo_misses": len(reqs) - met,
         "prefix_hit_rate": hits / queries if queries else None,
         "hot_spot_index": float(np.mean(hot)) if hot else None,
+        "hot_spot_index_work": float(np.mean(hot_work)) if hot_work else None,
         "one_cache_hit_rate": _mean([c.get("one_cache_hit_rate") for c in cells]),
         "per_replica_requests": [[d["requests"] for d in c["replicas"]] for c in cells],
         "router_slowdowns": [c.get("router_slowdowns") for c in cells],
@@ -882,7 +890,7 @@ def _print(table: dict, skipped: dict, args) -> None:
         print(f"\n{w}: {args.num_requests} requests x {args.rounds} rounds, {args.qps} req/s\n")
         print(
             "| contender | short TTFT p50 | short TTFT p99 | SLO met | misses | prefix hits "
-            "(one cache) | hot spot | req/s | out tok/s | errors |"
+            "(one cache) | hot spot: requests / prefill work | req/s | out tok/s | errors |"
         )
         print("|---|---|---|---|---|---|---|---|---|---|")
         for name, s in rows.items():
@@ -891,7 +899,8 @@ def _print(table: dict, skipped: dict, args) -> None:
                 f"{_fmt(s['short_ttft_p99_s'], '.3f')} s | {_fmt(s['slo_attainment'], '.0%')} | "
                 f"{s['slo_misses']} | {_fmt(s['prefix_hit_rate'], '.1%')} "
                 f"({_fmt(s['one_cache_hit_rate'], '.1%')}) | "
-                f"{_fmt(s['hot_spot_index'], '.2f')} | {s['requests_per_s']:.3f} | "
+                f"{_fmt(s['hot_spot_index'], '.2f')} / {_fmt(s['hot_spot_index_work'], '.2f')} | "
+                f"{s['requests_per_s']:.3f} | "
                 f"{s['output_tokens_per_s']:.1f} | {s['errors']} |"
             )
         for name, s in rows.items():
