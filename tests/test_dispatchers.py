@@ -308,26 +308,29 @@ def test_slack_breaks_a_tie_within_its_tolerance_by_the_replica_time_a_choice_sp
 
 
 def test_slack_ties_a_prompt_no_cache_holds_to_the_replica_whose_cache_holds_least():
-    # idle replicas, replica 0 sent two prompts (ended), replica 1 one: a prompt neither
-    # holds costs the same on both; slack alone takes the lower id, within a tolerance the
-    # replica sent less (whose next turns it will be sent fewer of); a prompt replica 0
-    # holds stays there
+    # idle replicas, replica 0 sent two prompts (ended), replica 1 one, and both a prompt of
+    # a shared 256-token prefix: a prompt neither holds costs the same on both; slack alone
+    # takes the lower id, within a tolerance the replica sent less (whose next turns it will
+    # be sent fewer of). A prompt replica 0 holds stays there; one of the prefix both hold
+    # goes as slack alone sends it.
     replicas, config, clock = tracked_cluster(2)
     slack = dispatcher("slack", replicas, config)
-    for i, (r, n) in enumerate([(0, 1024), (0, 1024), (1, 512)]):
-        req = Request.from_tokens(f"p{i}", clock.t, tokens(0, n, 20 + i), 4)
+    sent = [(0, tokens(0, 1024, 20)), (0, tokens(0, 1024, 21)), (1, tokens(0, 512, 22))]
+    sent += [(0, tokens(256, 300, 23)), (1, tokens(256, 300, 24))]
+    for i, (r, prompt) in enumerate(sent):
+        req = Request.from_tokens(f"p{i}", clock.t, prompt, 4)
         send(replicas[r], config, req)
         clock.t += replicas[r].pending(clock.t)[0].work_s
         replicas[r].on_first_token(req.request_id)
         replicas[r].on_end(req.request_id)
-    assert [r.prefix_cache_blocks() for r in replicas] == [128, 32]
+    assert [r.prefix_cache_blocks() for r in replicas] == [128 + 18, 32 + 18]
     now = clock.t
     fresh = Request.from_tokens("fresh", now, tokens(0, 300, 40), 4)
     turn = Request.from_tokens("turn", now, tokens(0, 1024, 20) + [5] * 60, 4)
-    assert slack.pick(fresh, now).replica_id == 0
+    shared = Request.from_tokens("shared", now, tokens(256, 400, 41), 4)
+    assert [slack.pick(r, now).replica_id for r in (fresh, turn, shared)] == [0, 0, 0]
     slack.tolerance_s = 0.05
-    assert slack.pick(fresh, now).replica_id == 1
-    assert slack.pick(turn, now).replica_id == 0
+    assert [slack.pick(r, now).replica_id for r in (fresh, turn, shared)] == [1, 0, 0]
     assert slack.tie_breaks == 1
 
 

@@ -21,10 +21,10 @@ relative slack lies within the router's measured prediction error of the best on
 allowance) are a tie the model cannot break, and the tie goes to the choice that spends the
 least replica time on the new request (the one that holds its prefix): that time is what the
 next arrival may need (llm-d's "sticky until saturated", with a measured tolerance rather than
-a tuned one). Of choices that spend the same (within the tolerance too: a prompt neither holds,
-or both), the one whose prefix cache holds least, as SGLang's cache_aware places a prompt no
-cache matches: the replica sent fewer prompts lately will be sent fewer next turns. In the
-simulator the model is the truth and the tolerance is 0.
+a tuned one). A prompt none of those choices holds any of, which they spend the same on
+(within the tolerance too), goes to the one whose prefix cache holds least, as SGLang's
+cache_aware places a prompt no cache matches: the replica sent fewer prompts lately will be
+sent fewer next turns. In the simulator the model is the truth and the tolerance is 0.
 
 The new request's work on a replica is the prefill of what that replica's prefix cache does not
 hold, so cache affinity, queue length and the policy's order meet in one number, with no weight
@@ -75,10 +75,10 @@ class SlackDispatcher(Dispatcher):
     def pick(self, request, now, candidates=None):
         candidates = candidates or self.replicas
         deadline = ttft_deadline_s(self.config, request, candidates[0])
-        before, after, ttft, spent = {}, {}, {}, {}
+        before, after, ttft, spent, held = {}, {}, {}, {}, {}
         for r in candidates:
             rid = r.replica_id
-            cached = r.cached_tokens(request)
+            cached = held[rid] = r.cached_tokens(request)
             work = r.prefill_work_s(request, cached)
             # not started: long by its whole prompt until the replica looks it up
             new = Pending(
@@ -124,8 +124,9 @@ class SlackDispatcher(Dispatcher):
             tied = sorted((r for r in candidates if cluster_min(r) >= within), key=rank)[::-1]
             least = min(spent[r.replica_id] for r in tied)
             cheap = [r for r in tied if spent[r.replica_id] <= least + self.tolerance_s]
-            # of those, the one whose cache holds least (the best ranked of equals)
-            better = min(cheap, key=lambda r: r.prefix_cache_blocks())
+            better = cheap[0]  # the best ranked of those spending the least (within it)
+            if not any(held[r.replica_id] for r in cheap):  # a prompt no cache holds
+                better = min(cheap, key=lambda r: r.prefix_cache_blocks())
             if better is not chosen:
                 chosen = better
                 self.tie_breaks += 1
