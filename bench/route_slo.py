@@ -70,8 +70,9 @@ the requests, from each replica's medha_requests_total; 1.0 is perfectly even, 2
 one; and the same over the prefill work, the prompt tokens each replica's cache missed: a
 router that keeps long conversations on one replica and sends the many short ones to the
 other is even by work and not by count), the router's CPU time a request (on this machine
-taken from the replicas' cores), throughput (completed requests and output tokens a second of wall time). The JSON at
---out/summary.json holds every round, every request and the calibration.
+taken from the replicas' cores), throughput (completed requests and output tokens a second of
+wall time). The JSON at --out/summary.json holds every round, every request and the
+calibration.
 """
 
 from __future__ import annotations

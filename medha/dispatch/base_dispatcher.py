@@ -177,9 +177,9 @@ class Dispatcher(ABC):
         # Seconds of predicted first-token time its caller cannot tell apart: the router's
         # measured prediction error (`medha route` sets it as first tokens come); 0 in the
         # simulator, where the prediction is the truth. A dispatcher that predicts (slack)
-        # breaks ties within it by the replica time a choice spends.
+        # breaks ties within it by the replica time a choice spends (slack_dispatcher.py).
         self.tolerance_s = 0.0
-        self.tie_breaks = 0  # picks the tolerance changed (to the replica that spends less)
+        self.tie_breaks = 0  # picks the tolerance changed
 
     @abstractmethod
     def pick(

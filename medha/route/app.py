@@ -131,7 +131,8 @@ class RouterMetrics:
         self.tie_breaks = Counter(
             "medha_router_tie_breaks",
             "Picks the prediction error changed: choices within it of the best tie, and the "
-            "tie went to the replica that spends less time on the request (its cache)",
+            "tie went to the replica that spends less time on the request (its cache), or "
+            "for a prompt none of them holds, to the one whose cache holds least",
             registry=r,
         )
         self.context = Gauge(
