@@ -117,11 +117,12 @@ class SlackDispatcher(Dispatcher):
                 -r.replica_id,
             )
 
-        chosen = max(candidates, key=rank)
+        ranked = sorted(candidates, key=rank, reverse=True)  # each rank computed once
+        chosen = ranked[0]
         allowed = deadline - request.arrival_s
         if self.tolerance_s > 0 and allowed > 0:
             within = cluster_min(chosen) - self.tolerance_s / allowed
-            tied = sorted((r for r in candidates if cluster_min(r) >= within), key=rank)[::-1]
+            tied = [r for r in ranked if cluster_min(r) >= within]
             least = min(spent[r.replica_id] for r in tied)
             cheap = [r for r in tied if spent[r.replica_id] <= least + self.tolerance_s]
             better = cheap[0]  # the best ranked of those spending the least (within it)
