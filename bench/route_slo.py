@@ -90,6 +90,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
 from scipy.optimize import nnls
 
 from medha.benchmark.local_server import alternated
@@ -413,15 +414,23 @@ async def run_workload(base: str, model: str, workload, slo: Slo, chat_overhead:
 # --- replicas' counters ----------------------------------------------------------------------
 
 
+def samples(url: str) -> list:
+    """The samples of a server's /metrics (name, labels, value), by prometheus_client's parser."""
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return [s for family in text_string_to_metric_families(text) for s in family.samples]
+
+
 def replica_counters(url: str) -> dict:
     out = {"requests": 0.0, "prefix_queries": 0.0, "prefix_hits": 0.0}
-    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
-        if line.startswith("medha_requests_total{"):
-            out["requests"] += float(line.split()[-1])
-        elif line.startswith("medha_prefix_cache_queries_tokens "):
-            out["prefix_queries"] = float(line.split()[-1])
-        elif line.startswith("medha_prefix_cache_hits_tokens "):
-            out["prefix_hits"] = float(line.split()[-1])
+    names = {
+        "medha_prefix_cache_queries_tokens": "prefix_queries",
+        "medha_prefix_cache_hits_tokens": "prefix_hits",
+    }
+    for sample in samples(url):
+        if sample.name == "medha_requests_total":
+            out["requests"] += sample.value
+        elif sample.name in names:
+            out[names[sample.name]] = sample.value
     return out
 
 
@@ -429,20 +438,20 @@ def router_measures(base: str) -> dict:
     """What `medha route` measured: each replica's speed, its median prediction error, the
     picks that error changed."""
     slowdowns, out = {}, {}
-    for line in httpx.get(base + "/metrics", timeout=10).text.splitlines():
-        if line.startswith("medha_router_replica_slowdown{"):
-            slowdowns[line.split('"')[1]] = float(line.split()[-1])
-        elif line.startswith("medha_router_prediction_error_seconds "):
-            out["prediction_error_s"] = float(line.split()[-1])
-        elif line.startswith("medha_router_tie_breaks_total "):
-            out["tie_breaks"] = int(float(line.split()[-1]))
+    for sample in samples(base):
+        if sample.name == "medha_router_replica_slowdown":
+            slowdowns[sample.labels["replica"]] = sample.value
+        elif sample.name == "medha_router_prediction_error_seconds":
+            out["prediction_error_s"] = sample.value
+        elif sample.name == "medha_router_tie_breaks_total":
+            out["tie_breaks"] = int(sample.value)
     return out | {"slowdowns": [slowdowns[k] for k in sorted(slowdowns, key=int)] or None}
 
 
 def replica_kv_tokens(url: str) -> int:
-    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
-        if line.startswith("medha_kv_capacity_tokens "):
-            return int(float(line.split()[-1]))
+    for sample in samples(url):
+        if sample.name == "medha_kv_capacity_tokens":
+            return int(sample.value)
     raise RuntimeError(f"{url}/metrics has no medha_kv_capacity_tokens")
 
 
@@ -602,17 +611,56 @@ def _pct(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
 
 
-def summarize(cells: list[dict]) -> dict:
+def _length(r: dict) -> int:
+    return r["prompt_tokens"] if r["prompt_tokens"] is not None else r["est_prompt_tokens"]
+
+
+def slowest_short(cells: list[dict], k: int = 3) -> list[dict]:
+    """The k slowest short requests (the ones a p99 over a few hundred is made of), each with
+    what it met: its prompt, what the replica had cached of it, and how many requests of its
+    cell were in flight (sent, not yet ended) when it was sent."""
+    rows = []
+    for c in cells:
+        ok = [r for r in c["requests"] if r["status"] == "ok"]
+        for r in ok:
+            if _length(r) >= LONG_THRESHOLD:
+                continue
+            busy = sum(
+                q is not r and q["sent_s"] <= r["sent_s"] < q["sent_s"] + q["e2e_s"] for q in ok
+            )
+            rows.append(
+                {"round": c.get("round"), "index": r["index"], "turn": r["turn"],
+                 "prompt_tokens": _length(r), "cached_tokens": r["cached_tokens"],
+                 "in_flight": busy, "ttft_s": r["ttft_s"]}
+            )  # fmt: skip
+    return sorted(rows, key=lambda r: -r["ttft_s"])[:k]
+
+
+def short_p99_floor(cells: list[dict], fit: list[float]) -> float | None:
+    """A short-TTFT p99 no router can beat on these cells: every cell starts with idle replicas
+    and empty caches, so its first request takes at least its isolated TTFT (the calibration's
+    fit) whatever the router does; the p99 over the shorts with that for each cell's first
+    request and 0 for every other."""
+    a, b, c = fit
+    floors = []
+    for cell in cells:
+        ok = [r for r in cell["requests"] if r["status"] == "ok"]
+        short = [r for r in ok if _length(r) < LONG_THRESHOLD]
+        sent = [r for r in cell["requests"] if r["status"] != "not sent"]
+        first = min(sent, key=lambda r: r["sent_s"], default=None)
+        for r in short:
+            n = _length(r)
+            floors.append(a + b * n + c * n * n if r is first else 0.0)
+    return _pct(floors, 99)
+
+
+def summarize(cells: list[dict], fit: list[float] | None = None) -> dict:
     """One contender's rounds of one workload, pooled: percentiles and attainment over every
     request, hit rate over the summed counters, hot-spot index and throughput averaged over
-    rounds."""
+    rounds; with the calibration's `fit`, the short p99's floor."""
     reqs = [r for c in cells for r in c["requests"]]
     ok = [r for r in reqs if r["status"] == "ok"]
-
-    def length(r):
-        return r["prompt_tokens"] if r["prompt_tokens"] is not None else r["est_prompt_tokens"]
-
-    short = [r["ttft_s"] for r in ok if length(r) < LONG_THRESHOLD]
+    short = [r["ttft_s"] for r in ok if _length(r) < LONG_THRESHOLD]
     met = sum(1 for r in ok if r["ttft_s"] <= r["target_s"])
     queries = sum(d["prefix_queries"] for c in cells for d in c["replicas"])
     hits = sum(d["prefix_hits"] for c in cells for d in c["replicas"])
@@ -638,6 +686,8 @@ def summarize(cells: list[dict]) -> dict:
         "short": len(short),
         "short_ttft_p50_s": _pct(short, 50),
         "short_ttft_p99_s": _pct(short, 99),
+        "short_ttft_p99_floor_s": short_p99_floor(cells, fit) if fit else None,
+        "short_ttft_slowest": slowest_short(cells),
         "ttft_p50_s": _pct([r["ttft_s"] for r in ok], 50),
         "slo_attainment": met / len(reqs) if reqs else None,
         "slo_misses": len(reqs) - met,
@@ -779,7 +829,16 @@ def main() -> None:
         "contender's run in `medha simulate` with it",
     )
     ap.add_argument("--out", default="runs/route_slo")
+    ap.add_argument(
+        "--report",
+        metavar="SUMMARY",
+        default=None,
+        help="print the tables of an earlier run's summary.json again (its summaries "
+        "recomputed from its cells) and run nothing",
+    )
     args = ap.parse_args()
+    if args.report:
+        return report(Path(args.report))
     names = CONTENDERS if args.contenders == "all" else args.contenders.split(",")
     for name in names:
         try:
@@ -833,14 +892,7 @@ def main() -> None:
                     f"{_fmt(s['router_cpu_s_per_request'], '.4f')} s a request, router up in "
                     f"{cell['router_startup_s']:.1f} s ({time.perf_counter() - t:.0f} s)"
                 )
-    table = {
-        w: {
-            n: summarize([c for c in cells if c["contender"] == n and c["workload"] == w])
-            for n in names
-            if n not in skipped
-        }
-        for w in workloads
-    }
+    table = tables(cells, [n for n in names if n not in skipped], workloads, calib)
     summary = {
         "config": {k: v for k, v in vars(args).items()}
         | {"multi_turn_config": MULTI_TURN | args.multi_turn, "mixed": MIXED},
@@ -863,6 +915,29 @@ def main() -> None:
                 f"{t['measured_s']:.3f} s | {t['simulated_s']:.3f} s | {t['error']:+.0%} |"
             )
     print(f"\n{out / 'summary.json'}")
+
+
+def tables(cells: list[dict], names: list[str], workloads: list[str], calib: dict) -> dict:
+    """Each workload's summary of each contender, pooled over rounds."""
+    return {
+        w: {
+            n: summarize(
+                [c for c in cells if c["contender"] == n and c["workload"] == w], calib["fit"]
+            )
+            for n in names
+        }
+        for w in workloads
+    }
+
+
+def report(path: Path) -> None:
+    """An earlier run's tables again, from its summary.json."""
+    summary = json.loads(path.read_text())
+    cells = summary["cells"]
+    names = list(dict.fromkeys(c["contender"] for c in cells))
+    workloads = list(dict.fromkeys(c["workload"] for c in cells))
+    config = argparse.Namespace(**summary["config"])
+    _print(tables(cells, names, workloads, summary["calibration"]), summary["skipped"], config)
 
 
 def twins(cells: list[dict], profile: str) -> list[dict]:
@@ -924,6 +999,23 @@ def _print(table: dict, skipped: dict, args) -> None:
             if any(n is not None for n in s.get("router_tie_breaks") or ()):
                 ties = s["router_tie_breaks"]
                 print(f"{name}: picks its prediction error changed, by round: {ties}")
+            slowest = "; ".join(
+                f"{r['ttft_s']:.3f} s (round {r['round']}, #{r['index']}"
+                + ("" if r["turn"] is None else f" turn {r['turn']}")
+                + f", {r['prompt_tokens']} tokens, {r['cached_tokens']} cached, "
+                f"{r['in_flight']} in flight)"
+                for r in s.get("short_ttft_slowest") or ()
+            )
+            if slowest:
+                print(f"{name}: the slowest short requests: {slowest}")
+        floors = {round(s["short_ttft_p99_floor_s"], 3) for s in rows.values()
+                  if s.get("short_ttft_p99_floor_s") is not None}  # fmt: skip
+        if floors:
+            print(
+                f"short TTFT p99 no router can beat here (each cell's first request, sent to "
+                f"idle replicas with empty caches, at its isolated TTFT): "
+                f"{' / '.join(f'{f:.3f} s' for f in sorted(floors))}"
+            )
     for name, why in skipped.items():
         print(f"{name}: skipped: {why}")
 

@@ -295,16 +295,16 @@ def test_slack_breaks_a_tie_within_its_tolerance_by_the_replica_time_a_choice_sp
         slack.tolerance_s = tolerance_s
         hit = Request.from_tokens("hit", now, tokens(1024, 1100, 1), 4)
         chosen = slack.pick(hit, now).replica_id
-        return chosen, slack.predicted_first_token_s - now, slack.tie_breaks
+        return chosen, slack.predicted_first_token_s - now, slack.tie_broken
 
-    assert pick(0.0) == (0, pytest.approx(1100 * TOKEN_S), 0)
+    assert pick(0.0) == (0, pytest.approx(1100 * TOKEN_S), False)
     if waited_s:
-        assert pick(0.01)[::2] == (0, 0)  # not a tie at this tolerance
-        chosen, ttft, ties = pick(0.03)
-        assert (chosen, ties) == (1, 1)
+        assert pick(0.01)[::2] == (0, False)  # not a tie at this tolerance
+        chosen, ttft, tied = pick(0.03)
+        assert (chosen, tied) == (1, True)
         assert 1100 * TOKEN_S < ttft < 1100 * TOKEN_S + 0.05  # 31 ms later: a tie
     else:
-        assert pick(1.0)[::2] == (0, 0)
+        assert pick(1.0)[::2] == (0, False)
 
 
 def test_slack_ties_a_prompt_no_cache_holds_to_the_replica_whose_cache_holds_least():
@@ -330,8 +330,8 @@ def test_slack_ties_a_prompt_no_cache_holds_to_the_replica_whose_cache_holds_lea
     shared = Request.from_tokens("shared", now, tokens(256, 400, 41), 4)
     assert [slack.pick(r, now).replica_id for r in (fresh, turn, shared)] == [0, 0, 0]
     slack.tolerance_s = 0.05
-    assert [slack.pick(r, now).replica_id for r in (fresh, turn, shared)] == [1, 0, 0]
-    assert slack.tie_breaks == 1
+    picks = [(slack.pick(r, now).replica_id, slack.tie_broken) for r in (fresh, turn, shared)]
+    assert picks == [(1, True), (0, False), (0, False)]
 
 
 def test_slack_keeps_a_waiting_request_within_its_deadline_rather_than_the_new_one_fastest():

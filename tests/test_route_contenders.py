@@ -7,6 +7,7 @@ import stat
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -83,3 +84,45 @@ def test_a_routers_cpu_time_counts_its_children():
     finally:
         shell.kill()
         shell.wait()
+
+
+def _route_slo():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import route_slo
+
+    return route_slo
+
+
+def _req(index, sent_s, ttft_s, tokens, e2e_s=0.5, status="ok", turn=0):
+    return {"index": index, "turn": turn, "sent_s": sent_s, "ttft_s": ttft_s, "e2e_s": e2e_s,
+            "status": status, "prompt_tokens": tokens, "est_prompt_tokens": tokens,
+            "cached_tokens": 0, "target_s": 1.0, "completion_tokens": 4}  # fmt: skip
+
+
+def test_the_short_p99_floor_is_each_cells_first_request_alone_and_the_slowest_are_named():
+    route_slo = _route_slo()
+    fit = [0.0, 1e-3, 0.0]  # 1 ms a token alone
+    # a later turn that was never sent (its sent_s left at 0) is not the cell's first request
+    unsent = _req(9, 0.0, None, 10, e2e_s=None, status="not sent", turn=1)
+    cells = [
+        {"round": rnd, "wall_s": 10.0, "slo_field_forwarded": True, "replicas": [], "requests": [
+            _req(0, 0.1, 0.9, 800), _req(1, 0.2, 0.4, 600), _req(2, 0.4, 0.3, 100),
+            _req(3, 5.0, 0.2, 200), _req(4, 6.0, 2.0, 2000), unsent,
+        ]}
+        for rnd in (0, 1)
+    ]  # fmt: skip
+    # 8 shorts, two of them (the firsts) at least 0.8 s alone: no router's p99 is below 0.8 s
+    assert route_slo.short_p99_floor(cells, fit) == pytest.approx(0.8)
+    # the long prompt (2.0 s) is not a short one; #2 was sent while #0 and #1 ran
+    slowest = route_slo.slowest_short(cells, k=4)
+    assert [(r["round"], r["index"], r["in_flight"], r["ttft_s"]) for r in slowest] == [
+        (0, 0, 0, 0.9), (1, 0, 0, 0.9), (0, 1, 1, 0.4), (1, 1, 1, 0.4)
+    ]  # fmt: skip
+    assert {r["in_flight"] for r in route_slo.slowest_short(cells, k=8) if r["index"] == 2} == {2}
+    table = route_slo.summarize(cells, fit)
+    assert table["short"] == 8 and table["short_ttft_p99_floor_s"] == pytest.approx(0.8)
+    # a cell whose first request is long puts no floor on the shorts
+    cells[0]["requests"][0]["prompt_tokens"] = 1500
+    cells[1]["requests"][0]["prompt_tokens"] = 1500
+    assert route_slo.short_p99_floor(cells, fit) == 0.0
+    assert route_slo.summarize(cells)["short_ttft_p99_floor_s"] is None

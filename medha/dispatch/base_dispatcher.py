@@ -179,7 +179,7 @@ class Dispatcher(ABC):
         # simulator, where the prediction is the truth. A dispatcher that predicts (slack)
         # breaks ties within it by the replica time a choice spends (slack_dispatcher.py).
         self.tolerance_s = 0.0
-        self.tie_breaks = 0  # picks the tolerance changed
+        self.tie_broken = False  # whether the tolerance changed the last `pick`'s choice
 
     @abstractmethod
     def pick(

@@ -105,13 +105,20 @@ class SlackDispatcher(Dispatcher):
                     lowest_without = min(lowest_without, relative_slack(p, t - shift))
             after[rid], before[rid] = lowest_with, lowest_without
 
-        def cluster_min(r: ReplicaView) -> float:
-            others = (before[o.replica_id] for o in candidates if o is not r)
-            return min(after[r.replica_id], min(others, default=math.inf))
+        # the cluster's smallest relative slack if the request goes to r: r's with it, every
+        # other's without it (the two smallest "without" give each in O(1), not O(n) apiece)
+        lows = sorted(candidates, key=lambda r: before[r.replica_id])[:2]
+        cluster_min = {
+            r.replica_id: min(
+                after[r.replica_id],
+                min((before[o.replica_id] for o in lows if o is not r), default=math.inf),
+            )
+            for r in candidates
+        }
 
         def rank(r: ReplicaView) -> tuple:
             return (
-                cluster_min(r),
+                cluster_min[r.replica_id],
                 -ttft[r.replica_id],
                 -r.outstanding_work_s(),
                 -r.replica_id,
@@ -120,9 +127,10 @@ class SlackDispatcher(Dispatcher):
         ranked = sorted(candidates, key=rank, reverse=True)  # each rank computed once
         chosen = ranked[0]
         allowed = deadline - request.arrival_s
+        self.tie_broken = False
         if self.tolerance_s > 0 and allowed > 0:
-            within = cluster_min(chosen) - self.tolerance_s / allowed
-            tied = [r for r in ranked if cluster_min(r) >= within]
+            within = cluster_min[chosen.replica_id] - self.tolerance_s / allowed
+            tied = [r for r in ranked if cluster_min[r.replica_id] >= within]
             least = min(spent[r.replica_id] for r in tied)
             cheap = [r for r in tied if spent[r.replica_id] <= least + self.tolerance_s]
             better = cheap[0]  # the best ranked of those spending the least (within it)
@@ -130,6 +138,6 @@ class SlackDispatcher(Dispatcher):
                 better = min(cheap, key=lambda r: r.prefix_cache_blocks())
             if better is not chosen:
                 chosen = better
-                self.tie_breaks += 1
+                self.tie_broken = True
         self.predicted_first_token_s = ttft[chosen.replica_id]
         return chosen

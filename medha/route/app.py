@@ -1040,9 +1040,8 @@ class _Exchange:
                 if view is None:
                     break
             else:
-                ties = router.dispatcher.tie_breaks
                 view = router.dispatcher.pick(request, router.clock(), candidates)
-                if router.dispatcher.tie_breaks != ties:
+                if router.dispatcher.tie_broken:
                     router.metrics.tie_breaks.inc()
             predicted = router.dispatcher.predicted_first_token_s
             self.predicted_ttft_s = None if predicted is None else predicted - request.arrival_s
