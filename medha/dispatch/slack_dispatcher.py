@@ -35,6 +35,7 @@ else the scheduler's rule on its whole prefill), the same on every replica.
 from __future__ import annotations
 
 import math
+from collections import deque
 
 from medha.dispatch.base_dispatcher import (
     DISPATCHERS,
@@ -45,6 +46,9 @@ from medha.dispatch.base_dispatcher import (
 )
 from medha.scheduler.packers import replica_policy
 from medha.scheduler.replica_rules import prefill_order
+
+
+RECENT_PICKS = 64
 
 
 def relative_slack(p: Pending, first_token_s: float) -> float:
@@ -59,6 +63,10 @@ class SlackDispatcher(Dispatcher):
         self.config = scheduler
         self.policy = replica_policy(scheduler)
         self._long = scheduler.long_prefill_threshold
+        # the replicas of the last picks: a prompt no cache tells the tied choices apart by
+        # (a new conversation, a question on a document all hold) goes to the one sent fewest,
+        # whose next turns then spread the requests (and their decodes) evenly
+        self.recent_picks: deque[int] = deque(maxlen=RECENT_PICKS)
 
     def predicted_first_tokens(
         self, replica: ReplicaView, pending: list[Pending], now: float
@@ -134,10 +142,12 @@ class SlackDispatcher(Dispatcher):
             least = min(spent[r.replica_id] for r in tied)
             cheap = [r for r in tied if spent[r.replica_id] <= least + self.tolerance_s]
             better = cheap[0]  # the best ranked of those spending the least (within it)
-            if not any(held[r.replica_id] for r in cheap):  # a prompt no cache holds
-                better = min(cheap, key=lambda r: r.prefix_cache_blocks())
+            if len({held[r.replica_id] for r in cheap}) == 1:  # no cache tells them apart
+                sent = self.recent_picks.count
+                better = min(cheap, key=lambda r: sent(r.replica_id))
             if better is not chosen:
                 chosen = better
                 self.tie_broken = True
         self.predicted_first_token_s = ttft[chosen.replica_id]
+        self.recent_picks.append(chosen.replica_id)
         return chosen
