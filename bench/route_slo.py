@@ -71,8 +71,11 @@ one; and the same over the prefill work, the prompt tokens each replica's cache 
 router that keeps long conversations on one replica and sends the many short ones to the
 other is even by work and not by count), the router's CPU time a request (on this machine
 taken from the replicas' cores), throughput (completed requests and output tokens a second of
-wall time). The JSON at --out/summary.json holds every round, every request and the
-calibration.
+wall time), the three slowest short requests (what they met: cached tokens, requests in flight
+at their send) and the short p99 no router can beat on the run (each cell's first request,
+sent to idle replicas with empty caches, at its isolated TTFT). The JSON at
+--out/summary.json holds every round, every request and the calibration; --report PATH prints
+a stored run's tables again.
 """
 
 from __future__ import annotations
@@ -1008,8 +1011,12 @@ def _print(table: dict, skipped: dict, args) -> None:
             )
             if slowest:
                 print(f"{name}: the slowest short requests: {slowest}")
-        floors = {round(s["short_ttft_p99_floor_s"], 3) for s in rows.values()
-                  if s.get("short_ttft_p99_floor_s") is not None}  # fmt: skip
+        # (0 where the cells' first requests are too few to reach the p99)
+        floors = {
+            round(s["short_ttft_p99_floor_s"], 3)
+            for s in rows.values()
+            if s.get("short_ttft_p99_floor_s")
+        }
         if floors:
             print(
                 f"short TTFT p99 no router can beat here (each cell's first request, sent to "

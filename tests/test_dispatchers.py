@@ -307,31 +307,40 @@ def test_slack_breaks_a_tie_within_its_tolerance_by_the_replica_time_a_choice_sp
         assert pick(1.0)[::2] == (0, False)
 
 
-def test_slack_ties_a_prompt_no_cache_holds_to_the_replica_whose_cache_holds_least():
-    # idle replicas, replica 0 sent two prompts (ended), replica 1 one, and both a prompt of
-    # a shared 256-token prefix: a prompt neither holds costs the same on both; slack alone
-    # takes the lower id, within a tolerance the replica sent less (whose next turns it will
-    # be sent fewer of). A prompt replica 0 holds stays there; one of the prefix both hold
-    # goes as slack alone sends it.
+def test_slack_ties_a_prompt_no_cache_tells_apart_to_the_replica_it_sent_fewest():
+    # idle replicas that both hold a shared 256-token prefix. Within a tolerance, a prompt the
+    # caches cannot tell apart (none holds any of it, or all the same part) goes to the
+    # replica slack sent fewest of its last picks, so new conversations spread; a turn of a
+    # conversation one replica holds stays there. Slack alone (tolerance 0) takes the lower id.
     replicas, config, clock = tracked_cluster(2)
-    slack = dispatcher("slack", replicas, config)
-    sent = [(0, tokens(0, 1024, 20)), (0, tokens(0, 1024, 21)), (1, tokens(0, 512, 22))]
-    sent += [(0, tokens(256, 300, 23)), (1, tokens(256, 300, 24))]
-    for i, (r, prompt) in enumerate(sent):
-        req = Request.from_tokens(f"p{i}", clock.t, prompt, 4)
+    for r, seed in ((0, 23), (1, 24)):
+        req = Request.from_tokens(f"doc{r}", clock.t, tokens(256, 300, seed), 4)
         send(replicas[r], config, req)
         clock.t += replicas[r].pending(clock.t)[0].work_s
         replicas[r].on_first_token(req.request_id)
         replicas[r].on_end(req.request_id)
-    assert [r.prefix_cache_blocks() for r in replicas] == [128 + 18, 32 + 18]
-    now = clock.t
-    fresh = Request.from_tokens("fresh", now, tokens(0, 300, 40), 4)
-    turn = Request.from_tokens("turn", now, tokens(0, 1024, 20) + [5] * 60, 4)
-    shared = Request.from_tokens("shared", now, tokens(256, 400, 41), 4)
-    assert [slack.pick(r, now).replica_id for r in (fresh, turn, shared)] == [0, 0, 0]
+    slack = dispatcher("slack", replicas, config)
+    shared = Request.from_tokens("shared", clock.t, tokens(256, 400, 41), 4)
+    assert slack.pick(shared, clock.t).replica_id == 0
+    slack = dispatcher("slack", replicas, config)  # no picks yet
     slack.tolerance_s = 0.05
-    picks = [(slack.pick(r, now).replica_id, slack.tie_broken) for r in (fresh, turn, shared)]
-    assert picks == [(1, True), (0, False), (0, False)]
+    picks = []
+    prompts = {
+        "a": tokens(0, 1024, 20),  # fresh: a tie, both sent none: the best ranked, 0
+        "a2": tokens(0, 1024, 20) + [5] * 60,  # its next turn: replica 0 holds it
+        "shared": tokens(256, 400, 41),  # both hold 256: to 1, sent fewer
+        "b": tokens(0, 300, 42),  # fresh: 0 was sent 2, 1 one
+    }
+    for rid, prompt in prompts.items():
+        req = Request.from_tokens(rid, clock.t, prompt, 4)
+        chosen = slack.pick(req, clock.t)
+        picks.append((rid, chosen.replica_id, slack.tie_broken))
+        send(chosen, config, req)
+        clock.t += chosen.pending(clock.t)[0].work_s
+        chosen.on_first_token(rid)
+        chosen.on_end(rid)
+    assert picks == [("a", 0, False), ("a2", 0, False), ("shared", 1, True), ("b", 1, True)]
+    assert list(slack.recent_picks) == [0, 0, 1, 1]
 
 
 def test_slack_keeps_a_waiting_request_within_its_deadline_rather_than_the_new_one_fastest():

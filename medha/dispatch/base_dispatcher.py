@@ -90,10 +90,6 @@ class ReplicaView(Protocol):
     def cached_tokens(self, request: Request) -> int:
         """Prompt tokens of `request` its prefix cache holds (as far as is known)."""
 
-    def prefix_cache_blocks(self) -> int:
-        """How much its prefix cache holds (as far as is known), in blocks: the prompts it
-        was sent lately, whose next turns it will be sent."""
-
     def prefill_work_s(self, request: Request, cached: int) -> float:
         """Predicted prefill time of `request` with `cached` prompt tokens already cached."""
 

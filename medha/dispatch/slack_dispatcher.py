@@ -21,10 +21,13 @@ relative slack lies within the router's measured prediction error of the best on
 allowance) are a tie the model cannot break, and the tie goes to the choice that spends the
 least replica time on the new request (the one that holds its prefix): that time is what the
 next arrival may need (llm-d's "sticky until saturated", with a measured tolerance rather than
-a tuned one). A prompt none of those choices holds any of, which they spend the same on
-(within the tolerance too), goes to the one whose prefix cache holds least, as SGLang's
-cache_aware places a prompt no cache matches: the replica sent fewer prompts lately will be
-sent fewer next turns. In the simulator the model is the truth and the tolerance is 0.
+a tuned one). A prompt those choices' caches cannot tell apart (none holds any of it, or all
+the same part: a new conversation under a shared system prompt), which they spend the same on
+(within the tolerance too), goes to the one this dispatcher sent fewest of its last 64 picks:
+a conversation's next turns follow its first, and a replica sent more turns decodes more of
+them, which stretches every prefill there (the slack of this instant cannot see that; placed
+by it alone, new conversations piled up 12 to 5 on the replica free at their start). In the
+simulator the model is the truth and the tolerance is 0.
 
 The new request's work on a replica is the prefill of what that replica's prefix cache does not
 hold, so cache affinity, queue length and the policy's order meet in one number, with no weight
@@ -47,7 +50,6 @@ from medha.dispatch.base_dispatcher import (
 from medha.scheduler.packers import replica_policy
 from medha.scheduler.replica_rules import prefill_order
 
-
 RECENT_PICKS = 64
 
 
@@ -63,9 +65,7 @@ class SlackDispatcher(Dispatcher):
         self.config = scheduler
         self.policy = replica_policy(scheduler)
         self._long = scheduler.long_prefill_threshold
-        # the replicas of the last picks: a prompt no cache tells the tied choices apart by
-        # (a new conversation, a question on a document all hold) goes to the one sent fewest,
-        # whose next turns then spread the requests (and their decodes) evenly
+        # the replicas of the last picks (see the module's docstring: a tie no cache breaks)
         self.recent_picks: deque[int] = deque(maxlen=RECENT_PICKS)
 
     def predicted_first_tokens(

@@ -369,9 +369,6 @@ class TrackedReplica:
         keys, per, limit = cacheable_pages(request, self.block_size)
         return self.index.match(keys, limit) * per * self.block_size
 
-    def prefix_cache_blocks(self) -> int:
-        return len(self.index)
-
     def prefill_work_s(self, request: Request, cached: int) -> float:
         """The replica's predicted prefill time still ahead of `request` with `cached` tokens
         of it cached. A prompt past the context of the router's model (the replica may serve

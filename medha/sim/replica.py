@@ -96,9 +96,6 @@ class SimReplica:
     def cached_tokens(self, request: Request) -> int:
         return self.scheduler.kv.peek_cached(request)
 
-    def prefix_cache_blocks(self) -> int:
-        return getattr(self.scheduler.kv.blocks, "num_cached", 0)
-
     def prefill_work_s(self, request: Request, cached: int) -> float:
         return self.scheduler.prefill_times.remaining(request.prompt_len, cached)
 
