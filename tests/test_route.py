@@ -130,8 +130,10 @@ def test_the_slack_dispatcher_tells_the_client_its_predicted_ttft(two_stubs):
             re.search(r"^medha_router_prediction_error_seconds (\S+)", metrics, re.M)[1]
         )
         # the router's clock starts when it has read the request, ends at the first token
-        # replicas alike, no prefix cached: nothing for a tie to spare
-        assert re.search(r"^medha_router_tie_breaks_total 0.0$", metrics, re.M)
+        # replicas alike, a prompt no cache holds: once the tolerance is measured, the ties
+        # the caches cannot break go to the replica sent fewer, and the five requests spread
+        ties = float(re.search(r"^medha_router_tie_breaks_total (\S+)$", metrics, re.M)[1])
+        assert ties >= 1 and sorted(served(s) for s in two_stubs) == [2, 3]
         assert 0.3 - 0.05 <= error_s <= sorted(errors)[1] + 0.01, (error_s, errors)
     with router(two_stubs, "--dispatcher", "round_robin") as url:
         assert "x-medha-predicted-ttft-ms" not in complete(url).headers
