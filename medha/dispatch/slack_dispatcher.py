@@ -37,6 +37,7 @@ else the scheduler's rule on its whole prefill), the same on every replica.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
 
@@ -115,7 +116,7 @@ class SlackDispatcher(Dispatcher):
 
         # the cluster's smallest relative slack if the request goes to r: r's with it, every
         # other's without it (the two smallest "without" give each in O(1), not O(n) apiece)
-        lows = sorted(candidates, key=lambda r: before[r.replica_id])[:2]
+        lows = heapq.nsmallest(2, candidates, key=lambda r: before[r.replica_id])
         cluster_min = {
             r.replica_id: min(
                 after[r.replica_id],

@@ -132,7 +132,7 @@ class RouterMetrics:
             "medha_router_tie_breaks",
             "Picks the prediction error changed: choices within it of the best tie, and the "
             "tie went to the replica that spends less time on the request (its cache), or "
-            "for a prompt none of them holds, to the one whose cache holds least",
+            "for a prompt their caches cannot tell apart, to the one sent fewest lately",
             registry=r,
         )
         self.context = Gauge(
