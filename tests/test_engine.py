@@ -81,6 +81,24 @@ def test_whole_prefill_logits_equal_transformers(prompts, bound):
     assert_logits_within(ours, bound.logits, bound.between_two())
 
 
+def test_rope_rotates_q_and_k_as_transformers_does_and_passes_v_through():
+    """TorchRope rolls the fused q/k/v output by half a head with the sign in its sine table:
+    transformers' rotate_half formula product for product, so q and k come out bit for bit as
+    transformers rotates them, in fp32 and bf16, and the v heads (cos 1, sin 0) unchanged."""
+    from medha.engine.layers.rotary import RotaryEmbedding, TorchRope, apply_rotary
+
+    heads, kv_heads, d = 9, 3, 64
+    rotary = RotaryEmbedding(d, 10000.0, None)
+    positions = torch.tensor([0, 1, 7, 4095, 100_000])
+    for dtype in (torch.float32, torch.bfloat16):
+        cos, sin = rotary.cos_sin(positions, dtype)
+        qkv = torch.randn(5, (heads + 2 * kv_heads) * d).to(dtype)
+        out = TorchRope.of(cos, sin, heads + kv_heads, kv_heads)(qkv, heads, kv_heads, d)
+        x, rotated = qkv.view(5, -1, d), heads + kv_heads
+        assert torch.equal(out[:, :rotated], apply_rotary(x[:, :rotated], cos, sin)), dtype
+        assert torch.equal(out[:, rotated:], x[:, rotated:]), dtype
+
+
 def test_auto_dtype_is_bf16_where_the_cpu_computes_in_it(monkeypatch):
     from medha.engine.config import EngineConfig
     from medha.engine.setup import resolve_dtype

@@ -133,14 +133,14 @@ def test_usage_and_stats_report_cached_tokens(tiny_model):
 def test_host_cache_tier_copies_are_real():
     torch.manual_seed(0)
     bs, nb = 4, 6
-    caches = [(torch.randn(1, nb * bs, 2), torch.randn(1, nb * bs, 2))]
+    caches = [torch.randn(2, nb * bs, 2)]  # one layer: its K head and its V head
     tier = HostKVBlocks(caches, num_blocks=3, block_size=bs)
-    before = caches[0][0][:, 2 * bs : 3 * bs].clone()
+    before = caches[0][:, 2 * bs : 3 * bs].clone()
     tier.swap_out([2], [1])
-    caches[0][0].zero_()
+    caches[0].zero_()
     tier.swap_in([1], [5])
     # copies, no arithmetic: bit for bit on any CPU
-    assert torch.equal(caches[0][0][:, 5 * bs : 6 * bs], before)
+    assert torch.equal(caches[0][:, 5 * bs : 6 * bs], before)
 
 
 def test_the_engine_refuses_prefix_caching_across_worker_processes(tiny_model):

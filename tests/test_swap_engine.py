@@ -18,35 +18,36 @@ from medha.testing.numerics import assert_greedy_agrees, assert_logprobs_agree, 
 def test_host_kv_cache_moves_blocks_both_ways():
     torch.manual_seed(0)
     bs, nb = 4, 10
-    caches = [(torch.randn(2, nb * bs, 8), torch.randn(2, nb * bs, 8)) for _ in range(3)]
+    caches = [torch.randn(4, nb * bs, 8) for _ in range(3)]  # per layer: 2 K heads, 2 V heads
     host = HostKVBlocks(caches, num_blocks=6, block_size=bs)
 
     def block(t, b):
         return t[:, b * bs : (b + 1) * bs].clone()
 
-    saved = [[block(t, b) for t in kv] for kv in caches for b in (5, 2, 7)]
+    saved = [block(t, b) for t in caches for b in (5, 2, 7)]
     host.swap_out([5, 2, 7], [3, 4, 0])  # runs of host blocks: (3, 4) and (0)
-    for kv in caches:
-        for t in kv:
-            t.zero_()
+    for t in caches:
+        t.zero_()
     host.swap_in([3, 4, 0], [1, 8, 9])
-    back = [[block(t, b) for t in kv] for kv in caches for b in (1, 8, 9)]
+    back = [block(t, b) for t in caches for b in (1, 8, 9)]
     # copies, no arithmetic: bit for bit on any CPU
-    assert all(torch.equal(x, y) for xs, ys in zip(saved, back) for x, y in zip(xs, ys))
-    assert all(not block(t, 5).any() for kv in caches for t in kv)  # nothing else written
+    assert all(torch.equal(x, y) for x, y in zip(saved, back))
+    assert all(not block(t, 5).any() for t in caches)  # nothing else written
 
 
 def test_a_batch_swaps_in_before_it_swaps_out():
     # request x comes back from host block 0 while y leaves for that same block
     bs = 2
-    caches = [(torch.arange(16.0).reshape(1, 8, 2), torch.zeros(1, 8, 2))]
+    caches = [torch.cat([torch.arange(16.0).reshape(1, 8, 2), torch.zeros(1, 8, 2)])]  # K, V
     host = HostKVBlocks(caches, num_blocks=1, block_size=bs)
     host.host[0, 0] = -1.0  # x's KV
     x, y = Request("x", 0.0, 2, 1), Request("y", 0.0, 2, 1)
     batch = Batch(0, 0.0, swap_in=[KVSwap(x, [0], [0])], swap_out=[KVSwap(y, [3], [0])])
     host.apply(batch)
-    assert (caches[0][0][0, 0:2] == -1).all()
-    assert torch.equal(host.host[0, 0], torch.tensor([[[12.0, 13.0], [14.0, 15.0]]]))
+    assert (caches[0][:, 0:2] == -1).all()
+    assert torch.equal(
+        host.host[0, 0], torch.tensor([[[12.0, 13.0], [14.0, 15.0]], [[0.0] * 2] * 2])
+    )
 
 
 TEXT = " ".join(

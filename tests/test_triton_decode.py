@@ -105,7 +105,7 @@ for policy, chunking in (("fcfs", "static:16"), ("lars", "adaptive")):
             "logprobs": [[s.logprob for s in o.logprobs] for o in done],
             "triton": runner.triton_decode,
             "spare": runner.spare_block,
-            "slots": runner.kv_caches[0][0].shape[1],
+            "slots": runner.kv_caches[0].shape[1],
             "blocks": llm.engine.scheduler.blocks.num_blocks,
             "replays": None if runner.graphs is None else runner.graphs.replays,
         }

@@ -186,7 +186,7 @@ class SwapWatch:
 
     def block(self, b: int) -> list[torch.Tensor]:
         n = self.runner.block_size
-        return [t[:, b * n : (b + 1) * n].clone() for kv in self.runner.kv_caches for t in kv]
+        return [kv[:, b * n : (b + 1) * n].clone() for kv in self.runner.kv_caches]
 
 
 def _tokens(model, kv_tokens, dtype, new_tokens=GREEDY.max_tokens, watch=False, **engine):
@@ -253,9 +253,8 @@ def test_rope_kernel_rotates_as_torch_does_past_the_first_table():
     positions = torch.tensor([0, 5, 4095, 8191, 9000])
     model._grow_rope_table(int(positions.max()) + 1)
     qkv = torch.randn(5, (heads + 2 * kv_heads) * d)
-    q, k = qkv[:, : heads * d], qkv[:, heads * d : (heads + kv_heads) * d]
-    want_q, want_k = TorchRope(5, *model.rotary.cos_sin(positions, torch.float32))(q, k, d)
-    want_q, want_k = want_q.clone(), want_k.clone()
-    got_q, got_k = PackedRope(5, positions, model.cos_sin_cache)(q, k, d)
-    torch.testing.assert_close(got_q, want_q, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(got_k, want_k, atol=1e-5, rtol=1e-5)
+    cos, sin = model.rotary.cos_sin(positions, torch.float32)
+    want = TorchRope.of(cos, sin, heads + kv_heads, kv_heads)(qkv, heads, kv_heads, d)
+    got = PackedRope(5, positions, model.cos_sin_cache)(qkv, heads, kv_heads, d)
+    assert got.data_ptr() == qkv.data_ptr()  # in place, on the fused output
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

@@ -40,7 +40,7 @@ class DecodeGraphs:
     def __init__(
         self,
         model,
-        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        kv_caches: list[torch.Tensor],
         block_size: int,
         spare_block: int,
         workspace,
@@ -56,7 +56,7 @@ class DecodeGraphs:
         self.kv_heads = model.layers[0].self_attn.kvh
         self.sizes = capture_sizes(max_num_seqs)
         self.width = -(-max_model_len // block_size)  # block-table columns
-        n, dev = self.sizes[-1], kv_caches[0][0].device
+        n, dev = self.sizes[-1], kv_caches[0].device
         self.spare_slot = spare_block * block_size
         with torch.inference_mode():
             self.ids = torch.zeros(n, dtype=torch.long, device=dev)

@@ -81,16 +81,14 @@ def move_kv(
 class HostKVBlocks:
     """One host tensor of KV blocks and the copies between it and the device's KV cache."""
 
-    def __init__(
-        self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], num_blocks: int, block_size: int
-    ) -> None:
-        """`kv_caches`: the model runner's per-layer (K, V) tensors, [..., slots, head_dim]."""
-        self.caches = [t for kv in kv_caches for t in kv]
+    def __init__(self, kv_caches: list[torch.Tensor], num_blocks: int, block_size: int) -> None:
+        """`kv_caches`: the model runner's per-layer K/V tensors, [..., slots, head_dim]."""
+        self.caches = kv_caches
         first = self.caches[0]
         self.device = first.device
         self.block_size = block_size
-        # [host block, K/V of each layer, ..., token in block, head_dim]; empty, not zeros:
-        # only blocks that were written are ever copied back
+        # [host block, layer, ..., token in block, head_dim]; empty, not zeros: only blocks
+        # that were written are ever copied back
         shape = (num_blocks, len(self.caches), *first.shape[:-2], block_size, first.shape[-1])
         self.host = torch.empty(shape, dtype=first.dtype, pin_memory=self.device.type == "cuda")
 

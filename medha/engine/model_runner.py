@@ -122,28 +122,23 @@ class ModelRunner:
             and importlib.util.find_spec("triton") is not None
         )
         self.graphs = None  # CUDA graphs of decode steps (capture_decode_graphs)
-        if device.type == "cuda" and dtype != torch.float32 and kernels == "torch":
-            model.fuse_projections()
+        if device.type == "cpu" and dtype != torch.float32 and kernels == "torch":
+            model.split_projections()
         if kernels == "vllm":
             model.use_vllm_kernels()
             self.isa = vllm_kernels.attention_isa(dtype, block_size)
         self.model = model.eval()
         self.workspace = Workspace()
         a = self.args
-        # this rank's KV heads only; the layout is in layers/attention. On CUDA one more block
-        # than the scheduler's: where a CUDA graph's padding rows write their K/V
+        # this rank's KV heads only, K and V of a layer in one tensor (the layout is in
+        # layers/attention). On CUDA one more block than the scheduler's: where a CUDA graph's
+        # padding rows write their K/V
         self.spare_block = num_blocks if self.triton_decode else None
         slots = (num_blocks + (self.spare_block is not None)) * block_size
-        shape = (model.layers[0].self_attn.kvh, slots, a.head_dim)
+        shape = (2 * model.layers[0].self_attn.kvh, slots, a.head_dim)
         # zeros, not empty: stale memory can hold denormals or NaNs, which slow CPU math down
         # even where the attention mask hides them
-        self.kv_caches = [
-            (
-                torch.zeros(shape, dtype=dtype, device=device),
-                torch.zeros(shape, dtype=dtype, device=device),
-            )
-            for _ in model.layers
-        ]
+        self.kv_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in model.layers]
 
     @staticmethod
     def kv_bytes_per_token(config: dict, dtype: torch.dtype) -> int:

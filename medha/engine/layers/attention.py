@@ -1,9 +1,12 @@
 """Attention over a paged KV cache, for a batch that mixes prefill chunks and decodes.
 
-The cache of one layer is two tensors [kv_heads, num_blocks * block_size, head_dim] (K, V);
-token t of a request lives at slot block_table[t // block_size] * block_size + t % block_size.
-KV heads come first so that gathering a request's blocks yields, for each head, its context as
-one contiguous [tokens, head_dim] matrix: the layout the attention matmuls read directly.
+The cache of one layer is one tensor [2 * kv_heads, num_blocks * block_size, head_dim]: the K
+heads, then the V heads (K and V are its two halves, `split_cache`); token t of a request lives
+at slot block_table[t // block_size] * block_size + t % block_size. Heads come first so that
+gathering a request's blocks yields, for each head, its context as one contiguous
+[tokens, head_dim] matrix: the layout the attention matmuls read directly. K and V in one
+tensor, in the order of the fused q/k/v output's heads, take the step's new K and V in one
+copy, and a lone decode gathers both in one.
 
 Every step first writes the batch's new K/V into their slots, then:
 - each prefill chunk attends to its request's whole context so far (the cached prefix and,
@@ -145,16 +148,22 @@ def _decode_attention(
     return out.transpose(0, 1).reshape(d_count, heads, dim)
 
 
+def split_cache(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A layer's cache as its K and V halves, each [kv_heads, slots, head_dim] (views)."""
+    return kv_cache.chunk(2)
+
+
 def _lone_decode_attention(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, scale: float
+    q: torch.Tensor, kv_cache: torch.Tensor, slots: torch.Tensor, scale: float
 ) -> torch.Tensor:
-    """q: [1, heads, d] -> [1, heads, d] over the context at `slots`, nothing to mask."""
+    """q: [1, heads, d] -> [1, heads * d] over the context at `slots`, nothing to mask: K and V
+    gathered in one copy, one SDPA call (what a lone decode's attention costs is its calls)."""
     _, heads, dim = q.shape
-    kvh = k_cache.shape[0]
-    k = k_cache.index_select(1, slots).unsqueeze(0)  # [1, kvh, L, d]
-    v = v_cache.index_select(1, slots).unsqueeze(0)
+    kvh = kv_cache.shape[0] // 2
+    # [2, 1, kvh, L, d]: K and V, each 4-D as SDPA's fused CPU kernel takes them
+    k, v = kv_cache.index_select(1, slots).view(2, 1, kvh, -1, dim).unbind(0)
     qg = q.view(1, kvh, heads // kvh, dim)  # a KV head's query heads as its query rows
-    return F.scaled_dot_product_attention(qg, k, v, scale=scale).reshape(1, heads, dim)
+    return F.scaled_dot_product_attention(qg, k, v, scale=scale).view(1, heads * dim)
 
 
 # The flash kernels that also return each query's log-sum-exp (what merging partial
@@ -217,24 +226,30 @@ def _prefix_attention(
 
 
 def paged_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
+    qkv: torch.Tensor,
+    heads: int,
+    kv_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
 ) -> torch.Tensor:
-    """q: [T, heads, d]; k, v: [T, kv_heads, d]. Returns [T, heads, d]."""
+    """qkv: [T, heads + 2 kv_heads, d], the step's q, k and v heads (q and k rotated);
+    kv_cache: the layer's [2 kv_heads, slots, d]. Returns [T, heads * d]."""
+    t, _, dim = qkv.shape
+    kvh = kv_cache.shape[0] // 2
+    if meta.paged is None and meta.kvp is None:  # K and V of every new token, in one copy
+        kv_cache.index_copy_(1, meta.slot_mapping, qkv[:, heads:].transpose(0, 1))
+        groups = meta.decode_groups
+        if len(groups) == 1 and groups[0].slots is not None and not meta.prefills:
+            return _lone_decode_attention(qkv[:, :heads], kv_cache, groups[0].slots, scale)
+    q, k, v = qkv.split([heads, kvh, kvh], dim=1)
+    k_cache, v_cache = split_cache(kv_cache)
     if meta.kvp is not None:
-        return kvp_attention(q, k, v, k_cache, v_cache, meta.kvp, scale)
+        return kvp_attention(q, k, v, k_cache, v_cache, meta.kvp, scale).reshape(t, -1)
     if meta.paged is not None:
         return vllm_kernels.paged_attention(
             q, k, v, k_cache, v_cache, meta.slot_mapping, meta.block_size, meta.paged, scale
-        )
-    k_cache.index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
-    v_cache.index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
-    out = torch.empty_like(q)
+        ).reshape(t, -1)
+    out = q.new_empty(t, heads, dim)
     if meta.pages is not None:
         from medha.engine.layers.triton_decode import paged_decode
 
@@ -246,8 +261,8 @@ def paged_attention(
     for g in meta.decode_groups:
         if g.slots is not None:
             out[g.row_start : g.row_end] = _lone_decode_attention(
-                q[g.row_start : g.row_end], k_cache, v_cache, g.slots, scale
-            )
+                q[g.row_start : g.row_end], kv_cache, g.slots, scale
+            ).view(1, heads, dim)
             continue
         out[g.row_start : g.row_end] = _decode_attention(
             q[g.row_start : g.row_end], k_cache, v_cache, g, meta.block_size, meta.workspace, scale
@@ -276,4 +291,4 @@ def paged_attention(
             qp, kp, vp, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True
         )
         out[rows] = o.squeeze(0).transpose(0, 1)
-    return out
+    return out.view(t, heads * dim)

@@ -73,27 +73,47 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [tokens, heads, head_dim]; cos, sin: [tokens, head_dim]."""
+    """x: [tokens, heads, head_dim]; cos, sin: [tokens, head_dim]. transformers' formula, kept
+    as the reference the tests hold TorchRope to."""
     cos, sin = cos[:, None, :], sin[:, None, :]
     return x * cos + _rotate_half(x) * sin
 
 
 @dataclass
 class TorchRope:
-    """One step's rotation on torch's ops: cos and sin of each token's position."""
+    """One step's rotation on torch's ops, in four kernels for all of q, k and v at once.
+
+    rotate_half(x) = (-x2, x1) is x rolled by half a head with the sign of its first half
+    flipped; the sign goes into the sine, so that x * cos + roll(x) * sin' is transformers'
+    x * cos + rotate_half(x) * sin, product for product and rounding for rounding in any
+    dtype (addcmul would round its sum once, not twice). The tables cover every head of the
+    fused q/k/v output, the v heads with cos 1 and sin 0: they pass through unchanged (x * 1
+    + y * 0 is x exactly, for finite y), and the three tensors stay one, which the attention
+    writes into the KV cache with one copy."""
 
     tokens: int
-    cos: torch.Tensor
-    sin: torch.Tensor
+    cos: torch.Tensor  # [tokens, heads, head_dim]
+    sin: torch.Tensor  # the same, the sign of each head's first half flipped
 
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, head_dim: int):
-        """q: [tokens, heads * head_dim], k: [tokens, kv_heads * head_dim] -> both rotated, as
-        [tokens, heads, head_dim]."""
-        t = self.tokens
-        return (
-            apply_rotary(q.view(t, -1, head_dim), self.cos, self.sin),
-            apply_rotary(k.view(t, -1, head_dim), self.cos, self.sin),
+    @classmethod
+    def of(cls, cos: torch.Tensor, sin: torch.Tensor, rotated: int, kept: int) -> TorchRope:
+        """cos, sin: [tokens, head_dim] of each token's position; `rotated` heads (q's and
+        k's) followed by `kept` heads (v's)."""
+        t, dim = cos.shape
+        half = dim // 2
+        ones = cos.new_ones(1, 1, dim).expand(t, kept, dim)
+        signed = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
+        return cls(
+            t,
+            torch.cat((cos[:, None].expand(t, rotated, dim), ones), dim=1),
+            torch.cat((signed[:, None].expand(t, rotated, dim), torch.zeros_like(ones)), dim=1),
         )
+
+    def __call__(self, qkv: torch.Tensor, heads: int, kv_heads: int, head_dim: int):
+        """qkv: [tokens, (heads + 2 kv_heads) * head_dim] -> [tokens, heads + 2 kv_heads,
+        head_dim], q and k rotated, a new tensor."""
+        x = qkv.view(self.tokens, -1, head_dim)
+        return x * self.cos + x.roll(head_dim // 2, -1) * self.sin
 
 
 @dataclass
@@ -105,15 +125,16 @@ class PackedRope:
     positions: torch.Tensor
     cos_sin_cache: torch.Tensor  # [positions, head_dim]: cos of each frequency, then sin
 
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, head_dim: int):
+    def __call__(self, qkv: torch.Tensor, heads: int, kv_heads: int, head_dim: int):
         """As TorchRope's, in place. q and k stay 2-D for the kernel: it reads rows by their
         stride but heads as contiguous (a 3-D view of the fused q/k/v output rotates wrong)."""
         from medha.engine.layers.vllm_kernels import ops
 
+        q = qkv[:, : heads * head_dim]
+        k = qkv[:, heads * head_dim : (heads + kv_heads) * head_dim]
         # neox style: the two halves of a head rotate together, as _rotate_half pairs them
         ops().rotary_embedding(self.positions, q, k, head_dim, self.cos_sin_cache, True)
-        t = self.tokens
-        return q.view(t, -1, head_dim), k.view(t, -1, head_dim)
+        return qkv.view(self.tokens, -1, head_dim)
 
 
 Rope = TorchRope | PackedRope

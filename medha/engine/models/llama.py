@@ -56,59 +56,72 @@ def _row_linear(in_local: int, out_features: int, bias: bool, tp: TensorParallel
     return RowParallelLinear(in_local, out_features, bias, tp)
 
 
+def linear_add(proj: nn.Module, x: torch.Tensor, residual: torch.Tensor, split: bool):
+    """residual + proj(x). A plain Linear without bias adds the residual inside its GEMM (addmm
+    accumulates into it, as F.linear adds a bias): one kernel and one pass over the output fewer
+    than a GEMM and an add. A row-parallel layer sums across ranks first, then adds; `split`
+    (transformers' order, split_projections) rounds the product before adding."""
+    if type(proj) is nn.Linear and proj.bias is None and not split:
+        return torch.addmm(residual, x, proj.weight.t())
+    return residual + proj(x)
+
+
+def _split_linear(x: torch.Tensor, proj: nn.Linear, sizes: list[int]) -> list[torch.Tensor]:
+    """proj(x) as one GEMM per block of `sizes` rows of its weight (views, no copy)."""
+    w, b = proj.weight.split(sizes), proj.bias
+    return [
+        F.linear(x, wi, bi) for wi, bi in zip(w, (None,) * len(w) if b is None else b.split(sizes))
+    ]
+
+
 class LlamaAttention(nn.Module):
     def __init__(self, a: LlamaArgs, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
         kv0, kv1 = tp.part(a.num_kv_heads)
         per_kv = a.num_heads // a.num_kv_heads
         self.h, self.kvh, self.d = (kv1 - kv0) * per_kv, kv1 - kv0, a.head_dim
-        # q, k and v in one weight: vLLM's kernels run it as one packed GEMM
+        # q, k and v in one weight and one GEMM (fused as the checkpoint loads): the input is
+        # read once, and one launch does the three products
         self.qkv_proj = nn.Linear(
             a.hidden_size, (self.h + 2 * self.kvh) * self.d, bias=a.attention_bias
         )
         self.o_proj = _row_linear(self.h * self.d, a.hidden_size, a.attention_bias, tp)
         self.scale = self.d**-0.5
-        self.fused = False  # q, k and v as one GEMM on torch's ops (fuse_projections)
+        self.split = False  # transformers' order of GEMMs and adds (split_projections)
 
-    def qkv(self, x: torch.Tensor) -> list[torch.Tensor]:
+    def qkv(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.split:
+            return self.qkv_proj(x)
         sizes = [self.h * self.d, self.kvh * self.d, self.kvh * self.d]
-        if self.fused or type(self.qkv_proj) is not nn.Linear:  # one GEMM
-            return self.qkv_proj(x).split(sizes, dim=-1)
-        # on torch's ops, three GEMMs over views of the fused weight, as transformers runs
-        # them: one fused GEMM is bitwise the same on some CPUs but not on others (oneDNN's
-        # AMX kernels in bf16 sum a wider product in another order: a 400-token prefill's
-        # logits 1.19 off transformers' in bf16, 0.0 as three)
-        weights = self.qkv_proj.weight.split(sizes)
-        bias = self.qkv_proj.bias
-        biases = (None,) * 3 if bias is None else bias.split(sizes)
-        return [F.linear(x, w, b) for w, b in zip(weights, biases)]
+        return torch.cat(_split_linear(x, self.qkv_proj, sizes), dim=-1)
 
-    def forward(self, x, rope: Rope, k_cache, v_cache, meta: AttentionMetadata):
-        t = rope.tokens  # x may carry padding rows after the t real tokens
-        q, k, v = (y[:t] for y in self.qkv(x))
-        q, k = rope(q, k, self.d)
-        o = paged_attention(q, k, v.view(t, self.kvh, self.d), k_cache, v_cache, meta, self.scale)
-        return self.o_proj(_pad_rows(o.reshape(t, self.h * self.d), x.shape[0] - t))
+    def forward(self, x, rope: Rope, kv_cache, meta: AttentionMetadata, residual):
+        """residual + attention(x): x may carry padding rows after the step's real tokens."""
+        t = rope.tokens
+        qkv = self.qkv(x)
+        qkv = rope(qkv if qkv.shape[0] == t else qkv[:t], self.h, self.kvh, self.d)
+        o = paged_attention(qkv, self.h, kv_cache, meta, self.scale)  # [t, h * d]
+        return linear_add(self.o_proj, _pad_rows(o, x.shape[0] - t), residual, self.split)
 
 
 class LlamaMLP(nn.Module):
     def __init__(self, a: LlamaArgs, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
         i0, i1 = tp.part(a.intermediate_size)
-        # gate and up stay two GEMMs: with MKL on CPU two N=I products run faster than one
-        # N=2I product (whose weights no longer fit the caches)
-        self.gate_proj = nn.Linear(a.hidden_size, i1 - i0, bias=a.mlp_bias)
-        self.up_proj = nn.Linear(a.hidden_size, i1 - i0, bias=a.mlp_bias)
+        # gate and up in one weight and one GEMM (fused as the checkpoint loads); torch's SiLU
+        # and product after it: vLLM's fused silu_and_mul ran 1.5x slower on a 2,048-token
+        # chunk on CPU
+        self.gate_up_proj = nn.Linear(a.hidden_size, 2 * (i1 - i0), bias=a.mlp_bias)
         self.down_proj = _row_linear(i1 - i0, a.hidden_size, a.mlp_bias, tp)
-        self.gate_up = None  # gate and up as one packed GEMM (use_vllm_kernels)
+        self.split = False  # transformers' order of GEMMs and adds (split_projections)
 
-    def forward(self, x):
-        if self.gate_up is not None:
-            # torch's SiLU and product: vLLM's fused silu_and_mul runs 1.5x slower on a
-            # 2,048-token chunk here (one GEMM for both: as fast as two, half the calls)
-            gate, up = self.gate_up(x).chunk(2, dim=-1)
-            return self.down_proj(F.silu(gate) * up)
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+    def forward(self, x, residual):
+        if self.split:
+            half = self.gate_up_proj.out_features // 2
+            gate, up = _split_linear(x, self.gate_up_proj, [half, half])
+        else:
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return linear_add(self.down_proj, F.silu(gate) * up, residual, self.split)
 
 
 class LlamaLayer(nn.Module):
@@ -119,9 +132,9 @@ class LlamaLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
         self.mlp = LlamaMLP(a, tp)
 
-    def forward(self, x, rope: Rope, k_cache, v_cache, meta):
-        x = x + self.self_attn(self.input_layernorm(x), rope, k_cache, v_cache, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, rope, kv_cache, meta):
+        x = self.self_attn(self.input_layernorm(x), rope, kv_cache, meta, x)
+        return self.mlp(self.post_attention_layernorm(x), x)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -156,24 +169,27 @@ class LlamaForCausalLM(nn.Module):
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        kv_caches: list[torch.Tensor],
         meta: AttentionMetadata,
         hidden: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The normed final hidden states on the last stage; elsewhere this stage's output,
-        the next stage's `hidden` input (the first stage embeds `input_ids` instead)."""
+        the next stage's `hidden` input (the first stage embeds `input_ids` instead).
+        `kv_caches`: each layer's K and V heads in one tensor (layers/attention.py)."""
         x = self.embed_tokens(input_ids) if self.stage.first else hidden
         t = x.shape[0]
+        attn = self.layers[0].self_attn if self.layers else None
         if self.cos_sin_cache is not None:  # on vLLM's kernels
             if t:
                 self._grow_rope_table(int(positions.max()) + 1)
             rope = PackedRope(t, positions, self.cos_sin_cache)
             x = _pad_rows(x, packed_row_padding(t))
         else:
-            rope = TorchRope(t, *self.rotary.cos_sin(positions, x.dtype))
+            cos, sin = self.rotary.cos_sin(positions, x.dtype)
+            rope = TorchRope.of(cos, sin, attn.h + attn.kvh, attn.kvh) if attn else None
             x = _pad_rows(x, gemm_row_padding(t, x.device, bool(meta.prefills)))
-        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
-            x = layer(x, rope, k_cache, v_cache, meta)
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            x = layer(x, rope, kv_cache, meta)
         return self.norm(x[:t]) if self.stage.last else x[:t]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -184,43 +200,24 @@ class LlamaForCausalLM(nn.Module):
         pad = gemm_row_padding(m, hidden.device, exact=m > 1)
         return F.linear(_pad_rows(hidden, pad), weight)[:m].float()
 
-    def fuse_projections(self) -> None:
-        """After loading, on CUDA in bf16/fp16: q, k and v as one GEMM, gate and up as one, so
-        that a decode step launches two fewer GEMMs per layer and reads each input once. (Not
-        on CPU, where three GEMMs keep transformers' sums bitwise, and two N=I products beat
-        one N=2I; not in fp32, the exact reference.)"""
+    def split_projections(self) -> None:
+        """After loading, for bf16/fp16 on a CPU: transformers' order of operations, which the
+        bf16 engine's prefill matches logit for logit (tests/test_engine.py): q, k and v as three
+        GEMMs and gate and up as two, over views of the fused weights, and the residual added
+        after the GEMM's result is rounded. oneDNN's bf16 kernels sum a wider product in
+        another order (a 400-token prefill's logits 1.19 off transformers' as one GEMM, 0.0 as
+        three, on AMX), and addmm rounds a product and its residual once, not twice."""
         for layer in self.layers:
-            layer.self_attn.fused = True
-            mlp = layer.mlp
-            gate_up = nn.Linear(
-                mlp.gate_proj.in_features,
-                2 * mlp.gate_proj.out_features,
-                bias=mlp.gate_proj.bias is not None,
-                device=mlp.gate_proj.weight.device,
-                dtype=mlp.gate_proj.weight.dtype,
-            )
-            with torch.no_grad():
-                gate_up.weight.copy_(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))
-                if gate_up.bias is not None:
-                    gate_up.bias.copy_(torch.cat([mlp.gate_proj.bias, mlp.up_proj.bias]))
-            mlp.gate_up = gate_up
-            mlp.gate_proj = mlp.up_proj = None
+            layer.self_attn.split = layer.mlp.split = True
 
     def use_vllm_kernels(self) -> None:
         """After loading: every local linear layer (and the LM head) becomes a oneDNN GEMM on
-        prepacked weights (an MLP's gate and up one GEMM), RMSNorm and RoPE vLLM's fused
+        prepacked weights, RMSNorm and RoPE vLLM's fused
         kernels (RoPE from a table of cos and sin by position, computed as torch's path
         computes them); attention follows the step's metadata. TP's row-parallel layers stay
         torch's (their sum runs across ranks)."""
         from medha.engine.layers.vllm_kernels import PackedLinear
 
-        for layer in self.layers:
-            mlp = layer.mlp
-            bias = None
-            if mlp.gate_proj.bias is not None:
-                bias = torch.cat([mlp.gate_proj.bias, mlp.up_proj.bias])
-            mlp.gate_up = PackedLinear(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]), bias)
-            mlp.gate_proj = mlp.up_proj = None
         self._grow_rope_table(min(8192, self.args.max_position_embeddings))
         for module in list(self.modules()):
             for name, child in list(module.named_children()):
@@ -251,7 +248,7 @@ class LlamaForCausalLM(nn.Module):
     # ---- weights -----------------------------------------------------------------------------
     @torch.no_grad()
     def load_checkpoint(self, path: Path, dtype: torch.dtype, device: torch.device) -> None:
-        """Load safetensors shard by shard, fusing q/k/v as they arrive."""
+        """Load safetensors shard by shard, fusing q/k/v and gate/up as they arrive."""
         from safetensors import safe_open
 
         params = dict(self.named_parameters())
@@ -279,7 +276,14 @@ class LlamaForCausalLM(nn.Module):
         for p in self.parameters():  # buffers (the RoPE frequencies) stay fp32
             p.data = p.data.to(dtype)
 
-    _FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2)}
+    # checkpoint tensors that load as parts of one weight: (the weight, part index, parts)
+    _FUSED = {
+        "q_proj": ("qkv_proj", 0, 3),
+        "k_proj": ("qkv_proj", 1, 3),
+        "v_proj": ("qkv_proj", 2, 3),
+        "gate_proj": ("gate_up_proj", 0, 2),
+        "up_proj": ("gate_up_proj", 1, 2),
+    }
 
     def _local_name(self, name: str) -> str | None:
         """The parameter name in this stage; None for a tensor this rank does not hold
@@ -333,10 +337,10 @@ class LlamaForCausalLM(nn.Module):
         name = self._local_name(name.removeprefix("model."))
         parts = name.split(".")
         if len(parts) >= 2 and parts[-2] in self._FUSED:
-            fused, index = self._FUSED[parts[-2]]
+            fused, index, count = self._FUSED[parts[-2]]
             target = ".".join(parts[:-2] + [fused, parts[-1]])
             pending[f"{target}#{index}"] = tensor
-            keys = [f"{target}#{i}" for i in range(3)]
+            keys = [f"{target}#{i}" for i in range(count)]
             if not all(k in pending for k in keys):
                 return
             tensor = torch.cat([pending.pop(k) for k in keys], dim=0)
