@@ -108,8 +108,8 @@ class DecodeGraphs:
 
     @torch.inference_mode()
     def replay(self, step) -> torch.Tensor | None:
-        """Logits [decodes, vocab] fp32 on the CPU, as ModelRunner.run returns them, or None
-        for a step that no graph runs."""
+        """Logits [decodes, vocab] fp32 on the device, as ModelRunner.run returns them, or
+        None for a step that no graph runs."""
         size = self.size_for(step)
         if size is None:
             return None
@@ -131,4 +131,4 @@ class DecodeGraphs:
         else:
             graph.replay()
         self.replays += 1
-        return logits[:n].cpu()
+        return logits[:n]

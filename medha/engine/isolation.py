@@ -113,7 +113,7 @@ class FailureIsolation:
         return torch.cat([p[0] for p in parts]), parts[0][1] + parts[1][1]
 
     def no_logits(self) -> torch.Tensor:
-        return torch.empty(0, self.runner.args.vocab_size)
+        return torch.empty(0, self.runner.args.vocab_size, device=self.runner.device)
 
 
 def _without(batch, request_id: str):

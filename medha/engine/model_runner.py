@@ -312,18 +312,22 @@ class ModelRunner:
 
     @torch.inference_mode()
     def logits(self, step: StepInput, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits [rows, vocab] fp32 on the CPU of the step's sampling rows (every row if it
-        names none), from the last stage's output; empty on TP ranks other than 0."""
+        """Logits [rows, vocab] fp32 on the model's device of the step's sampling rows (every
+        row if it names none), from the last stage's output; empty on TP ranks other than 0.
+        They stay where they are computed: the sampler reads what it needs of them there."""
         if self.model.tp.rank != 0:
-            return torch.empty(0)
-        if step.sample_rows is not None:
-            if not step.sample_rows:
-                return torch.empty(0, self.args.vocab_size)
-            hidden = hidden[torch.tensor(step.sample_rows, device=hidden.device)]
-        return self.model.logits(hidden.to(self.device)).cpu()
+            return torch.empty(0, device=self.device)
+        hidden = hidden.to(self.device)
+        rows = step.sample_rows
+        # rows are increasing: as many as the hidden states are all of them (a decode step)
+        if rows is not None and len(rows) < hidden.shape[0]:
+            if not rows:
+                return torch.empty(0, self.args.vocab_size, device=self.device)
+            hidden = hidden[torch.tensor(rows, device=hidden.device)]
+        return self.model.logits(hidden)
 
     def run(self, step: StepInput) -> torch.Tensor:
-        """The whole model on this process (one TP rank of it)."""
+        """The whole model on this process (one TP rank of it): logits on the device."""
         if self.graphs is not None:
             logits = self.graphs.replay(step)
             if logits is not None:
@@ -331,11 +335,11 @@ class ModelRunner:
         return self.logits(step, self.forward(step))
 
     def execute(self, batch: Batch, all_logits: bool = False) -> tuple[torch.Tensor, list]:
-        """Returns (logits [samples, vocab] fp32, the sampling chunks in row order).
+        """Returns (logits [samples, vocab] fp32 on the CPU, the sampling chunks in row order).
 
         `all_logits` returns every row's logits instead (decodes first, then each prefill
         chunk's tokens): what correctness tests compare with a reference model."""
         step, chunks = self.prepare(batch, all_logits)
         if self.workers is not None:
             self.workers.broadcast(step)
-        return self.run(step), chunks
+        return self.run(step).cpu(), chunks

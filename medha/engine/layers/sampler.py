@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -39,31 +40,49 @@ def sample(
     generators: list[torch.Generator | None],
     request_ids: list[str],
 ) -> list[Sample | RequestFailedError]:
-    """logits: [rows, vocab] fp32. Greedy rows are decided together; the others one by one
-    with their own generator, so a seeded request samples the same tokens in any batch.
+    """logits: [rows, vocab] fp32, on the model's device. Greedy rows are decided together;
+    the others one by one on the host with their own generator, so a seeded request samples
+    the same tokens in any batch and on any device.
+
+    One pass over the logits where they are finds each row's largest logit and its index: the
+    greedy token, and the row's health (a NaN anywhere makes the largest NaN, +inf makes it
+    +inf). Only those two numbers a row cross to the host, in one copy; a row's whole logits
+    follow only where sampling or logprobs need them.
 
     A row whose own work fails comes back as the RequestFailedError that ends its request
     (non-finite logits, or an error sampling it); the other rows are unaffected."""
-    out: list[Sample | RequestFailedError | None] = [None] * len(params)
-    # NaN or +inf from the model (an fp16/bf16 overflow, say) would sample garbage silently
-    for i in (~torch.isfinite(logits).all(-1)).nonzero().flatten().tolist():
-        if torch.isnan(logits[i]).any() or torch.isposinf(logits[i]).any():
-            out[i] = RequestFailedError(request_ids[i], "the model produced non-finite logits")
-    greedy = [i for i, p in enumerate(params) if p.greedy and out[i] is None]
-    if greedy:
-        tokens = logits[greedy].argmax(-1).tolist()
-        for i, t in zip(greedy, tokens):
-            out[i] = Sample(t)
+    if not params:
+        return []
+    largest, index = logits.max(-1)  # the first index of the largest, as argmax gives
+    # float64 holds every token id exactly: one transfer for both
+    largest, index = torch.stack((largest.double(), index.double())).tolist()
+    # NaN or +inf from the model (an fp16/bf16 overflow, say) would sample garbage silently;
+    # a row of -inf (every token masked) is no error
+    out: list[Sample | RequestFailedError | None] = [
+        RequestFailedError(rid, "the model produced non-finite logits")
+        if math.isnan(m) or m == math.inf
+        else None
+        for rid, m in zip(request_ids, largest)
+    ]
+    whole = [
+        i
+        for i, p in enumerate(params)
+        if out[i] is None and (not p.greedy or p.logprobs is not None)
+    ]
+    rows = dict(zip(whole, logits[whole].cpu() if whole else ()))
+    for i, p in enumerate(params):
+        if p.greedy and out[i] is None:
+            out[i] = Sample(int(index[i]))
     for i, p in enumerate(params):
         try:
             with blame(request_ids[i]):
                 if out[i] is None:
-                    probs = _filter(logits[i], p).softmax(-1)
+                    probs = _filter(rows[i], p).softmax(-1)
                     out[i] = Sample(
                         int(torch.multinomial(probs, 1, generator=generators[i]).item())
                     )
                 if p.logprobs is not None and isinstance(out[i], Sample):
-                    _add_logprobs(out[i], logits[i], p.logprobs)
+                    _add_logprobs(out[i], rows[i], p.logprobs)
         except RequestFailedError as e:
             out[i] = e
     return out
