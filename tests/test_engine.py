@@ -1,6 +1,7 @@
 """The real engine on the embedded SmolLM2-135M, against transformers on the same weights."""
 
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -97,6 +98,94 @@ def test_rope_rotates_q_and_k_as_transformers_does_and_passes_v_through():
         x, rotated = qkv.view(5, -1, d), heads + kv_heads
         assert torch.equal(out[:, :rotated], apply_rotary(x[:, :rotated], cos, sin)), dtype
         assert torch.equal(out[:, rotated:], x[:, rotated:]), dtype
+
+
+@pytest.fixture(scope="module")
+def varied_model(tmp_path_factory):
+    """A tiny random Llama whose greedy tokens vary (the default one repeats one token)."""
+    from medha.benchmark.tiny_llama import build_tiny_llama
+
+    return build_tiny_llama(tmp_path_factory.mktemp("varied-llama"), initializer_range=0.3)
+
+
+def _outputs(model, params, prompts, kv_gb, async_scheduling, policy="fcfs"):
+    llm = LLM(
+        model,
+        SchedulerConfig(policy=policy, chunking="static:16", prefix_cache="off"),
+        dtype="float32",
+        kv_memory_gb=kv_gb,
+        async_scheduling=async_scheduling,
+    )
+    done = llm.generate(prompts, params, use_tqdm=False)
+    engine = llm.engine
+    while engine.has_unfinished():  # (a decode past a stop may still run ahead: it drains)
+        assert not engine.step()
+    engine.scheduler.check_invariants()
+    assert engine.scheduler.blocks.num_used == 0 and not engine.has_unfinished()
+    return done, engine
+
+
+def test_async_scheduling_gives_the_outputs_of_one_batch_at_a_time(varied_model):
+    """Each batch formed and launched while the one before runs, its decodes fed that batch's
+    tokens where they were sampled: the same tokens, finish reasons and logprobs as the engine
+    running one batch at a time, for requests that stop on a token (a decode more is computed
+    and dropped), sample with a seed, report logprobs (sampled on the host: their next batch
+    waits) or end at max_tokens, with and without preemption; batches did overlap."""
+    rng = random.Random(0)
+    prompts = [[rng.randrange(3, 40000) for _ in range(rng.randrange(3, 200))] for _ in range(14)]
+    greedy = SamplingParams(max_tokens=60, temperature=0, ignore_eos=True)
+    first, sync = _outputs(varied_model, greedy, prompts, 0.05, False)
+    ahead, engine = _outputs(varied_model, greedy, prompts, 0.05, True)
+    assert [o.token_ids for o in ahead] == [o.token_ids for o in first]
+    # greedy all along: every batch but the first overlaps the one before
+    assert sync.metrics.overlapped == 0
+    assert engine.metrics.overlapped == engine.metrics.iterations - 1
+    params = []
+    for i, out in enumerate(first):
+        kind = i % 4
+        if kind == 0:  # stops on a token its greedy answer reaches midway
+            stop = [out.token_ids[len(out.token_ids) // 2]]
+            params.append(SamplingParams(max_tokens=60, temperature=0, stop_token_ids=stop))
+        elif kind == 1:
+            params.append(SamplingParams(max_tokens=60, temperature=0.9, seed=i, ignore_eos=True))
+        elif kind == 2:
+            params.append(SamplingParams(max_tokens=60, temperature=0, logprobs=2, ignore_eos=True))
+        else:
+            params.append(
+                SamplingParams(max_tokens=rng.randrange(1, 60), temperature=0, ignore_eos=True)
+            )
+    # room for all; room for about 400 tokens, where lars preempts
+    for kv_gb, policy in ((0.05, "fcfs"), (0.0002, "lars")):
+        want, sync = _outputs(varied_model, params, prompts, kv_gb, False, policy)
+        got, engine = _outputs(varied_model, params, prompts, kv_gb, True, policy)
+        assert engine.metrics.overlapped > 0
+        assert [o.token_ids for o in got] == [o.token_ids for o in want], kv_gb
+        assert [o.finish_reason for o in got] == [o.finish_reason for o in want]
+        for a, b in zip(got, want):
+            for x, y in zip(a.logprobs or [], b.logprobs or []):
+                assert x.token == y.token and abs(x.logprob - y.logprob) < 1e-4
+    assert {"stop", "length"} <= {o.finish_reason for o in want}
+    assert engine.scheduler.stats.preemptions > 0
+
+
+def test_a_request_aborted_while_its_batch_runs_ahead_ends_there(varied_model):
+    """Under async scheduling a request aborted while a launched batch holds its decode gives
+    no output after the abort, and its KV comes back once that batch is done."""
+    llm = LLM(varied_model, dtype="float32", kv_memory_gb=0.05, async_scheduling=True)
+    engine = llm.engine
+    for rid in ("a", "b"):
+        engine.add_request(rid, list(range(100, 140)), SamplingParams(max_tokens=20, temperature=0))
+    while engine.scheduler.num_decoding < 2:
+        engine.step()
+    engine.step()
+    assert "a" in engine._ahead.rows  # its next decode runs ahead
+    assert engine.abort("a")
+    after = []
+    while engine.has_unfinished():
+        after += [o.request_id for o in engine.step()]
+    assert "a" not in after and "b" in after
+    engine.scheduler.check_invariants()
+    assert engine.scheduler.blocks.num_used == 0
 
 
 def test_auto_dtype_is_bf16_where_the_cpu_computes_in_it(monkeypatch):
@@ -258,6 +347,35 @@ def test_recompute_preemption_mid_decode_keeps_the_tokens(prompts, reference):
     assert_greedy_agrees([o.token_ids for o in outs], reference)
     assert sched.blocks.num_used == 0 and not sched.has_unfinished()
     sched.check_invariants()
+
+
+def test_the_sampler_reads_a_rows_largest_logit_for_its_token_and_its_health():
+    """One pass finds each row's greedy token (the first of equal largest logits, as argmax)
+    and whether the row is healthy: a NaN or +inf anywhere ends that request alone, a row of
+    -inf does not; sampled and logprob rows read their whole logits."""
+    from medha.engine.errors import RequestFailedError
+    from medha.engine.layers.sampler import sample
+
+    vocab = 49_152
+    logits = torch.randn(6, vocab)
+    logits[0, 7] = logits[0, 9000] = 50.0  # a tie: the first wins
+    logits[1, vocab - 1] = float("nan")  # NaN at the end of a row, past a large logit
+    logits[1, 3] = 60.0
+    logits[2, 123] = float("inf")
+    logits[3] = float("-inf")
+    greedy = SamplingParams(temperature=0)
+    params = [greedy] * 4 + [
+        SamplingParams(temperature=0.7, seed=3),
+        SamplingParams(temperature=0, logprobs=1),
+    ]
+    out = sample(
+        logits, params, [None] * 4 + [torch.Generator().manual_seed(3), None], list("abcdef")
+    )
+    assert out[0].token == 7 and out[3].token == 0
+    assert isinstance(out[1], RequestFailedError) and isinstance(out[2], RequestFailedError)
+    assert 0 <= out[4].token < vocab
+    assert out[5].token == int(logits[5].argmax())
+    assert out[5].logprob == pytest.approx(float(logits[5].log_softmax(-1).max()), abs=1e-6)
 
 
 def test_seeded_sampling_does_not_depend_on_the_batch(llm, prompts):

@@ -91,18 +91,23 @@ path = build_tiny_llama(sys.argv[1] + ".model", initializer_range=0.3)
 rng = random.Random(0)
 prompts = [[rng.randrange(3, 40000) for _ in range(n)] for n in (5, 17, 40, 90, 150)]
 params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True, logprobs=0)
+greedy = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)  # sampled on the device
 out = {}
 for policy, chunking in (("fcfs", "static:16"), ("lars", "adaptive")):
-    for kernel, graphs in (("torch", True), ("triton", True), ("triton", False)):
+    for kernel, graphs, ahead in (
+        ("torch", True, False), ("triton", True, False), ("triton", False, False),
+        ("triton", True, True),
+    ):
         os.environ["MEDHA_DECODE_KERNEL"] = kernel
         llm = LLM(path, SchedulerConfig(policy=policy, chunking=chunking, prefix_cache="off"),
                   device="cpu", dtype="float32", kernels="torch", kv_memory_gb=0.01,
-                  cuda_graphs=graphs)
+                  cuda_graphs=graphs, async_scheduling=ahead)
         runner = llm.engine.runner
-        done = llm.generate(prompts, params)
-        out[f"{policy}/{kernel}/{graphs}"] = {
+        done = llm.generate(prompts, greedy if ahead else params)
+        out[f"{policy}/{kernel}/{graphs}" + ("/async" if ahead else "")] = {
             "tokens": [o.token_ids for o in done],
-            "logprobs": [[s.logprob for s in o.logprobs] for o in done],
+            "logprobs": [[s.logprob for s in o.logprobs or []] for o in done],
+            "overlapped": llm.engine.metrics.overlapped,
             "triton": runner.triton_decode,
             "spare": runner.spare_block,
             "slots": runner.kv_caches[0].shape[1],
@@ -116,7 +121,9 @@ json.dump(out, open(sys.argv[1], "w"))
 def test_cuda_decode_path_gives_the_torch_paths_tokens(tmp_path):
     """The Triton kernel, eagerly and in the CUDA graphs' padded steps (five decodes padded to
     a captured size of 8, their padding writing into the spare block), gives the torch path's
-    greedy tokens, and its logprobs to float32 rounding, under fixed and adaptive chunks."""
+    greedy tokens, and its logprobs to float32 rounding, under fixed and adaptive chunks; and
+    so does CUDA's default, async scheduling, with each decode's input token fed into the
+    graphs' buffers from the batch before on the device."""
     out = run_interpreted(ENGINE, tmp_path)
     for policy in ("fcfs", "lars"):
         base = out[f"{policy}/torch/True"]
@@ -129,10 +136,14 @@ def test_cuda_decode_path_gives_the_torch_paths_tokens(tmp_path):
             assert got["slots"] == (got["blocks"] + 1) * (got["slots"] // (got["blocks"] + 1))
             assert (got["replays"] or 0) > 0 if graphs else got["replays"] is None
             assert got["tokens"] == base["tokens"]
+            assert got["overlapped"] == 0
             worst = max(
                 abs(a - b) for x, y in zip(got["logprobs"], base["logprobs"]) for a, b in zip(x, y)
             )
             assert worst < 1e-4
+        ahead = out[f"{policy}/triton/True/async"]
+        assert ahead["tokens"] == base["tokens"] and ahead["overlapped"] > 0
+        assert ahead["replays"] > 0
 
 
 def test_graph_sizes_cover_every_batch_up_to_the_limit():

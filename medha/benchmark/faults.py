@@ -57,15 +57,16 @@ def inject(monkeypatch, llm, where: str, victim: str, prompt: list[int], after: 
     elif where == "sampler":  # non-finite logits in the victim's row
         from medha.engine import llm_engine
 
-        real_sample = llm_engine.sample
+        real_finish = llm_engine.finish_sampling
 
-        def sample(logits, params, generators, request_ids):
+        def finish_sampling(started, rows, params, generators, request_ids):
             if victim in request_ids and hits():
-                logits = logits.clone()
-                logits[request_ids.index(victim), 5] = float("nan")
-            return real_sample(logits, params, generators, request_ids)
+                # what a NaN anywhere in its logits makes of the row's largest (sampler.py)
+                started.wait()
+                started.host[0, rows[request_ids.index(victim)]] = float("nan")
+            return real_finish(started, rows, params, generators, request_ids)
 
-        monkeypatch.setattr(llm_engine, "sample", sample)
+        monkeypatch.setattr(llm_engine, "finish_sampling", finish_sampling)
     elif where == "detokenizer":  # decoding the victim's text
         real_add, real_admit = Detokenizer.add, engine.add_request
 

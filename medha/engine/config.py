@@ -122,6 +122,22 @@ class EngineConfig:
             )
         },
     )
+    async_scheduling: bool | None = field(
+        default=None,
+        metadata={
+            "help": (
+                "form and launch each batch while the device still runs the one before, its "
+                "decodes fed the tokens that batch samples on the device, so that the host's "
+                "scheduling, sampling and bookkeeping overlap the model (vLLM's async "
+                "scheduling, SGLang's overlap scheduler); a request that stops on a token has "
+                "one more decode computed and dropped, and a batch whose tokens are sampled on "
+                "the host (temperature, logprobs) runs after them. Default: on on CUDA in one "
+                "process; off on a CPU, where the model runs on the calling thread and there is "
+                "nothing to overlap (--async-scheduling there checks the path); refused with "
+                "tp/spp/kvp > 1"
+            )
+        },
+    )
     threads: int | None = field(default=None, metadata={"help": "CPU threads (default: all)"})
     tp: int = field(
         default=1,

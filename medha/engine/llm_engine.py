@@ -19,19 +19,31 @@ medha/engine/setup.py.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
 
 import torch
 
-from medha.core.batch import BatchResult
+from medha.core.batch import Batch, BatchResult
 from medha.core.request import Request
 from medha.engine.config import EngineConfig
-from medha.engine.errors import InvalidRequestError, RequestFailedError, blame
+from medha.engine.errors import (
+    EngineError,
+    InvalidRequestError,
+    RequestFailedError,
+    blame,
+    is_fatal,
+)
 from medha.engine.host_kv import HostKVBlocks, move_kv
 from medha.engine.isolation import FailureIsolation
-from medha.engine.layers.sampler import sample
+from medha.engine.layers.sampler import (
+    DeviceSample,
+    finish_sampling,
+    on_host,
+    start_sampling,
+)
 from medha.engine.outputs import RequestOutput, RequestState, request_output
 from medha.engine.sampling_params import SamplingParams
 from medha.engine.setup import EngineSetup, tune_process
@@ -81,6 +93,8 @@ class LLMEngine:
         scheduler = setup.scheduler_config(scheduler or SchedulerConfig())
         self.workers = setup.start_workers()
         self.pipeline = self.workers and self.workers.pipeline  # None: no stages
+        self.async_scheduling = resolve_async_scheduling(self.config, self.device, self.workers)
+        self._ahead: _Ahead | None = None  # (async scheduling) the batch the device runs
         self.runner = setup.model_runner(self.workers)
         # (on a CPU, where the tests run CUDA's decode path, the graphs' padded steps run eagerly)
         if self.runner.triton_decode and self.workers is None and self.config.cuda_graphs:
@@ -109,7 +123,9 @@ class LLMEngine:
         setup = self.setup
         blocks = BlockManager.for_layout(setup.num_blocks, self.config.block_size, setup.parallel)
         self.predictor = predictor
-        self.scheduler = ReplicaScheduler(scheduler, predictor, blocks, learner=learner)
+        self.scheduler = ReplicaScheduler(
+            scheduler, predictor, blocks, learner=learner, async_scheduling=self.async_scheduling
+        )
 
     def _profile_self(self, scheduler: SchedulerConfig) -> None:
         """Time a grid of batch shapes for about --self-profile-s seconds (the quick grid up to
@@ -215,7 +231,8 @@ class LLMEngine:
         return self.scheduler.abort(request_id, time.monotonic()) is not None
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        """Whether a request is live, or a batch still runs (async scheduling)."""
+        return self.scheduler.has_unfinished() or self._ahead is not None
 
     # ---- read-only facts and counters (the server and CLI read these, not the scheduler) ----
     @property
@@ -261,16 +278,21 @@ class LLMEngine:
 
     # ---- one iteration -----------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Run one batch; the outputs of its requests, and of any that failed on their own."""
+        """Run one batch; the outputs of its requests, and of any that failed on their own.
+        Under async scheduling: launch one batch and return the outputs of the one before."""
         if self.governor is not None:
             self.governor.tick()
-        outputs = self._pipelined_step() if self.pipeline is not None else self._step()
+        if self.pipeline is not None:
+            outputs = self._pipelined_step()
+        elif self.async_scheduling:
+            outputs = self._async_step()
+        else:
+            batch = self.scheduler.schedule(time.monotonic())
+            outputs = [] if batch is None else self._run_now(batch)
         return self.isolation.take_failed() + outputs
 
-    def _step(self) -> list[RequestOutput]:
-        batch = self.scheduler.schedule(time.monotonic())
-        if batch is None:
-            return []
+    def _run_now(self, batch: Batch) -> list[RequestOutput]:
+        """Run `batch` to its end: its KV copies, its forward pass, its sampling."""
         t0 = time.perf_counter()
         with self.isolation.discarding(batch):
             move_kv(batch, self.swap_blocks, self.prefix_host_blocks)
@@ -281,6 +303,85 @@ class LLMEngine:
                 return []
             logits, chunks = self.isolation.run(batch)
         return self._postprocess(batch, chunks, logits, t0)
+
+    def _async_step(self) -> list[RequestOutput]:
+        """Form and launch the next batch, then finish the one before it while the device runs
+        this one: the host's scheduling, sampling and bookkeeping overlap the model. The new
+        batch's decodes read their input tokens from the last batch's output on the device
+        (placeholders in the scheduler's count). A batch that needs the last one's results on
+        the host first (KV copies, a token sampled on the host, a failed forward pass) runs
+        after it, to its end."""
+        ahead, self._ahead = self._ahead, None
+        batch = self.scheduler.schedule(time.monotonic())
+        outputs: list[RequestOutput] = []
+        if ahead is not None and (batch is None or not self._overlaps(batch, ahead)):
+            outputs, ahead = self._finish(ahead), None
+        if batch is None:
+            return outputs
+        launched = None
+        if not (batch.swap_in or batch.swap_out or batch.cache_in or batch.cache_out):
+            with self.isolation.discarding(batch):
+                try:
+                    launched = self._launch_ahead(batch, ahead)
+                except Exception as e:  # the isolation's bisection runs it again, after ahead
+                    if is_fatal(e):
+                        raise
+                    log.warning("batch %d failed to launch ahead (%s): running it again "
+                                "alone", batch.batch_id, e)  # fmt: skip
+        if launched is None:
+            if ahead is not None:
+                outputs, ahead = outputs + self._finish(ahead), None
+            outputs += self._run_now(batch)
+        self._ahead = launched
+        if ahead is not None:
+            outputs += self._finish(ahead)
+        return outputs
+
+    def _overlaps(self, batch: Batch, ahead: _Ahead) -> bool:
+        """Whether `batch` can run before `ahead`'s results reach the host: every decode whose
+        token `ahead` samples finds it on the device (a greedy row of ahead's)."""
+        for c in batch.decodes:
+            r = c.request
+            if r.num_placeholders:
+                row = ahead.rows.get(r.request_id)
+                if row is None or ahead.on_host[row]:
+                    return False
+        return True
+
+    def _launch_ahead(self, batch: Batch, ahead: _Ahead | None) -> _Ahead:
+        """Build `batch`'s inputs, feed its pending decodes from `ahead`'s tokens on the device,
+        start its forward pass and the device's half of its sampling; nothing waits for them."""
+        t0 = time.perf_counter()
+        step, chunks = self.isolation.prepare(batch)
+        states = [self._states.get(c.request.request_id) for c in chunks]
+        hosted = [s is not None and on_host(s.params) for s in states]
+        launched = _Ahead(batch, chunks, hosted, t0)
+        if step is None:  # every request of it failed on its own
+            return launched
+        self.metrics.overlapped += ahead is not None
+        feed = None
+        if step.pending:  # (built on the host, copied without waiting: see StepInput.to)
+            dev = self.device
+            rows = torch.tensor([row for row, _ in step.pending]).to(dev, non_blocking=True)
+            src = torch.tensor([ahead.rows[rid] for _, rid in step.pending])
+            feed = (rows, ahead.sampled.index[src.to(dev, non_blocking=True)])
+        launched.events = _StepEvents.start(self.device)
+        logits = self.runner.run(step, feed)
+        launched.sampled = start_sampling(logits, hosted)
+        if launched.events is not None:
+            launched.events.end()
+        launched.ran_s = time.perf_counter() - t0  # on a CPU the forward ran here
+        return launched
+
+    def _finish(self, ahead: _Ahead) -> list[RequestOutput]:
+        """The host's half of a launched batch: wait for its tokens, complete it."""
+        events = ahead.events
+        return self._complete(
+            ahead.batch,
+            ahead.chunks,
+            ahead.sampled,
+            lambda: ahead.ran_s if events is None else events.elapsed_s(),
+        )
 
     def _pipelined_step(self) -> list[RequestOutput]:
         """Fill the pipeline (a new batch as soon as stage 1 is free, i.e. after this
@@ -304,16 +405,27 @@ class LLMEngine:
 
     def _postprocess(self, batch, chunks, logits: torch.Tensor, t0: float) -> list[RequestOutput]:
         """Sample the batch's next tokens, hand its result to the scheduler, report them."""
+        with self.isolation.discarding(batch):
+            states = [self._states.get(c.request.request_id) for c in chunks]
+            started = start_sampling(logits, [s is not None and on_host(s.params) for s in states])
+        return self._complete(batch, chunks, started, lambda: time.perf_counter() - t0)
+
+    def _complete(
+        self, batch: Batch, chunks, started: DeviceSample | None, duration
+    ) -> list[RequestOutput]:
+        """The host's half of sampling the batch's rows, then its result to the scheduler and
+        the outputs. `duration()`: the batch's time, read once its tokens are on the host."""
+        # requests aborted or failed while the batch ran (or before it launched) are left out
         keep = [i for i, c in enumerate(chunks) if c.request.request_id in self._states]
-        if len(keep) < len(chunks):  # aborted or failed while its batch ran
-            chunks, logits = [chunks[i] for i in keep], logits[keep]
+        chunks = [chunks[i] for i in keep]
         with self.isolation.discarding(batch):
             rids = [c.request.request_id for c in chunks]
             states = [self._states[rid] for rid in rids]
-            samples = sample(
-                logits, [s.params for s in states], [s.generator for s in states], rids
-            )
-        duration = time.perf_counter() - t0
+            samples = []
+            if started is not None:
+                params, gens = [s.params for s in states], [s.generator for s in states]
+                samples = finish_sampling(started, keep, params, gens, rids)
+        duration = duration()
         added = self._add_tokens(chunks, states, samples)
         self.metrics.record(batch, duration)
         tokens = {c.request.request_id: smp.token for c, _, smp, _, _ in added}
@@ -369,6 +481,58 @@ class LLMEngine:
         return self._collect(batch, step), chunks
 
 
+@dataclass
+class _StepEvents:
+    """CUDA events around a launched batch's work on the device: its time there, which is
+    what a step costs when the host's work overlaps it."""
+
+    begin: torch.cuda.Event
+    stop: torch.cuda.Event
+
+    @classmethod
+    def start(cls, device: torch.device) -> _StepEvents | None:
+        if device.type != "cuda":
+            return None
+        events = cls(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        events.begin.record()
+        return events
+
+    def end(self) -> None:
+        self.stop.record()
+
+    def elapsed_s(self) -> float:
+        self.stop.synchronize()
+        return self.begin.elapsed_time(self.stop) / 1e3
+
+
+@dataclass
+class _Ahead:
+    """(async scheduling) A launched batch whose results have not reached the host."""
+
+    batch: Batch
+    chunks: list  # its sampling chunks, in the order of their logits rows
+    on_host: list[bool]  # the rows sampled on the host (their tokens are not on the device)
+    t0: float
+    sampled: DeviceSample | None = None  # None: nothing ran (every request failed)
+    events: _StepEvents | None = None  # on CUDA
+    ran_s: float = 0.0  # the launch's time (where the forward ran in it: on a CPU)
+    # request id -> its row of logits (the tokens the next batch's decodes read)
+    rows: dict[str, int] = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        self.rows = {c.request.request_id: i for i, c in enumerate(self.chunks)}
+
+
+def resolve_async_scheduling(config: EngineConfig, device: torch.device, workers) -> bool:
+    """--async-scheduling as given, else on where the model runs asynchronously to the host
+    (CUDA) in one process. Refused with worker processes (their steps go in lockstep)."""
+    if config.async_scheduling is None:
+        return device.type == "cuda" and workers is None
+    if config.async_scheduling and workers is not None:
+        raise EngineError("async_scheduling runs in one process, not with tp/spp/kvp > 1")
+    return config.async_scheduling
+
+
 def check_prompt(ids: list[int] | None, max_model_len: int, vocab_size: int) -> None:
     """Refuse (InvalidRequestError naming `prompt`) an empty prompt, one longer than the
     context, and ids outside the vocabulary."""
@@ -394,6 +558,7 @@ class EngineMetrics:
 
     def __init__(self) -> None:
         self.iterations = 0
+        self.overlapped = 0  # (async scheduling) batches launched while the one before ran
         self.samples: list[tuple[tuple, tuple, float, float]] = []  # prefills, decodes, meas, pred
         self.keep_samples = False
 

@@ -61,14 +61,20 @@ class StepInput:
     # [D, width] int32 and its context [D] int32
     decode_tables: torch.Tensor | None = None
     decode_lens: torch.Tensor | None = None
+    # (async scheduling) (row, request id) of each decode whose input token the batch running
+    # ahead samples: its id is a placeholder here, the engine feeds it on the device (`run`)
+    pending: list[tuple[int, str]] = dataclasses.field(default_factory=list)
 
     def to(self, device: torch.device) -> StepInput:
+        """The step on `device`. The copies do not wait for the device: torch's blocking
+        host-to-device copy synchronizes the stream, which would make the host wait for the
+        batch running ahead (async scheduling) before it could launch this one."""
         if device.type == "cpu":
             return self
 
         def move(obj):
             changes = {
-                f.name: getattr(obj, f.name).to(device)
+                f.name: getattr(obj, f.name).to(device, non_blocking=True)
                 for f in dataclasses.fields(obj)
                 if isinstance(getattr(obj, f.name), torch.Tensor)
             }
@@ -164,28 +170,32 @@ class ModelRunner:
         lone = self._slots(chunks[0].block_table, 0, int(lens[0])) if len(chunks) == 1 else None
         return DecodeGroup(start, end, table.reshape(-1), mask, lone)
 
-    def chunk_inputs(self, batch: Batch) -> dict[str, list[int]]:
+    def chunk_inputs(self, batch: Batch) -> tuple[dict[str, list[int]], set[str]]:
         """Each chunk's token ids, read and checked against its block table under its
         request's name: a request whose inputs cannot be read fails alone, before anything
-        runs."""
-        inputs = {}
+        runs. And the decodes whose token is a placeholder (async scheduling: the batch
+        running ahead samples it), given id 0 here."""
+        inputs, pending = {}, set()
         for c in (*batch.decodes, *batch.prefills):
             rid = c.request.request_id
             with blame(rid):
                 tokens, table = c.token_ids, c.block_table
+                if not tokens and c.num_tokens == 1 and c.request.num_placeholders:
+                    tokens = [0]
+                    pending.add(rid)
                 if len(tokens) != c.num_tokens or len(table) * self.block_size < c.end:
                     raise IndexError(
                         f"chunk [{c.start}:{c.end}) lies beyond its {len(tokens)}"
                         f" tokens or {len(table)} KV blocks"
                     )
                 inputs[rid] = tokens
-        return inputs
+        return inputs, pending
 
     def prepare(self, batch: Batch, all_logits: bool = False) -> tuple[StepInput, list]:
         """The batch as tensors (decodes first, then each prefill chunk's tokens), and the
         chunks whose next token is sampled, in the order of their logits rows. Raises
         RequestFailedError, before anything runs, for a request whose inputs are broken."""
-        inputs = self.chunk_inputs(batch)
+        inputs, pending = self.chunk_inputs(batch)
         ids: list[int] = []
         positions: list[int] = []
         slot_parts: list[torch.Tensor] = []
@@ -220,8 +230,12 @@ class ModelRunner:
                     end += 1
                 groups.append(self._decode_group(decodes, start, end, slot_parts))
                 start = end
+        pending_rows = []
         for i, c in enumerate(decodes):
-            ids.extend(inputs[c.request.request_id])
+            rid = c.request.request_id
+            ids.extend(inputs[rid])
+            if rid in pending:
+                pending_rows.append((i, rid))
             positions.append(c.start)
             sample_rows.append(i)
             sample_chunks.append(c)
@@ -251,6 +265,7 @@ class ModelRunner:
             self._paged(decodes, batch.prefills) if self.kernels == "vllm" else None,
             tables,
             lens,
+            pending_rows,
         )
         return step, sample_chunks
 
@@ -323,11 +338,16 @@ class ModelRunner:
         if rows is not None and len(rows) < hidden.shape[0]:
             if not rows:
                 return torch.empty(0, self.args.vocab_size, device=self.device)
-            hidden = hidden[torch.tensor(rows, device=hidden.device)]
+            hidden = hidden[torch.tensor(rows).to(hidden.device, non_blocking=True)]
         return self.model.logits(hidden)
 
-    def run(self, step: StepInput) -> torch.Tensor:
-        """The whole model on this process (one TP rank of it): logits on the device."""
+    def run(self, step: StepInput, feed: tuple[torch.Tensor, torch.Tensor] | None = None):
+        """The whole model on this process (one TP rank of it): logits on the device.
+        `feed`: (rows, token ids), device tensors: the input ids of the step's pending rows,
+        sampled on the device by the batch before it (async scheduling)."""
+        step = step.to(self.device)
+        if feed is not None:
+            step.ids[feed[0]] = feed[1]
         if self.graphs is not None:
             logits = self.graphs.replay(step)
             if logits is not None:
