@@ -11,8 +11,9 @@ prompt's causal attention; and a small random Llama (4 layers, 8 heads of 128, 2
 built here, TOK holding SmolLM2's tokenizer files and config.json) decoding greedily by the
 torch path, the Triton kernel eagerly and from CUDA graphs, fp32 and bf16: tokens compared.
 --steps: on CKPT (gpu_check.py's Llama-3-8B-shaped checkpoint, /tmp/llama8b-shape), one decode
-and 64 decodes a step, with graphs and eagerly: the step's wall time and its parts (schedule,
-prepare, run, update), a Python profile of the 64-wide step, the eager lone step's kernels.
+and 64 decodes a step, with graphs and async scheduling (the default), with graphs one batch at
+a time, and eagerly: the step's wall time and its parts (schedule, prepare, run, update), a
+Python profile of the 64-wide step, the eager lone step's kernels.
 --small: only build the small Llama. --cpu: a dry run of all of it on this CPU (with
 TRITON_INTERPRET=1), tiny sizes, nothing timed that matters.
 Writes DIR/diag_kernels.json and DIR/diag_steps.json.
@@ -125,7 +126,8 @@ def decode_kernel_checks():
             if len(lens) == 1:
                 pos = torch.arange(lens[0])
                 slots = (torch.tensor(tables[0])[pos // bs] * bs + pos % bs).to(DEV)
-                old = lambda: _lone_decode_attention(q, k, v, slots, scale)
+                kv = torch.cat([k, v])  # the runner's cache: K heads, then V heads
+                old = lambda: _lone_decode_attention(q, kv, slots, scale)
             else:
                 lens_t = torch.tensor(lens)
                 table = torch.tensor([t + [0] * (W - len(t)) for t in tables], dtype=torch.long)
@@ -348,7 +350,8 @@ def step_breakdown(ckpt):
     from medha.engine.sampling_params import SamplingParams
     from medha.scheduler.config import SchedulerConfig
 
-    for graphs in (True, False):
+    # graphs with async scheduling (CUDA's default), graphs one batch at a time, eager
+    for graphs, ahead in ((True, True), (True, False), (False, False)):
         e = LLMEngine(
             EngineConfig(
                 model=ckpt,
@@ -356,6 +359,7 @@ def step_breakdown(ckpt):
                 dtype="bfloat16" if DEV == "cuda" else "float32",
                 kv_memory_gb=24 if DEV == "cuda" else 0.05,
                 cuda_graphs=graphs,
+                async_scheduling=ahead,
                 kernels="torch",
             ),
             SchedulerConfig(policy="fcfs", chunking="none", prefix_cache="off"),
@@ -395,7 +399,7 @@ def step_breakdown(ckpt):
             if DEV == "cuda":
                 torch.cuda.synchronize()
             wall = (time.perf_counter() - t0) / n
-            key = f"{'graphs' if graphs else 'eager'}/{width}"
+            key = f"{'graphs' if graphs else 'eager'}{'+async' if ahead else ''}/{width}"
             R.setdefault("step_breakdown_ms", {})[key] = {
                 "wall": wall * 1e3,
                 **{k: v / n * 1e3 for k, v in T.items()},
@@ -405,7 +409,7 @@ def step_breakdown(ckpt):
                 + ", ".join(f"{k} {v:.2f}" for k, v in R["step_breakdown_ms"][key].items()),
                 flush=True,
             )
-            if graphs and width == (64 if DEV == "cuda" else 3):
+            if graphs and ahead and width == (64 if DEV == "cuda" else 3):
                 import cProfile
                 import io
                 import pstats

@@ -54,10 +54,12 @@ for kvh, heads, d, bs in ((3, 9, 64, 16), (2, 8, 32, 32)):
         i += len(tables[-1])
     width = max(map(len, tables))
     table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
-    q = torch.randn(len(lens), heads, d)
+    # q as the engine hands it, a view of the fused q/k/v output; the output a strided view too
+    q = torch.randn(len(lens), heads + 2 * kvh, d)[:, :heads]
     for splits in (1, 3, 40):  # 40: more shares than a context has tiles
         n_t = torch.tensor(lens, dtype=torch.int32)
-        out = paged_decode(q, k, v, table, n_t, bs, d**-0.5, splits)
+        out = torch.full((len(lens), heads + 2, d), float("nan"))[:, 1 : 1 + heads]
+        assert paged_decode(q, k, v, table, n_t, bs, d**-0.5, splits, out=out) is out
         worst = 0.0
         for r, n in enumerate(lens):
             pos = torch.arange(n)

@@ -169,7 +169,7 @@ class EngineSetup:
         hardware = (
             get_hardware("cpu")
             if self.device.type == "cpu"
-            else _gpu_spec(torch.cuda.get_device_name())
+            else gpu_spec(torch.cuda.get_device_name())
         )
         # the roofline reads weights and KV in the engine's dtype
         hardware = dataclasses.replace(hardware, dtype_bytes=self.dtype.itemsize)
@@ -251,7 +251,7 @@ def _keep_freed_memory() -> None:
     libc.mallopt(m_trim_threshold, 1 << 31)
 
 
-def _gpu_spec(name: str):
+def gpu_spec(name: str):
     for key in ("h200", "h100", "a100"):
         if key in name.lower():
             return get_hardware(key)

@@ -255,9 +255,10 @@ def paged_attention(
 
         p = meta.pages
         d_count = p.lens.shape[0]
-        out[:d_count] = paged_decode(
-            q[:d_count], k_cache, v_cache, p.tables, p.lens, meta.block_size, scale, p.splits
-        )
+        paged_decode(
+            q[:d_count], k_cache, v_cache, p.tables, p.lens, meta.block_size, scale, p.splits,
+            out=out[:d_count],
+        )  # fmt: skip
     for g in meta.decode_groups:
         if g.slots is not None:
             out[g.row_start : g.row_end] = _lone_decode_attention(
