@@ -1,6 +1,7 @@
-"""CUDA's decode path where no GPU is: the Triton decode kernel (layers/triton_decode.py) runs
-in Triton's interpreter on CPU, and the engine's CUDA decode path (that kernel, the spare
-block, the CUDA graphs' padded steps, run eagerly here) against the torch path in float32.
+"""CUDA's decode path where no GPU is: the Triton decode and RoPE kernels
+(layers/triton_decode.py, layers/triton_rope.py) run in Triton's interpreter on CPU, and the
+engine's CUDA path (those kernels, the spare block, the CUDA graphs' padded steps, run eagerly
+here, async scheduling) against the torch path in float32.
 
 Triton's interpreter is chosen when triton is imported (TRITON_INTERPRET=1), so each check
 runs in a process of its own."""
@@ -79,6 +80,36 @@ def test_the_decode_kernel_attends_each_context_through_its_block_table(tmp_path
     errors = run_interpreted(KERNEL, tmp_path)
     assert len(errors) == 6
     assert max(errors.values()) < 1e-5, errors
+
+
+ROPE = r"""
+import json, sys
+import torch
+from medha.engine.layers.rotary import RotaryEmbedding, TorchRope, TritonRope
+
+torch.manual_seed(0)
+equal = {}
+for heads, kvh, d, tokens in ((9, 3, 64, 1), (32, 8, 128, 37), (4, 4, 32, 5), (40, 2, 16, 3)):
+    rotary = RotaryEmbedding(d, 500000.0, None)
+    cos, sin = rotary.cos_sin(torch.randint(0, 131072, (tokens,)), torch.float32)
+    rows = torch.randn(tokens + 2, (heads + 2 * kvh) * d)  # padding rows past the tokens
+    qkv, padding = rows[:tokens], rows[tokens:].clone()
+    want = TorchRope.of(cos, sin, heads + kvh, kvh)(qkv, heads, kvh, d)
+    got = TritonRope.of(cos, sin)(qkv, heads, kvh, d)
+    equal[f"{heads}/{kvh} d{d} x{tokens}"] = (
+        torch.equal(got, want) and got.data_ptr() == rows.data_ptr()
+        and torch.equal(rows[tokens:], padding)
+    )
+json.dump(equal, open(sys.argv[1], "w"))
+"""
+
+
+def test_the_rope_kernel_rotates_in_place_as_the_torch_path_does(tmp_path):
+    """CUDA's RoPE, one kernel a layer in place on the fused q/k/v output, gives the torch
+    path's rotation bit for bit in float32 (the same products and sums, no fused
+    multiply-add), v heads untouched, for head sizes of 16 to 128 and GQA groups of 1 to 20."""
+    equal = run_interpreted(ROPE, tmp_path)
+    assert len(equal) == 4 and all(equal.values()), equal
 
 
 ENGINE = r"""

@@ -119,15 +119,21 @@ class ModelRunner:
         ).to(device)
         model.load_checkpoint(path, dtype, device)
         self.kernels = kernels
-        # CUDA's decodes run in one Triton kernel that reads the blocks in place
+        # CUDA's decodes run in Triton kernels that read the blocks in place, and its RoPE in
+        # one (both tile a head: a power-of-two head_dim, as every Llama's; others take the
+        # torch path)
+        dim = self.args.head_dim
         self.triton_decode = (
             os.environ.get(DECODE_KERNEL_ENV, "auto")
             in (("auto", "triton") if device.type == "cuda" else ("triton",))
             and kernels == "torch"
             and kvp.size == 1
+            and dim >= 16
+            and dim & (dim - 1) == 0
             and importlib.util.find_spec("triton") is not None
         )
         self.graphs = None  # CUDA graphs of decode steps (capture_decode_graphs)
+        model.triton_rope = self.triton_decode
         if device.type == "cpu" and dtype != torch.float32 and kernels == "torch":
             model.split_projections()
         if kernels == "vllm":

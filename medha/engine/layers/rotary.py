@@ -79,6 +79,12 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos + _rotate_half(x) * sin
 
 
+def _signed(sin: torch.Tensor) -> torch.Tensor:
+    """sin [tokens, head_dim] with each head's first half negated: rotate_half's sign."""
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+
+
 @dataclass
 class TorchRope:
     """One step's rotation on torch's ops, in four kernels for all of q, k and v at once.
@@ -100,9 +106,8 @@ class TorchRope:
         """cos, sin: [tokens, head_dim] of each token's position; `rotated` heads (q's and
         k's) followed by `kept` heads (v's)."""
         t, dim = cos.shape
-        half = dim // 2
         ones = cos.new_ones(1, 1, dim).expand(t, kept, dim)
-        signed = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
+        signed = _signed(sin)
         return cls(
             t,
             torch.cat((cos[:, None].expand(t, rotated, dim), ones), dim=1),
@@ -114,6 +119,28 @@ class TorchRope:
         head_dim], q and k rotated, a new tensor."""
         x = qkv.view(self.tokens, -1, head_dim)
         return x * self.cos + x.roll(head_dim // 2, -1) * self.sin
+
+
+@dataclass
+class TritonRope:
+    """One step's rotation by one Triton kernel a layer, in place on the fused q/k/v output
+    (CUDA, torch's kernels: layers/triton_rope.py), TorchRope's arithmetic op for op, over
+    tables of one row a token."""
+
+    tokens: int
+    cos: torch.Tensor  # [tokens, head_dim]
+    sin: torch.Tensor  # the same, the sign of each head's first half flipped
+
+    @classmethod
+    def of(cls, cos: torch.Tensor, sin: torch.Tensor) -> TritonRope:
+        return cls(cos.shape[0], cos.contiguous(), _signed(sin))
+
+    def __call__(self, qkv: torch.Tensor, heads: int, kv_heads: int, head_dim: int):
+        """As TorchRope's, in place."""
+        from medha.engine.layers.triton_rope import rope_in_place
+
+        rope_in_place(qkv, self.cos, self.sin, heads + kv_heads)
+        return qkv.view(self.tokens, -1, head_dim)
 
 
 @dataclass
@@ -137,4 +164,4 @@ class PackedRope:
         return qkv.view(self.tokens, -1, head_dim)
 
 
-Rope = TorchRope | PackedRope
+Rope = TorchRope | TritonRope | PackedRope

@@ -12,7 +12,7 @@ from medha.engine.checkpoint import weight_files
 from medha.engine.errors import EngineError
 from medha.engine.layers.attention import AttentionMetadata, paged_attention
 from medha.engine.layers.norm import RMSNorm
-from medha.engine.layers.rotary import PackedRope, Rope, RotaryEmbedding, TorchRope
+from medha.engine.layers.rotary import PackedRope, Rope, RotaryEmbedding, TorchRope, TritonRope
 from medha.engine.models.llama_args import LlamaArgs
 from medha.engine.parallel.stage import WHOLE, Stage
 from medha.engine.parallel.tensor_parallel import SINGLE, RowParallelLinear, TensorParallel
@@ -163,6 +163,7 @@ class LlamaForCausalLM(nn.Module):
             else nn.Linear(a.hidden_size, a.vocab_size, bias=False)
         )
         self.packed_head = None  # the LM head packed for oneDNN (use_vllm_kernels)
+        self.triton_rope = False  # RoPE by one Triton kernel a layer (CUDA's path)
         self.cos_sin_cache = None  # every position's cos | sin, for vLLM's rotary kernel
 
     def forward(
@@ -186,7 +187,12 @@ class LlamaForCausalLM(nn.Module):
             x = _pad_rows(x, packed_row_padding(t))
         else:
             cos, sin = self.rotary.cos_sin(positions, x.dtype)
-            rope = TorchRope.of(cos, sin, attn.h + attn.kvh, attn.kvh) if attn else None
+            if attn is None:
+                rope = None
+            elif self.triton_rope:
+                rope = TritonRope.of(cos, sin)
+            else:
+                rope = TorchRope.of(cos, sin, attn.h + attn.kvh, attn.kvh)
             x = _pad_rows(x, gemm_row_padding(t, x.device, bool(meta.prefills)))
         for layer, kv_cache in zip(self.layers, kv_caches):
             x = layer(x, rope, kv_cache, meta)
