@@ -159,6 +159,7 @@ def prefix_checks():
 
     from medha.engine.layers.attention import (
         PrefillSpan,
+        _cudnn_with_lse,
         _flash_for,
         _lower_right_causal,
         _prefix_attention,
@@ -166,12 +167,6 @@ def prefix_checks():
 
     kvh, heads, d, n = 8, 32, 128, 2048 if DEV == "cuda" else 32
     scale = d**-0.5
-
-    def cudnn(q, k, v, dp, causal, scale=None):
-        o, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(
-            q, k, v, None, True, dp, causal, False, scale=scale
-        )[:2]
-        return o, lse.reshape(o.shape[:-1])
 
     for P in (2048, 30720, 120832) if DEV == "cuda" else (64,):
         ctx = P + n
@@ -196,7 +191,7 @@ def prefix_checks():
             )
 
         new = lambda: _prefix_attention(q, k, v, kc, vc, span, scale, flash)
-        cud = lambda: _prefix_attention(q, k, v, kc, vc, span, scale, cudnn)
+        cud = lambda: _prefix_attention(q, k, v, kc, vc, span, scale, _cudnn_with_lse)
 
         def whole():
             qq = torch.randn(1, heads, ctx, d, device=DEV, dtype=torch.bfloat16)

@@ -8,7 +8,7 @@ DIR: a small Llama checkpoint, e.g. the tiny random one the tests
 builds (the `tiny_model` fixture in tests/conftest.py: 2 layers, SmolLM2's tokenizer), saved to a
 folder.
 The KV layout is Llama-3-8B's (32 layers, 8 KV heads of 128, bf16, 16-token blocks: 2 MiB a
-block), in the engine's own tensors ([kv_heads, slots, head_dim] per layer, K and V).
+block), in the engine's own tensors ([2 * kv_heads, slots, head_dim] per layer: K, then V).
 """
 
 from __future__ import annotations
@@ -47,11 +47,9 @@ def link_bandwidth(nbytes: int = 1 << 30) -> dict:
 
 def host_kv_cache(num_blocks: int = 4096, moved: int = 512, bs: int = 16) -> dict:
     layers, kvh, hd = 32, 8, 128
+    # per layer one tensor, its K heads then its V heads, as the engine holds them
     caches = [
-        (
-            torch.randn(kvh, num_blocks * bs, hd, device="cuda", dtype=torch.bfloat16),
-            torch.randn(kvh, num_blocks * bs, hd, device="cuda", dtype=torch.bfloat16),
-        )
+        torch.randn(2 * kvh, num_blocks * bs, hd, device="cuda", dtype=torch.bfloat16)
         for _ in range(layers)
     ]
     host = HostKVBlocks(caches, num_blocks=moved, block_size=bs)
@@ -59,10 +57,10 @@ def host_kv_cache(num_blocks: int = 4096, moved: int = 512, bs: int = 16) -> dic
     src = list(range(1, 2 * moved, 2))  # every other block: a fragmented cache
     dst = list(range(2, 2 * moved + 1, 2))
     hosts = list(range(moved))
-    expect = [t.unflatten(1, (-1, bs))[:, src].clone() for kv in caches for t in kv]
+    expect = [t.unflatten(1, (-1, bs))[:, src].clone() for t in caches]
     out_s = _timed(lambda: host.swap_out(src, hosts))
     in_s = _timed(lambda: host.swap_in(hosts, dst))
-    got = [t.unflatten(1, (-1, bs))[:, dst] for kv in caches for t in kv]
+    got = [t.unflatten(1, (-1, bs))[:, dst] for t in caches]
     exact = all(torch.equal(a, b) for a, b in zip(expect, got))
     nbytes = moved * block_bytes
     return {

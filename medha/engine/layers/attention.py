@@ -30,6 +30,7 @@ flash kernel has no fp32; an fp32 chunk keeps the masked SDPA).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -172,14 +173,29 @@ def _lone_decode_attention(
 _flash_with_lse = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
+# Which kernel a chunk after a prefix takes on CUDA (bf16/fp16): flash (the default) or
+# cudnn, for A/B runs on a GPU (bench/engine_device.py, docs/engine.md "CUDA")
+PREFIX_KERNEL_ENV = "MEDHA_PREFIX_KERNEL"
+
+
+def _cudnn_with_lse(q, k, v, dropout_p, is_causal, scale=None):
+    """cuDNN's attention with flash's calling convention: (output, log-sum-exp [..., n])."""
+    o, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(
+        q, k, v, None, True, dropout_p, is_causal, False, scale=scale
+    )[:2]
+    return o, lse.reshape(o.shape[:-1])
+
+
 def _flash_for(q: torch.Tensor):
     if q.device.type == "cpu":
         return _flash_with_lse
     if q.device.type == "cuda" and q.dtype in (torch.bfloat16, torch.float16):
-        # not cuDNN's kernel: 1.8x faster on one shape (a 2,048-token chunk over a
-        # 120,832-token prefix, H200: 7.3 ms a layer against 13.0), but it builds a plan for
-        # every new shape, and adaptive chunks bring one nearly every step: a 32K prompt
-        # alone took 7.3 s in them against 2.3 s by flash
+        # flash, not cuDNN's kernel by default: cuDNN was 1.8x faster on one shape (a 2,048-token
+        # chunk over a 120,832-token prefix, H200: 7.3 ms a layer against 13.0), but it builds
+        # a plan for every new shape, and adaptive chunks bring one nearly every step: a 32K
+        # prompt alone took 7.3 s in them against 2.3 s by flash
+        if os.environ.get(PREFIX_KERNEL_ENV, "flash") == "cudnn":
+            return _cudnn_with_lse
         return torch.ops.aten._scaled_dot_product_flash_attention
     return None
 
