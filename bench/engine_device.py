@@ -28,6 +28,9 @@ shrink to its 8,192-token context and two cores: decode1 over 1,024 tokens, deco
 128-token prompts, a 2,048-token prefill, long prompts of 4,096 and 8,000 tokens. --quick:
 every row at toy sizes (a dry run of the script, nothing timed that matters).
 
+--engine-arg KEY=VALUE sets any other EngineConfig field of every engine (the A/B of one
+setting: async_scheduling=false, cuda_graphs=false; MEDHA_PREFIX_KERNEL=cudnn in the
+environment takes cuDNN's kernel for a chunk's prefix).
 --against CHECKOUT runs the same rows with that checkout's medha imported instead (a clean
 `git worktree` of the base commit), one process per contender and round, alternating, and
 prints each figure's ratio (this / that) round by round. Writes DIR/results.json.
@@ -95,7 +98,9 @@ def engine(a, policy="fcfs", chunking="none", **overrides):
         given["kv_memory_gb"] = a.kv_memory_gb
     if a.self_profile_s is not None:
         given["self_profile_s"] = a.self_profile_s
-    given.update(overrides)
+    given.update(a.engine_args, **overrides)
+    for key in sorted(set(a.engine_args) - fields):
+        print(f"--engine-arg {key}: this checkout's EngineConfig has no such field, left out")
     config = EngineConfig(**{k: v for k, v in given.items() if k in fields and v is not None})
     return LLMEngine(config, SchedulerConfig(policy=policy, chunking=chunking, prefix_cache="off"))
 
@@ -500,12 +505,24 @@ def make_checkpoint(path: Path, tok: Path) -> None:
 
 
 # ---- the driver -----------------------------------------------------------------------------
+def engine_arg(text: str) -> tuple[str, object]:
+    key, sep, value = text.partition("=")
+    if not sep:
+        raise SystemExit(f"--engine-arg {text!r}: expected KEY=VALUE")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+
+
 def run_contender(a, checkout: Path | None, out: Path) -> dict:
     cmd = [sys.executable, __file__, "--worker", "--json", str(out), "--rows", a.rows, "--device", a.device,
            "--model", a.model, "--dtype", a.dtype, "--kernels", a.kernels]  # fmt: skip
     for flag in ("kv_memory_gb", "self_profile_s"):
         if getattr(a, flag) is not None:
             cmd += ["--" + flag.replace("_", "-"), str(getattr(a, flag))]
+    for arg in a.engine_arg:
+        cmd += ["--engine-arg", arg]
     if a.quick:
         cmd.append("--quick")
     env = dict(os.environ)
@@ -557,6 +574,11 @@ def main() -> None:
         default=None,
         help="the engine's --self-profile-s (default: its own)",
     )
+    ap.add_argument(
+        "--engine-arg", action="append", default=[], metavar="KEY=VALUE",
+        help="any other EngineConfig field for every engine, VALUE in JSON where it parses "
+        "(e.g. async_scheduling=false, cuda_graphs=false); repeatable",
+    )  # fmt: skip
     ap.add_argument("--quick", action="store_true", help="toy sizes: a dry run")
     ap.add_argument(
         "--against", type=Path, default=None, help="another checkout to run side by side"
@@ -565,6 +587,7 @@ def main() -> None:
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--json", type=Path, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    a.engine_args = dict(engine_arg(x) for x in a.engine_arg)
     if a.worker:
         a.json.write_text(json.dumps(worker(a), indent=1))
         return

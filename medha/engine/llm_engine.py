@@ -355,7 +355,7 @@ class LLMEngine:
         step, chunks = self.isolation.prepare(batch)
         states = [self._states.get(c.request.request_id) for c in chunks]
         hosted = [s is not None and on_host(s.params) for s in states]
-        launched = _Ahead(batch, chunks, hosted, t0)
+        launched = _Ahead(batch, chunks, hosted)
         if step is None:  # every request of it failed on its own
             return launched
         self.metrics.overlapped += ahead is not None
@@ -512,7 +512,6 @@ class _Ahead:
     batch: Batch
     chunks: list  # its sampling chunks, in the order of their logits rows
     on_host: list[bool]  # the rows sampled on the host (their tokens are not on the device)
-    t0: float
     sampled: DeviceSample | None = None  # None: nothing ran (every request failed)
     events: _StepEvents | None = None  # on CUDA
     ran_s: float = 0.0  # the launch's time (where the forward ran in it: on a CPU)
