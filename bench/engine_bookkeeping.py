@@ -8,9 +8,10 @@ ModelRunner.logits) is timed separately and taken out; what is left is the engin
 bookkeeping per token: scheduling, building the step's inputs (`prepare`, timed on its own:
 its attention metadata, the decode's mask and slots, grows with the context by design),
 sampling, detokenizing, applying the result and building the RequestOutput; `schedule`
-(ReplicaScheduler.schedule), `update` (applying the result) and `sample` are timed on their own
-too. Prints medians in microseconds and the long/short ratios. Uses only the public engine API
-and the runner's methods, so it runs on older commits too (`PYTHONPATH=<worktree>`).
+(ReplicaScheduler.schedule), `update` (applying the result) and `sample` (both its halves) are
+timed on their own too. Prints medians in microseconds and the long/short ratios. Uses only the
+public engine API and the runner's methods, so it runs on older commits too
+(`PYTHONPATH=<worktree>`).
 """
 
 from __future__ import annotations
@@ -55,27 +56,35 @@ def measure(engine: LLMEngine, prompt_len: int, steps: int) -> dict[str, float]:
         "prepare": Timed(runner.prepare),
         "schedule": Timed(sched.schedule),
         "update": Timed(sched.update),
-        "sample": Timed(llm_engine.sample),
     }
+    # sampling: one function before issue 49, its device half and its host half since
+    samplers = [
+        n for n in ("sample", "start_sampling", "finish_sampling") if hasattr(llm_engine, n)
+    ]
+    sampling = {name: Timed(getattr(llm_engine, name)) for name in samplers}
     runner.forward, runner.logits, runner.prepare = model[0], model[1], parts["prepare"]
     sched.schedule, sched.update = parts["schedule"], parts["update"]
-    llm_engine.sample = parts["sample"]
+    for name, timed in sampling.items():
+        setattr(llm_engine, name, timed)
     rows = []
     try:
         for _ in range(steps):
             before_model = sum(t.seconds for t in model)
             before = {k: t.seconds for k, t in parts.items()}
+            before_sampling = sum(t.seconds for t in sampling.values())
             t0 = time.perf_counter()
             engine.step()
             total = time.perf_counter() - t0
             m = sum(t.seconds for t in model) - before_model
             row = {k: t.seconds - before[k] for k, t in parts.items()}
+            row["sample"] = sum(t.seconds for t in sampling.values()) - before_sampling
             row.update(bookkeeping=total - m, model=m)
-            row["rest"] = row["bookkeeping"] - sum(row[k] for k in parts)
+            row["rest"] = row["bookkeeping"] - sum(row[k] for k in (*parts, "sample"))
             rows.append(row)
     finally:
         del runner.forward, runner.logits, runner.prepare, sched.schedule, sched.update
-        llm_engine.sample = parts["sample"].fn
+        for name, timed in sampling.items():
+            setattr(llm_engine, name, timed.fn)
         while engine.has_unfinished():
             engine.step()
     return {

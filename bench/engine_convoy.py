@@ -16,8 +16,8 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-import time
 
+from medha.benchmark.arrivals import drive
 from medha.benchmark.step_errors import prediction_error
 from medha.engine.config import EngineConfig
 from medha.engine.llm_engine import LLMEngine
@@ -30,29 +30,15 @@ def run(engine: LLMEngine, with_long: bool, long_len: int, seed: int = 0) -> dic
     rng = random.Random(seed)
     vocab = engine.runner.args.vocab_size
     short_params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
-    start = time.monotonic()
-    pending = [
+    arrivals = [
         (0.5, f"s{i}", [rng.randrange(3, vocab) for _ in range(64)], short_params) for i in range(8)
     ]
     if with_long:
-        engine.add_request(
-            "long",
-            [rng.randrange(3, vocab) for _ in range(long_len)],
-            SamplingParams(max_tokens=16, temperature=0, ignore_eos=True),
-            arrival_s=start,
+        long_params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
+        arrivals.append(
+            (0.0, "long", [rng.randrange(3, vocab) for _ in range(long_len)], long_params)
         )
-    ttft = {}
-    while engine.has_unfinished() or pending:
-        now = time.monotonic()
-        while pending and now - start >= pending[0][0]:
-            at, rid, ids, p = pending.pop(0)
-            # it arrived at start + at, maybe while a forward pass ran: that wait counts
-            engine.add_request(rid, ids, p, arrival_s=start + at)
-        for out in engine.step():
-            if out.finished:
-                ttft[out.request_id] = out.metrics["ttft_s"]
-        if not engine.has_unfinished() and pending:
-            time.sleep(max(0.0, pending[0][0] - (time.monotonic() - start)))
+    ttft = {rid: m["ttft_s"] for rid, m in drive(engine, arrivals).items()}
     shorts = [ttft[f"s{i}"] for i in range(8)]
     return {
         "short_p50": statistics.median(shorts),

@@ -134,21 +134,10 @@ def ids(seed: int, n: int, vocab: int) -> list[int]:
 
 
 def drain(e, arrivals, device) -> dict:
-    """arrivals: [(at_s, request id, prompt ids, SamplingParams)] by time from now. Runs them to
-    the end; {request id: its metrics}."""
-    start = time.monotonic()
-    pending = sorted(arrivals, key=lambda x: x[0])
-    done = {}
-    while e.has_unfinished() or pending:
-        now = time.monotonic()
-        while pending and now - start >= pending[0][0]:
-            at, rid, prompt, params = pending.pop(0)
-            e.add_request(rid, prompt, params, arrival_s=start + at)
-        for out in e.step():
-            if out.finished:
-                done[out.request_id] = out.metrics
-        if not e.has_unfinished() and pending:
-            time.sleep(max(0.0, pending[0][0] - (time.monotonic() - start)))
+    """medha.benchmark.arrivals.drive, then the device's queue emptied."""
+    from medha.benchmark.arrivals import drive
+
+    done = drive(e, arrivals)
     sync(device)
     return done
 

@@ -410,6 +410,42 @@ def test_random_disconnects_leave_no_kv_in_use(server, client):
     )
 
 
+def test_an_async_scheduling_server_answers_as_the_default_one(server, client):
+    """`medha serve --async-scheduling` (CUDA's default; its path checked here on a CPU): the
+    default server's greedy answers, streamed and not, stops at EOS included (a decode past the
+    stop is computed and dropped); random disconnects, some while a batch holding the request
+    runs ahead, leave no KV in use; it drains on SIGTERM."""
+    ahead = Server("--api-key", KEY, "--prefix-cache", "off", "--async-scheduling")
+    try:
+        other = openai.OpenAI(base_url=ahead.url + "/v1", api_key=KEY, max_retries=0)
+        for prompt in ("Name three colours.", "Why is the sky blue?", "Count to ten:"):
+            ask = dict(model="smollm2", prompt=prompt, max_tokens=24, temperature=0)
+            want = client.completions.create(**ask).choices[0]
+            got = other.completions.create(**ask).choices[0]
+            streamed = "".join(
+                c.choices[0].text for c in other.completions.create(**ask, stream=True)
+            )
+            assert (got.text, got.finish_reason) == (want.text, want.finish_reason)
+            assert streamed == want.text
+        rng = random.Random(1)
+
+        async def main():
+            sem = asyncio.Semaphore(8)
+
+            async def one():
+                async with sem:
+                    await _disconnect(ahead.url + "/v1/completions", random.Random(rng.random()))
+
+            await asyncio.gather(*(one() for _ in range(24)))
+
+        asyncio.run(main())
+        after = ahead.wait_idle()
+        assert after["medha_kv_blocks_used"] == 0 and after["medha_num_requests_running"] == 0
+        assert other.completions.create(model="smollm2", prompt="Still?", max_tokens=2).usage
+    finally:
+        assert ahead.stop() == 0
+
+
 _JSON = st.recursive(
     st.none()
     | st.booleans()
@@ -961,18 +997,19 @@ def test_a_request_failing_after_admission_ends_alone(tiny_model):
     add, has_unfinished = engine.add_request, engine.has_unfinished
     engine.add_request = lambda *a, **kw: (add(*a, **kw), added.append(a[0]))[0]
     engine.has_unfinished = lambda: len(added) >= 4 and has_unfinished()
-    real = llm_engine.sample
+    real = llm_engine.finish_sampling
     poisoned = {"victim": None}
 
-    def sample(logits, params, generators, request_ids):
+    def finish_sampling(started, rows, params, generators, request_ids):
         if poisoned["victim"] is None and len(request_ids) > 1:
             poisoned["victim"] = request_ids[0]  # the first row of the first shared batch
         if poisoned["victim"] in request_ids:
-            logits = logits.clone()
-            logits[request_ids.index(poisoned["victim"]), 0] = float("nan")
-        return real(logits, params, generators, request_ids)
+            # what a NaN anywhere in the victim's logits makes of its row's largest (sampler.py)
+            started.wait()
+            started.host[0, rows[request_ids.index(poisoned["victim"])]] = float("nan")
+        return real(started, rows, params, generators, request_ids)
 
-    llm_engine.sample = sample
+    llm_engine.finish_sampling = finish_sampling
     try:
         body = {"prompt": [5, 6, 7, 8], "max_tokens": 8, "temperature": 0, "ignore_eos": True}
         with TestClient(build_app(engine)) as c:
@@ -995,7 +1032,7 @@ def test_a_request_failing_after_admission_ends_alone(tiny_model):
             metrics = c.get("/metrics").text
             assert 'medha_requests_total{status="failed"} 1.0' in metrics
     finally:
-        llm_engine.sample = real
+        llm_engine.finish_sampling = real
 
 
 def test_bench_long_threshold_follows_the_models_max_model_len():

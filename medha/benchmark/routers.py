@@ -167,11 +167,16 @@ def cpu_seconds(pid: int) -> float:
         # after the command's ")": state ppid ... utime (12th) stime (13th)
         parent[int(stat.parent.name)] = int(fields[1])
         spent[int(stat.parent.name)] = (int(fields[11]) + int(fields[12])) / tick
-    tree, total = {pid}, 0.0
-    for p in sorted(parent):  # children have larger pids than their parents, almost always
-        if p in tree or parent[p] in tree:
-            tree.add(p)
-            total += spent[p]
+    # down the tree from `pid` (by parent, not by pid order: pids wrap around at pid_max, 32,768
+    # by default, and a long-lived machine hands a child a smaller pid than its parent's)
+    children: dict[int, list[int]] = {}
+    for p, pp in parent.items():
+        children.setdefault(pp, []).append(p)
+    todo, total = [pid], 0.0
+    while todo:
+        p = todo.pop()
+        total += spent.get(p, 0.0)
+        todo.extend(children.get(p, ()))
     return total
 
 

@@ -1,0 +1,27 @@
+"""Requests handed to an engine at set times from now, run to their end: what the benches that
+time a convoy share."""
+
+from __future__ import annotations
+
+import time
+
+
+def drive(engine, arrivals) -> dict:
+    """arrivals: [(at_s, request id, prompt ids, SamplingParams)], `at_s` from now. Steps the
+    engine (an LLMEngine) until every request has finished and the engine is idle; returns
+    {request id: its metrics} (RequestOutput.metrics of its last output)."""
+    start = time.monotonic()
+    pending = sorted(arrivals, key=lambda a: a[0])
+    done = {}
+    while engine.has_unfinished() or pending:
+        now = time.monotonic()
+        while pending and now - start >= pending[0][0]:
+            at, rid, prompt, params = pending.pop(0)
+            # it arrived at start + at, maybe while a forward pass ran: that wait counts
+            engine.add_request(rid, prompt, params, arrival_s=start + at)
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out.metrics
+        if not engine.has_unfinished() and pending:
+            time.sleep(max(0.0, pending[0][0] - (time.monotonic() - start)))
+    return done
