@@ -155,8 +155,11 @@ def _ready(c: Contender, url: str, replicas: int) -> bool:
 
 
 def cpu_seconds(pid: int) -> float:
-    """CPU time (user + system) spent so far by process `pid` and its live descendants, from
-    /proc: on a machine where the router shares the replicas' cores, what it took from them."""
+    """CPU time (user + system) spent so far by process `pid` and its descendants, from /proc:
+    on a machine where the router shares the replicas' cores, what it took from them. A live
+    process's own time, plus that of its children that ended and were waited for (cutime,
+    cstime: an ended child's time leaves the tree otherwise, which made a spinning child's
+    0.3 s visible only in the instants before it exited)."""
     tick = os.sysconf("SC_CLK_TCK")
     parent, spent = {}, {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
@@ -164,9 +167,9 @@ def cpu_seconds(pid: int) -> float:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except OSError:  # exited while we looked
             continue
-        # after the command's ")": state ppid ... utime (12th) stime (13th)
+        # after the command's ")": state ppid ... utime (12th) stime cutime cstime (15th)
         parent[int(stat.parent.name)] = int(fields[1])
-        spent[int(stat.parent.name)] = (int(fields[11]) + int(fields[12])) / tick
+        spent[int(stat.parent.name)] = sum(int(f) for f in fields[11:15]) / tick
     # down the tree from `pid` (by parent, not by pid order: pids wrap around at pid_max, 32,768
     # by default, and a long-lived machine hands a child a smaller pid than its parent's)
     children: dict[int, list[int]] = {}
