@@ -353,8 +353,7 @@ class LLMEngine:
         start its forward pass and the device's half of its sampling; nothing waits for them."""
         t0 = time.perf_counter()
         step, chunks = self.isolation.prepare(batch)
-        states = [self._states.get(c.request.request_id) for c in chunks]
-        hosted = [s is not None and on_host(s.params) for s in states]
+        hosted = self._sampled_on_host(chunks)
         launched = _Ahead(batch, chunks, hosted)
         if step is None:  # every request of it failed on its own
             return launched
@@ -406,9 +405,14 @@ class LLMEngine:
     def _postprocess(self, batch, chunks, logits: torch.Tensor, t0: float) -> list[RequestOutput]:
         """Sample the batch's next tokens, hand its result to the scheduler, report them."""
         with self.isolation.discarding(batch):
-            states = [self._states.get(c.request.request_id) for c in chunks]
-            started = start_sampling(logits, [s is not None and on_host(s.params) for s in states])
+            started = start_sampling(logits, self._sampled_on_host(chunks))
         return self._complete(batch, chunks, started, lambda: time.perf_counter() - t0)
+
+    def _sampled_on_host(self, chunks) -> list[bool]:
+        """Which sampling rows need their whole logits on the host (a request that ended
+        meanwhile needs nothing)."""
+        states = (self._states.get(c.request.request_id) for c in chunks)
+        return [s is not None and on_host(s.params) for s in states]
 
     def _complete(
         self, batch: Batch, chunks, started: DeviceSample | None, duration

@@ -68,8 +68,10 @@ class StepInput:
     def to(self, device: torch.device) -> StepInput:
         """The step on `device`. The copies do not wait for the device: torch's blocking
         host-to-device copy synchronizes the stream, which would make the host wait for the
-        batch running ahead (async scheduling) before it could launch this one."""
-        if device.type == "cpu":
+        batch running ahead (async scheduling) before it could launch this one. A step
+        already there (one device a process) is returned as it is: run moves it, then forward
+        would again."""
+        if device.type == "cpu" or self.ids.device.type == device.type:
             return self
 
         def move(obj):
