@@ -598,3 +598,56 @@ def test_an_engine_with_no_profile_times_itself_once(tmp_path, monkeypatch, capl
         assert len(out.token_ids) == 4
     finally:
         path.unlink(missing_ok=True)
+
+
+def test_no_start_up_measurement_ends_a_start(tmp_path, monkeypatch, caplog):
+    """Issue 68, item 5: every layout starts from an empty cache. Under KVP each group holds
+    its share of a request, so a grid shape the whole cache holds may not fit the layout: it
+    is skipped, not the start (this one died in the grid: "the KV cache cannot hold a
+    2154-token context for profiling"). And a start-up measurement that fails for any other
+    reason leaves the engine planning with the roofline, corrected online."""
+    import logging
+
+    from medha.benchmark.tiny_llama import build_tiny_llama
+    from medha.engine import profiler
+
+    model = str(build_tiny_llama(tmp_path / "kvp-self-profiled-llama"))
+    monkeypatch.delenv("MEDHA_SELF_PROFILE_S")
+    sched = SchedulerConfig(max_model_len=256, max_num_seqs=8)
+    # two groups of 16 blocks (256 tokens each): a request fills group 0 first, so two
+    # requests of 200 tokens do not fit beside each other though the cache holds 512 tokens
+    layout = dict(model=model, dtype="float32", kernels="torch", kvp=2, block_size=16)
+    per_group = 16 * 16 * profiler_kv_bytes(model)
+    with caplog.at_level(logging.INFO, logger="medha.engine"):
+        llm = LLM(scheduler=sched, kv_memory_gb=per_group / 2**30, self_profile_s=120, **layout)
+    try:
+        assert "skipping" in caplog.text and "profiled" in llm.engine.predictor.describe()
+        (out,) = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=4, ignore_eos=True))
+        assert len(out.token_ids) == 4
+    finally:
+        Path(llm.engine.profile_path).unlink(missing_ok=True)
+        llm.engine.close()
+
+    def broken(self, shape, repeats=2):
+        raise RuntimeError("a kernel the grid found broken")
+
+    monkeypatch.setattr(profiler.Profiler, "measure", broken)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="medha.engine"):
+        llm = LLM(scheduler=sched, self_profile_s=120, model=model, dtype="float32",
+                  kernels="torch")  # fmt: skip
+    assert "start-up profile failed" in caplog.text
+    assert "roofline" in llm.engine.predictor.describe()
+    assert not Path(llm.engine.profile_path).exists()
+    (out,) = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=4, ignore_eos=True))
+    assert len(out.token_ids) == 4
+
+
+def profiler_kv_bytes(model: str) -> int:
+    """KV bytes per token of the checkpoint at `model` in float32."""
+    import torch
+
+    from medha.engine.checkpoint import check_checkpoint
+    from medha.engine.model_runner import ModelRunner
+
+    return ModelRunner.kv_bytes_per_token(check_checkpoint(Path(model)), torch.float32)

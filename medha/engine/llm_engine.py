@@ -151,9 +151,20 @@ class LLMEngine:
             path, len(shapes), seconds,
         )  # fmt: skip
         start = time.perf_counter()
-        profile = Profiler(self).run(
-            corners_first(shapes), budget_s=seconds, predictor=self.predictor, repeats=1
-        )
+        try:
+            profile = Profiler(self).run(
+                corners_first(shapes), budget_s=seconds, predictor=self.predictor, repeats=1
+            )
+        except Exception as e:  # no start-up measurement ends a start (issue 68)
+            if is_fatal(e):
+                raise
+            log.warning(
+                "the start-up profile failed after %.0f s (%s: %s); planning with %s, corrected "
+                "online", time.perf_counter() - start, type(e).__name__, e,
+                self.predictor.describe(),
+            )  # fmt: skip
+            self._plan(scheduler, self.setup.predictor())  # a fresh cache, as it started
+            return
         profile.sources = ["medha serve's start-up profile"]
         if len(profile.iteration_rows) < MIN_SELF_PROFILE_ROWS:
             log.warning(

@@ -9,6 +9,7 @@ medha/perf/profiled_predictor.py).
 
 from __future__ import annotations
 
+import logging
 import random
 import statistics
 import time
@@ -20,6 +21,13 @@ from medha.core.request import Request
 from medha.perf.grid import Shape
 from medha.perf.predictor import Predictor
 from medha.perf.profile_data import IterationRow, Profile
+
+log = logging.getLogger("medha.engine")
+
+
+class ShapeDoesNotFit(RuntimeError):
+    """The KV cache (of this layout: with KVP, each group's share) cannot hold a shape's
+    contexts: the shape is skipped, not the profile."""
 
 
 class Profiler:
@@ -65,9 +73,9 @@ class Profiler:
     def _reserve(self, r: Request, tokens: int) -> None:
         bm = self.engine.scheduler.blocks
         if bm.grow(r.request_id, tokens) < tokens:
-            raise RuntimeError(
-                f"the KV cache cannot hold a {tokens}-token context for "
-                "profiling; raise --kv-memory-gb"
+            raise ShapeDoesNotFit(
+                f"the KV cache cannot hold a {tokens}-token context beside the shape's others "
+                "(--kv-memory-gb; with --kvp, each group's share)"
             )
 
     def run(
@@ -83,7 +91,7 @@ class Profiler:
         what the shapes timed so far took against it) would not fit what is left."""
         e = self.engine
         profile = Profile(sources=["medha profile"], model=e.spec.name, hardware=e.device.type)
-        start, ratios = time.perf_counter(), []
+        start, ratios, skipped = time.perf_counter(), [], []
         bar = tqdm(shapes, desc="profiling", unit="batch", disable=not progress)
         for shape in bar:
             predicted = (
@@ -96,9 +104,20 @@ class Profiler:
                 scale = statistics.median(ratios) if ratios else 1.0
                 if predicted is not None and (repeats + 1) * predicted * scale > left:
                     continue
-            seconds = self.measure(shape, repeats)
+            try:
+                seconds = self.measure(shape, repeats)
+            except ShapeDoesNotFit as e:  # the grid asks what the whole cache holds; a layout
+                # (KVP's groups filled one after another) may hold less of one shape
+                skipped.append(shape)
+                log.info("profile: skipping %s: %s", shape, e)
+                continue
             if predicted:
                 ratios.append(seconds / predicted)
             profile.iteration_rows.append(IterationRow(1, shape.prefills, shape.decode_kv, seconds))
         bar.close()
+        if skipped:
+            log.warning(
+                "profile: %d of %d shapes skipped, the KV cache cannot hold them (--kv-memory-gb)",
+                len(skipped), len(shapes),
+            )  # fmt: skip
         return profile

@@ -13,7 +13,7 @@ from collections import defaultdict
 import numpy as np
 
 from medha.perf import setup_cache
-from medha.perf.fitting import PiecewiseLinear, _hat_basis, one_blas_thread
+from medha.perf.fitting import PiecewiseLinear, one_blas_thread
 from medha.perf.hardware_specs import HardwareSpec
 from medha.perf.model_specs import ModelSpec
 from medha.perf.parallel_config import ParallelConfig
@@ -140,7 +140,7 @@ class ProfiledPredictor(RooflinePredictor):
         return PiecewiseLinear.fit(x, y)
 
     def fingerprint(self) -> dict | None:
-        return {**super().fingerprint(), "profile": self._profile_digest}
+        return {**super().fingerprint(), "profile": self._profile_digest, "fit": FIT_VERSION}
 
     def fitted_components(self) -> dict[str, str]:
         """component -> 'fitted' or 'analytic'."""
@@ -194,6 +194,35 @@ class ProfiledPredictor(RooflinePredictor):
         return it.per_decode * len(kv_lens) + it.decode_read * sum(kv_lens)
 
 
+# the fitting rules' version, in the set-up cache's key: a changed rule refits stored profiles
+FIT_VERSION = 2
+# fits of the iteration model: one least-squares fit, then ROBUST_PASSES - 1 refits with the
+# rows reweighted by how far the last fit left them (Huber's weights on the relative error)
+ROBUST_PASSES = 3
+HUBER_K = 1.345  # in robust standard deviations (1.4826 MAD): 95% efficiency on clean data
+# a start-up grid's rows each within this relative error count fully, however tight the rest
+MIN_SPREAD = 0.05
+
+
+def robust_weights(rel_err: np.ndarray) -> np.ndarray:
+    """Huber's weights for residuals `rel_err` (relative): 1 within HUBER_K robust standard
+    deviations of zero (never tighter than MIN_SPREAD), falling as 1/|r| beyond."""
+    spread = max(1.4826 * float(np.median(np.abs(rel_err))), MIN_SPREAD)
+    r = np.abs(rel_err) / (HUBER_K * spread)
+    return 1.0 / np.maximum(r, 1.0)
+
+
+def _rise_basis(x: np.ndarray, knots: np.ndarray) -> np.ndarray:
+    """Columns whose nonnegative combination is a nondecreasing linear spline through `knots`:
+    a constant (the value at the first knot), then each segment's rise as a ramp from 0 to 1
+    across it, the last one unbounded (the spline goes on along its last segment)."""
+    cols = [np.ones(len(x))]
+    for j in range(1, len(knots)):
+        ramp = (x - knots[j - 1]) / (knots[j] - knots[j - 1])
+        cols.append(np.clip(ramp, 0.0, None if j == len(knots) - 1 else 1.0))
+    return np.stack(cols, axis=1)
+
+
 class IterationModel:
     """Whole-iteration time = f(tokens) + a*seqs + sum of per-chunk and per-decode attention,
     fitted jointly with non-negative coefficients, so that no extrapolation turns negative.
@@ -223,12 +252,18 @@ class IterationModel:
 
     @classmethod
     def fit(cls, rows: list[IterationRow], num_knots: int = 12) -> IterationModel:
+        """Least relative error, every coefficient >= 0, the token curve nondecreasing (a step
+        with more tokens never costs less: its value at the first knot plus a nonnegative rise
+        on each segment), and rows far off the fit weighed down (`robust_weights`): a start-up
+        grid times each shape once, on a machine that may be busy, and one outlier must not
+        bend the curve that every budget is derived from (issue 68)."""
         from scipy.optimize import nnls  # a second to import: fits from the set-up cache skip it
 
         if len(rows) < 8:
             raise ProfileError(f"need at least 8 measured iterations to fit, got {len(rows)}")
         tokens = np.array([sum(n for n, _ in r.prefills) + len(r.decode_kv) for r in rows], float)
-        knots = np.unique(np.quantile(tokens, np.linspace(0, 1, num_knots)))
+        # knots at measured token counts, so that every segment has rows at both its ends
+        knots = np.unique(np.quantile(tokens, np.linspace(0, 1, num_knots), method="nearest"))
         if len(knots) < 2:
             knots = np.array([0.0, max(1.0, tokens[0])])
         extra = np.array(
@@ -244,16 +279,19 @@ class IterationModel:
             ],
             float,
         )
-        features = np.hstack([_hat_basis(tokens, knots), extra])
+        features = np.hstack([_rise_basis(tokens, knots), extra])
         y = np.array([r.seconds for r in rows])
-        w = 1.0 / y
         # Scale columns so that NNLS is well conditioned, then undo the scaling.
-        a = features * w[:, None]
+        a = features / y[:, None]
         scale = np.maximum(np.abs(a).max(axis=0), 1e-30)
-        coef, _ = nnls(a / scale, y * w)
-        coef = coef / scale
+        weights = np.ones(len(y))
+        for _ in range(ROBUST_PASSES):
+            root = np.sqrt(weights)  # (weights on the squared errors)
+            coef, _ = nnls(a * root[:, None] / scale, root)
+            coef = coef / scale
+            weights = robust_weights(features @ coef / y - 1)
         k = len(knots)
-        return cls(knots, coef[:k], *coef[k:])
+        return cls(knots, np.cumsum(coef[:k]), *coef[k:])
 
     def linear(self, num_tokens: int, num_seqs: int) -> float:
         return self._tokens(num_tokens) + self.per_seq * num_seqs

@@ -33,10 +33,8 @@ pipeline parallelism, swap preemption.
 from __future__ import annotations
 
 import collections
-import json
 import logging
 import math
-import os
 import time
 from collections.abc import Iterable
 
@@ -54,7 +52,6 @@ from medha.vllm_executor.settings import build_replica_scheduler
 
 logger = logging.getLogger(__name__)
 STEPS_KEPT = 100_000
-STEP_LOG_ENV = "MEDHA_STEP_LOG"
 
 
 class MedhaScheduler(Scheduler):
@@ -93,10 +90,6 @@ class MedhaScheduler(Scheduler):
         # the forward pass, sampling and the outputs' bookkeeping), the cycle a request waits
         # through between two tokens
         self.steps: collections.deque[IterationRow] = collections.deque(maxlen=STEPS_KEPT)
-        # $MEDHA_STEP_LOG: a JSON line per step (its shape, measured and predicted seconds),
-        # appended, line-buffered: what bench/vllm_convoy.py reads the prediction error from
-        log_path = os.environ.get(STEP_LOG_ENV)
-        self._step_log = open(log_path, "a", buffering=1) if log_path else None
 
     # ---- requests ----------------------------------------------------------------------------
     def add_request(self, request) -> None:
@@ -256,14 +249,6 @@ class MedhaScheduler(Scheduler):
         if batch.chunks:
             prefills, decodes = batch.shape()
             self.steps.append(IterationRow(1, prefills, decodes, ran_s))
-            if self._step_log is not None:  # the shape as it ran, priced before it teaches
-                row = {
-                    "prefills": prefills,
-                    "decodes": decodes,
-                    "measured_s": ran_s,
-                    "predicted_s": self.medha.predictor.shape_time(prefills, decodes),
-                }
-                self._step_log.write(json.dumps(row) + "\n")
         stopped = frozenset(
             o.request_id
             for client in outputs.values()
