@@ -136,6 +136,7 @@ MODULE_TIERS = {
     "test_isolation.py": ("engine",),
     "test_parallel.py": ("engine", "server"),  # two of its tests start `medha serve`
     "test_parallel_schedule.py": ("engine",),
+    "test_pauses.py": ("engine",),
     "test_server.py": ("server",),
     "test_server_fuzz.py": ("server",),
     "test_route.py": ("server",),

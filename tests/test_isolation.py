@@ -255,7 +255,7 @@ def test_an_error_that_follows_every_request_stops_the_engine(tiny_model):
     real = llm.engine.runner.forward
     calls = []
 
-    def broken(step, hidden=None):
+    def broken(step, hidden=None, pause=None):
         calls.append(step)
         raise RuntimeError("every forward fails")
 
@@ -270,7 +270,7 @@ def test_an_error_that_follows_every_request_stops_the_engine(tiny_model):
         llm.generate([PROMPTS[0]], GREEDY)  # ... until too many in a row
     calls.clear()
 
-    def device_error(step, hidden=None):
+    def device_error(step, hidden=None, pause=None):
         calls.append(step)
         raise torch.AcceleratorError("CUDA error: an illegal memory access was encountered")
 

@@ -136,6 +136,13 @@ def test_pipeline_mode_is_checked():
         SchedulerConfig(pipeline="gpipe")
 
 
+def test_the_event_loop_refuses_steps_it_would_not_pause():
+    """Its batches run whole: a pausable step of the arrival wait would hold everyone up."""
+    with pytest.raises(ValueError, match="pauses no step"):
+        Simulator(ClusterConfig(model="llama-3-8b", hardware="h100"), ParallelConfig(),
+                  SchedulerConfig(pause_steps=True))  # fmt: skip
+
+
 def test_a_lone_decode_takes_its_batch_time_through_every_stage():
     # what bench/sim_parallel_figures.py's decode figures read off the predictor: a decode joins
     # the next batch only once its batch has left the last stage

@@ -272,6 +272,8 @@ def test_settings_are_checked():
     assert scheduler_settings({"medha": {"calibrate": "online"}})[2] == "online"
     with pytest.raises(ValueError, match="calibrate must be one of"):
         scheduler_settings({"medha": {"calibrate": "sometimes"}})
+    with pytest.raises(ValueError, match="vLLM runs every step to its end"):
+        scheduler_settings({"medha": {"pause_steps": True}})
 
 
 def test_medhas_scheduler_on_vllm_learns_its_step_times(model, greedy, tmp_path, monkeypatch):

@@ -13,15 +13,28 @@ def drive(engine, arrivals) -> dict:
     start = time.monotonic()
     pending = sorted(arrivals, key=lambda a: a[0])
     done = {}
-    while engine.has_unfinished() or pending:
+
+    def admit() -> None:
         now = time.monotonic()
         while pending and now - start >= pending[0][0]:
             at, rid, prompt, params = pending.pop(0)
             # it arrived at start + at, maybe while a forward pass ran: that wait counts
             engine.add_request(rid, prompt, params, arrival_s=start + at)
-        for out in engine.step():
+
+    def collect(outputs) -> None:
+        for out in outputs:
             if out.finished:
                 done[out.request_id] = out.metrics
-        if not engine.has_unfinished() and pending:
-            time.sleep(max(0.0, pending[0][0] - (time.monotonic() - start)))
+
+    # a step paused between its layers admits what arrived meanwhile, as a server does
+    # (medha/engine/pauses.py)
+    engine.pauses.arrivals, engine.pauses.deliver = admit, collect
+    try:
+        while engine.has_unfinished() or pending:
+            admit()
+            collect(engine.step())
+            if not engine.has_unfinished() and pending:
+                time.sleep(max(0.0, pending[0][0] - (time.monotonic() - start)))
+    finally:
+        engine.pauses.arrivals = engine.pauses.deliver = None
     return done

@@ -47,10 +47,10 @@ def inject(monkeypatch, llm, where: str, victim: str, prompt: list[int], after: 
             last["ids"] = {c.request.request_id for c in (*batch.decodes, *batch.prefills)}
             return step, chunks
 
-        def forward(step, hidden=None):
+        def forward(step, hidden=None, pause=None):
             if step is last.get("step") and victim in last["ids"] and hits():
                 raise RuntimeError("a kernel failed on the victim's shape")
-            return real_forward(step, hidden)
+            return real_forward(step, hidden, pause)
 
         monkeypatch.setattr(runner, "prepare", prepare)
         monkeypatch.setattr(runner, "forward", forward)

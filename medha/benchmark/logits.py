@@ -21,7 +21,11 @@ def prefill_logits(
     (their sizes appended to `chunks` when given); `engine`: more engine options."""
     engine = LLM(
         "smollm2",
-        scheduler=SchedulerConfig(policy="fcfs", chunking=chunking, tpot_target_s=0.02),
+        # (unpaused: a paused engine prefills a lone prompt in one step, the chunks are the
+        # point here)
+        scheduler=SchedulerConfig(
+            policy="fcfs", chunking=chunking, tpot_target_s=0.02, pause_steps=False
+        ),
         kv_memory_gb=0.1,
         dtype=dtype,
         **engine,

@@ -75,6 +75,9 @@ class Batch:
     # one's sampling chunks produce as placeholders of their requests' contexts (set then, by
     # the request table's `count_placeholders`; False while the batch completes first).
     placeholders: bool = False
+    # (pause_steps) Long prefills alone: the executor may pause the batch between two of its
+    # layers to run ReplicaScheduler.schedule_beside's batches first, then resume it.
+    pausable: bool = False
 
     @property
     def chunks(self) -> list[Chunk]:

@@ -74,16 +74,17 @@ class FailureIsolation:
                 self.fail(e.request_id, e)
                 batch = _without(batch, e.request_id)
 
-    def run(self, batch) -> tuple[torch.Tensor, list]:
+    def run(self, batch, pause=None) -> tuple[torch.Tensor, list]:
         """(logits, sampling chunks) of the batch, without the requests that fail on their
-        own."""
+        own. `pause`: the runner's (a paused step), on the first try only: the
+        halves of a failed batch run through."""
         step, chunks = self.prepare(batch)
         if step is None:
             return self.no_logits(), []
         try:
             if self.workers is not None:
                 self.workers.broadcast(step)
-            logits = self.runner.run(step)
+            logits = self.runner.run(step, pause=pause)
         except Exception as e:
             if is_fatal(e) or self.workers is not None:
                 raise

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from medha.core.batch import Batch, BatchResult
+from medha.core.config import parse_chunking
 from medha.core.request import Request
 from medha.engine.config import EngineConfig
 from medha.engine.errors import (
@@ -45,6 +46,7 @@ from medha.engine.layers.sampler import (
     start_sampling,
 )
 from medha.engine.outputs import RequestOutput, RequestState, request_output
+from medha.engine.pauses import Pauses, can_pause
 from medha.engine.sampling_params import SamplingParams
 from medha.engine.setup import EngineSetup, tune_process
 from medha.engine.tokenizer import Tokenizer
@@ -53,6 +55,7 @@ from medha.perf.predictor import Predictor
 from medha.scheduler.block_manager import BlockManager
 from medha.scheduler.config import SchedulerConfig
 from medha.scheduler.config_defaults import price_report
+from medha.scheduler.packers import replica_policy
 from medha.scheduler.replica_scheduler import ReplicaScheduler
 
 log = logging.getLogger("medha.engine")
@@ -91,9 +94,13 @@ class LLMEngine:
         self.model_path, self.spec = setup.model_path, setup.spec
         self.tokenizer = Tokenizer(self.model_path)
         scheduler = setup.scheduler_config(scheduler or SchedulerConfig())
+        one_process = setup.parallel.world_size == 1
+        self.async_scheduling = resolve_async_scheduling(self.config, self.device, one_process)
+        # (settled before any worker process starts: a refusal leaves nothing running)
+        scheduler = self._pause_steps(scheduler, one_process)
+        self.pauses = Pauses(self)
         self.workers = setup.start_workers()
         self.pipeline = self.workers and self.workers.pipeline  # None: no stages
-        self.async_scheduling = resolve_async_scheduling(self.config, self.device, self.workers)
         self._ahead: _Ahead | None = None  # (async scheduling) the batch the device runs
         self.runner = setup.model_runner(self.workers)
         # (on a CPU, where the tests run CUDA's decode path, the graphs' padded steps run eagerly)
@@ -111,6 +118,28 @@ class LLMEngine:
         self.isolation = FailureIsolation(self.runner, self.workers, self.scheduler, self._states)
         self.metrics = EngineMetrics()
         self.governor = setup.governor(self.workers)
+
+    def _pause_steps(self, scheduler: SchedulerConfig, one_process: bool) -> SchedulerConfig:
+        """`scheduler` with pause_steps settled: on where this engine can pause its steps and
+        the policy lets it (medha/engine/pauses.py), unless given; refused where asked for and
+        impossible."""
+        able = can_pause(self.device.type, one_process, self.async_scheduling)
+        if scheduler.pause_steps is None:
+            # (static:N and none keep the baselines' steps, Sarathi's and Orca's, as they are)
+            adaptive = parse_chunking(scheduler.chunking)[0] == "adaptive"
+            able = able and adaptive and replica_policy(scheduler).pauses_steps
+            return dataclasses.replace(scheduler, pause_steps=able)
+        if scheduler.pause_steps and not able:
+            raise EngineError(
+                "pause_steps runs in one process on a CPU, one batch at a time (not with "
+                "tp/spp/kvp > 1, async scheduling or a GPU)"
+            )
+        if scheduler.pause_steps and not replica_policy(scheduler).pauses_steps:
+            raise EngineError(
+                f"pause_steps: policy {scheduler.policy} holds prefills back or picks decodes "
+                "itself; its batches cannot be paused for others"
+            )
+        return scheduler
 
     def _plan(self, scheduler: SchedulerConfig, predictor: Predictor) -> None:
         """The scheduler (over a fresh KV cache) planning with `predictor`, corrected online
@@ -300,11 +329,13 @@ class LLMEngine:
         else:
             batch = self.scheduler.schedule(time.monotonic())
             outputs = [] if batch is None else self._run_now(batch)
-        return self.isolation.take_failed() + outputs
+        return self.isolation.take_failed() + self.pauses.take() + outputs
 
     def _run_now(self, batch: Batch) -> list[RequestOutput]:
-        """Run `batch` to its end: its KV copies, its forward pass, its sampling."""
-        t0 = time.perf_counter()
+        """Run `batch` to its end: its KV copies, its forward pass, its sampling. A pausable
+        batch runs others between its layers (medha/engine/pauses.py); its time leaves
+        theirs out."""
+        t0, paused = time.perf_counter(), self.pauses.paused_s
         with self.isolation.discarding(batch):
             move_kv(batch, self.swap_blocks, self.prefix_host_blocks)
             if not batch.num_seqs:  # the batch only moved KV
@@ -312,8 +343,10 @@ class LLMEngine:
                     batch, BatchResult(time.perf_counter() - t0), time.monotonic()
                 )
                 return []
-            logits, chunks = self.isolation.run(batch)
-        return self._postprocess(batch, chunks, logits, t0)
+            logits, chunks = self.isolation.run(
+                batch, self.pauses.point if batch.pausable else None
+            )
+        return self._postprocess(batch, chunks, logits, t0 + self.pauses.paused_s - paused)
 
     def _async_step(self) -> list[RequestOutput]:
         """Form and launch the next batch, then finish the one before it while the device runs
@@ -537,12 +570,12 @@ class _Ahead:
         self.rows = {c.request.request_id: i for i, c in enumerate(self.chunks)}
 
 
-def resolve_async_scheduling(config: EngineConfig, device: torch.device, workers) -> bool:
+def resolve_async_scheduling(config: EngineConfig, device: torch.device, one_process: bool) -> bool:
     """--async-scheduling as given, else on where the model runs asynchronously to the host
     (CUDA) in one process. Refused with worker processes (their steps go in lockstep)."""
     if config.async_scheduling is None:
-        return device.type == "cuda" and workers is None
-    if config.async_scheduling and workers is not None:
+        return device.type == "cuda" and one_process
+    if config.async_scheduling and not one_process:
         raise EngineError("async_scheduling runs in one process, not with tp/spp/kvp > 1")
     return config.async_scheduling
 

@@ -8,6 +8,7 @@ import dataclasses
 import importlib.util
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -290,9 +291,15 @@ class ModelRunner:
         )
 
     @torch.inference_mode()
-    def forward(self, step: StepInput, hidden: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        step: StepInput,
+        hidden: torch.Tensor | None = None,
+        pause: Callable[[], None] | None = None,
+    ) -> torch.Tensor:
         """This rank's stage of the step: from the token ids on the first stage, from the
-        previous stage's output `hidden` elsewhere."""
+        previous stage's output `hidden` elsewhere. `pause`: the model calls it
+        between the parts of its layers (a paused step: medha/engine/pauses.py)."""
         step = step.to(self.device)
         meta = AttentionMetadata(
             slot_mapping=step.slot_mapping,
@@ -312,7 +319,7 @@ class ModelRunner:
             )
         if hidden is not None:
             hidden = hidden.to(self.device)
-        return self.model(step.ids, step.positions, self.kv_caches, meta, hidden)
+        return self.model(step.ids, step.positions, self.kv_caches, meta, hidden, pause)
 
     def capture_decode_graphs(self, max_num_seqs: int, max_model_len: int) -> None:
         """CUDA graphs of decode-only steps (engine/cuda_graphs.py): from now on such a step
@@ -349,10 +356,16 @@ class ModelRunner:
             hidden = hidden[torch.tensor(rows).to(hidden.device, non_blocking=True)]
         return self.model.logits(hidden)
 
-    def run(self, step: StepInput, feed: tuple[torch.Tensor, torch.Tensor] | None = None):
+    def run(
+        self,
+        step: StepInput,
+        feed: tuple[torch.Tensor, torch.Tensor] | None = None,
+        pause: Callable[[], None] | None = None,
+    ):
         """The whole model on this process (one TP rank of it): logits on the device.
         `feed`: (rows, token ids), device tensors: the input ids of the step's pending rows,
-        sampled on the device by the batch before it (async scheduling)."""
+        sampled on the device by the batch before it (async scheduling). `pause`:
+        as `forward`'s."""
         step = step.to(self.device)
         if feed is not None:
             step.ids[feed[0]] = feed[1]
@@ -360,7 +373,7 @@ class ModelRunner:
             logits = self.graphs.replay(step)
             if logits is not None:
                 return logits
-        return self.logits(step, self.forward(step))
+        return self.logits(step, self.forward(step, pause=pause))
 
     def execute(self, batch: Batch, all_logits: bool = False) -> tuple[torch.Tensor, list]:
         """Returns (logits [samples, vocab] fp32 on the CPU, the sampling chunks in row order).

@@ -196,6 +196,8 @@ class ProfiledPredictor(RooflinePredictor):
 
 # the fitting rules' version, in the set-up cache's key: a changed rule refits stored profiles
 FIT_VERSION = 2
+# measured rows a knot of the token curve takes at least
+ROWS_PER_KNOT = 4
 # fits of the iteration model: one least-squares fit, then ROBUST_PASSES - 1 refits with the
 # rows reweighted by how far the last fit left them (Huber's weights on the relative error)
 ROBUST_PASSES = 3
@@ -262,7 +264,9 @@ class IterationModel:
         if len(rows) < 8:
             raise ProfileError(f"need at least 8 measured iterations to fit, got {len(rows)}")
         tokens = np.array([sum(n for n, _ in r.prefills) + len(r.decode_kv) for r in rows], float)
-        # knots at measured token counts, so that every segment has rows at both its ends
+        # knots at measured token counts, so that every segment has rows at both its ends, and
+        # a few rows to each (a grid cut short by its time fits a coarser curve)
+        num_knots = max(2, min(num_knots, len(rows) // ROWS_PER_KNOT))
         knots = np.unique(np.quantile(tokens, np.linspace(0, 1, num_knots), method="nearest"))
         if len(knots) < 2:
             knots = np.array([0.0, max(1.0, tokens[0])])

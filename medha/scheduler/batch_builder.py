@@ -26,7 +26,10 @@ class BatchBuilder:
         now: float,
         max_seqs: int,
         max_tokens: int | None,
+        pausable: bool = False,
     ) -> None:
+        """`pausable`: the executor pauses the step for the decodes running beside it when
+        their tokens fall due (SchedulerConfig.pause_steps), so none of them waits on it."""
         self._requests = requests
         self._kv = kv
         self.batch = batch
@@ -34,6 +37,7 @@ class BatchBuilder:
         self.now = now
         self._max_seqs = max_seqs
         self._max_tokens = max_tokens
+        self._pausable = pausable
         # the tightest TPOT target among the requests whose decodes the batch carries (None:
         # none has its own); the packer bounds the batch's time budget by it
         self.tpot_target_s: float | None = None
@@ -45,8 +49,8 @@ class BatchBuilder:
     @property
     def decoding(self) -> Collection[Request]:
         """The requests decoding, in this batch or in one still running (who may wait on the
-        step's length: replica_rules.nobody_waits)."""
-        return self._requests.decoding.values()
+        step's length: replica_rules.nobody_waits); none beside a pausable step."""
+        return () if self._pausable else self._requests.decoding.values()
 
     @property
     def num_prefills(self) -> int:

@@ -125,6 +125,21 @@ class SchedulerConfig:
             "iteration budget; the iteration budget itself when that is given",
         ),
     )
+    pause_steps: bool | None = field(
+        default=None,
+        metadata=help_metadata(
+            CHUNKING,
+            "let the executor pause a step of long prefills between two of its layers, to run "
+            "first a step for whoever waits (a short prompt that arrived, a decode whose next "
+            "token is due), then resume it: nobody waits for a long prefill's step, so it runs "
+            "in steps as long as the arrival wait (sized for its chunking price), and the "
+            "decodes beside it come at their TPOT in steps of their own (docs/design.md, "
+            "'Paused steps'). Default: on with adaptive chunking where the executor can pause "
+            "(medha's engine in one process on a CPU) and the policy forms batches by the "
+            "packer alone (not deferred, aligned or pla); off in the simulator's event loop "
+            "and on vLLM",
+        ),
+    )
     overload_steps: bool = field(
         default=True,
         metadata=help_metadata(
@@ -413,4 +428,5 @@ class SchedulerConfig:
             self.max_model_len,
             self.long_prefill_threshold,
             self.prefix_cache,
+            self.pause_steps,
         )

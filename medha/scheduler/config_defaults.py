@@ -43,6 +43,10 @@ NEGLIGIBLE_PRICE = 1.02
 # 0.8x alone here, 0.5 s let them reach 1.5x).
 READING_TPOT_S = 0.15
 CHAT_PROMPT_TOKENS = 512
+# Where steps pause (pause_steps), what a chat arriving during one may wait for its pause point,
+# as a share of its own time alone: its TTFT stays within 1 + this of it, with room for a
+# model off by some (tests/test_machine_kinds.py: 1.5x is the promise)
+PAUSE_WAIT_SHARE = 1 / 3
 
 
 def resolve_config(config: SchedulerConfig, predictor: Predictor) -> SchedulerConfig:
@@ -69,17 +73,17 @@ def resolve_config(config: SchedulerConfig, predictor: Predictor) -> SchedulerCo
     floor = config.min_ttft_deadline_s or max(MIN_TTFT_DEADLINE_S, 2 * budget)
     # a budget given explicitly bounds every step (a lone prefill's too) unless the
     # arrival wait is given as well
-    wait = config.arrival_wait_s or (
-        budget
-        if config.iteration_budget_s
-        else default_arrival_wait(
-            predictor,
-            budget,
-            config.ttft_deadline_s or floor,
-            max_model_len,
-            (config.min_chunk_tokens, config.max_batch_tokens),
-        )
-    )
+    pause = bool(config.pause_steps)
+    chunks = (config.min_chunk_tokens, config.max_batch_tokens)
+    if config.arrival_wait_s:
+        wait = config.arrival_wait_s
+    elif pause:  # (a budget given explicitly bounds the steps that others wait on)
+        wait = pause_arrival_wait(predictor, budget, max_model_len, chunks)
+    elif config.iteration_budget_s:
+        wait = budget
+    else:
+        shortest = config.ttft_deadline_s or floor
+        wait = default_arrival_wait(predictor, budget, shortest, max_model_len, chunks)
     long_threshold = config.long_prefill_threshold or default_long_threshold(max_model_len)
     return dataclasses.replace(
         config,
@@ -90,6 +94,7 @@ def resolve_config(config: SchedulerConfig, predictor: Predictor) -> SchedulerCo
         min_ttft_deadline_s=floor,
         max_model_len=max_model_len,
         long_prefill_threshold=long_threshold,
+        pause_steps=pause,
     )
 
 
@@ -100,14 +105,17 @@ def default_tpot_target(
     that budget within 1.5x (`affordable`); elsewhere the smallest budget that prices it within
     1.1x, but never past a reading pace (READING_TPOT_S: shorts first). The price is against
     the largest steps the engine runs (`max_chunk` tokens: vLLM's cap on a step; none: the
-    whole prompt)."""
+    whole prompt). Never below one step of a `min_chunk`-token prefill alone either: where even
+    that takes longer than a reading pace (a slow dtype, a busy machine), a shorter budget would
+    cut every prompt into chunks of a few tokens, each paying the whole step's fixed cost."""
     if affordable(predictor, max_model_len, min_chunk, max_chunk):
         return SLO_TPOT_S
     spp = predictor.parallel.spp
     n = priced_prompt(max_model_len)
     budget = budget_for_price(predictor, TARGET_PRICE, n, min_chunk, max_chunk)
     target = round(budget * (spp + 1) / spp if spp > 1 else budget, 4)
-    return max(SLO_TPOT_S, min(target, READING_TPOT_S))
+    progress = round(predictor.prefill_step_time(min(min_chunk, n), 0), 4)
+    return max(SLO_TPOT_S, min(target, READING_TPOT_S), progress)
 
 
 def affordable(
@@ -144,6 +152,33 @@ def default_arrival_wait(
     return max(budget_s, wait)
 
 
+def pause_arrival_wait(
+    predictor: Predictor, budget_s: float, max_model_len: int, chunks: tuple[int, int | None]
+) -> float:
+    """The arrival wait of steps that pause for whoever waits (pause_steps): a request arriving
+    during one waits only for the part of a layer in progress (`pause_points`), so the step is
+    as long as chunking still has a price worth saving (the budget that chunks a max-length
+    prompt, up to 32K tokens, within 1.02x), as long as one part of it is at most
+    PAUSE_WAIT_SHARE of a chat's time alone (`chat_time_s`) to the median of its first tokens
+    (a chat of CHAT_PROMPT_TOKENS is the convoy's 8 shorts; cut by the budget, half of them
+    come with its first step); never below the iteration budget."""
+    n = priced_prompt(max_model_len)
+    # a chat's time alone to the median of its first tokens: the chat in one step where it fits
+    # the budget, else the budget's step, or half the chat where even that is longer
+    chat = chat_time_s(predictor, max_model_len)
+    part = min(chat, max(budget_s, chat / 2)) * PAUSE_WAIT_SHARE
+    wait = min(
+        budget_for_price(predictor, NEGLIGIBLE_PRICE, n, *chunks), part * pause_points(predictor)
+    )
+    return max(budget_s, wait)
+
+
+def pause_points(predictor: Predictor) -> int:
+    """The parts a paused step is cut into: each layer's attention and its MLP (of one
+    device's share of the layers), a pause point after each but the last."""
+    return 2 * max(1, predictor.model.num_layers // predictor.parallel.spp)
+
+
 def chat_time_s(predictor: Predictor, max_model_len: int) -> float:
     """A chat's prefill alone: a CHAT_PROMPT_TOKENS prompt (or the whole context, if shorter)
     in one step."""
@@ -169,6 +204,8 @@ def price_report(config: SchedulerConfig, predictor: Predictor) -> str:
         if affordable(predictor, config.max_model_len, *chunks)
         else "shorts first"
     )
+    if config.pause_steps:
+        rule += f"; a long prefill's steps pause at {pause_points(predictor)} points for others"
     return (
         f"TPOT target {config.tpot_target_s:.3g} s, iteration budget "
         f"{config.iteration_budget_s:.3g} s, arrival wait {wait:.3g} s, TTFT deadline floor "

@@ -23,6 +23,7 @@ import os
 from collections.abc import Collection, Iterable, Iterator
 
 from medha.core.batch import Batch, BatchResult, Chunk
+from medha.core.config import iteration_budget
 from medha.core.request import Request, RequestState
 from medha.perf.online_fit import StepLearner
 from medha.perf.predictor import Predictor
@@ -33,7 +34,7 @@ from medha.scheduler.config import SchedulerConfig
 from medha.scheduler.config_defaults import resolve_config
 from medha.scheduler.kv_arbiter import KVArbiter
 from medha.scheduler.packers import Packer, make_packer, replica_policy, replica_prefill_times
-from medha.scheduler.replica_rules import prefill_order
+from medha.scheduler.replica_rules import is_long, prefill_order
 from medha.scheduler.request_table import RequestTable, SchedulerInvariantError, SchedulerStats
 
 __all__ = ["ReplicaScheduler", "SchedulerInvariantError", "SchedulerStats"]
@@ -219,6 +220,24 @@ class ReplicaScheduler:
             # the only decodes picked (aligned picks a subset) preempted themselves for lack of
             # blocks: form the batch again in the room they left, rather than stall the caller
             builder = self._fill(batch, now)
+        return self._issue(batch, builder, now)
+
+    def schedule_beside(self, now: float) -> Batch | None:
+        """(pause_steps) The batch to run now while a pausable one is paused between two of its
+        layers, if anyone waits on steps (`waits_now`): the decodes ready and the short
+        prefills, none of them in a batch in flight; None if nobody waits. The paused batch
+        resumes after it (and after any more this returns)."""
+        if not self.waits_now(now):
+            return None
+        batch = Batch(self._next_batch_id, now)
+        builder = self._builder(batch, now, self.config.max_num_seqs)
+        self._add_decodes(builder)
+        self._add_prefills(builder, now, longs=False)
+        return self._issue(batch, builder, now)
+
+    def _issue(self, batch: Batch, builder: BatchBuilder, now: float) -> Batch | None:
+        """The formed batch with its KV copies, block tables and predicted time, counted as in
+        flight; None if it holds nothing to run."""
         self.kv.take_cache_copies(batch)
         moves = batch.swap_in or batch.swap_out or batch.cache_out or batch.cache_in
         if builder.is_empty and not moves:
@@ -260,13 +279,58 @@ class ReplicaScheduler:
     def _fill(self, batch: Batch, now: float) -> BatchBuilder:
         if self.config.prefill_only_iterations:
             return self._prefills_alone(batch, now)
+        # (pause_steps) a long prefill runs in steps of its own, which its company pauses
+        longs = False if self.config.pause_steps else None
+        if longs is False and not self.waits_now(now) and self._long_prefill_waits():
+            # nobody waits on steps: the long prefills run alone, in a step that pauses for
+            # whoever comes to wait (a short prompt, a decode whose token falls due)
+            builder = self._builder(batch, now, self.config.max_num_seqs, pausable=True)
+            self._add_prefills(builder, now, longs=True)
+            if not builder.is_empty:
+                batch.pausable = True
+                return builder
+            longs = None  # none fits alone: the usual batch, which may make room for one
         builder = self._builder(batch, now, self.config.max_num_seqs)
         urgent = self.policy.urgent_prefill(self._schedulable_prefills(), now)
         if urgent is not None:
             self._room_for(urgent, builder)
         self._add_decodes(builder)
-        self._add_prefills(builder, now)
+        self._add_prefills(builder, now, longs=longs)
         return builder
+
+    def waits_now(self, now: float) -> bool:
+        """(pause_steps) Whether anyone waits on steps now: a short prefill (one whose turn is
+        a step, not its whole prefill: replica_rules.is_long), or a decode whose next token is
+        due (`_decode_due`), either with no batch in flight. Long prefills wait for their
+        whole prefill and pause nothing."""
+        threshold = self.long_threshold
+        for r in self.requests.prefilling.values():
+            if not r.num_inflight_batches and not is_long(r, threshold):
+                return True
+        decodes = self._ready_decodes()
+        return bool(decodes) and self._decode_due(decodes, now)
+
+    def _decode_due(self, decodes: list[Request], now: float) -> bool:
+        """Whether one of `decodes` must run now to keep its pace: its last token plus its
+        TPOT (the iteration budget, or its own target if tighter, scaled for pipelining as the
+        budget is), less the time of a step of these decodes, is past."""
+        step = self._decode_step_time([r.num_scheduled for r in decodes])
+        budget, spp = self.config.iteration_budget_s, self.predictor.parallel.spp
+        for r in decodes:
+            tpot = budget
+            if r.tpot_target_s is not None:
+                tpot = min(budget, iteration_budget(r.tpot_target_s, spp))
+            if r.token_times_s[-1] + tpot - step <= now:
+                return True
+        return False
+
+    def _long_prefill_waits(self) -> bool:
+        threshold = self.long_threshold
+        return any(
+            is_long(r, threshold) and r.num_scheduled < r.num_tokens
+            for r in self.requests.prefilling.values()
+            if not r.num_inflight_batches
+        )
 
     def _room_for(self, r: Request, builder: BatchBuilder) -> None:
         """An urgent prefill may preempt running decodes (and prefills) ranked below it. The
@@ -278,7 +342,9 @@ class ReplicaScheduler:
         growing = self.blocks.at_capacity(self._ready_decodes())
         builder.make_room(r, len(growing))
 
-    def _builder(self, batch: Batch, now: float, max_seqs: int) -> BatchBuilder:
+    def _builder(
+        self, batch: Batch, now: float, max_seqs: int, pausable: bool = False
+    ) -> BatchBuilder:
         return BatchBuilder(
             self.requests,
             self.kv,
@@ -287,14 +353,22 @@ class ReplicaScheduler:
             now,
             max_seqs,
             self._max_batch_tokens,
+            pausable,
         )
 
-    def _add_prefills(self, builder: BatchBuilder, now: float) -> None:
+    def _add_prefills(self, builder: BatchBuilder, now: float, longs: bool | None = None) -> None:
+        """The packer's prefill chunks, from the requests the policy admits; `longs` True: long
+        prefills only, False: short ones only (pause_steps), None: all."""
         batch = builder.batch
         requests = self.requests
         queue = self.policy.admit(
             list(requests.prefilling.values()), requests.live.__contains__, now
         )
+        if longs is not None:
+            threshold = self.long_threshold
+            queue = [
+                r for r in queue if is_long(r, threshold) == longs and not r.num_inflight_batches
+            ]
         if self._inflight or batch.preempted:
             # Skip requests whose remaining chunks are all running (pipelined batches), and
             # those the arbiter recomputed for this batch so far (for its decodes, an urgent

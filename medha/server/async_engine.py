@@ -68,6 +68,10 @@ class AsyncEngine:
         # cannot slip past the bound before the engine thread sees it), uncounted by the engine
         self._waiting = 0
         self._waiting_lock = threading.Lock()
+        # a step paused between layers admits the requests that arrived meanwhile and runs
+        # whoever waits first, their tokens streamed at once (medha/engine/pauses.py)
+        engine.pauses.arrivals = self._apply_commands
+        engine.pauses.deliver = self._dispatch
 
     # ---- event-loop side ---------------------------------------------------------------------
     def start(self) -> None:
@@ -168,6 +172,11 @@ class AsyncEngine:
             time.sleep(0.001)  # nothing runnable this instant (e.g. memory held by a batch)
             return
         self.metrics.iteration.observe(time.perf_counter() - t0)
+        self._dispatch(outputs)
+
+    def _dispatch(self, outputs) -> None:
+        """Each output to its request's stream (a paused step hands out the outputs of the
+        batches it paused for here at once: medha/engine/pauses.py)."""
         for out in outputs:
             stream = self._streams.get(out.request_id)
             if stream is None:

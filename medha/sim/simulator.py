@@ -95,6 +95,11 @@ class Simulator:
             cluster.predictor, cluster.model, cluster.hardware, parallel
         )
         check_layout(self.predictor.model, parallel)
+        if scheduler.pause_steps:
+            raise ValueError(
+                "pause_steps: the simulator's event loop pauses no step; medha.sim.replay (one "
+                "replica) pauses them as medha's engine does"
+            )
         # Building one scheduler validates the whole configuration. Its prefill-time cache,
         # which every replica of every run then shares, starts from the walk an earlier run
         # with the same inputs left on disk.

@@ -62,6 +62,10 @@ def scheduler_settings(additional_config) -> tuple[dict, str, str]:
             f"{', '.join(owned)}: set by vLLM's own flags (--max-model-len, --max-num-seqs, "
             "--max-num-batched-tokens), not in the medha settings"
         )
+    if settings.get("pause_steps"):
+        raise ValueError(
+            "pause_steps: vLLM runs every step to its end (steps pause on medha's engine)"
+        )
     predictor = settings.pop("predictor", "auto")
     return settings, predictor, resolve_calibrate(settings.pop("calibrate", None))
 

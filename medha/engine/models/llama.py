@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -132,8 +133,10 @@ class LlamaLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
         self.mlp = LlamaMLP(a, tp)
 
-    def forward(self, x, rope, kv_cache, meta):
+    def forward(self, x, rope, kv_cache, meta, pause: Callable[[], None] | None = None):
         x = self.self_attn(self.input_layernorm(x), rope, kv_cache, meta, x)
+        if pause is not None:  # (a paused step: between its attention and its MLP too)
+            pause()
         return self.mlp(self.post_attention_layernorm(x), x)
 
 
@@ -173,10 +176,14 @@ class LlamaForCausalLM(nn.Module):
         kv_caches: list[torch.Tensor],
         meta: AttentionMetadata,
         hidden: torch.Tensor | None = None,
+        pause: Callable[[], None] | None = None,
     ) -> torch.Tensor:
         """The normed final hidden states on the last stage; elsewhere this stage's output,
         the next stage's `hidden` input (the first stage embeds `input_ids` instead).
-        `kv_caches`: each layer's K and V heads in one tensor (layers/attention.py)."""
+        `kv_caches`: each layer's K and V heads in one tensor (layers/attention.py).
+        `pause`: called after each layer's attention and after each layer but the last (a
+        paused step runs other steps there: this one's state is its locals, the KV it wrote
+        its own blocks'): config_defaults.pause_points of them a step."""
         x = self.embed_tokens(input_ids) if self.stage.first else hidden
         t = x.shape[0]
         attn = self.layers[0].self_attn if self.layers else None
@@ -194,8 +201,11 @@ class LlamaForCausalLM(nn.Module):
             else:
                 rope = TorchRope.of(cos, sin, attn.h + attn.kvh, attn.kvh)
             x = _pad_rows(x, gemm_row_padding(t, x.device, bool(meta.prefills)))
-        for layer, kv_cache in zip(self.layers, kv_caches):
-            x = layer(x, rope, kv_cache, meta)
+        last = len(self.layers) - 1
+        for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches)):
+            x = layer(x, rope, kv_cache, meta, pause)
+            if pause is not None and i < last:
+                pause()
         return self.norm(x[:t]) if self.stage.last else x[:t]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

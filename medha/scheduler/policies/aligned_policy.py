@@ -81,6 +81,7 @@ PREFIX_RANGE = 65536
 
 @POLICIES.register("aligned")
 class AlignedPolicy(FcfsPolicy):
+    pauses_steps = False  # (Policy.pauses_steps)
     summary = (
         "AlignedServe: fcfs prefills into a prefix-length pool; decodes run batch by batch "
         "(Density First Search, candidate buffers, batch switch, host-pool transfers)"

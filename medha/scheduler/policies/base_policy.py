@@ -34,6 +34,10 @@ StepTime = Callable[[list[int]], float]
 class Policy(ABC):
     name: ClassVar[str]
     summary: ClassVar[str]
+    # whether its batches are the packer's alone, so that an executor may pause a step of long
+    # prefills for whoever waits (SchedulerConfig.pause_steps): not a policy that holds
+    # prefills back on purpose (deferred, pla) or runs a chosen subset of the decodes (aligned)
+    pauses_steps: ClassVar[bool] = True
 
     def __init__(self, config: SchedulerConfig | None = None) -> None:
         if config is None:

@@ -25,6 +25,7 @@ from medha.scheduler.policies.fcfs_policy import FcfsPolicy
 
 @POLICIES.register("deferred")
 class DeferredPolicy(FcfsPolicy):
+    pauses_steps = False  # (Policy.pauses_steps)
     summary = (
         "deferred prefill: fcfs, new prefills admitted only after K departures, at "
         "most C requests in the batch"

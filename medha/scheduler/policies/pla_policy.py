@@ -349,6 +349,7 @@ def _new_tokens(r: Request) -> int:
 # ---- the policy --------------------------------------------------------------------------------
 @POLICIES.register("pla")
 class PlaPolicy(FcfsPolicy):
+    pauses_steps = False  # (Policy.pauses_steps)
     summary = (
         "PLA-Serve: short and long prefills (boundary L_m(H)) in separate queues, one class "
         "per batch; short prefills batched by Adaptive Wait-Depth to captured graph shapes"

@@ -1,0 +1,167 @@
+"""The convoy, replayed: the decisions an executor makes on a machine its model predicts wrong.
+
+The benchmarks' convoy (bench/vllm_convoy.py, bench/engine_convoy.py): a long prompt, then
+short prompts `after_s` later, each with `max_tokens` of output; before it, the same shorts
+alone, after a warm-up of them. Here the executor's scheduler plans as it would on a real
+server, over the model it would start with (a start-up profile, or the roofline), corrected
+online from each batch; the batches take the time `truth` gives them (another model: the
+machine as measured, perturbed or scaled), as `medha.sim.replay` runs them, steps paused
+between layers where the executor pauses them. Deterministic: no clock is read, and a batch's
+jitter comes from a seeded generator. tests/test_machine_kinds.py runs it over every profile
+the project holds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import statistics
+from dataclasses import dataclass
+
+from medha.core.request import Request
+from medha.perf.online_fit import CorrectedPredictor, StepLearner
+from medha.perf.predictor import Predictor
+from medha.scheduler.block_manager import BlockManager
+from medha.scheduler.config import SchedulerConfig
+from medha.scheduler.replica_scheduler import ReplicaScheduler
+from medha.sim.replay import replay
+
+# vLLM's cap on a step's tokens in the convoy benches (medha/benchmark/vllm_servers.py), and the
+# block size both engines run the convoy with
+VLLM_STEP_TOKENS = 2048
+BLOCK_SIZE = 32
+
+
+@dataclass(frozen=True)
+class Convoy:
+    long_len: int = 6000
+    shorts: int = 8
+    short_len: int = 64
+    after_s: float = 0.5  # the shorts' arrival after the long prompt's
+    max_tokens: int = 16
+
+
+@dataclass(frozen=True)
+class ConvoyResult:
+    shorts_ratio: float  # the shorts' median TTFT behind the long prompt over alone
+    worst_ratio: float  # the slowest short's TTFT behind it over the median alone
+    long_ratio: float  # the long prompt's TTFT over its time alone in the largest steps
+    # ... over that plus the shorts' own work (their batches' time alone): what any schedule
+    # that serves the shorts while the long prompt prefills gives it at best
+    long_over_floor: float
+    shorts_behind_s: float  # the shorts' median TTFT behind the long prompt
+    long_s: float  # the long prompt's TTFT
+    # the most steps of the long prompt without a short one that a short waited through (that
+    # started after it arrived, before its first chunk): 0 where none waits out a step of it
+    long_steps_waited: int
+    config: SchedulerConfig  # the defaults the scheduler ended with
+
+
+def executor_config(executor: str, **settings) -> SchedulerConfig:
+    """The scheduler settings an executor runs the convoy with by default: medha's engine
+    pauses its steps (one process, a CPU), vLLM caps a step at VLLM_STEP_TOKENS and pauses
+    none."""
+    if executor == "engine":
+        return SchedulerConfig(**{"pause_steps": True, **settings})
+    if executor == "vllm":
+        return SchedulerConfig(**{"max_batch_tokens": VLLM_STEP_TOKENS, **settings})
+    raise ValueError(f"executor must be engine or vllm, got {executor!r}")
+
+
+def long_alone_s(truth: Predictor, convoy: Convoy, executor: str) -> float:
+    """The long prompt alone in the largest steps its executor runs: one step on medha's
+    engine, VLLM_STEP_TOKENS-token steps on vLLM (what plain vLLM gives it)."""
+    cap = convoy.long_len if executor == "engine" else VLLM_STEP_TOKENS
+    return sum(
+        truth.prefill_step_time(min(cap, convoy.long_len - k), k)
+        for k in range(0, convoy.long_len, cap)
+    )
+
+
+def run_convoy(
+    truth: Predictor,
+    model: Predictor,
+    config: SchedulerConfig,
+    convoy: Convoy = Convoy(),
+    learn: bool = True,
+    jitter: float = 0.05,
+    seed: int = 0,
+    warm: bool = True,
+) -> ConvoyResult:
+    """The convoy on one scheduler planning with `model` (corrected online from each batch
+    unless `learn` is off, as the executors do by default) while batches take `truth`'s time,
+    each off by up to `jitter` (relative, seeded). `warm`: the warm-up and the shorts alone
+    run first on the same scheduler, as in the benchmarks; else the convoy comes first and
+    the shorts alone are replayed on a scheduler of their own."""
+    rng = random.Random(seed)
+
+    def batch_time(batch) -> float:
+        return truth.shape_time(*batch.shape()) * (1 + rng.uniform(-jitter, jitter))
+
+    def scheduler() -> ReplicaScheduler:
+        planner, learner = model, None
+        if learn:
+            planner = CorrectedPredictor(model)
+            learner = StepLearner(planner)
+        blocks = BlockManager(max(1, 4 * (convoy.long_len + 64) // BLOCK_SIZE), BLOCK_SIZE)
+        return ReplicaScheduler(config, planner, blocks, block_tables=False, learner=learner)
+
+    clock, busy, arrived = [0.0], [0.0], [0.0]
+    steps: list[tuple[float, set[str]]] = []  # each batch of the convoy: its start, its prefills
+
+    def scenario(sched: ReplicaScheduler, tag: str, with_long: bool) -> dict[str, float]:
+        t0 = clock[0] + 1.0
+        requests = [
+            Request(f"{tag}s{i}", t0 + convoy.after_s, convoy.short_len, convoy.max_tokens)
+            for i in range(convoy.shorts)
+        ]
+        if with_long:
+            requests.append(Request(f"{tag}long", t0, convoy.long_len, convoy.max_tokens))
+        busy[0], arrived[0] = 0.0, t0 + convoy.after_s
+        steps.clear()
+        clock[0] = replay(sched, requests, batch_time, on_batch=record)
+        return {r.request_id: r.first_token_s - r.arrival_s for r in requests}
+
+    def record(batch, end: float) -> None:
+        busy[0] += truth.shape_time(*batch.shape())
+        steps.append((batch.scheduled_at_s, {c.request.request_id for c in batch.prefills}))
+
+    def long_steps_waited() -> int:
+        """Of the behind scenario's steps (`steps`), the most that carried the long prompt
+        alone, began after the shorts arrived and before one short's first chunk."""
+        worst = 0
+        for i in range(convoy.shorts):
+            name, count = f"s{i}", 0
+            for start, ids in sorted(steps, key=lambda step: step[0]):
+                if name in ids:
+                    break
+                count += start >= arrived[0] and ids == {"long"}
+            worst = max(worst, count)
+        return worst
+
+    sched = scheduler()
+    if warm:
+        scenario(sched, "warm-", False)
+        alone = scenario(sched, "alone-", False)
+        shorts_work = busy[0]
+        behind = scenario(sched, "", True)
+        waited = long_steps_waited()
+    else:
+        behind = scenario(sched, "", True)
+        waited = long_steps_waited()
+        alone = scenario(scheduler(), "alone-", False)
+        shorts_work = busy[0]
+    alone_s = statistics.median(alone.values())
+    shorts = [behind[f"s{i}"] for i in range(convoy.shorts)]
+    executor = "engine" if config.max_batch_tokens is None else "vllm"
+    long_s = long_alone_s(truth, convoy, executor)
+    return ConvoyResult(
+        statistics.median(shorts) / alone_s,
+        max(shorts) / alone_s,
+        behind["long"] / long_s,
+        behind["long"] / (long_s + shorts_work),
+        statistics.median(shorts),
+        behind["long"],
+        waited,
+        dataclasses.replace(sched.config),
+    )
