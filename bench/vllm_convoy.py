@@ -41,12 +41,12 @@ from medha.benchmark.vllm_servers import (
 DEFAULT_MEDHA = {"policy": "lars", "chunking": "adaptive"}
 
 
-async def ttft(client, prompt: list[int], delay: float, t0: float) -> float:
+async def ttft(client, prompt: list[int], delay: float, t0: float, tokens: int = 16) -> float:
     """Time from the request's arrival (t0 + delay) to its first streamed token."""
     await asyncio.sleep(max(0.0, t0 + delay - time.monotonic()))
     sent = time.monotonic()
     stream = await client.completions.create(
-        model="m", prompt=prompt, max_tokens=16, temperature=0, stream=True,
+        model="m", prompt=prompt, max_tokens=tokens, temperature=0, stream=True,
         extra_body={"ignore_eos": True},
     )  # fmt: skip
     first = None
@@ -56,7 +56,7 @@ async def ttft(client, prompt: list[int], delay: float, t0: float) -> float:
     return first if first is not None else float("nan")
 
 
-async def scenario(url: str, with_long: bool, seed: int) -> dict:
+async def scenario(url: str, with_long: bool, seed: int, short_tokens: int = 16) -> dict:
     import openai
 
     rng = random.Random(seed)
@@ -64,7 +64,7 @@ async def scenario(url: str, with_long: bool, seed: int) -> dict:
     shorts = [[rng.randrange(100, 40000) for _ in range(64)] for _ in range(8)]
     long = [rng.randrange(100, 40000) for _ in range(6000)]
     t0 = time.monotonic()
-    tasks = [ttft(client, p, 0.5, t0) for p in shorts]
+    tasks = [ttft(client, p, 0.5, t0, short_tokens) for p in shorts]
     if with_long:
         tasks.append(ttft(client, long, 0.0, t0))
     times = await asyncio.gather(*tasks)
@@ -85,7 +85,15 @@ def main() -> None:
         action="append",
         default=None,
         help="medha's settings (JSON); repeat for several medha contenders, each run beside "
-        f"plain vLLM in every round (default: {json.dumps(DEFAULT_MEDHA)})",
+        f"plain vLLM in every round (default: {json.dumps(DEFAULT_MEDHA)}; none: no medha "
+        "scheduler on vLLM, with --engine-medha contenders only)",
+    )
+    ap.add_argument(
+        "--short-tokens",
+        type=int,
+        default=16,
+        help="output tokens of each short prompt (1: their decodes cost the long prompt "
+        "nothing, the convoy's TTFTs without them)",
     )
     ap.add_argument(
         "--engine-medha",
@@ -123,7 +131,8 @@ def main() -> None:
     add_server_args(ap)
     args = ap.parse_args()
     flags = server_flags(args)
-    settings = [json.loads(m) for m in args.medha or [json.dumps(DEFAULT_MEDHA)]]
+    given = args.medha or [json.dumps(DEFAULT_MEDHA)]
+    settings = [] if given == ["none"] else [json.loads(m) for m in given]
     contenders = {"vLLM": None} | {label(m): m for m in settings}
     engines = {engine_label(m): m for m in map(json.loads, args.engine_medha or [])}
     contenders |= engines
@@ -146,8 +155,8 @@ def main() -> None:
             asyncio.run(scenario(url, False, 99))  # warm-up
             # (the runs alone and behind draw different prompts: every server here caches
             # prefixes, and shorts it had seen alone would be served from the cache behind)
-            alone = asyncio.run(scenario(url, False, rnd))
-            behind = asyncio.run(scenario(url, True, 1000 + rnd))
+            alone = asyncio.run(scenario(url, False, rnd, args.short_tokens))
+            behind = asyncio.run(scenario(url, True, 1000 + rnd, args.short_tokens))
         if contenders[name] is not None and os.path.exists(step_log):
             errors.append((name, rnd, *prediction_error(read_step_log(step_log))))
         row = (name, rnd, alone["short_p50"], behind["short_p50"], behind["short_max"])
