@@ -9,6 +9,11 @@ lars (or each of --policies) + adaptive chunking, and behind it under non-preemp
 median |measured / predicted - 1| over every batch from the first, and after how many batches
 eight in a row were within 15% (--calibrate off: the model as it starts, a profile or the
 roofline; online, the default: corrected from each batch as it runs).
+
+    python bench/engine_convoy.py --decompose [--rounds 3]
+
+The long prompt's TTFT on the engine's defaults alone, beside the 8 shorts asking one token
+each, and asking 16: what serving the shorts while it prefills costs it (issue 68).
 """
 
 from __future__ import annotations
@@ -26,12 +31,20 @@ from medha.scheduler.config import SchedulerConfig
 from medha.scheduler.config_defaults import price_report
 
 
-def run(engine: LLMEngine, with_long: bool, long_len: int, seed: int = 0) -> dict:
+def run(
+    engine: LLMEngine,
+    with_long: bool,
+    long_len: int,
+    seed: int = 0,
+    short_tokens: int = 16,
+    shorts: int = 8,
+) -> dict:
     rng = random.Random(seed)
     vocab = engine.runner.args.vocab_size
-    short_params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
+    short_params = SamplingParams(max_tokens=short_tokens, temperature=0, ignore_eos=True)
     arrivals = [
-        (0.5, f"s{i}", [rng.randrange(3, vocab) for _ in range(64)], short_params) for i in range(8)
+        (0.5, f"s{i}", [rng.randrange(3, vocab) for _ in range(64)], short_params)
+        for i in range(shorts)
     ]
     if with_long:
         long_params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
@@ -39,12 +52,36 @@ def run(engine: LLMEngine, with_long: bool, long_len: int, seed: int = 0) -> dic
             (0.0, "long", [rng.randrange(3, vocab) for _ in range(long_len)], long_params)
         )
     ttft = {rid: m["ttft_s"] for rid, m in drive(engine, arrivals).items()}
-    shorts = [ttft[f"s{i}"] for i in range(8)]
+    times = [ttft[f"s{i}"] for i in range(shorts)] or [float("nan")]
     return {
-        "short_p50": statistics.median(shorts),
-        "short_max": max(shorts),
+        "short_p50": statistics.median(times),
+        "short_max": max(times),
         "long": ttft.get("long"),
     }
+
+
+def decompose(args) -> None:
+    """Where the long prompt's TTFT goes on the engine with its defaults: alone, beside the 8
+    shorts asking one token each (their prefill), and beside them asking 16 (their decodes
+    too), alternated for --rounds rounds on one engine."""
+    engine = LLMEngine(EngineConfig(model="smollm2", kernels=args.kernels, dtype=args.dtype),
+                       SchedulerConfig(prefix_cache=args.prefix_cache))  # fmt: skip
+    print(f"<!-- {price_report(engine.scheduler.config, engine.predictor)} -->")
+    run(engine, True, args.long_len, seed=99)  # warm-up
+    cases = {"alone": (0, 16), "shorts, 1 token": (8, 1), "shorts, 16 tokens": (8, 16)}
+    got: dict[str, list[float]] = {name: [] for name in cases}
+    for rnd in range(args.rounds):
+        for name, (shorts, tokens) in cases.items():
+            out = run(engine, True, args.long_len, seed=100 + rnd, short_tokens=tokens,
+                      shorts=shorts)  # fmt: skip
+            got[name].append(out["long"])
+    print("| the long prompt | TTFT (median) | over alone |")
+    print("|---|---|---|")
+    alone = statistics.median(got["alone"])
+    for name, times in got.items():
+        med = statistics.median(times)
+        print(f"| {name} | {med:.2f} s ({', '.join(f'{t:.2f}' for t in times)}) | "
+              f"{med / alone:.2f}x |")  # fmt: skip
 
 
 def main() -> None:
@@ -78,7 +115,17 @@ def main() -> None:
         help="every engine's --prefix-cache (the runs alone and behind draw different prompts, "
         "so that neither hits the other's)",
     )
+    ap.add_argument("--rounds", type=int, default=3, help="--decompose's rounds")
+    ap.add_argument(
+        "--decompose",
+        action="store_true",
+        help="the long prompt's TTFT alone, beside the shorts asking one token, and asking 16: "
+        "what serving them while it prefills costs it",
+    )
     args = ap.parse_args()
+    if args.decompose:
+        decompose(args)
+        return
     cache = args.prefix_cache
     targets = [None if t == "default" else float(t) for t in args.tpot_targets.split(",")]
     configs = [

@@ -23,92 +23,55 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import random
 from pathlib import Path
 
 import numpy as np
 
-from medha.perf import ParallelConfig, get_hardware, get_model, make_predictor
-from medha.perf.profile_data import profile_from_json
-from medha.perf.profiled_predictor import IterationModel, ProfiledPredictor
-from medha.sim.convoy import Convoy, executor_config, run_convoy
+from medha.perf import get_hardware, make_predictor
+from medha.perf.profiled_predictor import IterationModel, iteration_features
+from medha.sim.convoy import Convoy, Scaled, executor_config, grid_predictor, run_convoy
 
 PROFILES = Path(__file__).resolve().parent.parent / "tests" / "data" / "profiles"
 
 
-class Scaled:
-    """`truth` taking `1 / k` of its time: a model of it is then k times off."""
-
-    def __init__(self, truth, k: float) -> None:
-        self.truth, self.k = truth, k
-
-    def shape_time(self, prefills, decodes=()) -> float:
-        return self.truth.shape_time(prefills, decodes) / self.k
-
-    def prefill_step_time(self, n: int, k: int) -> float:
-        return self.truth.prefill_step_time(n, k) / self.k
-
-
-def fitted(path: Path, seed: int | None = None, outlier: float | None = None, fit=None):
-    data = json.loads(path.read_text())
-    if seed is not None:
-        rng = random.Random(seed)
-        for row in data["iterations"]:
-            row["time_ms"] *= 1 + rng.uniform(-0.15, 0.15)
-        if outlier is not None:
-            data["iterations"][rng.randrange(len(data["iterations"]))]["time_ms"] *= outlier
-    cpu = dataclasses.replace(get_hardware("cpu"), dtype_bytes=4 if "fp32" in path.name else 2)
-    profile = profile_from_json(data, path.name)
-    if fit is None:
-        return ProfiledPredictor(get_model("smollm2"), cpu, ParallelConfig(), profile)
-    original = IterationModel.fit
-    IterationModel.fit = classmethod(lambda cls, rows: fit(cls, rows))
-    try:
-        return ProfiledPredictor(get_model("smollm2"), cpu, ParallelConfig(), profile)
-    finally:
-        IterationModel.fit = original
-
-
 def fit_before_issue_68(cls, rows, num_knots: int = 12):
-    """The iteration model's fit as it stood at 6cd8fdd: a linear spline through quantile knots,
-    each coefficient >= 0 but the curve free to fall, rows weighted by 1/y only."""
+    """The iteration model's fit as it stood at 6cd8fdd: a linear spline through quantile knots
+    (between measured counts), each coefficient >= 0 but the curve free to fall, every row
+    weighed by 1/y alone."""
     from scipy.optimize import nnls
 
-    tokens = np.array([sum(n for n, _ in r.prefills) + len(r.decode_kv) for r in rows], float)
+    tokens, extra = iteration_features(rows)
     knots = np.unique(np.quantile(tokens, np.linspace(0, 1, num_knots)))
-    extra = np.array(
-        [
-            [
-                len(r.prefills) + len(r.decode_kv),
-                sum(n * (k + (n + 1) / 2) for n, k in r.prefills),
-                sum(k + n for n, k in r.prefills),
-                len(r.decode_kv),
-                sum(r.decode_kv),
-            ]
-            for r in rows
-        ],
-        float,
-    )
     hat = np.zeros((len(tokens), len(knots)))
     xc = np.clip(tokens, knots[0], None)
     idx = np.clip(np.searchsorted(knots, xc, side="right") - 1, 0, len(knots) - 2)
     t = (xc - knots[idx]) / (knots[idx + 1] - knots[idx])
     hat[np.arange(len(tokens)), idx] = 1 - t
     hat[np.arange(len(tokens)), idx + 1] = t
-    features = np.hstack([hat, extra])
     y = np.array([r.seconds for r in rows])
-    a = features / y[:, None]
+    a = np.hstack([hat, extra]) / y[:, None]
     scale = np.maximum(np.abs(a).max(axis=0), 1e-30)
     coef, _ = nnls(a / scale, np.ones(len(y)))
     coef = coef / scale
     return cls(knots, coef[: len(knots)], *coef[len(knots) :])
 
 
+def with_fit(fit, make):
+    """`make()` with the iteration model fitted by `fit` (None: as it is now)."""
+    if fit is None:
+        return make()
+    original = IterationModel.fit
+    IterationModel.fit = classmethod(fit)
+    try:
+        return make()
+    finally:
+        IterationModel.fit = original
+
+
 def machines():
     """(name, truth, the engine's model for a seed, dtype bytes): the profiles, then rooflines."""
     for path in sorted(PROFILES.glob("*.json")):
-        yield path.stem, fitted(path), lambda seed, p=path: fitted(p, seed), path
+        yield path.stem, grid_predictor(path), lambda seed, p=path: grid_predictor(p, seed), path
     for dtype in (2, 4):
         cpu = dataclasses.replace(get_hardware("cpu"), dtype_bytes=dtype)
         roof = make_predictor("roofline", "smollm2", cpu)
@@ -157,12 +120,12 @@ def cause(seeds: int) -> None:
           "out the long prompt (> 3x) |")  # fmt: skip
     print("|---|---|---|---|---|")
     for path in sorted(PROFILES.glob("amx-a-*bf16.json")):
-        truth = fitted(path)
+        truth = grid_predictor(path)
         for label, fit in (("before issue 68", fit_before_issue_68), ("now", None)):
             got = [
                 run_convoy(
                     truth,
-                    fitted(path, seed, outlier=0.3, fit=fit),
+                    with_fit(fit, lambda p=path, s=seed: grid_predictor(p, s, outlier=0.3)),
                     executor_config("engine", pause_steps=False),
                     seed=seed,
                 )

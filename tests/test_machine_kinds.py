@@ -19,48 +19,16 @@ none of its steps: it is in the next batch.
 from __future__ import annotations
 
 import dataclasses
-import json
-import random
 from pathlib import Path
 
 import pytest
 
-from medha.perf import ParallelConfig, get_hardware, get_model, make_predictor
-from medha.perf.profile_data import profile_from_json
-from medha.perf.profiled_predictor import ProfiledPredictor
-from medha.sim.convoy import executor_config, run_convoy
+from medha.perf import get_hardware, make_predictor
+from medha.sim.convoy import Scaled, executor_config, grid_predictor, run_convoy
 
 PROFILES = sorted((Path(__file__).parent / "data" / "profiles").glob("*.json"))
 SEEDS = range(3)
 SCALES = (1.0, 0.5, 2.0)
-
-
-class Scaled:
-    """`truth` taking `1 / k` of its time: a model of it is then k times off."""
-
-    def __init__(self, truth, k: float) -> None:
-        self.truth, self.k = truth, k
-
-    def shape_time(self, prefills, decodes=()) -> float:
-        return self.truth.shape_time(prefills, decodes) / self.k
-
-    def prefill_step_time(self, n: int, k: int) -> float:
-        return self.truth.prefill_step_time(n, k) / self.k
-
-
-def fitted(path: Path, seed: int | None = None):
-    """The profile's fitted predictor; with `seed`, of the profile timed again: each row off
-    by up to 15%."""
-    data = json.loads(path.read_text())
-    if seed is not None:
-        rng = random.Random(seed)
-        for row in data["iterations"]:
-            row["time_ms"] *= 1 + rng.uniform(-0.15, 0.15)
-    dtype = 4 if "fp32" in path.name else 2
-    cpu = dataclasses.replace(get_hardware("cpu"), dtype_bytes=dtype)
-    return ProfiledPredictor(
-        get_model("smollm2"), cpu, ParallelConfig(), profile_from_json(data, path.name)
-    )
 
 
 def cases():
@@ -77,9 +45,9 @@ def _no_setup_cache(monkeypatch):
 
 @pytest.mark.parametrize(("path", "scale", "seed"), cases())
 def test_medhas_engine_keeps_the_convoys_promise_on_every_profile(path, scale, seed):
-    truth = fitted(path)
+    truth = grid_predictor(path)
     for warm in (True, False):
-        model = fitted(path, seed) if scale == 1.0 else fitted(path)
+        model = grid_predictor(path, seed) if scale == 1.0 else grid_predictor(path)
         got = run_convoy(Scaled(truth, scale), model, executor_config("engine"), seed=seed,
                          warm=warm)  # fmt: skip
         assert got.shorts_ratio <= 1.5, (warm, got)
@@ -102,7 +70,7 @@ def test_the_reference_cpu_keeps_it_too(dtype_bytes, scale):
 def test_medhas_scheduler_on_vllm_never_lets_the_shorts_wait_out_the_long_prompt(path, scale):
     """From no profile (the roofline, corrected online), steps capped at vLLM's 2,048 tokens,
     none paused: a short arriving during a step of the long prompt waits for that one only."""
-    truth = Scaled(fitted(path), scale)
+    truth = Scaled(grid_predictor(path), scale)
     cpu = dataclasses.replace(get_hardware("cpu"), dtype_bytes=4 if "fp32" in path.name else 2)
     roofline = make_predictor("roofline", "smollm2", cpu)
     for warm in (True, False):

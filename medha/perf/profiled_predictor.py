@@ -214,6 +214,26 @@ def robust_weights(rel_err: np.ndarray) -> np.ndarray:
     return 1.0 / np.maximum(r, 1.0)
 
 
+def iteration_features(rows: list[IterationRow]) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's tokens (what the token curve reads) and the rest of its features: sequences,
+    a chunk's attention compute n(k + n/2) and KV read (k + n), decodes and their KV."""
+    tokens = np.array([sum(n for n, _ in r.prefills) + len(r.decode_kv) for r in rows], float)
+    extra = np.array(
+        [
+            [
+                len(r.prefills) + len(r.decode_kv),
+                sum(n * (k + (n + 1) / 2) for n, k in r.prefills),
+                sum(k + n for n, k in r.prefills),
+                len(r.decode_kv),
+                sum(r.decode_kv),
+            ]
+            for r in rows
+        ],
+        float,
+    )
+    return tokens, extra
+
+
 def _rise_basis(x: np.ndarray, knots: np.ndarray) -> np.ndarray:
     """Columns whose nonnegative combination is a nondecreasing linear spline through `knots`:
     a constant (the value at the first knot), then each segment's rise as a ramp from 0 to 1
@@ -263,26 +283,13 @@ class IterationModel:
 
         if len(rows) < 8:
             raise ProfileError(f"need at least 8 measured iterations to fit, got {len(rows)}")
-        tokens = np.array([sum(n for n, _ in r.prefills) + len(r.decode_kv) for r in rows], float)
+        tokens, extra = iteration_features(rows)
         # knots at measured token counts, so that every segment has rows at both its ends, and
         # a few rows to each (a grid cut short by its time fits a coarser curve)
         num_knots = max(2, min(num_knots, len(rows) // ROWS_PER_KNOT))
         knots = np.unique(np.quantile(tokens, np.linspace(0, 1, num_knots), method="nearest"))
         if len(knots) < 2:
             knots = np.array([0.0, max(1.0, tokens[0])])
-        extra = np.array(
-            [
-                [
-                    len(r.prefills) + len(r.decode_kv),
-                    sum(n * (k + (n + 1) / 2) for n, k in r.prefills),
-                    sum(k + n for n, k in r.prefills),
-                    len(r.decode_kv),
-                    sum(r.decode_kv),
-                ]
-                for r in rows
-            ],
-            float,
-        )
         features = np.hstack([_rise_basis(tokens, knots), extra])
         y = np.array([r.seconds for r in rows])
         # Scale columns so that NNLS is well conditioned, then undo the scaling.

@@ -31,7 +31,7 @@ from medha.perf.prefill_time_cache import PrefillTimeCache
 from medha.scheduler.batch_builder import BatchBuilder
 from medha.scheduler.block_manager import BlockManager
 from medha.scheduler.config import SchedulerConfig
-from medha.scheduler.config_defaults import resolve_config
+from medha.scheduler.config_defaults import pause_points, resolve_config
 from medha.scheduler.kv_arbiter import KVArbiter
 from medha.scheduler.packers import Packer, make_packer, replica_policy, replica_prefill_times
 from medha.scheduler.replica_rules import is_long, prefill_order
@@ -81,6 +81,8 @@ class ReplicaScheduler:
         self.async_scheduling = async_scheduling
         # (async scheduling) the last batch formed, while it runs and before the next one forms
         self._running_ahead: Batch | None = None
+        # (pause_steps) the pausable batch in flight: batches beside it are formed meanwhile
+        self._pausable_inflight: Batch | None = None
         # The resolution of the config: the packer, the policy, the KV arbiter and the
         # simulator's metrics all read this object's defaults (resolve_config returns it
         # unchanged); only a learner's corrections resolve them again (`_redefault`).
@@ -222,6 +224,15 @@ class ReplicaScheduler:
             builder = self._fill(batch, now)
         return self._issue(batch, builder, now)
 
+    @property
+    def _pause_part_s(self) -> float:
+        """The time from one pause point of the pausable batch in flight to the next (as
+        predicted, times the measured / predicted ratio of recent batches); 0 without one."""
+        paused = self._pausable_inflight
+        if paused is None:
+            return 0.0
+        return paused.predicted_time_s * self.step_scale / pause_points(self.predictor)
+
     def schedule_beside(self, now: float) -> Batch | None:
         """(pause_steps) The batch to run now while a pausable one is paused between two of its
         layers, if anyone waits on steps (`waits_now`): the decodes ready and the short
@@ -263,6 +274,8 @@ class ReplicaScheduler:
         self.stats.batches += 1
         if self.async_scheduling:
             self._running_ahead = batch
+        if batch.pausable:
+            self._pausable_inflight = batch
         return batch
 
     def _shed_for_slo(self, batch: Batch, now: float) -> None:
@@ -313,8 +326,9 @@ class ReplicaScheduler:
     def _decode_due(self, decodes: list[Request], now: float) -> bool:
         """Whether one of `decodes` must run now to keep its pace: its last token plus its
         TPOT (the iteration budget, or its own target if tighter, scaled for pipelining as the
-        budget is), less the time of a step of these decodes, is past."""
-        step = self._decode_step_time([r.num_scheduled for r in decodes])
+        budget is), less the time of a step of these decodes and, beside a paused step, of the
+        part of it to its next pause point, is past."""
+        step = self._decode_step_time([r.num_scheduled for r in decodes]) + self._pause_part_s
         budget, spp = self.config.iteration_budget_s, self.predictor.parallel.spp
         for r in decodes:
             tpot = budget
@@ -496,6 +510,8 @@ class ReplicaScheduler:
         self._inflight -= 1
         if batch is self._running_ahead:  # it returned before the next batch formed
             self._running_ahead = None
+        if batch is self._pausable_inflight:
+            self._pausable_inflight = None
         predicted, measured = batch.predicted_time_s, result.duration_s
         if self._step_log is not None and batch.chunks:
             self._log_step(batch, measured, now)
@@ -583,6 +599,8 @@ class ReplicaScheduler:
         self._inflight -= 1
         if batch is self._running_ahead:
             self._running_ahead = None
+        if batch is self._pausable_inflight:
+            self._pausable_inflight = None
         return self.requests.discard(batch, now)
 
     # ---- checks ------------------------------------------------------------------------------

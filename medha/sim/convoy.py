@@ -14,9 +14,11 @@ the project holds.
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 import statistics
 from dataclasses import dataclass
+from pathlib import Path
 
 from medha.core.request import Request
 from medha.perf.online_fit import CorrectedPredictor, StepLearner
@@ -25,6 +27,40 @@ from medha.scheduler.block_manager import BlockManager
 from medha.scheduler.config import SchedulerConfig
 from medha.scheduler.replica_scheduler import ReplicaScheduler
 from medha.sim.replay import replay
+
+
+class Scaled:
+    """`truth` taking `1 / k` of its time: a model of it is then k times off."""
+
+    def __init__(self, truth: Predictor, k: float) -> None:
+        self.truth, self.k = truth, k
+
+    def shape_time(self, prefills, decodes=()) -> float:
+        return self.truth.shape_time(prefills, decodes) / self.k
+
+    def prefill_step_time(self, n: int, k: int) -> float:
+        return self.truth.prefill_step_time(n, k) / self.k
+
+
+def grid_predictor(path: Path, seed: int | None = None, outlier: float | None = None):
+    """The fitted predictor of a start-up grid (a profile of SmolLM2; fp32 where its file name
+    says so, else bf16); with `seed`, of the grid timed again: each row off by up to 15%, and
+    one of them by `outlier` times where given."""
+    from medha.perf import ParallelConfig, get_hardware, get_model
+    from medha.perf.profile_data import profile_from_json
+    from medha.perf.profiled_predictor import ProfiledPredictor
+
+    data = json.loads(Path(path).read_text())
+    if seed is not None:
+        rng = random.Random(seed)
+        for row in data["iterations"]:
+            row["time_ms"] *= 1 + rng.uniform(-0.15, 0.15)
+        if outlier is not None:
+            data["iterations"][rng.randrange(len(data["iterations"]))]["time_ms"] *= outlier
+    cpu = dataclasses.replace(get_hardware("cpu"), dtype_bytes=4 if "fp32" in path.name else 2)
+    profile = profile_from_json(data, path.name)
+    return ProfiledPredictor(get_model("smollm2"), cpu, ParallelConfig(), profile)
+
 
 # vLLM's cap on a step's tokens in the convoy benches (medha/benchmark/vllm_servers.py), and the
 # block size both engines run the convoy with
