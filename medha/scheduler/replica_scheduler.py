@@ -16,10 +16,8 @@ alone changes a request's state and progress and keeps the queues.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import os
 from collections.abc import Collection, Iterable, Iterator
 
 from medha.core.batch import Batch, BatchResult, Chunk
@@ -36,6 +34,7 @@ from medha.scheduler.kv_arbiter import KVArbiter
 from medha.scheduler.packers import Packer, make_packer, replica_policy, replica_prefill_times
 from medha.scheduler.replica_rules import is_long, prefill_order
 from medha.scheduler.request_table import RequestTable, SchedulerInvariantError, SchedulerStats
+from medha.scheduler.step_log import StepLog
 
 __all__ = ["ReplicaScheduler", "SchedulerInvariantError", "SchedulerStats"]
 
@@ -46,10 +45,6 @@ log = logging.getLogger("medha.scheduler")
 REDEFAULT_FIRST = 16
 # ... and how far a probe shape's time must have moved since the last resolution (relative)
 REDEFAULT_MOVE = 0.1
-# $MEDHA_STEP_LOG: a JSON line per batch an executor reports back (its shape as it ran, the
-# time it took and the time planned for it, the budget it was planned in), appended,
-# line-buffered: what the convoy benches read the prediction error and the schedule from
-STEP_LOG_ENV = "MEDHA_STEP_LOG"
 # Weight of the newest batch in `step_scale`: the article on Orca/Sarathi scheduling (seed 001)
 # keeps its iteration time as an exponential average with this weight.
 STEP_SCALE_WEIGHT = 0.1
@@ -124,8 +119,7 @@ class ReplicaScheduler:
         self.learner = learner
         # the probe shapes' times the defaults were last resolved from
         self._resolved_probes = learner.probe_times() if learner else []
-        log_path = os.environ.get(STEP_LOG_ENV)
-        self._step_log = open(log_path, "a", buffering=1) if log_path else None
+        self._step_log = StepLog.from_env()  # $MEDHA_STEP_LOG (step_log.py)
 
     @property
     def blocks(self) -> BlockManager:
@@ -514,31 +508,12 @@ class ReplicaScheduler:
             self._pausable_inflight = None
         predicted, measured = batch.predicted_time_s, result.duration_s
         if self._step_log is not None and batch.chunks:
-            self._log_step(batch, measured, now)
+            self._step_log.write(batch, measured, now, self.predictor, self.config)
         if predicted > 0 and 0 < measured < math.inf:
             self.step_scale += STEP_SCALE_WEIGHT * (measured / predicted - self.step_scale)
             if self.learner is not None:
                 self._learn(batch, measured)
         return self.requests.complete(batch, result, now)
-
-    def _log_step(self, batch: Batch, measured_s: float, now: float) -> None:
-        """One line of the step log: the batch as it ran (the vLLM executor revises it to what
-        vLLM ran), priced by the model before this batch teaches it."""
-        prefills, decodes = batch.shape()
-        row = {
-            "batch": batch.batch_id,
-            "scheduled_s": batch.scheduled_at_s,
-            "ended_s": now,
-            "prefills": prefills,
-            "decodes": decodes,
-            "requests": [c.request.request_id for c in batch.prefills],
-            "measured_s": measured_s,
-            "predicted_s": self.predictor.shape_time(prefills, decodes),
-            "planned_s": batch.predicted_time_s,
-            "budget_s": self.config.iteration_budget_s,
-            "arrival_wait_s": self.config.arrival_wait_s,
-        }
-        self._step_log.write(json.dumps(row) + "\n")
 
     def _learn(self, batch: Batch, measured_s: float) -> None:
         """Correct the predictor from one batch's measured time (its shape as it ran: the
