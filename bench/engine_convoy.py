@@ -19,6 +19,7 @@ each, and asking 16: what serving the shorts while it prefills costs it (issue 6
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import statistics
 
@@ -64,7 +65,8 @@ def decompose(args) -> None:
     """Where the long prompt's TTFT goes on the engine with its defaults: alone, beside the 8
     shorts asking one token each (their prefill), and beside them asking 16 (their decodes
     too), alternated for --rounds rounds on one engine."""
-    engine = LLMEngine(EngineConfig(model="smollm2", kernels=args.kernels, dtype=args.dtype),
+    engine = LLMEngine(EngineConfig(model="smollm2", kernels=args.kernels, dtype=args.dtype,
+                                    **args.engine),
                        SchedulerConfig(prefix_cache=args.prefix_cache))  # fmt: skip
     print(f"<!-- {price_report(engine.scheduler.config, engine.predictor)} -->")
     run(engine, True, args.long_len, seed=99)  # warm-up
@@ -115,6 +117,13 @@ def main() -> None:
         help="every engine's --prefix-cache (the runs alone and behind draw different prompts, "
         "so that neither hits the other's)",
     )
+    ap.add_argument(
+        "--engine",
+        type=json.loads,
+        default={},
+        help="every engine's other settings (JSON EngineConfig fields), e.g. "
+        "'{\"self_profile_s\": 60}' or '{\"start_probe\": false}'",
+    )
     ap.add_argument("--rounds", type=int, default=3, help="--decompose's rounds")
     ap.add_argument(
         "--decompose",
@@ -148,7 +157,11 @@ def main() -> None:
     for name, cfg in configs:
         engine = LLMEngine(
             EngineConfig(
-                model="smollm2", calibrate=args.calibrate, kernels=args.kernels, dtype=args.dtype
+                model="smollm2",
+                calibrate=args.calibrate,
+                kernels=args.kernels,
+                dtype=args.dtype,
+                **args.engine,
             ),
             cfg,
         )

@@ -260,3 +260,37 @@ def test_cli_exits_2_on_truncated_weights(tiny_model, tmp_path):
     code, lines, _ = generate(path)
     assert code == 2 and len(lines) == 1, lines
     assert lines[0].startswith(f"medha generate: error: {path / 'model.safetensors'}: ")
+
+
+def test_the_embedded_model_converts_to_what_transformers_loads(tmp_path, monkeypatch):
+    """The first start converts the GGUF with transformers parsing the file once, not three
+    times (`_one_reader_per_file`: the newcomer's first answer waits for it), and writes the
+    weights transformers itself computes with from that file, tensor for tensor; gguf's names
+    are restored after it."""
+    import gguf
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from medha.engine import checkpoint
+
+    parsed = []
+
+    class CountingReader(gguf.GGUFReader):
+        def __init__(self, path, mode="r"):
+            parsed.append(path)
+            super().__init__(path, mode)
+
+    monkeypatch.setattr(gguf, "GGUFReader", CountingReader)
+    names = gguf.GGUFReader, gguf.get_tensor_name_map
+    src, out = checkpoint._gguf_path(), tmp_path / "converted"
+    out.mkdir()
+    checkpoint._convert(src, out)
+    assert len(parsed) == 1
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == names
+    ref = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype=torch.float32)
+    want = {k: v.numpy() for k, v in ref.state_dict().items()}
+    got = load_file(str(out / "model.safetensors"))
+    assert set(want) - set(got) == {"lm_head.weight"}  # tied to the embedding
+    assert all(np.array_equal(v, want[k]) for k, v in got.items())
+    assert len(parsed) == 3  # the reference model alone, unpatched: twice (config, weights)

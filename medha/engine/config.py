@@ -21,10 +21,11 @@ CALIBRATE_MODES = ("online", "off")
 # engines plan exactly as the simulator over the same fixed reference CPU
 CALIBRATE_ENV = "MEDHA_CALIBRATE"
 # The default of --self-profile-s where it is not given (the test suite sets 0: its engines plan
-# with the fixed reference CPU), and the default's default: about a minute, issue 48's bound on
-# what a first start may add
+# with the fixed reference CPU), and the default's default: none, a first start answers within
+# seconds; the start-up probe (--start-probe) corrects the roofline instead, in a few seconds
+# (docs/design.md, "Start-up profile")
 SELF_PROFILE_ENV = "MEDHA_SELF_PROFILE_S"
-SELF_PROFILE_S = 60.0
+SELF_PROFILE_S = 0.0
 
 
 @dataclass
@@ -104,10 +105,27 @@ class EngineConfig:
                 "with --predictor auto and no profile of this engine (model, device, dtype, "
                 "kernels, layout) where `medha profile` writes them: seconds spent timing a "
                 "grid of batch shapes before serving, the corners first, written there so that "
-                "later starts plan with it at once; 0 skips it (the roofline, corrected online "
-                f"as batches run). medha's engine only: on vLLM the scheduler learns from its "
+                "later starts plan with it at once (a minute covers the quick grid); 0 skips "
+                "it: the roofline, corrected by the start-up probe (--start-probe) and online "
+                "as batches run. medha's engine only: on vLLM the scheduler learns from its "
                 f"first steps (--calibrate online). Default: ${SELF_PROFILE_ENV}, else "
                 f"{SELF_PROFILE_S:.0f}"
+            )
+        },
+    )
+    start_probe: bool | None = field(
+        default=None,
+        metadata={
+            "help": (
+                "with --predictor auto, --calibrate online and no profile of this engine (it "
+                "plans from the roofline): time the online correction's six probe shapes once "
+                "each before serving (a lone decode, a decode batch, chunks short and long, "
+                "alone, after a KV prefix and beside decodes: about 3 s for SmolLM2 on a 2-core "
+                "CPU) and correct the model with them, so that the defaults resolved before the "
+                "first request (TPOT target, budget, arrival wait) follow this machine's speed; "
+                "--no-start-probe leaves that to the first batches. Default: on for `medha "
+                "serve` and LLMEngine, off for `medha generate` and LLM, which run what they "
+                "are given, with no arrivals to plan for"
             )
         },
     )
@@ -202,6 +220,8 @@ class EngineConfig:
             )
         self.calibrate = resolve_calibrate(self.calibrate)
         self.self_profile_s = resolve_self_profile_s(self.self_profile_s)
+        if self.start_probe is None:
+            self.start_probe = True
         if self.threads is not None and not (isinstance(self.threads, int) and self.threads >= 1):
             raise EngineError(f"threads must be a positive integer, got {self.threads!r}")
 
@@ -217,7 +237,7 @@ def resolve_calibrate(mode: str | None) -> str:
 
 
 def resolve_self_profile_s(seconds: float | None) -> float:
-    """--self-profile-s as given, else $MEDHA_SELF_PROFILE_S, else 60; EngineError for anything
+    """--self-profile-s as given, else $MEDHA_SELF_PROFILE_S, else 0; EngineError for anything
     but a finite number >= 0."""
     if seconds is None:
         text = os.environ.get(SELF_PROFILE_ENV)

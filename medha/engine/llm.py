@@ -17,6 +17,10 @@ class LLM:
     def __init__(
         self, model: str = "smollm2", scheduler: SchedulerConfig | None = None, **engine_options
     ) -> None:
+        if engine_options.get("start_probe") is None:
+            # what it runs is given at once: there are no arrivals to plan for before the
+            # first batch, and the online correction learns from the first batches
+            engine_options["start_probe"] = False
         self.engine = LLMEngine(EngineConfig(model=model, **engine_options), scheduler)
         self._ids = itertools.count()
 

@@ -50,7 +50,7 @@ from medha.engine.pauses import Pauses, can_pause
 from medha.engine.sampling_params import SamplingParams
 from medha.engine.setup import EngineSetup, tune_process
 from medha.engine.tokenizer import Tokenizer
-from medha.perf.online_fit import CorrectedPredictor, StepLearner
+from medha.perf.online_fit import CorrectedPredictor, StepLearner, probe_shapes
 from medha.perf.predictor import Predictor
 from medha.scheduler.block_manager import BlockManager
 from medha.scheduler.config import SchedulerConfig
@@ -110,6 +110,8 @@ class LLMEngine:
         self._plan(scheduler, setup.predictor())
         if setup.self_profile_due():
             self._profile_self(scheduler)
+        elif setup.start_probe_due() and self.scheduler.learner is not None:
+            self._probe_start()
         log.info("planning with %s: %s", self.predictor.describe(),
                  price_report(self.scheduler.config, self.predictor))  # fmt: skip
         self.swap_blocks = HostKVBlocks.for_swap_pool(scheduler, self.runner)
@@ -208,6 +210,40 @@ class LLMEngine:
             len(profile.iteration_rows), time.perf_counter() - start, path,
         )  # fmt: skip
         self._plan(scheduler, self.setup.predictor())
+
+    def _probe_start(self) -> None:
+        """Time the online correction's probe shapes once each before serving (a lone
+        decode, a decode batch, chunks short and long, alone, after a KV prefix and beside
+        decodes: a few seconds) and correct the model with them, so that the defaults resolved
+        before the first request (the TPOT target and budget, the arrival wait) follow this
+        machine's speed, not a roofline 2-6x off a CPU's; every batch then corrects it
+        further. A shape the KV cache cannot hold is skipped, and a failure leaves the
+        roofline, corrected online: no start-up measurement ends a start."""
+        from medha.engine.profiler import Profiler, ShapeDoesNotFit
+        from medha.perf.grid import Shape
+
+        start, timed = time.perf_counter(), 0
+        learner, profiler = self.scheduler.learner, Profiler(self)
+        for prefills, decodes in probe_shapes(min(self.max_model_len, self.kv_capacity_tokens)):
+            try:
+                # one run each, the first shape's after a warm-up: the kernels are warm after
+                # it, and a shape's first run then takes within 10% of its next (1.7 s of a
+                # 2.8 s probe is its largest shape, 2048 tokens after 6144)
+                shape = Shape(tuple(prefills), tuple(decodes))
+                seconds = profiler.measure(shape, repeats=1, warm_up=timed == 0)
+            except ShapeDoesNotFit:
+                continue
+            except Exception as e:
+                if is_fatal(e):
+                    raise
+                log.warning("the start-up probe failed (%s: %s); planning with %s, corrected "
+                            "online", type(e).__name__, e, self.predictor.describe())  # fmt: skip
+                break
+            learner.observe(prefills, decodes, seconds)
+            timed += 1
+        self.scheduler.follow_model()
+        log.info("timed %d probe shapes in %.1f s (--no-start-probe skips them)", timed,
+                 time.perf_counter() - start)  # fmt: skip
 
     def close(self) -> None:
         """Stop the worker processes, if any (also done at interpreter exit)."""

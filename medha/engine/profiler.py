@@ -39,8 +39,10 @@ class Profiler:
         self.engine = engine
         self.rng = random.Random(seed)
 
-    def measure(self, shape: Shape, repeats: int = 2) -> float:
-        """Best of `repeats` timed runs after one warm-up, in seconds."""
+    def measure(self, shape: Shape, repeats: int = 2, warm_up: bool = True) -> float:
+        """Best of `repeats` timed runs, after one warm-up unless `warm_up` is False (where
+        the process has run its kernels already and a shape's first run costs what its
+        others do), in seconds."""
         e = self.engine
         bm = e.scheduler.blocks
         vocab = e.runner.args.vocab_size
@@ -60,10 +62,10 @@ class Profiler:
             decodes = [chunk(f"d{i}", kv, 1) for i, kv in enumerate(shape.decode_kv)]
             batch = Batch(0, 0.0, decodes, prefills)
             best = float("inf")
-            for attempt in range(repeats + 1):
+            for attempt in range(repeats + warm_up):
                 t0 = time.perf_counter()
                 e.execute(batch)
-                if attempt:  # the first run warms kernels up for the shape
+                if attempt or not warm_up:  # the first run warms kernels up for the shape
                     best = min(best, time.perf_counter() - t0)
             return best
         finally:

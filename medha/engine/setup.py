@@ -189,6 +189,16 @@ class EngineSetup:
             and not os.path.exists(self.profile_path)
         )
 
+    def start_probe_due(self) -> bool:
+        """Whether the engine times the online correction's probe shapes before serving:
+        --start-probe, --predictor auto and no profile of it at `profile_path` (it plans from
+        the roofline)."""
+        return (
+            self.config.start_probe
+            and self.config.predictor == "auto"
+            and not os.path.exists(self.profile_path)
+        )
+
     def governor(self, workers: WorkerGroup | None) -> ThreadGovernor | None:
         """Fits the thread count to the free cores, unless --threads fixed it (or the model
         runs on a GPU, or in worker processes that each hold a share of the cores)."""

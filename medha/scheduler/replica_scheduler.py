@@ -533,6 +533,15 @@ class ReplicaScheduler:
         if moved:
             self.requests.reprice()
 
+    def follow_model(self) -> None:
+        """After the learner saw batches outside `update` (the engine's start-up probe): the
+        tables derived from the model, the requests' predicted work and the defaults the config
+        leaves unset follow the corrected model now."""
+        self.learner.moved()
+        self.prefill_times.reset()
+        self._redefault()
+        self.requests.reprice()
+
     def _redefault(self) -> bool:
         """Resolve the defaults the given config left unset (the TPOT target and budget, the
         deadline floor, the arrival wait: resolve_config) again from the corrected model, so
