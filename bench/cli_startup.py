@@ -7,7 +7,7 @@ Part 1 runs `python -c pass`, `python -m medha --help` and `python -m medha simu
 one after the other, --repeats rounds, each in a fresh interpreter of this Python, and prints
 the median wall time of each and its ratio to `python -c pass`.
 
-Part 2 runs the README's simulate example (Llama-3-8B, TP 8 x SPP 2 on A100s, 500 ShareGPT
+Part 2 runs docs/simulator.md's simulate example (Llama-3-8B, TP 8 x SPP 2 on A100s, 500 ShareGPT
 requests at 0.75/s, 5% long-context ones) with an empty cache folder (cold), then again with
 the folder that run filled (warm), --sim-repeats rounds, and prints the medians of: the time
 from the interpreter's start to the first simulated event (imports, predictor, scheduler,

@@ -655,7 +655,7 @@ def test_the_start_up_probe_corrects_the_roofline_before_the_first_request(
     import logging
 
     from medha.benchmark.tiny_llama import build_tiny_llama
-    from medha.engine import profiler
+    from medha.engine import llm_engine, profiler
     from medha.engine.llm_engine import LLMEngine
     from medha.perf.online_fit import BASE_THETA, probe_shapes
     from medha.scheduler.config_defaults import resolve_config
@@ -674,7 +674,7 @@ def test_the_start_up_probe_corrects_the_roofline_before_the_first_request(
     assert not Path(engine.profile_path).exists()  # nothing written: the grid's job
     # the defaults follow the corrected model, as at a re-resolution
     assert sched.config == resolve_config(sched._given, engine.predictor)
-    assert "timed 6 probe shapes" in caplog.text
+    assert "corrected by 6 probe shapes" in caplog.text and "(0 skipped)" in caplog.text
     engine.add_request("r", [5, 6, 7], SamplingParams(max_tokens=4, ignore_eos=True))
     outs = []
     while engine.has_unfinished():
@@ -682,6 +682,17 @@ def test_the_start_up_probe_corrects_the_roofline_before_the_first_request(
     assert [len(o.token_ids) for o in outs if o.finished] == [4]
 
     assert LLM(scheduler=given, **options).engine.scheduler.learner.observed == 0
+    # `medha generate`'s path: its flags as a whole EngineConfig, the probe unset
+    via_cli = LLM(scheduler=given, **vars(EngineConfig(**options)))
+    assert via_cli.engine.scheduler.learner.observed == 0
+    # a layout whose shapes run far slower than their budget: the rest is learned online
+    budget = llm_engine.PROBE_BUDGET_S
+    monkeypatch.setattr(llm_engine, "PROBE_BUDGET_S", 1e-9)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="medha.engine"):
+        short = LLMEngine(EngineConfig(**options), given)
+    assert short.scheduler.learner.observed == 1 and "(5 skipped)" in caplog.text
+    monkeypatch.setattr(llm_engine, "PROBE_BUDGET_S", budget)
     off = LLMEngine(EngineConfig(start_probe=False, **options), given)
     assert off.scheduler.learner.observed == 0 and off.predictor.theta == BASE_THETA
 

@@ -115,11 +115,12 @@ def _serve_vllm(args: argparse.Namespace, config: ServerConfig) -> None:
         engine_config = dataclass_from_args(EngineConfig, args)
     except EngineError as e:
         raise CliError(str(e)) from None
-    if args.self_profile_s:  # given, and not 0: say it does nothing here rather than ignore it
+    # given (and not 0 or off): say they do nothing here rather than ignore them
+    for flag in [f for f in ("self_profile_s", "start_probe") if getattr(args, f, None)]:
         print(
-            "medha serve: --self-profile-s is medha's engine's and does nothing with --engine "
-            "vllm: there medha's scheduler corrects its model from the steps vLLM runs "
-            "(--calibrate online), and `medha profile --engine vllm` times a grid",
+            f"medha serve: --{flag.replace('_', '-')} is medha's engine's and does nothing "
+            "with --engine vllm: there medha's scheduler corrects its model from the steps "
+            "vLLM runs (--calibrate online), and `medha profile --engine vllm` times a grid",
             file=sys.stderr,
         )
     scheduler = scheduler_config_from_args(args)

@@ -23,7 +23,7 @@ CALIBRATE_ENV = "MEDHA_CALIBRATE"
 # The default of --self-profile-s where it is not given (the test suite sets 0: its engines plan
 # with the fixed reference CPU), and the default's default: none, a first start answers within
 # seconds; the start-up probe (--start-probe) corrects the roofline instead, in a few seconds
-# (docs/design.md, "Start-up profile")
+# (docs/design.md, "Start-up probe and profile")
 SELF_PROFILE_ENV = "MEDHA_SELF_PROFILE_S"
 SELF_PROFILE_S = 0.0
 
@@ -220,8 +220,6 @@ class EngineConfig:
             )
         self.calibrate = resolve_calibrate(self.calibrate)
         self.self_profile_s = resolve_self_profile_s(self.self_profile_s)
-        if self.start_probe is None:
-            self.start_probe = True
         if self.threads is not None and not (isinstance(self.threads, int) and self.threads >= 1):
             raise EngineError(f"threads must be a positive integer, got {self.threads!r}")
 

@@ -63,6 +63,10 @@ log = logging.getLogger("medha.engine")
 # fewer timed shapes than this (a machine too slow for --self-profile-s) fit no model worth
 # planning with: the engine keeps the roofline, corrected online, and writes nothing
 MIN_SELF_PROFILE_ROWS = 8
+# the most the start-up probe spends (`_probe_start`): SmolLM2 in bf16 on 2 cores takes 2.8 s
+# for all six shapes, in float32 about 6 s; a layout whose long shapes run far slower (KVP in
+# float32 on torch's kernels: 69 s) skips them and learns them online
+PROBE_BUDGET_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -217,14 +221,20 @@ class LLMEngine:
         decodes: a few seconds) and correct the model with them, so that the defaults resolved
         before the first request (the TPOT target and budget, the arrival wait) follow this
         machine's speed, not a roofline 2-6x off a CPU's; every batch then corrects it
-        further. A shape the KV cache cannot hold is skipped, and a failure leaves the
-        roofline, corrected online: no start-up measurement ends a start."""
+        further. At most PROBE_BUDGET_S: a shape the model, as corrected so far, says would
+        not fit what is left is skipped, as is one the KV cache cannot hold; a failure leaves
+        the roofline, corrected online: no start-up measurement ends a start."""
         from medha.engine.profiler import Profiler, ShapeDoesNotFit
         from medha.perf.grid import Shape
 
-        start, timed = time.perf_counter(), 0
+        start, timed, skipped = time.perf_counter(), 0, 0
         learner, profiler = self.scheduler.learner, Profiler(self)
         for prefills, decodes in probe_shapes(min(self.max_model_len, self.kv_capacity_tokens)):
+            left = PROBE_BUDGET_S - (time.perf_counter() - start)
+            # (the first shape is a lone decode, which the roofline never prices at seconds)
+            if timed and self.predictor.shape_time(prefills, decodes) > left:
+                skipped += 1
+                continue
             try:
                 # one run each, the first shape's after a warm-up: the kernels are warm after
                 # it, and a shape's first run then takes within 10% of its next (1.7 s of a
@@ -232,6 +242,7 @@ class LLMEngine:
                 shape = Shape(tuple(prefills), tuple(decodes))
                 seconds = profiler.measure(shape, repeats=1, warm_up=timed == 0)
             except ShapeDoesNotFit:
+                skipped += 1
                 continue
             except Exception as e:
                 if is_fatal(e):
@@ -242,8 +253,12 @@ class LLMEngine:
             learner.observe(prefills, decodes, seconds)
             timed += 1
         self.scheduler.follow_model()
-        log.info("timed %d probe shapes in %.1f s (--no-start-probe skips them)", timed,
-                 time.perf_counter() - start)  # fmt: skip
+        log.warning(
+            "no profile of this engine at %s: planning from the roofline, corrected by %d "
+            "probe shapes timed in %.1f s (%d skipped) and online (--no-start-probe skips them; "
+            "`medha profile` times a full grid)",
+            self.profile_path, timed, time.perf_counter() - start, skipped,
+        )  # fmt: skip
 
     def close(self) -> None:
         """Stop the worker processes, if any (also done at interpreter exit)."""

@@ -194,7 +194,7 @@ class EngineSetup:
         --start-probe, --predictor auto and no profile of it at `profile_path` (it plans from
         the roofline)."""
         return (
-            self.config.start_probe
+            self.config.start_probe is not False  # None: on (LLM turns it off)
             and self.config.predictor == "auto"
             and not os.path.exists(self.profile_path)
         )

@@ -81,7 +81,7 @@ AUTO_KERNELS_VAR = "MEDHA_AUTO_KERNELS"
 def auto_preference() -> str:
     """$MEDHA_AUTO_KERNELS, what `--kernels auto` prefers: unset (the rule below), torch
     (torch's ops always), or vllm (vLLM's kernels wherever they run this engine, float32
-    included: how the test suite runs every engine it can on them, README "Tests")."""
+    included: how the test suite runs every engine it can on them, docs/status.md "Tests")."""
     prefer = os.environ.get(AUTO_KERNELS_VAR, "")
     if prefer not in ("", "torch", "vllm"):
         raise EngineError(f"{AUTO_KERNELS_VAR} must be torch or vllm, got {prefer!r}")
