@@ -1135,3 +1135,21 @@ def test_body_limits_are_checked():
         max_buffered_bytes(ServerConfig(max_request_bytes=1000, max_buffered_bytes=999), 8192)
     with pytest.raises(ValueError, match="must be a positive integer"):
         max_buffered_bytes(ServerConfig(max_buffered_bytes=0), 8192)
+
+
+def test_serve_times_the_start_up_probe_and_generate_does_not(tiny_model):
+    """`medha serve` plans the arrivals to come: with no profile and the online correction, its
+    engine times the start-up probe before /health answers (docs/design.md, "Start-up probe and
+    profile"); `medha generate` runs what it is given at once and times none."""
+    server = Server("--model", str(tiny_model), "--calibrate", "online")
+    assert server.stop() == 0
+    assert "corrected by 6 probe shapes" in server.proc.stdout.read()
+    flags = ["--model", str(tiny_model), "--calibrate", "online", "--dtype", "float32"]
+    generate = subprocess.run(
+        [sys.executable, "-m", "medha", "generate", *flags, "--prompt", "hi", "--max-tokens", "2"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert generate.returncode == 0, generate.stderr
+    assert "probe shapes" not in generate.stderr

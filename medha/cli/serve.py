@@ -69,7 +69,9 @@ def _serve_medha(args: argparse.Namespace, config: ServerConfig) -> None:
 
     from medha.server.app import build_app
 
-    engine = llm_from_args(args).engine
+    # a server plans the arrivals to come: its engine times the start-up probe unless told not
+    # to (LLM, for what it is given at once, does not)
+    engine = llm_from_args(args, start_probe=args.start_probe is not False).engine
     try:
         app = build_app(engine, config, engine_thread=False)
     except ValueError as e:  # a body limit that does not fit the model's context
