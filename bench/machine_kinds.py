@@ -4,14 +4,15 @@
 
 For every profile in tests/data/profiles and the reference CPUs and GPUs' rooflines: the convoy
 (a 6,000-token prompt, 8 shorts of 64 tokens 0.5 s after it; medha/sim/convoy.py) with the
-decisions of medha's engine (steps paused between layers where it pauses them: CPUs) and of
-medha's scheduler on vLLM (from no profile: the roofline corrected online; 2,048-token steps),
-the batches timed by the profile. The engine plans with the profile timed again (each row off
-by up to 15%, --seeds of them) or with the truth scaled 0.5x and 2x; each convoy runs after a
-warm-up (as the benchmarks run it) and first thing after start. Prints, per machine and
-executor, the worst shorts ratio (median TTFT behind / alone), the worst long ratio (TTFT over
-its time alone in the largest steps) and over its floor (that plus the shorts' own work), and
-the case each came from.
+decisions of medha's engine (steps paused between layers where it pauses them: CPUs; planning
+with the grid, or, as it starts with no profile, with the roofline corrected by its start-up
+probe) and of medha's scheduler on vLLM (from no profile: the roofline corrected online;
+2,048-token steps), the batches timed by the profile. The engine plans with the profile timed
+again (each row off by up to 15%, --seeds of them) or with the truth scaled 0.5x and 2x; each
+convoy runs after a warm-up (as the benchmarks run it) and first thing after start. Prints, per
+machine and executor, the worst shorts ratio (median TTFT behind / alone), the worst long ratio
+(TTFT over its time alone in the largest steps) and over its floor (that plus the shorts' own
+work), and the case each came from.
 
 --cause: the run that changes only the cause of the shorts waiting out the long prompt (issue
 68, item 1): each machine-A grid with one row timed at 0.3x (and every row +-15%), fitted as
@@ -86,14 +87,17 @@ def report(seeds: int) -> None:
           "worst shorts case |")  # fmt: skip
     print("|---|---|---|---|---|---|")
     for name, truth, model_for, path in machines():
-        for executor in ("engine", "vllm"):
-            config = executor_config(executor)
+        # "engine, probe": the engine's default start with no profile, the roofline corrected
+        # by the start-up probe (a CPU's; the GPU rows plan with their truth already)
+        executors = ("engine", "vllm") if path == "gpu" else ("engine", "engine, probe", "vllm")
+        for executor in executors:
+            config = executor_config(executor.split(",")[0])
             if executor == "engine" and path == "gpu":
                 config = executor_config("engine", pause_steps=False)  # (not on CUDA yet)
             rows = []
             for scale in (1.0, 0.5, 2.0):
                 for seed in range(seeds):
-                    if executor == "vllm":
+                    if executor != "engine":  # from no profile: the roofline
                         dtype = 4 if "fp32" in name else 2
                         hw = dataclasses.replace(get_hardware("cpu"), dtype_bytes=dtype)
                         model = (
@@ -102,9 +106,8 @@ def report(seeds: int) -> None:
                     else:
                         model = model_for(seed) if scale == 1.0 else truth
                     for warm in (True, False):
-                        got = run_convoy(
-                            Scaled(truth, scale), model, config, Convoy(), seed=seed, warm=warm
-                        )
+                        got = run_convoy(Scaled(truth, scale), model, config, Convoy(), seed=seed,
+                                         warm=warm, probe=executor == "engine, probe")  # fmt: skip
                         rows.append((got, f"x{scale} seed {seed} {'warm' if warm else 'cold'}"))
             worst = max(rows, key=lambda r: r[0].shorts_ratio)
             print(

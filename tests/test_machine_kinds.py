@@ -6,7 +6,8 @@ Each profile in tests/data/profiles is a start-up grid medha's engine measured o
 with the decisions medha's engine makes there (its steps paused between layers, its model
 corrected online from each batch) while the batches take the profile's time; the engine plans
 with the same profile timed again (each row off by up to 15%, as two starts of one machine
-differ), or with the truth scaled by 0.5 and 2 (a model off by half or double). Deterministic:
+differ), or with the truth scaled by 0.5 and 2 (a model off by half or double), or as it starts
+with no profile (the roofline, corrected by the start-up probe and online). Deterministic:
 no clock, seeded jitter. The shorts must stay within 1.5x their time alone, and the long prompt
 within 1.10x of its time alone plus the shorts' own work (their batches' time alone: what any
 schedule that serves them while it prefills adds to it).
@@ -75,4 +76,20 @@ def test_medhas_scheduler_on_vllm_never_lets_the_shorts_wait_out_the_long_prompt
     roofline = make_predictor("roofline", "smollm2", cpu)
     for warm in (True, False):
         got = run_convoy(truth, roofline, executor_config("vllm"), warm=warm)
+        assert got.long_steps_waited == 0, (warm, got)
+
+
+@pytest.mark.parametrize(("path", "scale", "seed"), cases())
+def test_medhas_engine_keeps_it_from_the_roofline_and_its_start_up_probe(path, scale, seed):
+    """The default start, with no profile: the roofline of the device (here the suite's CPU),
+    corrected by the start-up probe's six shapes as the machine runs them, then online. The
+    machine is each grid's, as timed, at half or double its speed; `seed` jitters each batch."""
+    truth = Scaled(grid_predictor(path), scale)
+    cpu = dataclasses.replace(get_hardware("cpu"), dtype_bytes=4 if "fp32" in path.name else 2)
+    roofline = make_predictor("roofline", "smollm2", cpu)
+    for warm in (True, False):
+        got = run_convoy(truth, roofline, executor_config("engine"), seed=seed, warm=warm,
+                         probe=True)  # fmt: skip
+        assert got.shorts_ratio <= 1.5, (warm, got)
+        assert got.long_over_floor <= 1.10, (warm, got)
         assert got.long_steps_waited == 0, (warm, got)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from medha.core.request import Request
-from medha.perf.online_fit import CorrectedPredictor, StepLearner
+from medha.perf.online_fit import CorrectedPredictor, StepLearner, probe_shapes
 from medha.perf.predictor import Predictor
 from medha.scheduler.block_manager import BlockManager
 from medha.scheduler.config import SchedulerConfig
@@ -123,16 +123,22 @@ def run_convoy(
     jitter: float = 0.05,
     seed: int = 0,
     warm: bool = True,
+    probe: bool = False,
 ) -> ConvoyResult:
     """The convoy on one scheduler planning with `model` (corrected online from each batch
     unless `learn` is off, as the executors do by default) while batches take `truth`'s time,
     each off by up to `jitter` (relative, seeded). `warm`: the warm-up and the shorts alone
     run first on the same scheduler, as in the benchmarks; else the convoy comes first and
-    the shorts alone are replayed on a scheduler of their own."""
+    the shorts alone are replayed on a scheduler of their own. `probe`: before any request,
+    the scheduler's learner sees the start-up probe's shapes at `truth`'s time, as medha's
+    engine with no profile times them (LLMEngine._probe_start)."""
     rng = random.Random(seed)
 
+    def batch_time_of(prefills, decodes) -> float:
+        return truth.shape_time(prefills, decodes) * (1 + rng.uniform(-jitter, jitter))
+
     def batch_time(batch) -> float:
-        return truth.shape_time(*batch.shape()) * (1 + rng.uniform(-jitter, jitter))
+        return batch_time_of(*batch.shape())
 
     def scheduler() -> ReplicaScheduler:
         planner, learner = model, None
@@ -140,7 +146,13 @@ def run_convoy(
             planner = CorrectedPredictor(model)
             learner = StepLearner(planner)
         blocks = BlockManager(max(1, 4 * (convoy.long_len + 64) // BLOCK_SIZE), BLOCK_SIZE)
-        return ReplicaScheduler(config, planner, blocks, block_tables=False, learner=learner)
+        sched = ReplicaScheduler(config, planner, blocks, block_tables=False, learner=learner)
+        if probe and learner is not None:
+            context = min(sched.max_model_len, model.model.max_context, blocks.capacity_tokens)
+            for prefills, decodes in probe_shapes(context):
+                learner.observe(prefills, decodes, batch_time_of(prefills, decodes))
+            sched.follow_model()
+        return sched
 
     clock, busy, arrived = [0.0], [0.0], [0.0]
     steps: list[tuple[float, set[str]]] = []  # each batch of the convoy: its start, its prefills
