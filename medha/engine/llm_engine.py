@@ -63,9 +63,9 @@ log = logging.getLogger("medha.engine")
 # fewer timed shapes than this (a machine too slow for --self-profile-s) fit no model worth
 # planning with: the engine keeps the roofline, corrected online, and writes nothing
 MIN_SELF_PROFILE_ROWS = 8
-# the most the start-up probe spends (`_probe_start`): SmolLM2 in bf16 on 2 cores takes 2.8 s
-# for all six shapes, in float32 about 6 s; a layout whose long shapes run far slower (KVP in
-# float32 on torch's kernels: 69 s) skips them and learns them online
+# the most the start-up probe spends (`_probe_start`): SmolLM2 in bf16 on a 2-core Xeon takes
+# 2.8 s for all six shapes; a layout whose long shapes run far slower (KVP in float32 on torch's
+# kernels: 69 s) skips them and learns them online
 PROBE_BUDGET_S = 10.0
 
 
