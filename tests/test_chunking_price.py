@@ -115,3 +115,20 @@ def test_given_settings_win():
     assert (c.iteration_budget_s, c.min_ttft_deadline_s) == (0.1, 0.3)
     with pytest.raises(ValueError, match="arrival_wait_s"):
         SchedulerConfig(arrival_wait_s=-1.0)
+
+
+def test_where_no_step_keeps_the_slo_pace_its_price_does_not_choose_it():
+    """A machine on which a min-chunk step alone takes longer than 0.05 s, with chunking cheap
+    (compute-bound: the reference CPU at 10 GFLOP/s): min-chunk steps price a long prompt
+    within 1.5x, which once chose the 0.05 s target although no step keeps it (the start-up
+    probe's model of a slow fp32 machine landed there on one start, the shorts at 1.79x their
+    time alone). The target comes from its steps instead: at least one min-chunk step."""
+    crawl = make_predictor(
+        "roofline", "smollm2-135m", dataclasses.replace(REFERENCE_CPU, peak_flops=1e10),
+        ParallelConfig(),
+    )  # fmt: skip
+    step = crawl.prefill_step_time(32, 0)
+    assert step > 0.05
+    assert chunking_price(crawl, 0.05, crawl.model.max_context, 32) <= 1.5
+    c = resolve_config(SchedulerConfig(), crawl)
+    assert c.tpot_target_s >= step and "0.05 s steps" not in price_report(c, crawl)

@@ -122,9 +122,14 @@ def affordable(
     predictor: Predictor, max_model_len: int, min_chunk: int, max_chunk: int | None = None
 ) -> bool:
     """Whether the hardware gives both: steps at the SLO's TPOT (0.05 s) chunk a max-length
-    prompt (up to 32K tokens) within AFFORDABLE_PRICE."""
+    prompt (up to 32K tokens) within AFFORDABLE_PRICE. Not where a step of a `min_chunk`-token
+    prefill alone is already longer than that budget: no step keeps it, and the price at it is
+    the price of min-chunk steps, which says nothing of the budget (a machine this slow priced
+    within 1.5x there flipped to 0.05 s steps from one start to the next)."""
     slo_budget = iteration_budget(SLO_TPOT_S, predictor.parallel.spp)
     n = priced_prompt(max_model_len)
+    if predictor.prefill_step_time(min(min_chunk, n), 0) > slo_budget:
+        return False
     return chunking_price(predictor, slo_budget, n, min_chunk, max_chunk) <= AFFORDABLE_PRICE
 
 
