@@ -50,7 +50,7 @@ from medha.engine.pauses import Pauses, can_pause
 from medha.engine.sampling_params import SamplingParams
 from medha.engine.setup import EngineSetup, tune_process
 from medha.engine.tokenizer import Tokenizer
-from medha.perf.online_fit import CorrectedPredictor, StepLearner, probe_shapes
+from medha.perf.online_fit import CorrectedPredictor, StepLearner
 from medha.perf.predictor import Predictor
 from medha.scheduler.block_manager import BlockManager
 from medha.scheduler.config import SchedulerConfig
@@ -227,32 +227,33 @@ class LLMEngine:
         from medha.engine.profiler import Profiler, ShapeDoesNotFit
         from medha.perf.grid import Shape
 
-        start, timed, skipped = time.perf_counter(), 0, 0
-        learner, profiler = self.scheduler.learner, Profiler(self)
-        for prefills, decodes in probe_shapes(min(self.max_model_len, self.kv_capacity_tokens)):
+        start, profiler, cold = time.perf_counter(), Profiler(self), True
+
+        def measure(prefills, decodes) -> float | None:
+            nonlocal cold
             left = PROBE_BUDGET_S - (time.perf_counter() - start)
             # (the first shape is a lone decode, which the roofline never prices at seconds)
-            if timed and self.predictor.shape_time(prefills, decodes) > left:
-                skipped += 1
-                continue
+            if not cold and self.predictor.shape_time(prefills, decodes) > left:
+                return None
             try:
                 # one run each, the first shape's after a warm-up: the kernels are warm after
                 # it, and a shape's first run then takes within 10% of its next (1.7 s of a
                 # 2.8 s probe is its largest shape, 2048 tokens after 6144)
                 shape = Shape(tuple(prefills), tuple(decodes))
-                seconds = profiler.measure(shape, repeats=1, warm_up=timed == 0)
+                seconds = profiler.measure(shape, repeats=1, warm_up=cold)
             except ShapeDoesNotFit:
-                skipped += 1
-                continue
-            except Exception as e:
-                if is_fatal(e):
-                    raise
-                log.warning("the start-up probe failed (%s: %s); planning with %s, corrected "
-                            "online", type(e).__name__, e, self.predictor.describe())  # fmt: skip
-                break
-            learner.observe(prefills, decodes, seconds)
-            timed += 1
-        self.scheduler.follow_model()
+                return None
+            cold = False
+            return seconds
+
+        try:
+            timed, skipped = self.scheduler.probe(measure)
+        except Exception as e:
+            if is_fatal(e):
+                raise
+            log.warning("the start-up probe failed (%s: %s); planning with %s, corrected "
+                        "online", type(e).__name__, e, self.predictor.describe())  # fmt: skip
+            return
         log.warning(
             "no profile of this engine at %s: planning from the roofline, corrected by %d "
             "probe shapes timed in %.1f s (%d skipped) and online (--no-start-probe skips them; "

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 
 from medha.core.batch import Batch, BatchResult, Chunk
 from medha.core.config import iteration_budget
 from medha.core.request import Request, RequestState
-from medha.perf.online_fit import StepLearner
+from medha.perf.online_fit import StepLearner, probe_shapes
 from medha.perf.predictor import Predictor
 from medha.perf.prefill_time_cache import PrefillTimeCache
 from medha.scheduler.batch_builder import BatchBuilder
@@ -533,14 +533,29 @@ class ReplicaScheduler:
         if moved:
             self.requests.reprice()
 
-    def follow_model(self) -> None:
-        """After the learner saw batches outside `update` (the engine's start-up probe): the
-        tables derived from the model, the requests' predicted work and the defaults the config
-        leaves unset follow the corrected model now."""
-        self.learner.moved()
-        self.prefill_times.reset()
-        self._redefault()
-        self.requests.reprice()
+    def probe(self, measure: Callable[[list, list], float | None]) -> tuple[int, int]:
+        """The start-up probe, before any request (medha's engine with no profile; the
+        simulator's replay of it): the learner's probe shapes within this replica's context
+        and KV cache, each timed by `measure(prefills, decodes)` (None: skipped), shown to
+        the learner; then, whatever `measure` raises, the tables derived from the model and
+        the defaults the config leaves unset follow the corrected model. (timed, skipped)."""
+        timed = skipped = 0
+        try:
+            for prefills, decodes in probe_shapes(
+                min(self.max_model_len, self.blocks.capacity_tokens)
+            ):
+                seconds = measure(prefills, decodes)
+                if seconds is None:
+                    skipped += 1
+                    continue
+                self.learner.observe(prefills, decodes, seconds)
+                timed += 1
+        finally:
+            self.learner.moved()
+            self.prefill_times.reset()
+            self._redefault()
+            self.requests.reprice()
+        return timed, skipped
 
     def _redefault(self) -> bool:
         """Resolve the defaults the given config left unset (the TPOT target and budget, the

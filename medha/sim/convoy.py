@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from medha.core.request import Request
-from medha.perf.online_fit import CorrectedPredictor, StepLearner, probe_shapes
+from medha.perf.online_fit import CorrectedPredictor, StepLearner
 from medha.perf.predictor import Predictor
 from medha.scheduler.block_manager import BlockManager
 from medha.scheduler.config import SchedulerConfig
@@ -148,10 +148,7 @@ def run_convoy(
         blocks = BlockManager(max(1, 4 * (convoy.long_len + 64) // BLOCK_SIZE), BLOCK_SIZE)
         sched = ReplicaScheduler(config, planner, blocks, block_tables=False, learner=learner)
         if probe and learner is not None:
-            context = min(sched.max_model_len, model.model.max_context, blocks.capacity_tokens)
-            for prefills, decodes in probe_shapes(context):
-                learner.observe(prefills, decodes, batch_time_of(prefills, decodes))
-            sched.follow_model()
+            sched.probe(batch_time_of)
         return sched
 
     clock, busy, arrived = [0.0], [0.0], [0.0]
