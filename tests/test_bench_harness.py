@@ -1,0 +1,47 @@
+"""medha/benchmark/harness.py: the flags every bench shares, its percentiles, its result writer."""
+
+import argparse
+import json
+
+import numpy as np
+import pytest
+
+from medha.benchmark.harness import add_common_args, percentile, percentiles, write_result
+
+
+def test_only_the_named_flags_are_added_with_their_defaults():
+    ap = add_common_args(argparse.ArgumentParser(), seed=3, num_requests=50)
+    args = ap.parse_args([])
+    assert (args.seed, args.num_requests) == (3, 50)
+    assert not hasattr(args, "out")
+    with pytest.raises(SystemExit):
+        ap.parse_args(["--out", "x"])
+
+
+def test_out_is_required_where_the_bench_needs_it():
+    ap = add_common_args(argparse.ArgumentParser(), out=...)
+    with pytest.raises(SystemExit):
+        ap.parse_args([])
+    assert ap.parse_args(["--out", "d"]).out == "d"
+    assert add_common_args(argparse.ArgumentParser(), out="runs/x").parse_args([]).out == "runs/x"
+
+
+def test_percentiles_skip_missing_values_and_follow_numpy():
+    vals = [4.0, None, 1.0, 3.0, 2.0]
+    assert percentile(vals, 50) == 2.5
+    assert percentile(vals, 50, method="lower") == 2.0
+    assert percentile([None], 99) is None
+    rng = np.random.default_rng(0)
+    xs = list(rng.random(101))
+    assert percentiles(xs, (50, 99.9)) == {
+        "p50": float(np.percentile(xs, 50)),
+        "p99.9": float(np.percentile(xs, 99.9)),
+    }
+
+
+def test_the_result_is_a_markdown_table_and_the_same_rows_as_json(tmp_path, capsys):
+    out = tmp_path / "sub" / "r.json"
+    write_result(["name", "p99"], [["a", 1.5], ["b", None]], out, title="## t")
+    printed = capsys.readouterr().out.splitlines()
+    assert printed == ["## t", "| name | p99 |", "|---|---|", "| a | 1.5 |", "| b | None |"]
+    assert json.loads(out.read_text()) == [{"name": "a", "p99": 1.5}, {"name": "b", "p99": None}]
