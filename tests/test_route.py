@@ -227,6 +227,23 @@ def test_the_router_prices_each_replica_with_the_model_it_publishes():
     assert fast_ms == pytest.approx(own_ms, rel=0.05)
 
 
+def test_a_failed_replica_is_retried_elsewhere_before_any_token_and_never_twice(two_stubs):
+    a, b = two_stubs
+    with router(two_stubs, "--dispatcher", "round_robin") as url:
+        configure(a, status=503)
+        for stream in (False, True):
+            r = complete(url, stream=stream)
+            assert r.status_code == 200, r.text
+        assert served(b) == 2  # both answered by b, after a's 503
+        configure(b, status=503)
+        r = complete(url)  # each replica once: the client gets the last answer
+        assert r.status_code == 503 and "error" in r.json()
+        assert (served(a), served(b)) == (3, 3)  # a refused all three; b, the third
+        assert (
+            "medha_router_retries_total 3.0" in httpx.get(url + "/metrics", timeout=TIMEOUT_S).text
+        )
+
+
 def test_retries_wait_a_jittered_backoff(two_stubs):
     """With --retry-backoff-s B, a failed request waits uniform(0, B) before its retry on the
     other replica (full jitter: requests that failed together retry apart), then gets the last
