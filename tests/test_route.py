@@ -227,6 +227,23 @@ def test_the_router_prices_each_replica_with_the_model_it_publishes():
     assert fast_ms == pytest.approx(own_ms, rel=0.05)
 
 
+def test_a_failed_replica_is_retried_elsewhere_before_any_token_and_never_twice(two_stubs):
+    a, b = two_stubs
+    with router(two_stubs, "--dispatcher", "round_robin") as url:
+        configure(a, status=503)
+        for stream in (False, True):
+            r = complete(url, stream=stream)
+            assert r.status_code == 200, r.text
+        assert served(b) == 2  # both answered by b, after a's 503
+        configure(b, status=503)
+        r = complete(url)  # each replica once: the client gets the last answer
+        assert r.status_code == 503 and "error" in r.json()
+        assert (served(a), served(b)) == (3, 3)  # a refused all three; b, the third
+        assert (
+            "medha_router_retries_total 3.0" in httpx.get(url + "/metrics", timeout=TIMEOUT_S).text
+        )
+
+
 def test_retries_wait_a_jittered_backoff(two_stubs):
     """With --retry-backoff-s B, a failed request waits uniform(0, B) before its retry on the
     other replica (full jitter: requests that failed together retry apart), then gets the last
@@ -447,25 +464,25 @@ def test_a_frozen_replica_does_not_delay_taking_a_dead_one_out():
             checks["live"] += 1
         return (200, '{"data": [{"id": "m"}]}') if read else 200
 
-    r._get = get
+    r.replicas._get = get
 
     async def scenario():
         await r.start()  # the first check of each replica: all in
         try:
-            assert [b.up for b in r.backends] == [True, True, True]
+            assert [b.up for b in r.replicas.backends] == [True, True, True]
             faults["on"] = True
             seen = checks["live"]
             try:  # milliseconds of checks every millisecond; the limit guards a hang
                 async with asyncio.timeout(10):
-                    while r.backends[1].up or checks["live"] < seen + 3:
+                    while r.replicas.backends[1].up or checks["live"] < seen + 3:
                         await asyncio.sleep(0.001)
             except TimeoutError:
                 pytest.fail(
-                    f"10 s on: the dead replica is up={r.backends[1].up}, the live one checked "
-                    f"{checks['live'] - seen} times, while the frozen one's check hangs"
+                    f"10 s on: the dead replica is up={r.replicas.backends[1].up}, the live one "
+                    f"checked {checks['live'] - seen} times, while the frozen one's check hangs"
                 )
             assert len(pending) == 1  # the frozen replica's first check since, still waiting
-            assert [b.up for b in r.backends] == [True, False, True]
+            assert [b.up for b in r.replicas.backends] == [True, False, True]
             up = r.metrics.up
             assert [up.labels(str(i))._value.get() for i in range(3)] == [1.0, 0.0, 1.0]
         finally:
@@ -501,16 +518,16 @@ def test_the_router_applies_the_scheduler_config_a_replica_publishes():
                 return 200, json.dumps(describe(replica_model, published["config"]))
             return (404, "") if read else 200
 
-        r._get = get
-        t, b = r.tracked[0], r.backends[0]
+        r.replicas._get = get
+        t, b = r.replicas.tracked[0], r.replicas.backends[0]
         assert t.scheduler_config.overload_steps and t.scheduler_config.policy != "edf"
-        await r._learn_predictor(b)
+        await r.replicas._learn_predictor(b)
         assert t.scheduler_config == published["config"]
         assert t._rules.overload_steps is False and t._rules.arrival_wait_s == 0.4
-        assert t.predictor is not r.predictor and t.predictor.model == replica_model.model
+        assert t.predictor is not r.pricing.predictor and t.predictor.model == replica_model.model
         built, t._measured_s, t._predicted_s = t.predictor, 1.3, 1.0
         published["config"] = dataclasses.replace(published["config"], arrival_wait_s=0.5)
-        await r._learn_predictor(b)
+        await r.replicas._learn_predictor(b)
         assert t._rules.arrival_wait_s == 0.5
         assert t.predictor is built and t.slowdown == 1.3
 
@@ -531,8 +548,8 @@ def test_the_pla_routers_controller_runs_with_no_request_arriving():
         async def get(url, headers, read=False):
             return (404, "") if read else 200
 
-        r._get = get
-        d = r.dispatcher
+        r.replicas._get = get
+        d = r.placement.dispatcher
         assert d.control_period_s == 0.5  # the paper's Delta t, at medha's default
         d.tick(r.clock())  # the real control over the router's replica views
         ticks = []
@@ -594,7 +611,8 @@ def test_held_requests_survive_a_membership_change():
     async def scenario():
         r = Router(RouteConfig(dispatcher="pla", predictor="roofline"), ["http://a", "http://b",
                                                                           "http://c"])  # fmt: skip
-        for b in r.backends:
+        placement = r.placement
+        for b in r.replicas.backends:
             b.up = True
         sent = []
 
@@ -609,14 +627,15 @@ def test_held_requests_survive_a_membership_change():
             x.dispatch = dispatch
             return x
 
-        first, second = r._hold(exchange("l0")), r._hold(exchange("l1"))
+        first, second = placement.hold(exchange("l0")), placement.hold(exchange("l1"))
         assert first.done() and first.result().replica_id == 2 and not second.done()
-        r.remove_replica(0)  # nothing runs there: it leaves at once, the dispatcher is new
-        assert r.backends[0].removed and "l1" in r._held and r.dispatcher.held() == 1
+        r.replicas.remove(0)  # nothing runs there: it leaves at once, the dispatcher is new
+        assert r.replicas.backends[0].removed and "l1" in placement._held
+        assert placement.dispatcher.held() == 1
         first.result().on_first_token("l0")
-        r._distribute()
+        placement.distribute()
         assert second.done() and second.result().replica_id == 2
-        assert sent == [("l0", 2), ("l1", 2)] and not r._held
+        assert sent == [("l0", 2), ("l1", 2)] and not placement._held
 
     asyncio.run(scenario())
 

@@ -37,7 +37,7 @@ def describe(predictor: Predictor, scheduler: object | None = None) -> dict | No
     its own rate, a toy): the replica then publishes nothing and the router keeps its own.
     With `scheduler`, the replica's SchedulerConfig as it stands (its defaults resolved, and
     resolved again as its model is corrected): the rules the router's model of the replica
-    applies (medha/route/app.py: `published_scheduler`; perf/ imports nothing of scheduler/)."""
+    applies (medha/route/pricing.py: `published_scheduler`; perf/ imports nothing of scheduler/)."""
     corrected = isinstance(predictor, CorrectedPredictor)
     base = predictor.inner if corrected else predictor
     if base.name not in (*BASES, PROFILED) or type(base).__name__ == "CtaRooflinePredictor":
