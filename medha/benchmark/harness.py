@@ -32,7 +32,9 @@ def add_common_args(
     no default; `out=...` (the Ellipsis) makes it required."""
     if seed is not _UNSET:
         ap.add_argument(
-            "--seed", type=int, default=seed,
+            "--seed",
+            type=int,
+            default=seed,
             help="seed of the workload's random draws (default %(default)s)",
         )
     if out is not _UNSET:
@@ -46,7 +48,9 @@ def add_common_args(
         )
     if num_requests is not _UNSET:
         ap.add_argument(
-            "--num-requests", type=int, default=num_requests,
+            "--num-requests",
+            type=int,
+            default=num_requests,
             help=(num_requests_help or "requests in the workload") + " (default %(default)s)",
         )
     return ap
