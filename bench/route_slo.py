@@ -199,7 +199,8 @@ def _kv(text: str) -> dict:
     return out
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
+    """The flags; --help prints the module's docstring before them."""
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -240,6 +241,47 @@ def main() -> None:
         help="print the tables of an earlier run's summary.json again (its summaries "
         "recomputed from its cells) and run nothing",
     )
+    return ap
+
+
+def run_cells(names: list[str], workloads: list[str], args, out: Path) -> tuple[dict, list]:
+    """The calibration (or an earlier run's), then every round's cells of the contenders
+    `names` in alternated order, each kept in out/cells.json as it ends: (calibration, cells)."""
+    with open(out / "servers.log", "a") as log:
+        if args.calibration:
+            calib = json.loads(Path(args.calibration).read_text())["calibration"]
+        else:
+            calib = calibrate(args, log)
+            (out / "calibration.json").write_text(json.dumps({"calibration": calib}))
+        a, b, c = calib["fit"]
+        print(
+            f"isolated TTFT(L) = {a:.3f} + {b * 1e3:.3f} ms x L + {c * 1e6:.4f} us x L^2; "
+            f"{calib['tokens_per_word']:.2f} tokens a word"
+        )
+        slo = Slo(calib, args.ttft_slo_s)
+        cells: list[dict] = []
+        for rnd, name in alternated(names, args.rounds):
+            for workload in workloads:
+                t = time.perf_counter()
+                cell = run_cell(name, workload, args, slo, calib, log)
+                cell["round"] = rnd
+                cells.append(cell)
+                # every cell kept as it ends: a later failure loses none
+                (out / "cells.json").write_text(json.dumps(cells, indent=1))
+                s = summarize([cell])
+                print(
+                    f"round {rnd} {name} {workload}: {s['requests']} requests, "
+                    f"{s['errors']} errors, SLO {fmt(s['slo_attainment'], '.0%')}, "
+                    f"hits {fmt(s['prefix_hit_rate'], '.0%')}, "
+                    f"hot spot {fmt(s['hot_spot_index'], '.2f')}, router CPU "
+                    f"{fmt(s['router_cpu_s_per_request'], '.4f')} s a request, router up in "
+                    f"{cell['router_startup_s']:.1f} s ({time.perf_counter() - t:.0f} s)"
+                )
+    return calib, cells
+
+
+def main() -> None:
+    ap = parser()
     args = ap.parse_args()
     if args.report:
         return report(Path(args.report))
@@ -266,37 +308,9 @@ def main() -> None:
             print(f"{name}: skipped: {e}")
     if len(skipped) == len(names):
         return
-    with open(out / "servers.log", "a") as log:
-        if args.calibration:
-            calib = json.loads(Path(args.calibration).read_text())["calibration"]
-        else:
-            calib = calibrate(args, log)
-            (out / "calibration.json").write_text(json.dumps({"calibration": calib}))
-        a, b, c = calib["fit"]
-        print(
-            f"isolated TTFT(L) = {a:.3f} + {b * 1e3:.3f} ms x L + {c * 1e6:.4f} us x L^2; "
-            f"{calib['tokens_per_word']:.2f} tokens a word"
-        )
-        slo = Slo(calib, args.ttft_slo_s)
-        cells: list[dict] = []
-        for rnd, name in alternated([n for n in names if n not in skipped], args.rounds):
-            for workload in workloads:
-                t = time.perf_counter()
-                cell = run_cell(name, workload, args, slo, calib, log)
-                cell["round"] = rnd
-                cells.append(cell)
-                # every cell kept as it ends: a later failure loses none
-                (out / "cells.json").write_text(json.dumps(cells, indent=1))
-                s = summarize([cell])
-                print(
-                    f"round {rnd} {name} {workload}: {s['requests']} requests, "
-                    f"{s['errors']} errors, SLO {fmt(s['slo_attainment'], '.0%')}, "
-                    f"hits {fmt(s['prefix_hit_rate'], '.0%')}, "
-                    f"hot spot {fmt(s['hot_spot_index'], '.2f')}, router CPU "
-                    f"{fmt(s['router_cpu_s_per_request'], '.4f')} s a request, router up in "
-                    f"{cell['router_startup_s']:.1f} s ({time.perf_counter() - t:.0f} s)"
-                )
-    table = tables(cells, [n for n in names if n not in skipped], workloads, calib)
+    ran = [n for n in names if n not in skipped]
+    calib, cells = run_cells(ran, workloads, args, out)
+    table = tables(cells, ran, workloads, calib)
     summary = {
         "config": {k: v for k, v in vars(args).items()}
         | {"multi_turn_config": MULTI_TURN | args.multi_turn, "mixed": MIXED},
