@@ -41,173 +41,22 @@ import statistics
 import sys
 from collections.abc import Callable
 
+from medha.benchmark.harness import markdown_table
+from medha.benchmark.parallel_bench import (
+    INFEASIBLE,
+    Bench,
+    M,
+    fmt_ms,
+    fmt_s,
+    kvp_layout,
+    length_label,
+)
+from medha.benchmark.parallel_decode import fig_16, fig_18, fig_19
 from medha.core.request import Request
-from medha.perf import ParallelConfig, Predictor, get_model, make_predictor
-from medha.perf.hardware_specs import HardwareSpec, get_hardware
-from medha.perf.predictor import WrappedPredictor
+from medha.perf import ParallelConfig, get_model
+from medha.perf.hardware_specs import HardwareSpec
 from medha.scheduler.config import SchedulerConfig
-from medha.sim.metrics.summary import utilization
-from medha.sim.simulator import ClusterConfig, Simulator, kv_blocks_per_replica
-
-M = 1_000_000
-INFEASIBLE = "x (memory)"  # the paper's red crosses: weights + KV exceed device memory
-
-
-class StageOverhead(WrappedPredictor):
-    """`inner`, with every pipeline stage paying the per-iteration host overhead for every batch
-    (the roofline charges it once per batch, as if one host loop drove all stages). A batch's
-    time through all stages grows by (spp - 1) x the overhead, so each stage time becomes
-    (t - overhead) / spp + overhead."""
-
-    def __init__(self, inner: Predictor) -> None:
-        super().__init__(inner)
-        self.name = f"{inner.name}+stage-overhead"
-        self._extra = (inner.parallel.spp - 1) * inner.hardware.iteration_overhead_s
-
-    def linear_time(self, num_tokens: int, num_seqs: int) -> float:
-        t = self.inner.linear_time(num_tokens, num_seqs)
-        return t + self._extra if t > 0 else t
-
-
-class KvpMerge(WrappedPredictor):
-    """`inner`, with every layer's KVP merge costing `extra_s` more wherever the request's KV
-    spans several groups (the one-change run on the merge's cost)."""
-
-    def __init__(self, inner: Predictor, extra_s: float) -> None:
-        super().__init__(inner)
-        self.name = f"{inner.name}+kvp-merge-{extra_s * 1e6:g}us"
-        self._extra = inner.model.num_layers * extra_s
-
-    def _merge(self, kv_len: int, new: int) -> float:
-        return self._extra if self.parallel.kvp_groups(kv_len + new) > 1 else 0.0
-
-    def prefill_attention_time(self, num_tokens: int, kv_offset: int) -> float:
-        t = self.inner.prefill_attention_time(num_tokens, kv_offset)
-        return t + self._merge(kv_offset, num_tokens)
-
-    def decode_attention_time(self, kv_len: int) -> float:
-        return self.inner.decode_attention_time(kv_len) + self._merge(kv_len, 1)
-
-    def decode_attention_total(self, kv_lens: list[int]) -> float:
-        # the decodes of a batch merge together: one exchange per layer for all of them
-        extra = max((self._merge(k, 1) for k in kv_lens), default=0.0)
-        return self.inner.decode_attention_total(kv_lens) + extra
-
-
-class Bench:
-    def __init__(
-        self,
-        predictor: str,
-        quick: bool,
-        budget_s: float = 0.05,
-        hardware_set: dict | None = None,
-        kvp_merge_s: float = 0.0,
-    ) -> None:
-        self.predictor = predictor
-        self.quick = quick
-        self.budget_s = budget_s  # Medha's iteration budget in the prefill figures
-        self.hardware_set = hardware_set or {}  # spec fields replaced (one-change runs)
-        self.kvp_merge_s = kvp_merge_s
-        self._prefills: dict[tuple, tuple[float, float] | None] = {}
-        self.used: dict[str, dict[str, str]] = {}  # per figure: model -> predictor
-
-    # ---- building blocks ---------------------------------------------------------------------
-    def make(
-        self, model: str, hardware: str, parallel: ParallelConfig, stage_overhead: bool = False
-    ) -> Predictor:
-        hw = dataclasses.replace(get_hardware(hardware), **self.hardware_set)
-        p = make_predictor(self.predictor, model, hw, parallel)
-        if self.kvp_merge_s:
-            p = KvpMerge(p, self.kvp_merge_s)
-        return StageOverhead(p) if stage_overhead else p
-
-    def note(self, figure: str, p: Predictor) -> None:
-        inner = p
-        while isinstance(inner, WrappedPredictor):
-            inner = inner.inner
-        parts = getattr(inner, "fitted_components", None)
-        fitted = [k for k, v in parts().items() if v.startswith("fitted")] if parts else []
-        changed = ", ".join(f"{k}={v:g}" for k, v in self.hardware_set.items())
-        what = (
-            f"{inner.name} on {inner.hardware.name}"
-            + (f" ({changed})" if changed else "")
-            + (f" (fitted: {', '.join(fitted)}; the rest roofline)" if fitted else "")
-        )
-        self.used.setdefault(figure, {}).setdefault(inner.model.name, what)
-
-    def capacity(self, model: str, hardware: str, parallel: ParallelConfig) -> int:
-        """KV tokens a replica holds (kvp groups together); 0 when the weights do not fit."""
-        p = make_predictor("roofline", model, hardware, parallel)
-        try:
-            return kv_blocks_per_replica(ClusterConfig(hardware=hardware), p).capacity_tokens
-        except ValueError:
-            return 0
-
-    def prefill(
-        self,
-        model: str,
-        length: int,
-        parallel: ParallelConfig,
-        stage_overhead: bool = False,
-        figure: str = "",
-    ) -> tuple[float, float] | None:
-        """(TTFT, MFU) of one prefill alone on H100 under Medha's default scheduler; None when
-        weights and KV do not fit (memoized: figures 15 and 17b share runs)."""
-        key = (model, length, parallel, stage_overhead)
-        if key not in self._prefills:
-            self._prefills[key] = self._prefill(model, length, parallel, stage_overhead, figure)
-        return self._prefills[key]
-
-    def _prefill(self, model, length, parallel, stage_overhead, figure):
-        if self.capacity(model, "h100", parallel) < length + 1:
-            return None
-        p = self.make(model, "h100", parallel, stage_overhead)
-        self.note(figure, p)
-        sim = Simulator(
-            ClusterConfig(model=model, hardware="h100"),
-            parallel,
-            SchedulerConfig(
-                iteration_budget_s=self.budget_s, max_model_len=max(length + 16, 1 << 20)
-            ),
-            predictor=p,
-        )
-        r = Request("long", 0.0, length, 1)
-        res = sim.run([r])
-        hw = p.hardware
-        u = utilization(
-            res.log,
-            p.model,
-            hw.dtype_bytes,
-            r.ttft_s,
-            parallel.world_size,
-            1,
-            parallel.spp,
-            hw.peak_flops,
-            hw.mem_bw,
-        )
-        return r.ttft_s, u["mfu"]
-
-    def decode_s(self, p: Predictor, context: int) -> float:
-        """Time of a decode-only batch of one request at `context` tokens, all stages."""
-        return p.shape_time((), [context])
-
-
-def _len(n: int) -> str:
-    return f"{n // M}M" if n % M == 0 else f"{n // 1000}K"
-
-
-def _ms(s: float) -> str:
-    return f"{s * 1e3:.1f} ms"
-
-
-def _s(s: float) -> str:
-    return f"{s:.0f} s" if s >= 100 else f"{s:.3g} s"
-
-
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines)
+from medha.sim.simulator import ClusterConfig, Simulator
 
 
 # ---- figures -------------------------------------------------------------------------------------
@@ -223,9 +72,9 @@ def fig_3b(b: Bench) -> str:
     ref = times[2048]
     rows = [[str(c), f"{times[c]:.1f} s", f"{times[c] / ref - 1:+.1%}"] for c in chunks]
     return (
-        f"Fig. 3b: attention time of a {_len(length)}-token prefill, Llama-3-70B, TP8 on 8 "
+        f"Fig. 3b: attention time of a {length_label(length)}-token prefill, Llama-3-70B, TP8 on 8 "
         "H100 (paper: 32-token chunks +11% over 2048)\n\n"
-        + _table(["chunk", "attention time", "vs 2048"], rows)
+        + markdown_table(["chunk", "attention time", "vs 2048"], rows)
     )
 
 
@@ -238,7 +87,7 @@ def _spp_scaling(b: Bench, figure: str, model: str, lengths: list[int], spps: li
             out = b.prefill(model, length, par, figure=figure)
             gpus = str(8 * spp)
             if out is None:
-                rows.append([_len(length), str(spp), gpus, INFEASIBLE, "", "", ""])
+                rows.append([length_label(length), str(spp), gpus, INFEASIBLE, "", "", ""])
                 continue
             ttft = out[0]
             base = base or (spp, ttft)
@@ -253,7 +102,7 @@ def _spp_scaling(b: Bench, figure: str, model: str, lengths: list[int], spps: li
                 extra = f"{slow[0]:.1f} s, {slow_eff:.0%}"
             rows.append(
                 [
-                    _len(length),
+                    length_label(length),
                     str(spp),
                     gpus,
                     f"{ttft:.1f} s",
@@ -262,7 +111,7 @@ def _spp_scaling(b: Bench, figure: str, model: str, lengths: list[int], spps: li
                     extra,
                 ]
             )
-    return _table(
+    return markdown_table(
         [
             "prompt",
             "SPP",
@@ -303,7 +152,7 @@ def fig_15(b: Bench) -> str:
     model = get_model("llama-3-70b")
     rows = []
     for length in lengths:
-        row = [_len(length)]
+        row = [length_label(length)]
         # the paper's count (Sec. 2: 2.8 EFLOPs for 1M tokens of 70B) takes attention over the
         # whole L x L square; a causal kernel executes half of it
         causal = model.prefill_flops(length)
@@ -322,107 +171,7 @@ def fig_15(b: Bench) -> str:
         "Fig. 15: MFU of one Llama-3-70B prefill, TP8 x SPP, H100 (paper: 50-60%, rising with "
         "length, > 50% at 128 GPUs). Each cell: causal FLOPs (the work a flash kernel executes) "
         "/ the paper's count (full L x L attention square).\n\n"
-        + _table(["prompt"] + [f"SPP{s} ({8 * s} GPUs)" for s in spps], rows)
-    )
-
-
-def fig_16(b: Bench) -> str:
-    """MBU = (weights + KV bytes read) / (TPOT x bandwidth x GPUs), one decode."""
-    contexts = [M, 2 * M] if b.quick else [M, 2 * M, 4 * M, 10 * M]
-    kvps = [1, 2] if b.quick else [1, 2, 4]
-    rows = []
-    for name in ("llama-3-8b", "llama-3-70b"):
-        model = get_model(name)
-        for ctx in contexts:
-            row = [name, _len(ctx)]
-            for kvp in kvps:
-                par = kvp_layout(8, 1, kvp, ctx)
-                if b.capacity(name, "h100", par) < ctx + 1:
-                    row.append(INFEASIBLE)
-                    continue
-                p = b.make(name, "h100", par)
-                b.note("16", p)
-                t = b.decode_s(p, ctx)
-                hw = p.hardware
-                nbytes = model.num_params * hw.dtype_bytes + ctx * model.kv_bytes_per_token(
-                    hw.dtype_bytes
-                )
-                row.append(f"{_ms(t)}, {nbytes / (t * hw.mem_bw * par.world_size):.0%}")
-            rows.append(row)
-    return (
-        "Fig. 16: MBU of one decode (decode-only batch), TP8 x KVP, H100, KVP groups of "
-        "context / kvp tokens "
-        "(paper: up to 92%). Each cell: TPOT, MBU over all tp x kvp GPUs.\n\n"
-        + _table(["model", "context"] + [f"KVP{k}" for k in kvps], rows)
-    )
-
-
-def kvp_layout(tp: int, spp: int, kvp: int, context: int) -> ParallelConfig:
-    """KVP groups of context / kvp tokens each, joining one after another as the KV grows: the
-    paper's Fig. 6 (2M tokens over KVP4: one group to start with, four at the end). An even
-    split is also where the block manager's placement (each group but the last holds a share,
-    the last the rest) and the predictor's timing (beyond kvp shares, an even spread) agree."""
-    return ParallelConfig(tp=tp, spp=spp, kvp=kvp, max_tokens_per_kvp_group=-(-context // kvp))
-
-
-def fig_18(b: Bench) -> str:
-    contexts = [4096] if b.quick else [4096, M]
-    spps = [1, 8] if b.quick else [1, 2, 4, 8, 16]
-    rows = []
-    for name in ("llama-3-8b", "llama-3-70b"):
-        for ctx in contexts:
-            base = slow_base = None
-            row = [name, _len(ctx) if ctx >= 1000 else str(ctx)]
-            for spp in spps:
-                par = ParallelConfig(tp=8, spp=spp)
-                if b.capacity(name, "h100", par) < ctx + 1:
-                    row.append(INFEASIBLE)
-                    continue
-                p = b.make(name, "h100", par)
-                b.note("18", p)
-                t = b.decode_s(p, ctx)
-                slow = b.decode_s(b.make(name, "h100", par, stage_overhead=True), ctx)
-                base, slow_base = base or t, slow_base or slow
-                row.append(f"{_ms(t)} ({t / base - 1:+.0%}); {slow / slow_base - 1:+.0%}")
-            rows.append(row)
-    return (
-        "Fig. 18: decode latency of one request (decode-only batch) against SPP degree, TP8, "
-        "H100 (paper: +16% at SPP8). Each cell: latency (change vs SPP1); change with every "
-        "stage paying the host overhead.\n\n"
-        + _table(["model", "context"] + [f"SPP{s}" for s in spps], rows)
-    )
-
-
-def fig_19(b: Bench) -> str:
-    contexts = [M, 2 * M] if b.quick else [M, 2 * M, 4 * M, 10 * M]
-    kvps = [1, 2] if b.quick else [1, 2, 4]
-    rows = []
-    for name, spp in (("llama-3-8b", 4), ("llama-3-70b", 8)):
-        for ctx in contexts:
-            row = [f"{name}, SPP{spp}", _len(ctx)]
-            times = {}
-            for kvp in kvps:
-                par = kvp_layout(8, spp, kvp, ctx)
-                if b.capacity(name, "h100", par) < ctx + 1:
-                    row.append(INFEASIBLE)
-                    continue
-                p = b.make(name, "h100", par)
-                b.note("19", p)
-                times[kvp] = b.decode_s(p, ctx)
-                row.append(_ms(times[kvp]))
-            for kvp in kvps[1:]:
-                ok = kvp in times and 1 in times
-                row.append(f"{times[kvp] / times[1] - 1:+.0%}" if ok else "")
-            rows.append(row)
-    return (
-        "Fig. 19: decode TPOT of one request in decode-only batches against KVP degree, TP8, "
-        "H100, KVP groups of context / kvp tokens (paper, 8B at 10M: about -40% with KVP2 in the "
-        "caption, "
-        "-40% with KVP4 in the text).\n\n"
-        + _table(
-            ["model", "context"] + [f"KVP{k}" for k in kvps] + [f"KVP{k} vs 1" for k in kvps[1:]],
-            rows,
-        )
+        + markdown_table(["prompt"] + [f"SPP{s} ({8 * s} GPUs)" for s in spps], rows)
     )
 
 
@@ -478,17 +227,17 @@ def fig_20(b: Bench) -> str:
     rows = []
     for length in lengths:
         for kvp in kvps:
-            row = [_len(length), str(kvp)]
+            row = [length_label(length), str(kvp)]
             for chunk in chunks:
                 ttft, tbt = _fig20_point(b, length, kvp, chunk)
-                row.append(f"{_s(ttft)}, {_ms(tbt)}")
+                row.append(f"{fmt_s(ttft)}, {fmt_ms(tbt)}")
             rows.append(row)
     return (
         f"Fig. 20: TTFT of one long prefill and P95 TBT of {DECODES} decodes at "
         f"{DECODE_CONTEXT} tokens of context running beside it, Llama-3-8B, TP4 x SPP4, H100, "
         "fcfs with static chunks (the budget counts the decodes), KVP groups of prompt / kvp "
         "tokens. Each cell: TTFT (from its first chunk), P95 TBT while it prefills.\n\n"
-        + _table(["prompt", "KVP"] + [f"chunk {c}" for c in chunks], rows)
+        + markdown_table(["prompt", "KVP"] + [f"chunk {c}" for c in chunks], rows)
     )
 
 
@@ -522,8 +271,9 @@ def fig_sarathi_pp(b: Bench) -> str:
             for label, t in times.items()
         ]
     return (
-        f"Sarathi on TP8 x PP2: TTFT of one {_len(length)}-token prefill, Llama-3-8B, A100, "
-        "fcfs, static chunks\n\n" + _table(["chunking", "pipeline", "TTFT", "vs PP2 stream"], rows)
+        f"Sarathi on TP8 x PP2: TTFT of one {length_label(length)}-token prefill, Llama-3-8B, "
+        "A100, fcfs, static chunks\n\n"
+        + markdown_table(["chunking", "pipeline", "TTFT", "vs PP2 stream"], rows)
     )
 
 
