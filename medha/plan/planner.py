@@ -85,7 +85,7 @@ def search(
     )
 
 
-def capacity_text(searched: Searched) -> dict[str, str]:
+def _capacity_text(searched: Searched) -> dict[str, str]:
     """What the table and the summary print of each capacity searched."""
     return {
         name: ("at least " if log.capacity_capped else "") + f"{log.capacity:.3g}x"
@@ -143,7 +143,7 @@ def write(out: Path, plan: dict, searched: Searched, slos: list[Slo], plots: boo
     plan.md's text, the answer `medha plan` prints."""
     s, rows = searched, searched.rows
     (out / "plan.json").write_text(json.dumps(_finite(plan), indent=1, allow_nan=False))
-    capacity = capacity_text(s)
+    capacity = _capacity_text(s)
     table = report.markdown(rows, slos, capacity)
     feasible = s.feasible
     best = feasible[0] if feasible else None
