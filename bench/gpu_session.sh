@@ -9,11 +9,12 @@
 # ignores, carried to the GPU machine; a GPU machine may have no network):
 #   mkdir -p .gpu/tok && echo /.gpu/ >> .git/info/exclude
 #   cp ~/.cache/medha/models/smollm2-135m-instruct/{*.json,*.jinja} .gpu/tok/
-# Results go to $OUT (default ./gpu-out). `bash bench/gpu_session.sh dry` runs both parts on
-# this CPU at toy sizes, with Triton's interpreter, to check the script before the GPU does.
+# Results go to $OUT (default runs/gpu-out, which git ignores; docs/data/gpu_session_dry holds a
+# dry run's). `bash bench/gpu_session.sh dry` runs both parts on this CPU at toy sizes, with
+# Triton's interpreter, to check the script before the GPU does.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-gpu-out}
+OUT=${OUT:-runs/gpu-out}
 TOK=${TOK:-.gpu/tok}
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
@@ -164,18 +163,71 @@ def build_space(args):
 
 
 def run(args: argparse.Namespace) -> None:
-    from medha.plan import report
-    from medha.plan.cost import cost_per_hour, parse_prices
-    from medha.plan.search import (
-        ChainLog,
-        Fixed,
-        Runner,
-        capacity_chain,
-        make_backend,
-        meets,
-        point_key,
-        replicas_chain,
+    from medha.plan import planner
+    from medha.plan.search import Fixed, make_backend
+
+    slos, prices, space = _check_args(args)
+    fixed = Fixed(
+        model=args.model,
+        trace=args.trace,
+        num_requests=args.num_requests,
+        qps=args.qps,
+        long_fraction=args.long_fraction,
+        seed=args.seed,
+        predictor=args.predictor,
+        long_threshold=args.long_threshold,
     )
+    num_requests = _check_workload(fixed)
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise CliError(f"--out {out}: exists and is not a directory")
+    out.mkdir(parents=True, exist_ok=True)
+    results = out / "points.jsonl"
+    if args.fresh and results.exists():
+        results.unlink()
+
+    try:
+        backend = make_backend(args.backend, args.workers, args.ray_address)
+    except (ValueError, ImportError) as e:
+        raise CliError(f"--backend {args.backend}: {e}") from None
+    print(
+        f"plan: {space.grid_size} deployments in the grid, {num_requests} requests of "
+        f"{args.trace}, {len(slos)} SLO(s); {backend.workers} worker(s) on {backend.name}",
+        file=sys.stderr,
+    )
+    progress = None
+    if not args.quiet:
+        from tqdm import tqdm
+
+        progress = tqdm(desc="simulations", unit="sim", file=sys.stderr)
+    try:
+        searched = planner.search(
+            fixed,
+            space,
+            slos,
+            prices,
+            backend,
+            results,
+            budget=args.budget,
+            capacity_top=args.capacity_top,
+            max_rate=args.max_rate,
+            capacity_steps=args.capacity_steps,
+            progress=progress,
+        )
+    finally:
+        if progress is not None:
+            progress.close()
+        backend.close()
+
+    plan = planner.build(searched, fixed, space, slos, prices)
+    text = planner.write(out, plan, searched, slos, plots=not args.no_plots)
+    print(text)
+    print(f"results in {out}/")
+
+
+def _check_args(args: argparse.Namespace):
+    """The SLOs, the prices and the search space the flags give, each checked."""
+    from medha.plan.cost import parse_prices
     from medha.plan.slo import parse_slos
 
     try:
@@ -196,120 +248,7 @@ def run(args: argparse.Namespace) -> None:
             raise CliError(f"{name}: {value!r} must be a number >= {low}")
     if args.capacity_top < 0 or args.capacity_steps < 0:
         raise CliError("--capacity-top and --capacity-steps must be >= 0")
-    fixed = Fixed(
-        model=args.model,
-        trace=args.trace,
-        num_requests=args.num_requests,
-        qps=args.qps,
-        long_fraction=args.long_fraction,
-        seed=args.seed,
-        predictor=args.predictor,
-        long_threshold=args.long_threshold,
-    )
-    num_requests = _check_workload(fixed)
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise CliError(f"--out {out}: exists and is not a directory")
-    out.mkdir(parents=True, exist_ok=True)
-    results = out / "points.jsonl"
-    if args.fresh and results.exists():
-        results.unlink()
-
-    ok = lambda result: meets(result, slos)  # noqa: E731
-    cost = lambda point: cost_per_hour(point, prices)  # noqa: E731
-    chains = space.chains()
-    too_big = space.grid_size - sum(len(c) for c in chains)
-    logs = [ChainLog([]) for _ in chains]
-    try:
-        backend = make_backend(args.backend, args.workers, args.ray_address)
-    except (ValueError, ImportError) as e:
-        raise CliError(f"--backend {args.backend}: {e}") from None
-    print(
-        f"plan: {space.grid_size} deployments in the grid, {num_requests} requests of "
-        f"{args.trace}, {len(slos)} SLO(s); {backend.workers} worker(s) on {backend.name}",
-        file=sys.stderr,
-    )
-    progress = None
-    if not args.quiet:
-        from tqdm import tqdm
-
-        progress = tqdm(desc="simulations", unit="sim", file=sys.stderr)
-    runner = Runner(fixed, backend, results, progress)
-    try:
-        runner.run([replicas_chain(c, ok, args.budget, cost, log) for c, log in zip(chains, logs)])
-        evaluated = [pr for log in logs for pr in log.simulated]
-        unique = {point_key(p): (p, r) for p, r in reversed(evaluated)}  # the first of each
-        rows = report.rows(list(unique.values()), slos, prices)
-        feasible = [r for r in rows if r["meets"]]
-        # capacity of the cheapest few that meet the SLOs, in parallel
-        cap_logs = {r["label"]: ChainLog([]) for r in feasible[: args.capacity_top]}
-        runner.run(
-            [
-                capacity_chain(
-                    r["point"], ok, cap_logs[r["label"]], args.max_rate, args.capacity_steps
-                )
-                for r in feasible[: args.capacity_top]
-            ]
-        )
-    finally:
-        if progress is not None:
-            progress.close()
-        backend.close()
-
-    capacity = {name: log.capacity for name, log in cap_logs.items()}
-    capacity_text = {  # what the table and the summary print
-        name: ("at least " if log.capacity_capped else "") + f"{log.capacity:.3g}x"
-        for name, log in cap_logs.items()
-    }
-    fronts = {s.name: report.pareto(rows, s) for s in slos}
-    counts = {
-        "grid": space.grid_size,
-        "simulated_grid_points": len(rows),
-        "same_as_another_point": len(evaluated) - len(rows),
-        "pruned_more_replicas_than_needed": sum(log.pruned_dominated for log in logs),
-        "pruned_over_budget": sum(log.pruned_budget for log in logs),
-        "pruned_cannot_run": sum(log.pruned_invalid for log in logs),
-        "pruned_over_max_devices": too_big,
-        "capacity_simulations": sum(len(log.simulated) for log in cap_logs.values()),
-        "simulations_run": runner.simulated,
-        "simulations_reused": runner.reused,
-    }
-    best = feasible[0] if feasible else None
-    plan = {
-        "fixed": fixed.__dict__,
-        "slos": {s.name: s.target_s for s in slos},
-        "prices": prices,
-        "space": {**space.axes, "max_devices": space.max_devices},
-        "counts": counts,
-        "best": None if best is None else {**best, "capacity": capacity.get(best["label"])},
-        "infeasible": None if best else report.infeasible(rows, slos),
-        "pareto": {name: [r["label"] for r in front] for name, front in fronts.items()},
-        "capacity": {
-            name: {
-                "capacity": log.capacity,
-                "at_least": log.capacity_capped,
-                "curve": [
-                    {"rate": p["rate"], "meets": ok(res), **_curve_point(res, slos)}
-                    for p, res in log.simulated
-                ],
-            }
-            for name, log in cap_logs.items()
-        },
-        "deployments": rows,
-    }
-    (out / "plan.json").write_text(json.dumps(_finite(plan), indent=1, allow_nan=False))
-    table = report.markdown(rows, slos, capacity_text)
-    text = _summary(plan, slos, counts, best, capacity_text) + "\n" + table
-    (out / "plan.md").write_text(text)
-    if not args.no_plots:
-        at_1x = {report.label(p): ({**p, "rate": 1.0}, r) for p, r in unique.values()}
-        curves = {
-            name: _capacity_curve([at_1x[name], *log.simulated], slos)
-            for name, log in cap_logs.items()
-        }
-        report.plot(out, rows, slos, fronts, curves)
-    print(text)
-    print(f"results in {out}/")
+    return slos, prices, space
 
 
 def _check_workload(fixed) -> int:
@@ -321,89 +260,3 @@ def _check_workload(fixed) -> int:
         return len(build_requests(fixed.workload(), max_context=1 << 30))
     except (TraceError, ValueError, OSError) as e:
         raise CliError(f"--trace {fixed.trace}: {e}") from None
-
-
-def _devices(n: int) -> str:
-    return f"{n} device" + ("s" if n != 1 else "")
-
-
-def _curve_point(result: dict, slos) -> dict:
-    if "error" in result:
-        return {"error": result["error"]}
-    return {s.name: s.value(result) for s in slos} | {
-        "slo_attainment": result.get("slo_attainment")
-    }
-
-
-def _capacity_curve(points: list[tuple[dict, dict]], slos) -> list[tuple[float, float, float]]:
-    """(rate, worst SLO metric / target, SLO attainment) of each simulation that ran."""
-    from medha.plan.report import worst_over_target
-
-    return [
-        (p["rate"], worst_over_target(_curve_point(r, slos), slos), r.get("slo_attainment"))
-        for p, r in points
-        if "error" not in r
-    ]
-
-
-def _finite(o):
-    """JSON has no inf: a metric no request reported (inf, never met) is written as null."""
-    if isinstance(o, float):
-        return o if math.isfinite(o) else None
-    if isinstance(o, dict):
-        return {k: _finite(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)):
-        return [_finite(v) for v in o]
-    return o
-
-
-def _summary(plan: dict, slos, counts: dict, best, capacity: dict) -> str:
-    c = counts
-    saved = c["grid"] - c["simulated_grid_points"]
-    lines = [
-        f"# medha plan: {plan['fixed']['trace']}, {plan['fixed']['model']}, "
-        + ", ".join(f"{s.name} <= {s.target_s:g} s" for s in slos),
-        "",
-        f"Grid: {c['grid']} deployments; simulated {c['simulated_grid_points']}, saved "
-        f"{saved} ({saved / c['grid']:.0%}): {c['pruned_more_replicas_than_needed']} with more "
-        f"replicas than needed, {c['pruned_over_budget']} over budget, "
-        f"{c['pruned_cannot_run']} that cannot run, {c['pruned_over_max_devices']} over max "
-        f"devices, {c['same_as_another_point']} the same as another (one replica: every "
-        f"dispatcher alike). Capacity search: {c['capacity_simulations']} simulations. "
-        f"{c['simulations_run']} simulations run, {c['simulations_reused']} taken from an "
-        "earlier run or another point.",
-        "",
-    ]
-    if best is not None:
-        cap = capacity.get(best["label"])
-        lines.append(
-            f"Cheapest that meets every SLO: **{best['label']}** ({_devices(best['devices'])}, "
-            f"US$ {best['cost_per_hour']:.2f}/h): "
-            + ", ".join(f"{k} {v:.3g} s" for k, v in best["metrics"].items())
-            + (f"; capacity {cap} the trace's rate" if cap else "")
-            + "."
-        )
-        point = best["point"]
-        if point["replicas"] > 1:  # the dispatcher the router runs as the simulation did
-            lines.append(
-                f"Route its {point['replicas']} replicas with `medha route --dispatcher "
-                f"{point['dispatcher']} --replica URL ...` (the same dispatcher class)."
-            )
-    else:
-        inf = plan["infeasible"]
-        lines.append("No deployment meets every SLO.")
-        for name, d in inf["per_slo"].items():
-            lines.append(
-                f"- {name} <= {d['target_s']:g} s: best {d['best_s']:.3g} s "
-                + (
-                    "(met by some deployment)"
-                    if d["met_by_some"]
-                    else f"({d['miss_factor']:.2f}x the target) by {d['closest']}"
-                )
-            )
-        if inf["closest"]:
-            lines.append(
-                f"Closest to meeting all: {inf['closest']['label']} (worst metric "
-                f"{inf['closest']['worst_value_over_target']:.2f}x its target)."
-            )
-    return "\n".join(lines) + "\n"

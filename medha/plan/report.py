@@ -1,5 +1,6 @@
 """From the plan's results to its answer: which points meet the SLOs, the Pareto front of cost
-against each SLO metric, the cheapest deployment, and what to say when nothing meets them."""
+against each SLO metric, the cheapest deployment, what to say when nothing meets them, and
+plan.md's table and summary."""
 
 from __future__ import annotations
 
@@ -175,3 +176,61 @@ def plot(out_dir, rows_: list[dict], slos: list[Slo], fronts: dict, curves: dict
         plt.close(fig)
         written.append("capacity.png")
     return written
+
+
+def summary(plan: dict, slos, counts: dict, best, capacity: dict) -> str:
+    """plan.md's head: the grid and what was saved, then the cheapest deployment that meets
+    every SLO (and how to route it), or how close any came."""
+    c = counts
+    saved = c["grid"] - c["simulated_grid_points"]
+    lines = [
+        f"# medha plan: {plan['fixed']['trace']}, {plan['fixed']['model']}, "
+        + ", ".join(f"{s.name} <= {s.target_s:g} s" for s in slos),
+        "",
+        f"Grid: {c['grid']} deployments; simulated {c['simulated_grid_points']}, saved "
+        f"{saved} ({saved / c['grid']:.0%}): {c['pruned_more_replicas_than_needed']} with more "
+        f"replicas than needed, {c['pruned_over_budget']} over budget, "
+        f"{c['pruned_cannot_run']} that cannot run, {c['pruned_over_max_devices']} over max "
+        f"devices, {c['same_as_another_point']} the same as another (one replica: every "
+        f"dispatcher alike). Capacity search: {c['capacity_simulations']} simulations. "
+        f"{c['simulations_run']} simulations run, {c['simulations_reused']} taken from an "
+        "earlier run or another point.",
+        "",
+    ]
+    if best is not None:
+        cap = capacity.get(best["label"])
+        lines.append(
+            f"Cheapest that meets every SLO: **{best['label']}** ({_devices(best['devices'])}, "
+            f"US$ {best['cost_per_hour']:.2f}/h): "
+            + ", ".join(f"{k} {v:.3g} s" for k, v in best["metrics"].items())
+            + (f"; capacity {cap} the trace's rate" if cap else "")
+            + "."
+        )
+        point = best["point"]
+        if point["replicas"] > 1:  # the dispatcher the router runs as the simulation did
+            lines.append(
+                f"Route its {point['replicas']} replicas with `medha route --dispatcher "
+                f"{point['dispatcher']} --replica URL ...` (the same dispatcher class)."
+            )
+    else:
+        inf = plan["infeasible"]
+        lines.append("No deployment meets every SLO.")
+        for name, d in inf["per_slo"].items():
+            lines.append(
+                f"- {name} <= {d['target_s']:g} s: best {d['best_s']:.3g} s "
+                + (
+                    "(met by some deployment)"
+                    if d["met_by_some"]
+                    else f"({d['miss_factor']:.2f}x the target) by {d['closest']}"
+                )
+            )
+        if inf["closest"]:
+            lines.append(
+                f"Closest to meeting all: {inf['closest']['label']} (worst metric "
+                f"{inf['closest']['worst_value_over_target']:.2f}x its target)."
+            )
+    return "\n".join(lines) + "\n"
+
+
+def _devices(n: int) -> str:
+    return f"{n} device" + ("s" if n != 1 else "")

@@ -132,70 +132,19 @@ def run_convoy(
     the shorts alone are replayed on a scheduler of their own. `probe`: before any request,
     the scheduler's learner sees the start-up probe's shapes at `truth`'s time, as medha's
     engine with no profile times them (LLMEngine._probe_start)."""
-    rng = random.Random(seed)
-
-    def batch_time_of(prefills, decodes) -> float:
-        return truth.shape_time(prefills, decodes) * (1 + rng.uniform(-jitter, jitter))
-
-    def batch_time(batch) -> float:
-        return batch_time_of(*batch.shape())
-
-    def scheduler() -> ReplicaScheduler:
-        planner, learner = model, None
-        if learn:
-            planner = CorrectedPredictor(model)
-            learner = StepLearner(planner)
-        blocks = BlockManager(max(1, 4 * (convoy.long_len + 64) // BLOCK_SIZE), BLOCK_SIZE)
-        sched = ReplicaScheduler(config, planner, blocks, block_tables=False, learner=learner)
-        if probe and learner is not None:
-            sched.probe(batch_time_of)
-        return sched
-
-    clock, busy, arrived = [0.0], [0.0], [0.0]
-    steps: list[tuple[float, set[str]]] = []  # each batch of the convoy: its start, its prefills
-
-    def scenario(sched: ReplicaScheduler, tag: str, with_long: bool) -> dict[str, float]:
-        t0 = clock[0] + 1.0
-        requests = [
-            Request(f"{tag}s{i}", t0 + convoy.after_s, convoy.short_len, convoy.max_tokens)
-            for i in range(convoy.shorts)
-        ]
-        if with_long:
-            requests.append(Request(f"{tag}long", t0, convoy.long_len, convoy.max_tokens))
-        busy[0], arrived[0] = 0.0, t0 + convoy.after_s
-        steps.clear()
-        clock[0] = replay(sched, requests, batch_time, on_batch=record)
-        return {r.request_id: r.first_token_s - r.arrival_s for r in requests}
-
-    def record(batch, end: float) -> None:
-        busy[0] += truth.shape_time(*batch.shape())
-        steps.append((batch.scheduled_at_s, {c.request.request_id for c in batch.prefills}))
-
-    def long_steps_waited() -> int:
-        """Of the behind scenario's steps (`steps`), the most that carried the long prompt
-        alone, began after the shorts arrived and before one short's first chunk."""
-        worst = 0
-        for i in range(convoy.shorts):
-            name, count = f"s{i}", 0
-            for start, ids in sorted(steps, key=lambda step: step[0]):
-                if name in ids:
-                    break
-                count += start >= arrived[0] and ids == {"long"}
-            worst = max(worst, count)
-        return worst
-
-    sched = scheduler()
+    run = _Replay(truth, model, config, convoy, learn, jitter, seed, probe)
+    sched = run.scheduler()
     if warm:
-        scenario(sched, "warm-", False)
-        alone = scenario(sched, "alone-", False)
-        shorts_work = busy[0]
-        behind = scenario(sched, "", True)
-        waited = long_steps_waited()
+        run.scenario(sched, "warm-", False)
+        alone = run.scenario(sched, "alone-", False)
+        shorts_work = run.busy
+        behind = run.scenario(sched, "", True)
+        waited = run.long_steps_waited()
     else:
-        behind = scenario(sched, "", True)
-        waited = long_steps_waited()
-        alone = scenario(scheduler(), "alone-", False)
-        shorts_work = busy[0]
+        behind = run.scenario(sched, "", True)
+        waited = run.long_steps_waited()
+        alone = run.scenario(run.scheduler(), "alone-", False)
+        shorts_work = run.busy
     alone_s = statistics.median(alone.values())
     shorts = [behind[f"s{i}"] for i in range(convoy.shorts)]
     executor = "engine" if config.max_batch_tokens is None else "vllm"
@@ -210,3 +159,78 @@ def run_convoy(
         waited,
         dataclasses.replace(sched.config),
     )
+
+
+class _Replay:
+    """run_convoy's scenarios, replayed one after another on one clock: the schedulers it
+    plans with, the batches' seeded times, and what the last scenario's batches were."""
+
+    def __init__(
+        self,
+        truth: Predictor,
+        model: Predictor,
+        config: SchedulerConfig,
+        convoy: Convoy,
+        learn: bool,
+        jitter: float,
+        seed: int,
+        probe: bool,
+    ) -> None:
+        self.truth, self.model, self.config, self.convoy = truth, model, config, convoy
+        self.learn, self.jitter, self.probe = learn, jitter, probe
+        self.rng = random.Random(seed)
+        self.clock = 0.0  # where the last scenario ended
+        self.busy = 0.0  # the last scenario's batches' time alone (truth, no jitter)
+        self.arrived = 0.0  # the last scenario's shorts' arrival
+        self.steps: list[tuple[float, set[str]]] = []  # each batch of it: its start, prefills
+
+    def batch_time_of(self, prefills, decodes) -> float:
+        return self.truth.shape_time(prefills, decodes) * (
+            1 + self.rng.uniform(-self.jitter, self.jitter)
+        )
+
+    def batch_time(self, batch) -> float:
+        return self.batch_time_of(*batch.shape())
+
+    def scheduler(self) -> ReplicaScheduler:
+        planner, learner = self.model, None
+        if self.learn:
+            planner = CorrectedPredictor(self.model)
+            learner = StepLearner(planner)
+        convoy = self.convoy
+        blocks = BlockManager(max(1, 4 * (convoy.long_len + 64) // BLOCK_SIZE), BLOCK_SIZE)
+        sched = ReplicaScheduler(self.config, planner, blocks, block_tables=False, learner=learner)
+        if self.probe and learner is not None:
+            sched.probe(self.batch_time_of)
+        return sched
+
+    def scenario(self, sched: ReplicaScheduler, tag: str, with_long: bool) -> dict[str, float]:
+        convoy = self.convoy
+        t0 = self.clock + 1.0
+        requests = [
+            Request(f"{tag}s{i}", t0 + convoy.after_s, convoy.short_len, convoy.max_tokens)
+            for i in range(convoy.shorts)
+        ]
+        if with_long:
+            requests.append(Request(f"{tag}long", t0, convoy.long_len, convoy.max_tokens))
+        self.busy, self.arrived = 0.0, t0 + convoy.after_s
+        self.steps.clear()
+        self.clock = replay(sched, requests, self.batch_time, on_batch=self.record)
+        return {r.request_id: r.first_token_s - r.arrival_s for r in requests}
+
+    def record(self, batch, end: float) -> None:
+        self.busy += self.truth.shape_time(*batch.shape())
+        self.steps.append((batch.scheduled_at_s, {c.request.request_id for c in batch.prefills}))
+
+    def long_steps_waited(self) -> int:
+        """Of the behind scenario's steps (`steps`), the most that carried the long prompt
+        alone, began after the shorts arrived and before one short's first chunk."""
+        worst = 0
+        for i in range(self.convoy.shorts):
+            name, count = f"s{i}", 0
+            for start, ids in sorted(self.steps, key=lambda step: step[0]):
+                if name in ids:
+                    break
+                count += start >= self.arrived and ids == {"long"}
+            worst = max(worst, count)
+        return worst

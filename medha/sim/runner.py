@@ -13,10 +13,12 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from medha.core.request import Request
 from medha.perf import ParallelConfig
 from medha.perf.swap_cost import SwapCost
 from medha.scheduler.config import SchedulerConfig
 from medha.scheduler.prefix_cache import reusable_prefix_tokens
+from medha.sim.metrics.iteration_log import IterationLog
 from medha.sim.metrics.summary import (
     RequestMetrics,
     preemption_summary,
@@ -211,17 +213,42 @@ def _fmt(x) -> str:
     return "" if x is None else (f"{x:.6g}" if isinstance(x, float) else str(x))
 
 
+ITERATION_COLUMNS = [
+    "replica",
+    "start_s",
+    "end_s",
+    "latency_s",
+    "num_decodes",
+    "decode_kv",
+    "num_prefills",
+    "prefill_tokens",
+]
+
+
 def write_run(
     out: Path, outcome: RunOutcome, plots: bool = True, token_times: bool = False
 ) -> None:
-    import numpy as np
-
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(outcome.summary, indent=1) + "\n")
-    with (out / "requests.csv").open("w", newline="") as fh:
+    _write_requests(out / "requests.csv", outcome.rows)
+    log = outcome.result.log
+    _write_iterations(out / "iterations.csv", log)
+    if token_times:
+        _write_token_times(out / "token_times.jsonl", outcome.result.requests)
+    if plots:
+        from medha.sim.metrics.plots import run_plots  # matplotlib: only when it draws
+
+        run_plots(out, outcome.rows, log)
+
+
+def _write_requests(path: Path, rows: list[RequestMetrics]) -> None:
+    """requests.csv: one row per request, REQUEST_COLUMNS."""
+    import numpy as np
+
+    with path.open("w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(REQUEST_COLUMNS)
-        for m in outcome.rows:
+        for m in rows:
             tbt = (
                 np.percentile(m.tbt_s, [50, 99]).tolist() + [max(m.tbt_s)]
                 if m.tbt_s
@@ -253,21 +280,13 @@ def write_run(
                     )
                 ]
             )
-    log = outcome.result.log
-    with (out / "iterations.csv").open("w", newline="") as fh:
+
+
+def _write_iterations(path: Path, log: IterationLog) -> None:
+    """iterations.csv: one row per batch of the IterationLog, ITERATION_COLUMNS."""
+    with path.open("w", newline="") as fh:
         w = csv.writer(fh)
-        w.writerow(
-            [
-                "replica",
-                "start_s",
-                "end_s",
-                "latency_s",
-                "num_decodes",
-                "decode_kv",
-                "num_prefills",
-                "prefill_tokens",
-            ]
-        )
+        w.writerow(ITERATION_COLUMNS)
         for row in zip(
             log.replica,
             log.start_s,
@@ -279,23 +298,22 @@ def write_run(
             log.prefill_tokens,
         ):
             w.writerow([_fmt(x) for x in row])
-    if token_times:
-        with (out / "token_times.jsonl").open("w") as fh:
-            for r in outcome.result.requests:
-                fh.write(
-                    json.dumps(
-                        {
-                            "request_id": r.request_id,
-                            "arrival_s": r.arrival_s,
-                            "token_times_s": r.token_times_s,
-                        }
-                    )
-                    + "\n"
-                )
-    if plots:
-        from medha.sim.metrics.plots import run_plots  # matplotlib: only when it draws
 
-        run_plots(out, outcome.rows, log)
+
+def _write_token_times(path: Path, requests: list[Request]) -> None:
+    """token_times.jsonl: each request's arrival and the times of its tokens."""
+    with path.open("w") as fh:
+        for r in requests:
+            fh.write(
+                json.dumps(
+                    {
+                        "request_id": r.request_id,
+                        "arrival_s": r.arrival_s,
+                        "token_times_s": r.token_times_s,
+                    }
+                )
+                + "\n"
+            )
 
 
 COMPARE_COLUMNS = [

@@ -141,106 +141,16 @@ class Simulator:
         dispatcher = DISPATCHERS.get(self.cluster.dispatcher)(
             replicas, self.cluster, self.scheduler_config
         )
-        log = IterationLog()
-        arrivals = sorted(requests, key=lambda r: r.arrival_s)
-        heap: list[tuple[float, int, int, SimReplica, object]] = []
-        injected: list[tuple[float, int, Request]] = []  # closed-loop clients' next requests
-        sent: list[Request] = []
-        seq = 0
-        i, n = 0, len(arrivals)
         bar = tqdm(
-            total=n,
+            total=len(requests),
             unit="req",
             desc="simulating",
             disable=not progress,
             mininterval=0.5,
             leave=False,
         )
-        inf = math.inf
-
-        def next_event() -> float:
-            return min(
-                arrivals[i].arrival_s if i < n else inf,
-                injected[0][0] if injected else inf,
-                heap[0][0] if heap else inf,
-            )
-
-        period = dispatcher.control_period_s
-        if period is not None and arrivals:
-            heapq.heappush(heap, (arrivals[0].arrival_s, seq, _TICK, None, None))
-        while i < n or heap or injected:
-            now = next_event()
-            dirty: dict[int, SimReplica] = {}
-            # Batches finishing now go first, so that their decodes can join the next batch.
-            while heap and heap[0][0] <= now:
-                _, _, kind, replica, batch = heapq.heappop(heap)
-                if kind == _TICK:
-                    dispatcher.tick(now)
-                    dirty.update((x.replica_id, x) for x in replicas)  # a pool may have grown
-                    # Again while anything can still happen. With nothing held, a control can
-                    # change nothing before the next event (an arrival, a batch's end, a
-                    # wake-up: only then does a replica take work), so the clock skips to the
-                    # first period from then: a long quiet stretch (a deadline-free batch
-                    # waiting out T_max) costs no string of idle controls, and a stalled run,
-                    # with no event left, ends.
-                    after = now + period
-                    if not dispatcher.held():
-                        nxt = next_event()
-                        if nxt == inf:
-                            continue
-                        after += max(0, math.ceil((nxt - after) / period)) * period
-                    seq += 1
-                    heapq.heappush(heap, (after, seq, _TICK, None, None))
-                    continue
-                dirty[replica.replica_id] = replica
-                if kind == _WAKE:
-                    continue
-                if kind == _STAGE1 or replica.spp == 1:
-                    replica.stage1_free = True
-                if kind == _DONE:
-                    finished = replica.finish_batch(batch, now)
-                    if finished:
-                        bar.update(len(finished))
-                        for r in finished if on_finish else ():
-                            for new in on_finish(r, now):
-                                seq += 1
-                                heapq.heappush(injected, (max(now, new.arrival_s), seq, new))
-                                sent.append(new)
-            while (i < n and arrivals[i].arrival_s <= now) or (injected and injected[0][0] <= now):
-                if injected and injected[0][0] <= now:
-                    r = heapq.heappop(injected)[2]
-                else:
-                    r = arrivals[i]
-                    i += 1
-                replica = dispatcher.route(r, now)
-                if replica is None:  # held: a replica about to form a batch pulls it
-                    dirty.update((x.replica_id, x) for x in replicas)
-                    continue
-                replica.add(r, now)
-                dirty[replica.replica_id] = replica
-            if dispatcher.held():
-                ready = [dirty[rid] for rid in sorted(dirty) if dirty[rid].ready]
-                for rid, pulled in dispatcher.pull(ready, now).items():
-                    for r in pulled:
-                        replicas[rid].add(r, now)
-            for rid in sorted(dirty):
-                replica = dirty[rid]
-                if not replica.ready:
-                    continue
-                started = replica.start_batch(now)
-                if started is None:
-                    wake = replica.scheduler.wake_at()
-                    if wake is not None and wake > now:
-                        seq += 1
-                        heapq.heappush(heap, (wake, seq, _WAKE, replica, None))
-                    continue
-                batch, stage1_end, end = started
-                log.record(rid, batch, now, end)
-                seq += 1
-                heapq.heappush(heap, (end, seq, _DONE, replica, batch))
-                if replica.spp > 1:
-                    seq += 1
-                    heapq.heappush(heap, (stage1_end, seq, _STAGE1, replica, None))
+        loop = _EventLoop(replicas, dispatcher, requests, on_finish, bar)
+        loop.run()
         bar.close()
         wall_s = time.perf_counter() - t0
         stuck = sum(len(r.scheduler) for r in replicas) + dispatcher.held()
@@ -248,8 +158,8 @@ class Simulator:
             raise RuntimeError(f"simulation stalled with {stuck} unfinished requests")
         self.stored_walk.save()
         return SimResult(
-            [*requests, *sent] if sent else requests,
-            log,
+            [*requests, *loop.sent] if loop.sent else requests,
+            loop.log,
             self.cluster.replicas * self.parallel.world_size,
             self.predictor,
             wall_s,
@@ -258,3 +168,131 @@ class Simulator:
             [r.scheduler.stats for r in replicas],
             [(r.replica_id, *row) for r in replicas for row in r.stage_times],
         )
+
+
+class _EventLoop:
+    """One run of Simulator.run: the arrivals still to come, the closed-loop clients' next
+    requests, and the heap of events (a batch's stages ending, wake-ups, the dispatcher's
+    controls). Each pass takes the events due now, routes the requests arriving now, and
+    starts a batch on every replica they left ready."""
+
+    def __init__(
+        self,
+        replicas: list[SimReplica],
+        dispatcher: Dispatcher,
+        requests: list[Request],
+        on_finish: Callable[[Request, float], list[Request]] | None,
+        bar: tqdm,
+    ) -> None:
+        self.replicas, self.dispatcher = replicas, dispatcher
+        self.on_finish, self.bar = on_finish, bar
+        self.log = IterationLog()
+        self.arrivals = sorted(requests, key=lambda r: r.arrival_s)
+        self.heap: list[tuple[float, int, int, SimReplica, object]] = []
+        self.injected: list[tuple[float, int, Request]] = []  # closed-loop clients' next requests
+        self.sent: list[Request] = []
+        self.seq = 0
+        self.i, self.n = 0, len(self.arrivals)
+        self.period = dispatcher.control_period_s
+
+    def run(self) -> None:
+        if self.period is not None and self.arrivals:
+            heapq.heappush(self.heap, (self.arrivals[0].arrival_s, self.seq, _TICK, None, None))
+        while self.i < self.n or self.heap or self.injected:
+            now = self.next_event()
+            dirty: dict[int, SimReplica] = {}
+            # Batches finishing now go first, so that their decodes can join the next batch.
+            self._events_due(now, dirty)
+            self._arrivals_due(now, dirty)
+            if self.dispatcher.held():
+                ready = [dirty[rid] for rid in sorted(dirty) if dirty[rid].ready]
+                for rid, pulled in self.dispatcher.pull(ready, now).items():
+                    for r in pulled:
+                        self.replicas[rid].add(r, now)
+            self._start_batches(now, dirty)
+
+    def next_event(self) -> float:
+        inf, heap, injected = math.inf, self.heap, self.injected
+        return min(
+            self.arrivals[self.i].arrival_s if self.i < self.n else inf,
+            injected[0][0] if injected else inf,
+            heap[0][0] if heap else inf,
+        )
+
+    def _push(self, when: float, kind: int, replica: SimReplica | None, batch) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (when, self.seq, kind, replica, batch))
+
+    def _events_due(self, now: float, dirty: dict[int, SimReplica]) -> None:
+        heap = self.heap
+        while heap and heap[0][0] <= now:
+            _, _, kind, replica, batch = heapq.heappop(heap)
+            if kind == _TICK:
+                self._tick(now, dirty)
+                continue
+            dirty[replica.replica_id] = replica
+            if kind == _WAKE:
+                continue
+            if kind == _STAGE1 or replica.spp == 1:
+                replica.stage1_free = True
+            if kind == _DONE:
+                finished = replica.finish_batch(batch, now)
+                if finished:
+                    self.bar.update(len(finished))
+                    for r in finished if self.on_finish else ():
+                        for new in self.on_finish(r, now):
+                            self.seq += 1
+                            heapq.heappush(self.injected, (max(now, new.arrival_s), self.seq, new))
+                            self.sent.append(new)
+
+    def _tick(self, now: float, dirty: dict[int, SimReplica]) -> None:
+        """The dispatcher's periodic control, and the next one's event."""
+        self.dispatcher.tick(now)
+        dirty.update((x.replica_id, x) for x in self.replicas)  # a pool may have grown
+        # Again while anything can still happen. With nothing held, a control can change
+        # nothing before the next event (an arrival, a batch's end, a wake-up: only then does
+        # a replica take work), so the clock skips to the first period from then: a long
+        # quiet stretch (a deadline-free batch waiting out T_max) costs no string of idle
+        # controls, and a stalled run, with no event left, ends.
+        period = self.period
+        after = now + period
+        if not self.dispatcher.held():
+            nxt = self.next_event()
+            if nxt == math.inf:
+                return
+            after += max(0, math.ceil((nxt - after) / period)) * period
+        self._push(after, _TICK, None, None)
+
+    def _arrivals_due(self, now: float, dirty: dict[int, SimReplica]) -> None:
+        arrivals, injected = self.arrivals, self.injected
+        while (self.i < self.n and arrivals[self.i].arrival_s <= now) or (
+            injected and injected[0][0] <= now
+        ):
+            if injected and injected[0][0] <= now:
+                r = heapq.heappop(injected)[2]
+            else:
+                r = arrivals[self.i]
+                self.i += 1
+            replica = self.dispatcher.route(r, now)
+            if replica is None:  # held: a replica about to form a batch pulls it
+                dirty.update((x.replica_id, x) for x in self.replicas)
+                continue
+            replica.add(r, now)
+            dirty[replica.replica_id] = replica
+
+    def _start_batches(self, now: float, dirty: dict[int, SimReplica]) -> None:
+        for rid in sorted(dirty):
+            replica = dirty[rid]
+            if not replica.ready:
+                continue
+            started = replica.start_batch(now)
+            if started is None:
+                wake = replica.scheduler.wake_at()
+                if wake is not None and wake > now:
+                    self._push(wake, _WAKE, replica, None)
+                continue
+            batch, stage1_end, end = started
+            self.log.record(rid, batch, now, end)
+            self._push(end, _DONE, replica, batch)
+            if replica.spp > 1:
+                self._push(stage1_end, _STAGE1, replica, None)

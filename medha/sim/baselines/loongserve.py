@@ -208,25 +208,7 @@ class LoongServeSimulator:
         if on_finish is not None:
             raise ValueError("the loongserve system simulates open-loop arrivals only")
         t0 = time.perf_counter()
-        self.instances, self.pools = self._build()
-        self.kv = KVLedger(KV_BLOCK_SIZE)
-        self.stats = SchedulerStats()
-        # Every prefill is of the whole prompt, so a chunk always samples and the table never
-        # asks this cache for remaining work; it is there because the table keeps one.
-        self.table = RequestTable(
-            PrefillTimeCache(self.predictor, lambda _offset, left: left, self.max_model_len),
-            self.stats,
-        )
-        self.table.kv = self.kv
-        self.log = IterationLog()
-        # macro iterations (settings.prefill_every): the current one's start and end, and the
-        # decode iterations each instance has run outside one since the last began
-        self._macro: tuple[float, float] | None = None
-        self._steps: dict[Instance, int] = {}
-        self._heap: list = []
-        self._seq = 0
-        self._batch_id = 0
-        cfg = self.scheduler_config
+        self._start_run()
         arrivals = sorted(requests, key=lambda r: r.arrival_s)
         for r in arrivals:  # refuse what could never run before running anything
             self._validate(r)
@@ -253,11 +235,8 @@ class LoongServeSimulator:
                 )
                 bar.update(len(done))
             while i < n and arrivals[i].arrival_s <= now:
-                r = arrivals[i]
+                self._arrive(arrivals[i])
                 i += 1
-                work = self.isolated_prefill_s(r.prompt_len)
-                self.table.admit(r, cfg.ttft_allowed_s(r.ttft_deadline_s, work), work)
-                self._pool_of(r, self.pools).queue.append(r)
             for pool in self.pools:
                 self._schedule_prefills(pool, now)
             self._schedule_decodes(now)
@@ -265,6 +244,39 @@ class LoongServeSimulator:
                 self.kv.check(self.instances)
                 self.table.check_invariants()
         bar.close()
+        return self._result(requests, t0)
+
+    def _start_run(self) -> None:
+        """A run's state, fresh: the instances and pools, the KV ledger, the request table,
+        the log and the event heap."""
+        self.instances, self.pools = self._build()
+        self.kv = KVLedger(KV_BLOCK_SIZE)
+        self.stats = SchedulerStats()
+        # Every prefill is of the whole prompt, so a chunk always samples and the table never
+        # asks this cache for remaining work; it is there because the table keeps one.
+        self.table = RequestTable(
+            PrefillTimeCache(self.predictor, lambda _offset, left: left, self.max_model_len),
+            self.stats,
+        )
+        self.table.kv = self.kv
+        self.log = IterationLog()
+        # macro iterations (settings.prefill_every): the current one's start and end, and the
+        # decode iterations each instance has run outside one since the last began
+        self._macro: tuple[float, float] | None = None
+        self._steps: dict[Instance, int] = {}
+        self._heap: list = []
+        self._seq = 0
+        self._batch_id = 0
+
+    def _arrive(self, r: Request) -> None:
+        """`r` into the request table (its TTFT allowance from its best isolated prefill) and
+        its pool's queue."""
+        work = self.isolated_prefill_s(r.prompt_len)
+        self.table.admit(r, self.scheduler_config.ttft_allowed_s(r.ttft_deadline_s, work), work)
+        self._pool_of(r, self.pools).queue.append(r)
+
+    def _result(self, requests: list[Request], t0: float) -> SimResult:
+        """The run's result, once every request finished and every KV block came back."""
         stuck = len(self.table) + sum(len(p.queue) for p in self.pools)
         if stuck:
             raise RuntimeError(f"loongserve simulation stalled with {stuck} unfinished requests")
