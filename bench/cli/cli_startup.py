@@ -1,7 +1,7 @@
 """Start-up of the `medha` command: `--help` against a bare Python, and a repeated
 `medha simulate`.
 
-    python bench/cli_startup.py [--repeats 7] [--sim-repeats 3] [--tree DIR ...]
+    python bench/cli/cli_startup.py [--repeats 7] [--sim-repeats 3] [--tree DIR ...]
 
 Part 1 runs `python -c pass`, `python -m medha --help` and `python -m medha simulate --help`
 one after the other, --repeats rounds, each in a fresh interpreter of this Python, and prints

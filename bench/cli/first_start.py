@@ -1,7 +1,8 @@
 """What a newcomer waits for: the first answers of `medha generate` and `medha serve` on a new
 machine, each start from an empty cache.
 
-    python bench/first_start.py [--rounds 3] [--serve-flags '' --serve-flags '--self-profile-s 60']
+    python bench/cli/first_start.py [--rounds 3] \
+        [--serve-flags '' --serve-flags '--self-profile-s 60']
 
 `medha generate` is the README's first command's: the embedded model converted into the empty
 cache first, then the answer (128 tokens); timed from the start to the process's end, after the

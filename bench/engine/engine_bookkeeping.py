@@ -1,6 +1,6 @@
 """Per generated token, what the engine does besides the model, at short and long prompts.
 
-    python bench/engine_bookkeeping.py [--prompts 100,6000] [--steps 40] [--model smollm2]
+    python bench/engine/engine_bookkeeping.py [--prompts 100,6000] [--steps 40] [--model smollm2]
 
 For each prompt length: admit one request, run its prefill, then time `engine.step()` over
 `--steps` decodes. The model's work (ModelRunner.forward: embeddings, attention, MLPs; and

@@ -1,6 +1,6 @@
 """The convoy effect on this machine: one 6,000-token request, then 8 short ones.
 
-    python bench/engine_convoy.py [--policies lars,edf] [--prefix-cache device]
+    python bench/engine/engine_convoy.py [--policies lars,edf] [--prefix-cache device]
 
 SmolLM2-135M on CPU. The short requests (64-token prompts, 16 output tokens) arrive 0.5 s after
 the long one. Their TTFT is measured alone (no long request), behind the long one under
@@ -10,7 +10,7 @@ median |measured / predicted - 1| over every batch from the first, and after how
 eight in a row were within 15% (--calibrate off: the model as it starts, a profile or the
 roofline; online, the default: corrected from each batch as it runs).
 
-    python bench/engine_convoy.py --decompose [--rounds 3]
+    python bench/engine/engine_convoy.py --decompose [--rounds 3]
 
 The long prompt's TTFT on the engine's defaults alone, beside the 8 shorts asking one token
 each, and asking 16: what serving the shorts while it prefills costs it (issue 68).

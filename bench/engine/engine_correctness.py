@@ -1,6 +1,6 @@
 """Token-for-token check of the engine against transformers' `generate` on the same weights.
 
-    python bench/engine_correctness.py [--new-tokens 64] [--dtype bfloat16] [--kernels torch]
+    python bench/engine/engine_correctness.py [--new-tokens 64] [--dtype bfloat16] [--kernels torch]
 
 20 prompts of 5 to 2,000 tokens (slices of text in this repository), 64 greedy new tokens
 each, all submitted together, under several policies and chunkings, and once with a KV cache
@@ -85,7 +85,7 @@ def main() -> None:
     path = resolve_model("smollm2")
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
     text = "".join(
-        p.read_text() for p in sorted(Path(__file__).resolve().parent.parent.glob("**/*.md"))
+        p.read_text() for p in sorted(Path(__file__).resolve().parents[2].glob("**/*.md"))
     )
     llm = LLM("smollm2", dtype=args.dtype, kernels=args.kernels)
     print(f"medha's kernels: {llm.engine.kernels}")

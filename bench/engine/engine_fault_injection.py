@@ -1,7 +1,7 @@
 """Fault injection into a real engine: each run makes one random request fail at one random
 place of its step, and checks that it ends alone.
 
-    python bench/engine_fault_injection.py [--runs 100] [--seed 0]
+    python bench/engine/engine_fault_injection.py [--runs 100] [--seed 0]
 
 Each run sends the 8 prompts of tests/test_isolation.py (medha/benchmark/faults.py: 3-90
 tokens, 6 greedy tokens each) through `LLM.generate` on the tiny random Llama with chunks of 16

@@ -1,6 +1,6 @@
 """Predictor error on real iterations of this machine that the profile never saw.
 
-    python bench/engine_predictor.py [--profile PATH] [--held-out 40]
+    python bench/engine/engine_predictor.py [--profile PATH] [--held-out 40]
 
 Profiles the engine (or loads --profile, as written by `medha profile`), fits the profiled
 predictor, then measures --held-out random mixed batches (prefill chunks beside decodes, a

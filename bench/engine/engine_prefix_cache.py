@@ -1,7 +1,7 @@
 """Multi-turn conversations with and without the prefix cache, on medha's engine.
 
-    python bench/engine_prefix_cache.py [--conversations 20] [--max-history 6000]
-    python bench/engine_prefix_cache.py --compare outputs --answer-tokens 128
+    python bench/engine/engine_prefix_cache.py [--conversations 20] [--max-history 6000]
+    python bench/engine/engine_prefix_cache.py --compare outputs --answer-tokens 128
 
 SmolLM2-135M on CPU. Each conversation grows turn by turn: a turn's prompt is the previous
 prompt, the previous answer (--answer-tokens greedy tokens, 16 by default) and a new message of

@@ -1,6 +1,6 @@
 """Stream-pipeline overlap on this machine: one long prefill at spp 1 and spp 2.
 
-    python bench/engine_spp.py [--tokens 2048] [--chunk 256]
+    python bench/engine/engine_spp.py [--tokens 2048] [--chunk 256]
 
 One prompt of --tokens tokens (fixed English text), prefilled in static chunks of --chunk
 tokens, 1 output token, SmolLM2-135M fp32 on CPU. spp 1 runs once with every core's threads

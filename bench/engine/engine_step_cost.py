@@ -1,7 +1,7 @@
 """What a step of medha's engine costs: where a chunked prefill's time goes.
 
-    python bench/engine_step_cost.py [--prompt-len 6000] [--budgets default,0.5,1,whole]
-                                     [--rounds 2] [--model smollm2] [--device auto]
+    python bench/engine/engine_step_cost.py [--prompt-len 6000] [--budgets default,0.5,1,whole]
+                                            [--rounds 2] [--model smollm2] [--device auto]
                                      [--dtype auto] [--kernels auto]
 
 One prompt alone on medha's engine (offline `LLM`, one output token), prefilled whole (chunking

@@ -1,6 +1,6 @@
 """Engine throughput on CPU against transformers, side by side in one run.
 
-    python bench/engine_throughput.py [--num-requests 64] [--skip-hf] [--skip-cb]
+    python bench/engine/engine_throughput.py [--num-requests 64] [--skip-hf] [--skip-cb]
 
 64 requests, prompts of 64-512 random tokens and 64-256 output tokens (uniform, seed 0, EOS
 ignored, greedy), SmolLM2-135M in fp32: useful output tokens per second of medha's engine

@@ -1,10 +1,10 @@
 """Greedy tokens of medha's engine (float32, torch's ops) dumped for a before/after comparison.
 
-    PYTHONPATH=BEFORE python bench/engine_tokens.py --text T --out before.json
-    PYTHONPATH=AFTER  python bench/engine_tokens.py --text T --out after.json
-    python bench/engine_tokens.py --compare before.json after.json
+    PYTHONPATH=BEFORE python bench/engine/engine_tokens.py --text T --out before.json
+    PYTHONPATH=AFTER  python bench/engine/engine_tokens.py --text T --out after.json
+    python bench/engine/engine_tokens.py --compare before.json after.json
 
-The 20 prompt lengths of bench/engine_correctness.py (5 to 2,000 tokens, sliced from the file
+The 20 prompt lengths of bench/engine/engine_correctness.py (5 to 2,000 tokens, sliced from the file
 --text, which both trees must read the same), 64 new tokens each, all submitted together, under
 fcfs/none, fcfs/static:64, lars/adaptive and edf/adaptive with 2 GiB of KV, fcfs/static:64 with
 0.1 GiB, and lars/adaptive with 0.1 GiB and swap preemption. Self-contained, so that it runs

@@ -1,9 +1,9 @@
 """Engine throughput of two source trees side by side (a refactor's before and after).
 
-    python bench/engine_tree_throughput.py --model DIR --trees BEFORE AFTER [--device cuda]
+    python bench/engine/engine_tree_throughput.py --model DIR --trees BEFORE AFTER [--device cuda]
         [--rounds 3] [--only fcfs]
 
-The workload and the two schedulers of bench/engine_throughput.py (64 requests, prompts of
+The workload and the two schedulers of bench/engine/engine_throughput.py (64 requests, prompts of
 64-512 random tokens, 64-256 output tokens, max_num_seqs 64, float32), after a warm-up of 4
 requests. Each tree (a folder holding its `medha` package, e.g. a `git worktree`) runs in its
 own process, BEFORE and AFTER alternated round by round; prints tokens per second per run and

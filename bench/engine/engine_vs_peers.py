@@ -1,6 +1,6 @@
 """medha's own engine against the engines users compare it with, through the OpenAI API.
 
-    python bench/engine_vs_peers.py [--rounds 2] [--repeats 20] [--contenders medha,vLLM]
+    python bench/engine/engine_vs_peers.py [--rounds 2] [--repeats 20] [--contenders medha,vLLM]
 
 SmolLM2-135M-Instruct, each server alone on the machine, one at a time, alternated for --rounds
 rounds (the order flips every round: this CPU's speed drifts over minutes). Each server, after a
@@ -8,7 +8,7 @@ warm-up of every shape, answers:
 
 - chat: one short chat at a time (8 output tokens, EOS ignored, greedy; the median of
   --repeats), the latency a user feels;
-- mix: the 64 requests of bench/engine_throughput.py (prompts of 64-512 random tokens, 64-256
+- mix: the 64 requests of bench/engine/engine_throughput.py (prompts of 64-512 random tokens, 64-256
   output tokens, seed 0) sent at once; output tokens per second of wall time;
 - long: a 6,000-token prompt alone, time to its first token (1 output token; median of 2);
 - busy: the chat again with one busy neighbour process (a single-threaded Python spin loop, the

@@ -1,6 +1,6 @@
 """Hugging Face transformers baselines for medha's engine, on CPU.
 
-    python bench/hf_baselines.py [--model PATH] [--num-requests 64] [--skip-cb]
+    python bench/engine/hf_baselines.py [--model PATH] [--num-requests 64] [--skip-cb]
 
 Runs one synthetic offline workload (random prompt ids, fixed per-request output lengths, EOS
 ignored, greedy) through transformers' static batching (`generate`, batches of 8) and its

@@ -1,8 +1,8 @@
 """Does `medha plan` pick what a measured run finds best? SmolLM2-135M on this CPU.
 
-    python bench/plan_vs_engine.py [--qps 1.0] [--num-requests 200]
+    python bench/engine/plan_vs_engine.py [--qps 1.0] [--num-requests 200]
 
-1. Writes the workload of bench/server_mixed_load.py (95% short prompts of 32-256 tokens, 5%
+1. Writes the workload of bench/server/server_mixed_load.py (95% short prompts of 32-256 tokens, 5%
    long ones of 3,000-6,000, 16-48 output tokens, Poisson) as a trace, runs/plan_vs_engine/
    trace.csv.
 2. Runs `medha plan` on it for this machine (the engine's profile from `medha profile`, one

@@ -1,7 +1,7 @@
 """AlignedServe's Figure 1 batches on a GPU: does decode attention follow the sum of the KV reads,
 its longest sequence's thread block, or the batch padded to its longest context?
 
-    python bench/aligned_attention_cuda.py [--out results.json]
+    python bench/gpu/aligned_attention_cuda.py [--out results.json]
 
 One layer of Llama-2-7B decode attention (32 heads of 128, fp16) over 64 sequences at 600
 generated tokens: 64 of 32-token prompts, or 1, 2, 4 of them 4096-token prompts. Three kernels:

@@ -1,7 +1,7 @@
 """Eager launches against CUDA-graph replay for short prefill batches, on a CUDA GPU: the
 physical numbers behind `--predictor roofline-graph` (medha/perf/graph_predictor.py).
 
-    python bench/cuda_graph_prefill.py [--model qwen2.5-7b] [--out graph_prefill.json]
+    python bench/gpu/cuda_graph_prefill.py [--model qwen2.5-7b] [--out graph_prefill.json]
 
 A decoder of the model's shapes (every layer, bf16, random weights; the LM head on each
 sequence's last token) runs a prefill of B prompts of L tokens each (no history) three ways:

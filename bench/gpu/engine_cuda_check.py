@@ -1,6 +1,6 @@
 """The engine on a CUDA GPU against transformers on the same weights, token for token.
 
-    python bench/engine_cuda_check.py --model DIR [--new-tokens 24]
+    python bench/gpu/engine_cuda_check.py --model DIR [--new-tokens 24]
 
 DIR: a Llama-family checkpoint (safetensors). Prompts of 5 to 400 tokens (slices of this
 file's text), greedy, all submitted together, under fcfs with chunks of 16 tokens and under

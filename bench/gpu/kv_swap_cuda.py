@@ -1,8 +1,8 @@
 """Swap preemption on a CUDA GPU: the host link's speed, the engine's block copies, and (with
 --model) greedy tokens of a pressured swapping run against an unpressured one.
 
-    python bench/kv_swap_cuda.py                          # bandwidth and HostKVBlocks copies
-    python bench/kv_swap_cuda.py --model DIR --dtype float32   # plus the engine on DIR
+    python bench/gpu/kv_swap_cuda.py                          # bandwidth and HostKVBlocks copies
+    python bench/gpu/kv_swap_cuda.py --model DIR --dtype float32   # plus the engine on DIR
 
 DIR: a small Llama checkpoint, e.g. the tiny random one the tests
 builds (the `tiny_model` fixture in tests/conftest.py: 2 layers, SmolLM2's tokenizer), saved to a

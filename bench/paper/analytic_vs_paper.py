@@ -1,6 +1,6 @@
 """The analytic model against figures quoted in the Medha paper.
 
-    python bench/analytic_vs_paper.py
+    python bench/paper/analytic_vs_paper.py
 
 Prints a markdown table: claim, paper, ours, ratio, and whether ours is within 2x.
 """

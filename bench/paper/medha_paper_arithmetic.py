@@ -1,6 +1,6 @@
 """The Medha paper's back-of-the-envelope claims, from the model specs and the hardware specs.
 
-    python bench/medha_paper_arithmetic.py
+    python bench/paper/medha_paper_arithmetic.py
 
 - Section 2.2: a 1M-token prefill of Llama-3-70B needs 2.8 ExaFLOPs (at least 48 minutes on one
   H100): ours, causal and counting the whole attention square.

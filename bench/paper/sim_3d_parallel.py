@@ -1,6 +1,6 @@
 """Medha 2D against Medha 3D (the Medha paper's Figures 11 and 12): Llama-3-70B on 64 H100s.
 
-    python bench/sim_3d_parallel.py [--qps 0.25 0.75 1.25 1.75] [--num-requests 300] [--quick]
+    python bench/paper/sim_3d_parallel.py [--qps 0.25 0.75 1.25 1.75] [--num-requests 300] [--quick]
 
 Two layouts with the same 64 devices, both TP8: SPP8 (2D) and SPP4 x KVP2 (3D). ShareGPT with
 5% long requests whose prompts are Medha-SWE's scaled to 2M tokens (the paper's "5% long-context

@@ -1,7 +1,7 @@
 """AlignedServe's evaluation, simulated: AlignedServe (`--policy aligned`) against vLLM-style
 continuous batching (`--policy fcfs`).
 
-    python bench/sim_aligned_serve.py --figure 1|3|7|8|13|14|switch [--predictors ...]
+    python bench/paper/sim_aligned_serve.py --figure 1|3|7|8|13|14|switch [--predictors ...]
         [--num-requests 400] [--seeds 0]
 
 Substitutions (the paper: OPT-2.7B..30B in fp16 on 8 H100s, DistServe-based, LongBench):

@@ -1,15 +1,15 @@
 """Capacity under SLOs (the Medha paper's "5.7x higher throughput", section 6.2's "5x higher
 effective capacity"): the highest request rate at which each system still meets the SLOs.
 
-    python bench/sim_capacity.py [--slo short-ttft-p90=10,long-ttft-p90=600,tpot-p90=0.2]
-                                 [--num-requests 300] [--quick]
+    python bench/paper/sim_capacity.py [--slo short-ttft-p90=10,long-ttft-p90=600,tpot-p90=0.2]
+                                       [--num-requests 300] [--quick]
 
 Llama-3-8B on 16 A100s, ShareGPT with 5% long requests (Medha-SWE lengths), the systems of the
-convoy bench (bench/sim_convoy_effect.py) on the identical request list at each rate. The search
-is `medha plan`'s (medha/plan/search.py: capacity_chain): from --base-qps the rate doubles until
-an SLO breaks, then bisects in log space. The paper states no SLO for its capacity claim; ours
-is --slo (default: short requests' TTFT p90 within 10 s, the bar the paper sets for Medha at 5%
-long; long requests' TTFT p90 within 10 minutes; TPOT p90 within 0.2 s), and a run meets it only
+convoy bench (bench/paper/sim_convoy_effect.py) on the identical request list at each rate. The
+search is `medha plan`'s (medha/plan/search.py: capacity_chain): from --base-qps the rate doubles
+until an SLO breaks, then bisects in log space. The paper states no SLO for its capacity claim;
+ours is --slo (default: short requests' TTFT p90 within 10 s, the bar the paper sets for Medha at
+5% long; long requests' TTFT p90 within 10 minutes; TPOT p90 within 0.2 s), and a run meets it only
 if it is not saturated: short requests' TTFT p50 over the last third of arrivals within 2x the
 first third's plus one second (a queue that grows over the run is not a capacity).
 """
@@ -66,7 +66,7 @@ def main() -> None:
     ap.add_argument("--num-requests", type=int, default=300)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--predictor", default="profiled")
-    add_configs_argument(ap, "systems, as bench/sim_convoy_effect.py names them")
+    add_configs_argument(ap, "systems, as bench/paper/sim_convoy_effect.py names them")
     ap.add_argument("--quick", action="store_true", help="two systems, 60 requests, 1 step")
     args = ap.parse_args()
     if args.quick:

@@ -1,6 +1,6 @@
 """Adaptive vs static chunking (Medha Fig. 4, 10): the TTFT / TPOT trade-off.
 
-    python bench/sim_chunking.py [--qps 0.5] [--num-requests 400] \
+    python bench/paper/sim_chunking.py [--qps 0.5] [--num-requests 400] \
         [--plot docs/img/chunking_tradeoff.png]
 
 Llama-3-8B on 16 A100s (TP8 x SPP2), ShareGPT + 5% long requests, lars for every run so that

@@ -1,8 +1,8 @@
 """Convoy effect (the Medha paper's Figures 1, 9 and 10): Llama-3-8B on 16 A100s, ShareGPT with
 5% long requests (Medha-SWE lengths), medha against the paper's baselines.
 
-    python bench/sim_convoy_effect.py [--qps 0.25 0.5 0.75] [--num-requests 500]
-                                      [--long-fraction 0.05] [--predictor profiled] [--quick]
+    python bench/paper/sim_convoy_effect.py [--qps 0.25 0.5 0.75] [--num-requests 500]
+                                            [--long-fraction 0.05] [--predictor profiled] [--quick]
 
 Systems, every one on the identical request list at each rate (CONFIGS below):
 - medha: TP8 x SPP2, lars, adaptive chunking, multi-prefill (the paper's Medha);
@@ -158,7 +158,7 @@ BY_NAME = {c.name: c for c in CONFIGS + ONE_CHANGE}
 
 
 def add_configs_argument(ap: argparse.ArgumentParser, what: str) -> None:
-    """--configs: systems by name (this bench's and bench/sim_capacity.py's)."""
+    """--configs: systems by name (this bench's and bench/paper/sim_capacity.py's)."""
     ap.add_argument(
         "--configs",
         nargs="+",

@@ -1,7 +1,7 @@
 """Deferred prefill (Mohanty et al., EuroMLSys 2025) in the paper's own setting: Table 1, the C
 sweep of its Figure 4, and the run that traces the gain to the fixed prefill cost.
 
-    python bench/sim_deferred_prefill_paper.py [--num-requests 12000] [--seeds 0 1]
+    python bench/paper/sim_deferred_prefill_paper.py [--num-requests 12000] [--seeds 0 1]
         [--sections table1,csweep,cp]
 
 The paper's setting as far as medha reaches it: Granite-3.1-8B at C = 331 and Llama-3-8B at

@@ -1,6 +1,6 @@
 """The Orca/Sarathi article (shared/seeds 001) in the simulator: its measurable claims.
 
-    python bench/sim_orca_sarathi.py [--only overhead serving] [--requests N] [--quick]
+    python bench/paper/sim_orca_sarathi.py [--only overhead serving] [--requests N] [--quick]
 
 1. "The total extra compute from chunking is typically 3-8% for the prefill phase" (a 2048-token
    prompt in 8 chunks of 256): the predicted time of the chunks against the whole prompt, for

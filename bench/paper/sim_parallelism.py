@@ -1,13 +1,13 @@
 """Stream-pipeline and KV-cache parallelism (Medha Fig. 5b, 17 and 7a), simulated.
 
-    python bench/sim_parallelism.py [--hardware h100]
+    python bench/paper/sim_parallelism.py [--hardware h100]
 
 SPP: TTFT of one 1M-token Llama-3-8B prefill at SPP 1, 2, 4, 8 (TP8 per stage, 50 ms batch
 budget); scaling efficiency = T(1) / (p x T(p)).
 KVP: decode TPOT of one request at 1M to 10M tokens of context with KVP 1, 2, 4 (TP8 x SPP4 per
 group, so that 10M tokens of KV fit; groups of context / kvp tokens each, joining as the KV grows:
 the paper's Fig. 6 layout, where the block manager's placement and the predictor's timing agree).
-bench/sim_parallel_figures.py has the paper's whole set (Fig. 3b, 15-20, up to SPP16 and 70B).
+bench/paper/sim_parallel_figures.py has the paper's whole set (Fig. 3b, 15-20, up to SPP16 and 70B).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Scheduling policies (Medha Fig. 13): fcfs, edf, lars and lars + multi-prefill.
 
-    python bench/sim_policies.py [--qps 0.25 1.75] [--num-requests 500] [--lars-slack both]
+    python bench/paper/sim_policies.py [--qps 0.25 1.75] [--num-requests 500] [--lars-slack both]
 
 Llama-3-8B on 16 A100s (TP8 x SPP2), ShareGPT + 5% long requests, adaptive chunking for all;
 multi-prefill only in the lars + multi-prefill rows, as in the paper. The lars rows run once per

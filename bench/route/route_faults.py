@@ -1,6 +1,6 @@
 """kill -9 of one replica under load, through a router.
 
-    python bench/route_faults.py [--rate 100] [--seconds 20] [--kill-at 10] [--rounds 2]
+    python bench/route/route_faults.py [--rate 100] [--seconds 20] [--kill-at 10] [--rounds 2]
         [--routers medha,sglang-cache_aware,vllm-router-cache_aware] [--backend stub|medha]
         [--out route_faults.json]
 
@@ -39,7 +39,7 @@ import time
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import aiohttp  # noqa: E402

@@ -1,6 +1,6 @@
 """Replicas added, removed and killed under load, through `medha route`.
 
-    python bench/route_membership.py [--rate 100] [--seconds 16] [--rounds 2]
+    python bench/route/route_membership.py [--rate 100] [--seconds 16] [--rounds 2]
         [--add-at 4] [--remove-at 8] [--kill-at 12]
 
 Three stub replicas (medha/benchmark/stub_backend.py, streaming 16 tokens at `--token-delay-s`
@@ -8,7 +8,7 @@ each); the router starts over the first two (with `--api-key`, which its admin e
 under an open-loop stream of streamed /v1/completions at `--rate` a second. At `--add-at` the
 third joins (`POST /replicas`), at `--remove-at` the second leaves (`DELETE /replicas/1`), at
 `--kill-at` the first gets SIGKILL, so the last seconds run on the replica that was added.
-Per request the client records its send, first token, end and outcome (bench/route_faults.py's
+Per request the client records its send, first token, end and outcome (bench/route/route_faults.py's
 client). Reported, per round:
 
 - **not started**: requests with no token at the kill, and the share that succeeded (target:
@@ -32,7 +32,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE.parents[1]))
 sys.path.insert(0, str(HERE))
 
 import aiohttp  # noqa: E402

@@ -1,6 +1,6 @@
 """The latency `medha route` adds: one stub backend, asked directly and through the router.
 
-    python bench/route_overhead.py [--rate 500] [--seconds 5] [--rounds 4] [--stream]
+    python bench/route/route_overhead.py [--rate 500] [--seconds 5] [--rounds 4] [--stream]
         [--distinct] [--out route_overhead.json]
 
 One stub (medha/benchmark/stub_backend.py, which answers at once) and one router in front of it
@@ -46,7 +46,7 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from medha.benchmark.local_server import alternated, local_server  # noqa: E402

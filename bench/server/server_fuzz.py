@@ -1,6 +1,6 @@
 """schemathesis against one `medha serve`, with /health polled throughout.
 
-    python bench/server_fuzz.py [--max-examples 500] [--seeds 0,1] [--model smollm2]
+    python bench/server/server_fuzz.py [--max-examples 500] [--seeds 0,1] [--model smollm2]
         [--dtype float32]
 
 Starts one server (by default the tiny random Llama of the tests with a 64-token context, so

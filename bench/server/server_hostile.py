@@ -1,7 +1,7 @@
 """Hostile requests against one `medha serve` (default flags, no API key), with an innocent
 streaming request in flight during each.
 
-    python bench/server_hostile.py [--sizes-mb 50,500] [--json out.json]
+    python bench/server/server_hostile.py [--sizes-mb 50,500] [--json out.json]
 
 For each hostile body the table gives its status code, the time to the answer, `/health` after
 it, and whether the innocent request (a greedy 48-token completion, streamed) finished with the

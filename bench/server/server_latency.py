@@ -1,6 +1,6 @@
 """One short chat request end to end through the API: medha serve beside transformers serve.
 
-    python bench/server_latency.py [--repeats 10]
+    python bench/server/server_latency.py [--repeats 10]
 
 Both serve the same converted SmolLM2-135M-Instruct checkpoint on CPU, each on a free loopback
 port, both up at once. After two warm-up requests each, the same chat request (about 40 prompt

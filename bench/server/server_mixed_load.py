@@ -1,6 +1,6 @@
 """Mixed load through the HTTP API, lars against non-preemptive fcfs, plus the digital twin.
 
-    python bench/server_mixed_load.py [--qps 0.45] [--num-requests 200]
+    python bench/server/server_mixed_load.py [--qps 0.45] [--num-requests 200]
 
 For each scheduler: start `medha serve` on SmolLM2 (CPU), drive it with `medha bench` (95%
 short prompts of 32-256 tokens, 5% long ones of 3,000-6,000, 16-48 output tokens, Poisson),

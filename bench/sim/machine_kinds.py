@@ -1,6 +1,6 @@
 """The convoy's promise over machine kinds, replayed (issue 68; tests/test_machine_kinds.py).
 
-    python bench/machine_kinds.py [--seeds 3] [--cause]
+    python bench/sim/machine_kinds.py [--seeds 3] [--cause]
 
 For every profile in tests/data/profiles and the reference CPUs and GPUs' rooflines: the convoy
 (a 6,000-token prompt, 8 shorts of 64 tokens 0.5 s after it; medha/sim/convoy.py) with the
@@ -32,7 +32,7 @@ from medha.perf import get_hardware, make_predictor
 from medha.perf.profiled_predictor import IterationModel, iteration_features
 from medha.sim.convoy import Convoy, Scaled, executor_config, grid_predictor, run_convoy
 
-PROFILES = Path(__file__).resolve().parent.parent / "tests" / "data" / "profiles"
+PROFILES = Path(__file__).resolve().parents[2] / "tests" / "data" / "profiles"
 
 
 def fit_before_issue_68(cls, rows, num_knots: int = 12):

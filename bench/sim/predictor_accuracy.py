@@ -1,6 +1,6 @@
 """Predictor error on measured A100 op timings held out of the fit.
 
-    python bench/predictor_accuracy.py [--model llama-3-8b] [--test-fraction 0.2] [--seed 0]
+    python bench/sim/predictor_accuracy.py [--model llama-3-8b] [--test-fraction 0.2] [--seed 0]
 
 For each (op, TP degree) group of the Vidur profile, a random 20% of rows is held out; the
 fitted model is trained on the rest. The analytic (roofline) model is evaluated on the same

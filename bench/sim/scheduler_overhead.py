@@ -1,6 +1,6 @@
 """Per-iteration scheduling cost with a deep queue: 1,000 waiting and 256 decoding requests.
 
-    python bench/scheduler_overhead.py [--policy lars] [--chunking adaptive] [--iterations 2000]
+    python bench/sim/scheduler_overhead.py [--policy lars] [--chunking adaptive] [--iterations 2000]
 
 The population is held steady: the 256 decodes never finish, and every request that completes
 its prefill is swapped for a fresh waiting one (outside the timed region). Only `schedule()`

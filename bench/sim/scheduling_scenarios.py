@@ -1,6 +1,6 @@
 """The paper's illustrative example and a starvation stream, under every policy.
 
-    python bench/scheduling_scenarios.py
+    python bench/sim/scheduling_scenarios.py
 
 The setups of medha/benchmark/scenarios.py, which tests/test_scenarios.py checks; prints
 markdown tables of TTFT per request class.

@@ -1,6 +1,6 @@
 """Deferred prefill (Mohanty et al., EuroMLSys 2025): throughput over the departure threshold K.
 
-    python bench/sim_deferred_prefill.py [--num-requests 20000] [--seeds 0 1] [--mixed]
+    python bench/sim/sim_deferred_prefill.py [--num-requests 20000] [--seeds 0 1] [--mixed]
 
 C = 410, prompts of 285 tokens, geometric outputs with mean 201; Llama-3-8B on one H100
 (roofline predictor). The deferred policy with whole prefills, each in an iteration of its own

@@ -1,7 +1,7 @@
 """The simulator against the engine, decision by decision, for a stream-pipeline run and a
 KV-cache parallel run on this machine.
 
-    python bench/sim_engine_schedule.py [--predictor profiled:PATH] [--prompt-lens 1800,40,...]
+    python bench/sim/sim_engine_schedule.py [--predictor profiled:PATH] [--prompt-lens 1800,40,...]
 
 The same requests (one long prompt, then short ones, all arriving at once, 6 output tokens
 each, fcfs with adaptive chunks) go through the real engine (SmolLM2-135M, spp 2; then kvp 2

@@ -3,9 +3,9 @@ nothing: summary.json (without its wall-clock keys), requests.csv, iterations.cs
 batch the schedulers formed (chunks, decodes, preemptions, swaps and host-tier copies, with the
 KV block ids each chunk runs with), each hashed.
 
-    python bench/sim_identity.py --out runs/identity-before          # on the old commit
-    python bench/sim_identity.py --out runs/identity-after           # on the new one
-    python bench/sim_identity.py --diff runs/identity-before runs/identity-after
+    python bench/sim/sim_identity.py --out runs/identity-before          # on the old commit
+    python bench/sim/sim_identity.py --out runs/identity-after           # on the new one
+    python bench/sim/sim_identity.py --diff runs/identity-before runs/identity-after
 
 Run the first from a `git worktree` of the old commit. The grid covers every policy, every
 chunking mode, recompute / swap / auto preemption under memory pressure, the prefix cache off,

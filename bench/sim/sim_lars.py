@@ -1,9 +1,9 @@
 """LARS's two relative-slack formulas, what holds LARS without multi-prefill back, and what
 multi-prefill adds to capacity (issue 32).
 
-    python bench/sim_lars.py starvation
-    python bench/sim_lars.py causes [--qps 0.25 1.75] [--num-requests 500]
-    python bench/sim_lars.py capacity [--num-requests 500] [--target 0.9]
+    python bench/sim/sim_lars.py starvation
+    python bench/sim/sim_lars.py causes [--qps 0.25 1.75] [--num-requests 500]
+    python bench/sim/sim_lars.py capacity [--num-requests 500] [--target 0.9]
 
 starvation: the starvation stream of medha/benchmark/scenarios.py (a 500K-token prompt, then a
 1500-token request every 32 ms) under edf, fcfs and lars with either formula (--lars-slack

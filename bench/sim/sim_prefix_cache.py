@@ -1,6 +1,6 @@
 """The prefix cache in the simulator, on Mooncake's conversation trace (bundled: mooncake_conv).
 
-    python bench/sim_prefix_cache.py [--num-requests 3000] [--repeats 3]
+    python bench/sim/sim_prefix_cache.py [--num-requests 3000] [--repeats 3]
 
 Llama-3-8B on one replica of 8 A100s (tp 8), lars + adaptive, the trace's first
 --num-requests requests at half their rate (--time-scale 2: one replica at the full rate is

@@ -1,7 +1,7 @@
 """SLO-risk preemption under priority classes (the article on Orca/Sarathi scheduling, seed 001).
 
-    python bench/sim_slo_risk.py            # the table of docs/reproductions.md (~2 min)
-    python bench/sim_slo_risk.py --json out.json
+    python bench/sim/sim_slo_risk.py            # the table of docs/reproductions.md (~2 min)
+    python bench/sim/sim_slo_risk.py --json out.json
 
 Llama-3-8B on one A100 (roofline predictor), swap preemption over the A100's PCIe link, the
 default 50 ms TPOT target. A load whose decodes alone fill the KV cache: 16,000-token prompts

@@ -1,12 +1,12 @@
 """Simulator speed: the first 10,000 requests of splitwise_conv on one A100.
 
-    python bench/sim_speed.py [--num-requests 10000] [--repeats 3] [--predictor profiled]
+    python bench/sim/sim_speed.py [--num-requests 10000] [--repeats 3] [--predictor profiled]
 
 Llama-3-8B, TP1, Sarathi-style static chunks of 512 tokens, at most 128 sequences per batch,
 the trace's own arrival times; the fitted predictor on the bundled Vidur A100 profile.
 Predictor set-up (fitting, prefill-time cache) is timed apart from the simulation.
 
-With --vidur-python PATH (a Python with Vidur 0.0.26 installed, see bench/vidur_anchor.py),
+With --vidur-python PATH (a Python with Vidur 0.0.26 installed, see bench/sim/vidur_anchor.py),
 Vidur runs the same workload in the same invocation and the ratio is printed.
 """
 

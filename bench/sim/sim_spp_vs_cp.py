@@ -3,10 +3,10 @@ prefill at the same GPU count (Medha Fig. 5b, Appendix B.1: SPP 1.64x lower late
 for a 1M-token Llama-3-8B prefill on 128 H100s; "outperforms ring attention approaches by
 60%").
 
-    python bench/sim_spp_vs_cp.py [--hardware h100] [--tokens 262144 524288 1000000 2000000]
+    python bench/sim/sim_spp_vs_cp.py [--hardware h100] [--tokens 262144 524288 1000000 2000000]
 
 SPP: the simulator's TTFT of the prompt alone on TP8 x SPP p (adaptive chunks, 50 ms batch
-budget, as bench/sim_parallelism.py). CP: medha/perf/ring_attention.py's time of the same
+budget, as bench/paper/sim_parallelism.py). CP: medha/perf/ring_attention.py's time of the same
 prompt over p TP8 groups, one per node (the ring crosses nodes from p = 2 on, at the
 hardware's inter-node bandwidth), the KV transfer overlapped with the attention compute.
 Both price their kernels with the same roofline predictor; nothing is fitted to the paper.

@@ -1,8 +1,8 @@
 """Swap vs recompute preemption under KV memory pressure, and priority classes under load.
 
-    python bench/sim_swap_vs_recompute.py              # the simulated tables (~4 min)
-    python bench/sim_swap_vs_recompute.py --engine     # plus SmolLM2 on this CPU (~1 min)
-    python bench/sim_swap_vs_recompute.py --only priority  # one of the two simulated tables
+    python bench/sim/sim_swap_vs_recompute.py              # the simulated tables (~4 min)
+    python bench/sim/sim_swap_vs_recompute.py --engine     # plus SmolLM2 on this CPU (~1 min)
+    python bench/sim/sim_swap_vs_recompute.py --only priority  # one of the two simulated tables
 
 1. Memory pressure (simulated): Llama-3-8B on one A100, 8 GiB of KV (65K tokens), 80 requests
    with 16K-token prompts and geometric outputs (mean 1,000) arriving at 2/s, far beyond
@@ -124,7 +124,7 @@ def engine_table() -> tuple[str, dict]:
     from medha.engine.llm import LLM
     from medha.engine.sampling_params import SamplingParams
 
-    text = (Path(__file__).resolve().parents[1] / "docs" / "design.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "design.md").read_text()
     params = SamplingParams(max_tokens=24, temperature=0)
     rows = [
         "| preemption | wall | preemptions (recompute / swap) | recomputed tokens | "

@@ -1,4 +1,4 @@
-"""Vidur 0.0.26 on the simulator-speed workload of bench/sim_speed.py, for an outside anchor.
+"""Vidur 0.0.26 on the simulator-speed workload of bench/sim/sim_speed.py, for an outside anchor.
 
 Workload: the first N (default 10,000) requests of medha/data/traces/splitwise_conv.csv replayed
 at the trace's own arrival times; Llama-3-8B (Vidur `meta-llama/Llama-3-8B`) on one A100
@@ -14,7 +14,7 @@ need torch):
 
 Run from the repository root (this script imports nothing from medha):
 
-    /tmp/vidur-venv/bin/python bench/vidur_anchor.py [--num-requests 10000]
+    /tmp/vidur-venv/bin/python bench/sim/vidur_anchor.py [--num-requests 10000]
 
 It prints one JSON line: requests, completed, wall_s (the event loop only), requests_per_wall_s,
 simulated_s (time of the last event), batches, setup_s (predictor training or cache load: about
@@ -47,7 +47,7 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 
 import pandas as pd  # noqa: E402  (Vidur's own dependency)
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 MODEL, DEVICE, NODE = "meta-llama/Llama-3-8B", "a100", "a100_dgx"
 COMPUTE_DATASET, NETWORK_DATASET = "local/vidur-a100-llama-3-8b", "local/vidur-a100-dgx"
 

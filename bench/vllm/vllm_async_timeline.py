@@ -1,6 +1,6 @@
 """medha's scheduler on vLLM with async scheduling on and off: what a step costs, and when.
 
-    python bench/vllm_async_timeline.py [--requests 256] [--new-tokens 64] [--model-ms 20]
+    python bench/vllm/vllm_async_timeline.py [--requests 256] [--new-tokens 64] [--model-ms 20]
         [--rounds 3] [--timeline 6]
 
 vLLM turns async scheduling off on CPU (its CPU platform's config hook) and no GPU is needed to
@@ -15,7 +15,7 @@ scheduled while the worker runs step N, and N's output is applied after that.
 each (fcfs with static chunks of 512, and lars with adaptive chunks). Reported for each mode,
 over the steps while at least 90% of the requests run: medha's part of a step (what
 MedhaScheduler's schedule() and update_from_output() spend outside the vLLM methods they call,
-as bench/vllm_overhead.py counts it), p50 and p99; the share of schedule() calls that ran
+as bench/vllm/vllm_overhead.py counts it), p50 and p99; the share of schedule() calls that ran
 while the model was busy; and the step period (from one update to the next: the model's time
 plus what does not overlap it). `--timeline` prints that many steps of the async run as
 intervals from the first one's start, which shows the overlap.
@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))
+sys.path.insert(0, str(HERE.parents[1] / "tests"))
 sys.path.insert(0, str(HERE))
 
 POLICIES = {

@@ -1,7 +1,8 @@
 """The convoy effect on vLLM's engine: plain vLLM's scheduler against medha's, through vLLM's
 OpenAI server, side by side in one run.
 
-    python bench/vllm_convoy.py [--rounds 2] [--medha '{"policy": "lars", ...}' ...] [--front vllm]
+    python bench/vllm/vllm_convoy.py [--rounds 2] [--medha '{"policy": "lars", ...}' ...] \
+        [--front vllm]
 
 SmolLM2-135M on this machine, every server with the same flags
 (medha/benchmark/vllm_servers.py: vLLM's dtype, 2,048 tokens and 128 sequences per step). A

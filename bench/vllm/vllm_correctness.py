@@ -1,9 +1,9 @@
 """medha's scheduler on vLLM's engine against plain vLLM, token for token.
 
-    python bench/vllm_correctness.py [--new-tokens 32] [--dtype float32]
+    python bench/vllm/vllm_correctness.py [--new-tokens 32] [--dtype float32]
 
 SmolLM2-135M, 20 prompts of 5 to 2,000 tokens (slices of this repository's text, as in
-bench/engine_correctness.py), all submitted together, greedy. Plain vLLM (its own scheduler)
+bench/engine/engine_correctness.py), all submitted together, greedy. Plain vLLM (its own scheduler)
 is the reference; then medha's scheduler drives the same engine (`--scheduler-cls
 medha.vllm_executor.MedhaScheduler`) under fcfs/none, lars/adaptive and edf/adaptive, and once
 with a KV cache of 24 blocks (3,072 tokens), so small that medha preempts. For each: identical
@@ -50,7 +50,7 @@ def main() -> None:
 
     path = str(resolve_model("smollm2"))
     text = "".join(
-        p.read_text() for p in sorted(Path(__file__).resolve().parent.parent.glob("**/*.md"))
+        p.read_text() for p in sorted(Path(__file__).resolve().parents[2].glob("**/*.md"))
     )
     ids = Tokenizer(path).encode(text)
     prompts = [ids[i * 37 : i * 37 + n] for i, n in enumerate(LENGTHS)]

@@ -1,6 +1,6 @@
 """A lone request on vLLM's engine: does medha's scheduler add latency?
 
-    python bench/vllm_latency.py [--rounds 2] [--repeats 20]
+    python bench/vllm/vllm_latency.py [--rounds 2] [--repeats 20]
 
 SmolLM2-135M, every server with the same flags (medha/benchmark/vllm_servers.py), one at a
 time, alternated for --rounds rounds. With nothing else running, each server answers, one request at

@@ -1,9 +1,9 @@
 """Mixed load on vLLM's engine: vLLM's scheduler against medha's, plus the digital twin.
 
-    python bench/vllm_mixed_load.py [--qps 1.0,2.0] [--num-requests 150] [--rounds 1]
+    python bench/vllm/vllm_mixed_load.py [--qps 1.0,2.0] [--num-requests 150] [--rounds 1]
 
 SmolLM2-135M on this machine, every server with the same flags
-(medha/benchmark/vllm_servers.py). The workload of bench/server_mixed_load.py: 95% prompts of
+(medha/benchmark/vllm_servers.py). The workload of bench/server/server_mixed_load.py: 95% prompts of
 32-256 tokens, 5% of 3,000-6,000, 16-48 output tokens, Poisson arrivals, the same request list
 for every server (seeded), driven by `medha bench`. Contenders, one server at a time,
 alternated within each round:

@@ -1,6 +1,6 @@
 """Scheduling time per step on vLLM's engine: vLLM's own scheduler against medha's.
 
-    python bench/vllm_overhead.py [--requests 256] [--new-tokens 64]
+    python bench/vllm/vllm_overhead.py [--requests 256] [--new-tokens 64]
 
 SmolLM2-135M (fp32, vLLM's offline engine in this process). `--requests` requests of 16-64
 prompt tokens are submitted at once and decoded together; every step's `schedule()` and
