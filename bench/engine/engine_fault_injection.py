@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from medha.benchmark.faults import GREEDY, PLACES, PROMPTS, inject
+from medha.benchmark.harness import add_common_args
 from medha.benchmark.tiny_llama import build_tiny_llama
 from medha.engine.llm import LLM
 from medha.scheduler.config import SchedulerConfig
@@ -38,7 +39,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--runs", type=int, default=100)
-    ap.add_argument("--seed", type=int, default=0)
+    add_common_args(ap, seed=0)
     args = ap.parse_args()
     model = build_tiny_llama(Path(tempfile.mkdtemp(prefix="tiny-llama-")))
     llm = LLM(model, SchedulerConfig(policy="fcfs", chunking="static:16"), kv_memory_gb=0.01)

@@ -14,6 +14,7 @@ import argparse
 
 import numpy as np
 
+from medha.benchmark.harness import percentile
 from medha.engine.llm_engine import EngineConfig, LLMEngine
 from medha.engine.profiler import Profiler
 from medha.perf import ParallelConfig, make_predictor
@@ -53,7 +54,7 @@ def main() -> None:
     print("| predictor | median error | P95 error | max |")
     print("|---|---|---|---|")
     for name, e in errors.items():
-        print(f"| {name} | {np.median(e):.1%} | {np.percentile(e, 95):.1%} | {max(e):.1%} |")
+        print(f"| {name} | {np.median(e):.1%} | {percentile(e, 95):.1%} | {max(e):.1%} |")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import time
 
 import torch
 
+from medha.benchmark.harness import add_common_args
 from medha.benchmark.hf_baselines import (
     hf_continuous_batching,
     hf_prefill_gflops,
@@ -61,7 +62,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--num-requests", type=int, default=64)
+    add_common_args(ap, num_requests=64)
     ap.add_argument("--skip-hf", action="store_true", help="only medha")
     ap.add_argument(
         "--skip-cb",

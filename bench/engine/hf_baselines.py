@@ -16,6 +16,7 @@ import os
 import torch
 from transformers import AutoModelForCausalLM
 
+from medha.benchmark.harness import add_common_args
 from medha.benchmark.hf_baselines import (
     hf_continuous_batching,
     hf_prefill_gflops,
@@ -31,7 +32,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--model", default=MODEL_PATH)
-    ap.add_argument("--num-requests", type=int, default=64)
+    add_common_args(ap, num_requests=64)
     ap.add_argument("--skip-cb", action="store_true", help="skip continuous batching")
     args = ap.parse_args()
     torch.set_num_threads(os.cpu_count())

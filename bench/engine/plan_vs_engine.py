@@ -26,6 +26,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from medha.benchmark.harness import add_common_args
 from medha.benchmark.load_generator import BenchConfig, build_requests, run_bench
 from medha.benchmark.local_server import local_server
 from medha.plan.report import worst_over_target
@@ -58,7 +59,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--qps", type=float, default=1.0)
-    ap.add_argument("--num-requests", type=int, default=200)
+    add_common_args(ap, out="runs/plan_vs_engine", num_requests=200)
     ap.add_argument("--candidates", default="lars,edf,fcfs/none,fcfs/static:512")
     ap.add_argument(
         "--slo",
@@ -67,7 +68,6 @@ def main() -> None:
         default="short-ttft-p99=0.5,tpot-p99=0.2",
         help="the plan's SLOs (default: short-ttft-p99=0.5,tpot-p99=0.2)",
     )
-    ap.add_argument("--out", default="runs/plan_vs_engine")
     ap.add_argument("--profile", default=None, help="engine profile (default: this machine's)")
     args = ap.parse_args()
     out = Path(args.out)

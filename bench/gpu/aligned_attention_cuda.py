@@ -27,6 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
+from medha.benchmark.harness import add_common_args
+
 HEADS, DIM, LAYERS = 32, 128, 32
 SHORT, LONG, GEN = 32, 4096, 600
 
@@ -98,7 +100,7 @@ def padded_time(lens: list[int]) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=None)
+    add_common_args(ap, out=None)
     args = ap.parse_args()
     out = {
         "device": torch.cuda.get_device_name(),

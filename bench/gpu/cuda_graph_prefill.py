@@ -22,6 +22,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from medha.benchmark.harness import add_common_args
 from medha.perf.model_specs import get_model
 
 LENGTHS = (8, 16, 32, 64, 128, 256)
@@ -133,7 +134,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--model", default="qwen2.5-7b")
-    ap.add_argument("--out", default="graph_prefill.json")
+    add_common_args(ap, out="graph_prefill.json")
     ap.add_argument("--repeats", type=int, default=10)
     args = ap.parse_args()
     torch.manual_seed(0)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from medha.benchmark.harness import add_common_args
 from medha.engine.llm import LLM
 from medha.engine.sampling_params import SamplingParams
 from medha.scheduler.config import SchedulerConfig
@@ -60,7 +61,7 @@ def main() -> None:
     )
     ap.add_argument("--model", required=True)
     ap.add_argument("--new-tokens", type=int, default=24)
-    ap.add_argument("--out", help="also write the results as JSON here")
+    add_common_args(ap, out=None, out_help="also write the results as JSON here")
     args = ap.parse_args()
     results = []
     text = Path(__file__).read_text() * 4

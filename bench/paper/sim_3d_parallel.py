@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 
+from medha.benchmark.harness import add_common_args
 from medha.perf import ParallelConfig
 from medha.scheduler.config import SchedulerConfig
 from medha.sim.runner import RunSpec, compare_table, simulate
@@ -68,8 +69,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--qps", type=float, nargs="+", default=[0.25, 0.75, 1.25, 1.75])
-    ap.add_argument("--num-requests", type=int, default=300)
-    ap.add_argument("--seed", type=int, default=0)
+    add_common_args(ap, seed=0, num_requests=300)
     ap.add_argument(
         "--predictor",
         default="roofline",

@@ -37,6 +37,7 @@ import functools
 import random
 import statistics
 
+from medha.benchmark.harness import add_common_args, percentile
 from medha.core.request import Request
 from medha.perf import ParallelConfig, make_predictor
 from medha.perf.model_specs import get_model
@@ -140,18 +141,14 @@ def run(system: str, predictor: str, model: str, reqs: list[Request]) -> dict[st
     policy = result.dispatcher.replicas[0].scheduler.policy
     return {
         "tput": decodes / sum(decode_lat),
-        "p99_iter": percentile(decode_lat, 0.99),
-        "p99_tpot": percentile(tpots, 0.99),
+        # a measured value, the one at floor(0.99 n) of the sorted list: numpy's "higher"
+        "p99_iter": percentile(decode_lat, 99, method="higher"),
+        "p99_tpot": percentile(tpots, 99, method="higher"),
         "within_30ms": sum(t <= 0.030 for t in decode_lat) / len(decode_lat),
         "median_iter": statistics.median(decode_lat),
         "switch": policy.switch_fraction() if system != "vllm" else 0.0,
         "move_share": (policy.stats["move_s"] / sum(decode_lat)) if system != "vllm" else 0.0,
     }
-
-
-def percentile(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
 def medians(system, predictor, model, make, seeds) -> dict[str, float]:
@@ -211,7 +208,7 @@ HEADER = (
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--figure", choices=["1", "3", "7", "8", "13", "14", "switch"], required=True)
-    ap.add_argument("--num-requests", type=int, default=400)
+    add_common_args(ap, num_requests=400)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--predictors", nargs="+", default=["roofline", "roofline-cta"])
     ap.add_argument("--mixes", type=float, nargs="+", default=list(MIXES))

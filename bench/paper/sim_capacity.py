@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from sim_convoy_effect import add_configs_argument, run_config, stationary  # noqa: E402
 
+from medha.benchmark.harness import add_common_args
 from medha.plan.search import capacity_search, meets  # noqa: E402
 from medha.plan.slo import parse_slos  # noqa: E402
 
@@ -63,8 +64,7 @@ def main() -> None:
         "--max-rate", type=float, default=32.0, help="largest multiple of --base-qps tried"
     )
     ap.add_argument("--steps", type=int, default=4, help="bisection steps")
-    ap.add_argument("--num-requests", type=int, default=300)
-    ap.add_argument("--seed", type=int, default=0)
+    add_common_args(ap, seed=0, num_requests=300)
     ap.add_argument("--predictor", default="profiled")
     add_configs_argument(ap, "systems, as bench/paper/sim_convoy_effect.py names them")
     ap.add_argument("--quick", action="store_true", help="two systems, 60 requests, 1 step")

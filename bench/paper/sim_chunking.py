@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 
+from medha.benchmark.harness import add_common_args
 from medha.perf import ParallelConfig
 from medha.scheduler.config import SchedulerConfig
 from medha.sim.runner import RunSpec, simulate
@@ -30,8 +31,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--qps", type=float, default=0.5)
-    ap.add_argument("--num-requests", type=int, default=400)
-    ap.add_argument("--seed", type=int, default=0)
+    add_common_args(ap, seed=0, num_requests=400)
     ap.add_argument("--plot", default=None, help="write the trade-off plot here")
     ap.add_argument(
         "--predictor",

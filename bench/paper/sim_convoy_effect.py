@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from medha.benchmark.harness import add_common_args, percentile
 from medha.perf import ParallelConfig
 from medha.scheduler.config import SchedulerConfig
 from medha.sim.config import LoongServeSettings
@@ -211,7 +212,7 @@ def windowed(outcome: RunOutcome, window_s: float) -> dict:
     shorts = [m.ttft_s for m in done if m.request_class == "short"]
     out = {"short_done": len(shorts), "long_done": len(done) - len(shorts)}
     if shorts:
-        out["p50"], out["p99"] = (float(np.percentile(shorts, q)) for q in (50, 99))
+        out["p50"], out["p99"] = (percentile(shorts, q) for q in (50, 99))
     return out
 
 
@@ -230,8 +231,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--qps", type=float, nargs="+", default=[0.125, 0.25, 0.5, 0.75])
-    ap.add_argument("--num-requests", type=int, default=500)
-    ap.add_argument("--seed", type=int, default=0)
+    add_common_args(ap, seed=0, num_requests=500)
     ap.add_argument("--long-fraction", type=float, default=0.05)
     ap.add_argument(
         "--predictor",

@@ -47,6 +47,7 @@ from medha.analysis.deferred_prefill_sim import (
     simulate_trace_point,
     trace_requests,
 )
+from medha.benchmark.harness import add_common_args
 from medha.perf import ParallelConfig, get_model, make_predictor
 from medha.sim.simulator import ClusterConfig
 
@@ -285,7 +286,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--num-requests", type=int, default=12000)
+    add_common_args(ap, num_requests=12000)
     ap.add_argument(
         "--seeds",
         type=int,

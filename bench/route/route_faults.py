@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 import aiohttp  # noqa: E402
 
+from medha.benchmark.harness import add_common_args  # noqa: E402
 from medha.benchmark.local_server import alternated, local_server  # noqa: E402
 from medha.benchmark.stub_backend import stub_backend  # noqa: E402
 
@@ -201,7 +202,7 @@ def main() -> None:
     ap.add_argument("--dispatcher", default="slack")
     ap.add_argument("--backend", choices=("stub", "medha"), default="stub")
     ap.add_argument("--token-delay-s", type=float, default=0.02)
-    ap.add_argument("--out", default=None)
+    add_common_args(ap, out=None)
     args = ap.parse_args()
     results = []
     for rnd, name in alternated(args.routers.split(","), args.rounds):

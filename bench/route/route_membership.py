@@ -38,6 +38,7 @@ sys.path.insert(0, str(HERE))
 import aiohttp  # noqa: E402
 from route_faults import one, replicas, summarize  # noqa: E402
 
+from medha.benchmark.harness import add_common_args  # noqa: E402
 from medha.benchmark.local_server import local_server  # noqa: E402
 
 KEY = "bench-key"
@@ -159,7 +160,7 @@ def main() -> None:
     ap.add_argument("--kill-at", type=float, default=12.0)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--token-delay-s", type=float, default=0.02)
-    ap.add_argument("--out", default=None)
+    add_common_args(ap, out=None)
     args = ap.parse_args()
     results = []
     for rnd in range(args.rounds):

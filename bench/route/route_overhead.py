@@ -49,6 +49,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from medha.benchmark.harness import add_common_args  # noqa: E402
+from medha.benchmark.harness import percentile as harness_percentile  # noqa: E402
 from medha.benchmark.local_server import alternated, local_server  # noqa: E402
 from medha.benchmark.stub_backend import stub_backend  # noqa: E402
 
@@ -70,11 +72,10 @@ def router_command(replica: str, port: int, args: argparse.Namespace) -> list[st
 
 
 def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (no interpolation: p99 of 2,500 samples is a measured one)."""
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
+    """Nearest-rank percentile, q in 0-1 (numpy's "nearest": no interpolation, p99 of 2,500
+    samples is a measured one); nan where there are none."""
+    p = harness_percentile(values, 100 * q, method="nearest")
+    return float("nan") if p is None else p
 
 
 _SENT = itertools.count()
@@ -268,7 +269,7 @@ def main() -> None:
         "default every request repeats one prompt, as a shared system prompt would)",
     )
     ap.add_argument("--poisson", action="store_true", help="exponential gaps, not even ones")
-    ap.add_argument("--seed", type=int, default=0)
+    add_common_args(ap, seed=0, out=None, out_type=Path)
     ap.add_argument("--dispatcher", default=None, help="medha route's --dispatcher")
     ap.add_argument(
         "--router",
@@ -285,7 +286,6 @@ def main() -> None:
     ap.add_argument("--router-cpu", type=int, default=1, help="with --pin")
     ap.add_argument("--stub-cpu", type=int, default=0, help="with --pin")
     ap.add_argument("--client-cpu", type=int, default=0, help="with --pin")
-    ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     if not args.pin:
         args.router_cpu = args.stub_cpu = args.client_cpu = None

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import httpx
 
+from medha.benchmark.harness import add_common_args
 from medha.benchmark.load_generator import BenchConfig, run_bench
 from medha.benchmark.local_server import local_server
 
@@ -106,9 +107,8 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--qps", type=float, default=0.45)
-    ap.add_argument("--num-requests", type=int, default=200)
+    add_common_args(ap, seed=0, out="runs/mixed_load", num_requests=200)
     ap.add_argument("--workload", default=WORKLOAD)
-    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
         "--policies",
         default="lars,fcfs-none",
@@ -123,7 +123,6 @@ def main() -> None:
     ap.add_argument(
         "--prefix-cache", default=None, help="every server's --prefix-cache (default: its own)"
     )
-    ap.add_argument("--out", default="runs/mixed_load")
     ap.add_argument(
         "--profile",
         default=None,

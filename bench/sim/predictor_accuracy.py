@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 
+from medha.benchmark.harness import add_common_args
 from medha.perf import get_hardware, get_model
 from medha.perf.accuracy import op_holdout_errors, summarize
 from medha.perf.profile_data import PROFILE_DIR, load_profile
@@ -27,7 +28,7 @@ def main() -> None:
     )
     ap.add_argument("--model", default="llama-3-8b", choices=sorted(FILES))
     ap.add_argument("--test-fraction", type=float, default=0.2)
-    ap.add_argument("--seed", type=int, default=0)
+    add_common_args(ap, seed=0)
     args = ap.parse_args()
     profile = load_profile(PROFILE_DIR / FILES[args.model])
     table = summarize(

@@ -16,6 +16,7 @@ import time
 
 import numpy as np
 
+from medha.benchmark.harness import add_common_args, percentile
 from medha.core.batch import BatchResult
 from medha.core.request import Request
 from medha.perf import ParallelConfig, make_predictor
@@ -33,7 +34,7 @@ def main() -> None:
     ap.add_argument("--waiting", type=int, default=1000)
     ap.add_argument("--decoding", type=int, default=256)
     ap.add_argument("--iterations", type=int, default=2000)
-    ap.add_argument("--seed", type=int, default=0)
+    add_common_args(ap, seed=0)
     args = ap.parse_args()
 
     rng = random.Random(args.seed)
@@ -90,11 +91,11 @@ def main() -> None:
         f"{args.policy} + {args.chunking}, {args.iterations} iterations"
     )
     print(
-        f"  p50 {np.percentile(ms, 50):.3f} ms   p99 {np.percentile(ms, 99):.3f} ms   "
+        f"  p50 {percentile(ms, 50):.3f} ms   p99 {percentile(ms, 99):.3f} ms   "
         f"max {ms.max():.3f} ms"
     )
     up = np.array(update_ns) / 1e6
-    print(f"update(): p50 {np.percentile(up, 50):.3f} ms   p99 {np.percentile(up, 99):.3f} ms")
+    print(f"update(): p50 {percentile(up, 50):.3f} ms   p99 {percentile(up, 99):.3f} ms")
     d, p = np.mean(sizes, axis=0)
     print(f"mean batch: {d:.0f} decodes + {p:.1f} prefill chunks")
 

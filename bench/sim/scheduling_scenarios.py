@@ -8,6 +8,7 @@ markdown tables of TTFT per request class.
 
 from __future__ import annotations
 
+from medha.benchmark.harness import percentile
 from medha.benchmark.scenarios import illustrative, steady_stream
 
 POLICIES = ["fcfs", "edf", "lrs", "lars", "srpt"]
@@ -42,7 +43,7 @@ def main() -> None:
         met = np.mean([r.ttft_s <= r.deadline_s - r.arrival_s for r in shorts])
         print(
             f"| {policy} | {long_.ttft_s:.2f} / {long_.deadline_s:.2f} s | {met:.1%} | "
-            f"{np.percentile(ttft, 50):.3f} s | {np.percentile(ttft, 99):.3f} s | "
+            f"{percentile(ttft, 50):.3f} s | {percentile(ttft, 99):.3f} s | "
             f"{max(ttft):.3f} s |"
         )
 

@@ -15,6 +15,7 @@ import argparse
 import dataclasses
 
 from medha.analysis.deferred_prefill_curve import Curve, DeferredPrefillArgs, compute, distance
+from medha.benchmark.harness import add_common_args
 from medha.perf import ParallelConfig, make_predictor
 from medha.sim.simulator import ClusterConfig
 
@@ -80,7 +81,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--num-requests", type=int, default=20000)
+    add_common_args(ap, num_requests=20000)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--k-values", default=K_VALUES)
     ap.add_argument(

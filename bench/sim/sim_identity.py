@@ -23,6 +23,7 @@ import sys
 import time
 from pathlib import Path
 
+from medha.benchmark.harness import add_common_args
 from medha.perf import ParallelConfig
 from medha.scheduler.config import SchedulerConfig
 from medha.scheduler.replica_scheduler import ReplicaScheduler
@@ -263,7 +264,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--out", help="directory for the outputs and digests.json")
+    add_common_args(ap, out=None, out_help="directory for the outputs and digests.json")
     ap.add_argument("--diff", nargs=2, metavar=("BEFORE", "AFTER"), help="compare two --out dirs")
     ap.add_argument("--only", default=None, help="run the configurations whose name has this")
     ap.add_argument(

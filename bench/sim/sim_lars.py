@@ -31,6 +31,7 @@ import argparse
 
 import numpy as np
 
+from medha.benchmark.harness import add_common_args, percentile
 from medha.benchmark.scenarios import steady_stream
 from medha.core.config import LARS_SLACK_MODES, MIN_TTFT_DEADLINE_S
 from medha.perf import ParallelConfig
@@ -82,7 +83,7 @@ def starvation() -> None:
         print(
             f"| {name} | {per} | {'on' if multi else 'off'} | {long_.ttft_s:.2f} / "
             f"{long_.deadline_s - long_.arrival_s:.2f} s | {met:.1%} | "
-            f"{np.percentile(ttft, 50):.3f} s | {np.percentile(ttft, 99):.3f} s | "
+            f"{percentile(ttft, 50):.3f} s | {percentile(ttft, 99):.3f} s | "
             f"{ttft.max():.3f} s |"
         )
 
@@ -111,7 +112,7 @@ def run(qps: float, num_requests: int, seed: int, **settings) -> dict:
         return float(np.mean(sel))
 
     def ttft(cls, q):
-        return float(np.percentile([m.ttft_s for m in rows if m.request_class == cls], q))
+        return percentile([m.ttft_s for m in rows if m.request_class == cls], q)
 
     return {
         "slo": share(None),
@@ -185,8 +186,7 @@ def main() -> None:
     )
     ap.add_argument("what", choices=["starvation", "causes", "capacity"])
     ap.add_argument("--qps", type=float, nargs="+", default=[0.25, 1.75])
-    ap.add_argument("--num-requests", type=int, default=500)
-    ap.add_argument("--seed", type=int, default=0)
+    add_common_args(ap, seed=0, num_requests=500)
     ap.add_argument(
         "--predictor",
         default=PREDICTOR,

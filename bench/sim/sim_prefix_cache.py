@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
+from medha.benchmark.harness import add_common_args
 from medha.perf import ParallelConfig
 from medha.scheduler.config import SchedulerConfig
 from medha.scheduler.prefix_cache import reusable_prefix_tokens
@@ -52,7 +53,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--num-requests", type=int, default=3000)
+    add_common_args(ap, num_requests=3000)
     ap.add_argument("--time-scale", type=float, default=2.0)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--host-cache-gb", type=float, default=64.0, help="host tier per device")

@@ -22,6 +22,7 @@ import json
 
 import numpy as np
 
+from medha.benchmark.harness import percentile
 from medha.core.request import PRIORITY_CLASSES
 from medha.perf import ParallelConfig
 from medha.scheduler.config import SchedulerConfig
@@ -80,7 +81,7 @@ def run(name: str, settings: dict, targets: dict[str, float]) -> dict:
         ]
         per_class[c] = {
             "tpot_target_s": targets.get(c, default),
-            "tbt_p99_s": float(np.percentile(tbt, 99)) if tbt else None,
+            "tbt_p99_s": percentile(tbt, 99),
             "tpot_attainment": float(np.mean(met)) if met else None,
             "ttft_p50_s": float(np.median([r.ttft_s for r in rows])),
         }

@@ -18,6 +18,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from medha.benchmark.harness import add_common_args
 from medha.perf import ParallelConfig
 from medha.scheduler.config import SchedulerConfig
 from medha.sim.simulator import ClusterConfig, Simulator
@@ -28,7 +29,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--num-requests", type=int, default=10_000)
+    add_common_args(ap, num_requests=10_000)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--predictor", default="profiled")
     ap.add_argument(

@@ -27,6 +27,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from medha.benchmark.harness import add_common_args
 from medha.benchmark.load_generator import BenchConfig, run_bench
 from medha.benchmark.local_server import alternated, local_server
 from medha.benchmark.vllm_servers import add_server_args, server_command, server_flags
@@ -90,13 +91,11 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--qps", default="1.0,2.0", help="arrival rates, comma-separated")
-    ap.add_argument("--num-requests", type=int, default=150)
+    add_common_args(ap, seed=0, out="runs/vllm_mixed_load", num_requests=150)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--contenders", default=",".join(CONTENDERS), help="comma-separated")
     ap.add_argument("--workload", default=WORKLOAD)
-    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--profile", default=None, help="vLLM profile (default: this machine's)")
-    ap.add_argument("--out", default="runs/vllm_mixed_load")
     ap.add_argument("--quiet", action="store_true", help="no progress bars")
     ap.add_argument("--verbose", action="store_true", help="the servers' logs")
     add_server_args(ap)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -26,19 +26,24 @@ def add_common_args(
     num_requests: object = _UNSET,
     out_help: str | None = None,
     num_requests_help: str | None = None,
+    out_type: Callable[[str], object] | None = None,
 ) -> argparse.ArgumentParser:
     """Add the shared flags a bench takes, each with its default: only those named are added
     (a bench with no workload to seed takes no --seed). `out=None` makes --out optional with
-    no default; `out=...` (the Ellipsis) makes it required."""
+    no default; `out=...` (the Ellipsis) makes it required; `out_type` converts what is given
+    (Path, where the bench writes through it), a string otherwise."""
     if seed is not _UNSET:
         ap.add_argument(
-            "--seed", type=int, default=seed,
+            "--seed",
+            type=int,
+            default=seed,
             help="seed of the workload's random draws (default %(default)s)",
         )
     if out is not _UNSET:
         required = out is ...
         ap.add_argument(
             "--out",
+            **({"type": out_type} if out_type is not None else {}),
             required=required,
             default=None if required else out,
             help=(out_help or "where the results go")
@@ -46,7 +51,9 @@ def add_common_args(
         )
     if num_requests is not _UNSET:
         ap.add_argument(
-            "--num-requests", type=int, default=num_requests,
+            "--num-requests",
+            type=int,
+            default=num_requests,
             help=(num_requests_help or "requests in the workload") + " (default %(default)s)",
         )
     return ap
