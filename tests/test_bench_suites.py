@@ -45,6 +45,14 @@ def test_the_tables_run_registered_suites():
     assert {t.command[0] for t in tables.TABLES.values()} <= paths
 
 
+def test_the_readme_has_a_line_for_every_suite():
+    text = (BENCH / "README.md").read_text()
+    for s in suites.SUITES.values():
+        assert f"| {s.name} | " in text and f"`python bench/run.py {s.name}` ({s.path})" in text
+    for subject in suites.SUBJECTS:
+        assert f"\n## {subject}: " in text
+
+
 def _run(*args):
     return subprocess.run(
         [sys.executable, str(RUN), *args], cwd=ROOT, capture_output=True, text=True, timeout=120
