@@ -46,7 +46,8 @@ def main(argv: list[str]) -> int:
         print(f"bench/run.py: no suite {name!r}{hint} (--list names them all)", file=sys.stderr)
         return 2
     script = ROOT / suite.path
-    # the suite replaces this process: its signals, its exit status, its output unbuffered
+    # the suite replaces this process: signals reach it, its exit status is the run's, its
+    # output goes straight where this one's went
     if suite.path.endswith(".sh"):
         os.execvp("bash", ["bash", str(script), *args])
     else:

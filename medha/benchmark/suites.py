@@ -1,9 +1,10 @@
 """The registry of bench/'s suites: each script's name, its folder (its subject) and what it
-measures, the one place bench/run.py, bench/tables.py and bench/README.md take them from.
+measures; bench/run.py lists and runs them from here, bench/tables.py finds its commands'
+scripts here, and bench/README.md has a line for each (tests/test_bench_suites.py).
 
 A suite is one script in a folder of bench/ by subject; its name is the script's file name
 without its suffix (`python bench/run.py sim_pla_serve ...` runs bench/paper/sim_pla_serve.py).
-Its one-line description is the first line of the script's docstring (of its first comment
+Its one-line description is the first sentence of the script's docstring (of its first comment
 block for a shell script), so that it is written once, where the script is.
 """
 
