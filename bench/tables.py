@@ -10,9 +10,9 @@ one commit, and checks that the committed tables are what the code produces.
 A generated table sits between two markers in the doc; the first names the table, its command
 and the commit its numbers come from:
 
-    <!-- table pla-fig7-1: python bench/sim_pla_serve.py --only fig7 --replicas 1 (at abc1234) -->
+    <!-- table spp-vs-cp: python bench/sim/sim_spp_vs_cp.py (at abc1234) -->
     ... the command's standard output, but for its wall-time line ...
-    <!-- end table pla-fig7-1 -->
+    <!-- end table spp-vs-cp -->
 
 Written text around the tables stays the author's. The simulator is deterministic, so two runs
 at one commit write byte-identical tables; `--check` compares the tables' bodies, not the
@@ -33,10 +33,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # the checkout's medha, where this runs without an install
+
+from medha.benchmark.suites import script  # noqa: E402
+
 DOC = ROOT / "docs" / "reproductions.md"
-PLA = "bench/sim_pla_serve.py"
-ORCA = "bench/sim_orca_sarathi.py"
-ALIGNED = "bench/sim_aligned_serve.py"
+PLA = script("sim_pla_serve")
+ORCA = script("sim_orca_sarathi")
+ALIGNED = script("sim_aligned_serve")
 # the three cost models every AlignedServe reading is given under
 ALIGNED_MODELS = ("roofline", "roofline-cta:4.4", "roofline-padded")
 
@@ -52,37 +56,37 @@ class Table:
 
 
 TABLES: dict[str, Table] = {
-    "convoy": Table(("bench/sim_convoy_effect.py",)),
-    "convoy-window": Table(("bench/sim_convoy_effect.py", "--qps", "0.75", "--window", "3600")),
+    "convoy": Table((script("sim_convoy_effect"),)),
+    "convoy-window": Table((script("sim_convoy_effect"), "--qps", "0.75", "--window", "3600")),
     # one-change runs of rows 2 and 16: LoongServe's macro iterations; its ring priced as the
     # plain contiguous ring (Fig. 14 as Fig. 5b's CP)
     "convoy-macro": Table(
-        ("bench/sim_convoy_effect.py", "--qps", "0.125", "0.25", "--configs", "medha")
+        (script("sim_convoy_effect"), "--qps", "0.125", "0.25", "--configs", "medha")
         + ("loongserve, macro",)
     ),
     "convoy-window-ring": Table(
-        ("bench/sim_convoy_effect.py", "--qps", "0.75", "--window", "3600", "--configs")
+        (script("sim_convoy_effect"), "--qps", "0.75", "--window", "3600", "--configs")
         + ("medha", "loongserve, contiguous ring", "loongserve +reserv, contiguous ring")
     ),
     # LoongServe's macro iterations changed alone, short requests only
     "convoy-short-macro": Table(
-        ("bench/sim_convoy_effect.py", "--long-fraction", "0", "--qps", "0.25", "0.75", "1.25")
+        (script("sim_convoy_effect"), "--long-fraction", "0", "--qps", "0.25", "0.75", "1.25")
         + ("1.75", "--configs", "medha", "loongserve", "loongserve, macro")
     ),
     # the same with long requests, beside LoongServe as it is and LARS's other formula
     "convoy-macro-formula": Table(
-        ("bench/sim_convoy_effect.py", "--qps", "0.125", "0.25", "--configs", "medha")
+        (script("sim_convoy_effect"), "--qps", "0.125", "0.25", "--configs", "medha")
         + ("loongserve", "loongserve, macro", "medha, s / w(t)")
     ),
-    "capacity-500": Table(("bench/sim_capacity.py", "--num-requests", "500")),
+    "capacity-500": Table((script("sim_capacity"), "--num-requests", "500")),
     "convoy-short": Table(
-        ("bench/sim_convoy_effect.py", "--long-fraction", "0", "--qps", "0.25", "0.75", "1.25")
+        (script("sim_convoy_effect"), "--long-fraction", "0", "--qps", "0.25", "0.75", "1.25")
         + ("1.75",)
     ),
-    "policies": Table(("bench/sim_policies.py", "--lars-slack", "both")),
-    "lars-causes": Table(("bench/sim_lars.py", "causes")),
-    "lars-starvation": Table(("bench/sim_lars.py", "starvation"), quick=True),
-    "chunking": Table(("bench/sim_chunking.py",)),
+    "policies": Table((script("sim_policies"), "--lars-slack", "both")),
+    "lars-causes": Table((script("sim_lars"), "causes")),
+    "lars-starvation": Table((script("sim_lars"), "starvation"), quick=True),
+    "chunking": Table((script("sim_chunking"),)),
     "pla-fig5": Table((PLA, "--only", "fig5", "--think-ms", "500")),
     "pla-fig6-1": Table((PLA, "--only", "fig6", "--replicas", "1", "--requests", "600")),
     "pla-fig6-8": Table(
@@ -155,12 +159,12 @@ TABLES: dict[str, Table] = {
         )
         for suffix, change in (("", ()), ("-min-batch", ("--min-batch", "4")))
     },
-    "deferred-paper": Table(("bench/sim_deferred_prefill_paper.py",)),
-    "deferred-sharegpt": Table(("bench/sim_deferred_prefill_paper.py", "--sections", "sharegpt")),
-    "deferred-h100-mixed": Table(("bench/sim_deferred_prefill.py", "--mixed")),
+    "deferred-paper": Table((script("sim_deferred_prefill_paper"),)),
+    "deferred-sharegpt": Table((script("sim_deferred_prefill_paper"), "--sections", "sharegpt")),
+    "deferred-h100-mixed": Table((script("sim_deferred_prefill"), "--mixed")),
     # Figures 11 and 12, and the one-change run with long prompts four times Medha-SWE's
     **{
-        f"parallel-3d{size}{suffix}": Table(("bench/sim_3d_parallel.py", *run, *change))
+        f"parallel-3d{size}{suffix}": Table((script("sim_3d_parallel"), *run, *change))
         for size, run in (
             ("", ()),
             ("-4m", ("--qps", "1.75", "--num-requests", "100", "--long-scale", "4")),
@@ -169,21 +173,21 @@ TABLES: dict[str, Table] = {
     },
     # row 3: 1% long requests
     "convoy-1pct": Table(
-        ("bench/sim_convoy_effect.py", "--long-fraction", "0.01", "--qps", "0.25", "0.75")
+        (script("sim_convoy_effect"), "--long-fraction", "0.01", "--qps", "0.25", "0.75")
     ),
     **{
-        f"parallel-fig{fig}": Table(("bench/sim_parallel_figures.py", "--figure", fig))
+        f"parallel-fig{fig}": Table((script("sim_parallel_figures"), "--figure", fig))
         for fig in ("17a", "17b", "15", "16", "18", "19", "20", "3b")
     },
     "parallel-fig15-budget": Table(
-        ("bench/sim_parallel_figures.py", "--figure", "15", "--budget-s", "0.2")
+        (script("sim_parallel_figures"), "--figure", "15", "--budget-s", "0.2")
     ),
-    "spp-vs-cp": Table(("bench/sim_spp_vs_cp.py",), quick=True),
+    "spp-vs-cp": Table((script("sim_spp_vs_cp"),), quick=True),
     **{
-        f"swap-{part}": Table(("bench/sim_swap_vs_recompute.py", "--only", part))
+        f"swap-{part}": Table((script("sim_swap_vs_recompute"), "--only", part))
         for part in ("pressure", "priority")
     },
-    "slo-risk": Table(("bench/sim_slo_risk.py",)),
+    "slo-risk": Table((script("sim_slo_risk"),)),
     "orca-overhead": Table((ORCA, "--only", "overhead"), quick=True),
     "orca-serving": Table((ORCA, "--only", "serving", "--trace")),
 }

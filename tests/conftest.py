@@ -53,7 +53,7 @@ os.environ["MEDHA_CALIBRATE"] = "off"
 # roofline; the tests of the start-up profile turn it on themselves.
 os.environ["MEDHA_SELF_PROFILE_S"] = "0"
 
-# The toy scheduler of the paper's scenarios (bench/scheduling_scenarios.py runs them too);
+# The toy scheduler of the paper's scenarios (bench/sim/scheduling_scenarios.py runs them too);
 # tests import both names from here.
 from medha.benchmark.scenarios import TOKEN_S, toy_scheduler  # noqa: E402, F401
 

@@ -2,6 +2,7 @@
 
 import argparse
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,6 +25,14 @@ def test_out_is_required_where_the_bench_needs_it():
         ap.parse_args([])
     assert ap.parse_args(["--out", "d"]).out == "d"
     assert add_common_args(argparse.ArgumentParser(), out="runs/x").parse_args([]).out == "runs/x"
+
+
+def test_out_takes_the_type_the_bench_writes_through():
+    ap = add_common_args(argparse.ArgumentParser(), out=None, out_type=Path)
+    assert ap.parse_args(["--out", "r/x.json"]).out == Path("r/x.json")
+    assert ap.parse_args([]).out is None
+    plain = add_common_args(argparse.ArgumentParser(), out=None)
+    assert plain.parse_args(["--out", "x"]).out == "x"
 
 
 def test_percentiles_skip_missing_values_and_follow_numpy():

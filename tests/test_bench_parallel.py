@@ -1,5 +1,5 @@
-"""bench/sim_parallel_figures.py --quick (the paper's parallelism figures at small sizes), run as
-a script, as by hand (bench/ is no package to import from)."""
+"""bench/paper/sim_parallel_figures.py --quick (the paper's parallelism figures at small sizes),
+run as a script, as by hand (bench/ is no package to import from)."""
 
 import re
 import subprocess
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-FIGURES = Path(__file__).resolve().parents[1] / "bench" / "sim_parallel_figures.py"
+FIGURES = Path(__file__).resolve().parents[1] / "bench" / "paper" / "sim_parallel_figures.py"
 
 
 @pytest.fixture(scope="module")

@@ -234,7 +234,7 @@ def test_an_engine_learns_its_own_step_times(prompts):
     """--calibrate online (the default outside the tests): every batch's shape and measured
     time reach the learner, which corrects the engine's predictor; off keeps the model as it
     is. How well the correction converges is tests/test_online_fit.py's question (an engine
-    of known speeds) and bench/engine_convoy.py's (this machine): asserting it on measured
+    of known speeds) and bench/engine/engine_convoy.py's (this machine): asserting it on measured
     times here would let the machine's noise decide the test."""
     from medha.perf.online_fit import CorrectedPredictor, StepLearner
 

@@ -246,7 +246,7 @@ def test_pipeline_stages_chained_equal_the_whole_model(tiny_model):
 def test_spp_stages_work_on_consecutive_chunks_at_once():
     """Chunk i+1 enters the pipeline while chunk i is still in it: decided by the engine, so
     checked from its decisions (how many batches had completed when each was formed), not
-    from the clock; the stages' overlap in time is bench/engine_spp.py's to measure."""
+    from the clock; the stages' overlap in time is bench/engine/engine_spp.py's to measure."""
     llm = LLM(
         "smollm2",
         kv_memory_gb=0.05,

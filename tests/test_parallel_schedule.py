@@ -37,7 +37,7 @@ def test_spp_schedule_matches_the_simulator():
     """Every decision compared exactly, none of them read off a clock: the batches, the number
     of batches completed when each was formed (so whether it entered the pipeline beside the
     one before it), and the stages each passed. How much the stages then overlap in time on
-    this machine's cores is measured by bench/engine_spp.py, not asserted here."""
+    this machine's cores is measured by bench/engine/engine_spp.py, not asserted here."""
     engine_log, sim_log, ids, engine_stages, sim_stages = _both(spp=2)
     assert sim_log == engine_log
     # the reference CPU's plan (tests/conftest.py): the long prompt in 20 chunks of its 0.1 s

@@ -17,7 +17,7 @@ def test_convoy_quick_shows_the_convoy():
     out = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "bench/sim_convoy_effect.py"),
+            str(ROOT / "bench/paper/sim_convoy_effect.py"),
             "--quick",
             "--configs",
             "medha",

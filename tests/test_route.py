@@ -21,7 +21,7 @@ FAST = ["--health-interval-s", str(INTERVAL_S), "--health-timeout-s", str(CHECK_
         "--predictor", "roofline"]  # fmt: skip
 # How long a test waits for a router to see something it must see (all replicas in, one out):
 # a hang guard, not a latency claim. How fast the router sees a replica die is measured by
-# bench/route_faults.py ("out after").
+# bench/route/route_faults.py ("out after").
 SEEN_WITHIN_S = 60.0
 TIMEOUT_S = 30  # a request's, with httpx's default (5 s) short for a 2-core machine under load
 
@@ -110,7 +110,7 @@ def test_requests_pass_through_streamed_and_not(two_stubs):
 
 def test_the_slack_dispatcher_tells_the_client_its_predicted_ttft(two_stubs):
     # What it predicted for the replica it chose, to be checked against the measured TTFT
-    # (bench/route_slo.py); a dispatcher that predicts none sends no header.
+    # (bench/route/route_slo.py); a dispatcher that predicts none sends no header.
     with router(two_stubs) as url:  # slack, the default
         for stream in (False, True):
             r = complete(url, stream=stream)

@@ -1,4 +1,4 @@
-"""The contenders of bench/route_slo.py (medha/benchmark/routers.py): names, the command lines
+"""The contenders of bench/route/route_slo.py (medha/benchmark/routers.py): names, the command lines
 that start them, and the Missing error a bench turns into a skipped line. Starting real
 routers is the bench's job (it needs the peers' wheels and two model replicas)."""
 
@@ -87,7 +87,7 @@ def test_a_routers_cpu_time_counts_its_children():
 
 
 def _route_slo():
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench" / "route"))
     import route_slo
 
     return route_slo

@@ -1,4 +1,4 @@
-"""schemathesis against a real `medha serve` (bench/server_fuzz.py, bounded for CI): no
+"""schemathesis against a real `medha serve` (bench/server/server_fuzz.py, bounded for CI): no
 response >= 500, every documented status and body as the OpenAPI document says, schema-invalid
 input refused, /health 200 throughout."""
 
@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-FUZZ = Path(__file__).resolve().parents[1] / "bench" / "server_fuzz.py"
+FUZZ = Path(__file__).resolve().parents[1] / "bench" / "server" / "server_fuzz.py"
 
 
 def fuzz(args: list[str], summary: Path) -> dict:

@@ -144,8 +144,8 @@ def test_the_event_loop_refuses_steps_it_would_not_pause():
 
 
 def test_a_lone_decode_takes_its_batch_time_through_every_stage():
-    # what bench/sim_parallel_figures.py's decode figures read off the predictor: a decode joins
-    # the next batch only once its batch has left the last stage
+    # what bench/paper/sim_parallel_figures.py's decode figures read off the predictor: a decode
+    # joins the next batch only once its batch has left the last stage
     par = ParallelConfig(tp=8, spp=4, kvp=2)
     sim = Simulator(ClusterConfig(hardware="h100"), par, SchedulerConfig())
     r = Request("a", 0.0, 2048, 6)

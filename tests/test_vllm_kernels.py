@@ -105,7 +105,7 @@ def test_bf16_is_as_close_to_fp32_as_transformers_in_bf16(prompts, hf):
     each position's worst logit (within 25%: the tail swings more between kernels). Measured,
     mean / mean of the rows' maxima: AVX-512 BF16 EPYC 0.094 / 0.350 (whole and chunked)
     against transformers' 0.108 / 0.388; Sapphire Rapids with AMX, whole, 0.094 / 0.362 against
-    0.103 / 0.376. (bench/engine_correctness.py prints the largest differences.)"""
+    0.103 / 0.376. (bench/engine/engine_correctness.py prints the largest differences.)"""
     if not gemm_runs(torch.bfloat16):
         pytest.skip(
             "this CPU's oneDNN has no bf16 GEMM (AVX2 only): the engine refuses bf16 on vLLM's "

@@ -68,7 +68,7 @@ class VllmCpuPredictor(WrappedPredictor):
 
     `prefill_extra_s` adds a further fixed cost to every iteration that prefills, and only to
     those: it is no measurement but the one knob of the diagnostic run that asks how large the
-    paper's fixed prefill cost c_p must have been (bench/sim_deferred_prefill_paper.py). An
+    paper's fixed prefill cost c_p must have been (bench/paper/sim_deferred_prefill_paper.py). An
     iteration prefills when it holds more tokens than sequences (a decode is one token), which
     misses only prompts of a single token."""
 

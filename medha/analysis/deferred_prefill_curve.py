@@ -50,7 +50,7 @@ class DeferredPrefillArgs:
                 "add vLLM's CPU time per iteration (scheduling, inputs, sampling, outputs: "
                 "2.0 ms + 0.17 ms per sequence, Vidur's A100 measurement) to the roofline "
                 "predictor, in place of its own 1 ms per iteration; the cost model of "
-                "bench/sim_deferred_prefill_paper.py"
+                "bench/paper/sim_deferred_prefill_paper.py"
             )
         },
     )

@@ -8,12 +8,13 @@ the client's view, network and queueing included.
 # The docstring above is `medha bench --help`. Besides `medha bench` (config, workload,
 # load_generator), this package holds what the scripts in bench/ share with each other and with
 # tests/, so that both import it by name: harness (the flags every bench shares, percentiles, the
-# result writer), local_server, vllm_servers, hf_baselines, tiny_llama, faults, logits, scenarios,
-# stub_backend, routers; and the named parts of the larger benches, so that a script keeps only
-# its flags and its tables: route_workloads, route_client, route_calibration, route_probes,
-# route_twin and route_report (bench/route_slo.py), pla_workload and pla_runs
-# (bench/sim_pla_serve.py), parallel_bench and parallel_decode (bench/sim_parallel_figures.py),
-# engine_rows (bench/engine_device.py) and gpu_parts (bench/engine_gpu_parts.py). Those two GPU
+# result writer), suites (their registry, for bench/run.py and bench/tables.py), local_server,
+# vllm_servers, hf_baselines, tiny_llama, faults, logits, scenarios, stub_backend, routers; and
+# the named parts of the larger benches, so that a script keeps only its flags and its tables:
+# route_workloads, route_client, route_calibration, route_probes, route_twin and route_report
+# (bench/route/route_slo.py), pla_workload and pla_runs (bench/paper/sim_pla_serve.py),
+# parallel_bench and parallel_decode (bench/paper/sim_parallel_figures.py), engine_rows
+# (bench/gpu/engine_device.py) and gpu_parts (bench/gpu/engine_gpu_parts.py). Those two GPU
 # scripts load their module (and harness) by its path and measure whichever medha is on the path
 # (another checkout's with --against or --project), so engine_rows and gpu_parts import medha only
 # inside their functions. What only the tests use is in medha/testing/ (tests/test_imports.py

@@ -1,10 +1,10 @@
-"""The rows of bench/engine_device.py, each measured in one worker process: medha's engine
+"""The rows of bench/gpu/engine_device.py, each measured in one worker process: medha's engine
 against the device's limits (decode1, decode64, prefill: the weights' and KV's read time, the
 FLOP rate), the chunking and convoy rows, the aten calls of a lone decode step, and
 transformers on the same weights (hf); `worker` runs the rows asked for, a failing row kept as
 a finding.
 
-bench/engine_device.py loads this file by its path, and in an A/B run (--against) its worker
+bench/gpu/engine_device.py loads this file by its path, and in an A/B run (--against) its worker
 imports another checkout's medha: so this module imports medha only inside its functions, and
 whatever medha is on the path is the one measured.
 """

@@ -1,5 +1,5 @@
 """Fault injection into a real engine, for tests/test_isolation.py and
-bench/engine_fault_injection.py: make the engine raise for one chosen request at one place of
+bench/engine/engine_fault_injection.py: make the engine raise for one chosen request at one place of
 its step. The requests both send (PROMPTS, GREEDY) are here too: the benchmark repeats the
 tests' runs."""
 

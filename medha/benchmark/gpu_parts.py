@@ -1,4 +1,4 @@
-"""The parts of medha's engine on a CUDA GPU, measured and checked for bench/engine_gpu_parts.py:
+"""The parts of medha's engine on a CUDA GPU, measured and checked for bench/gpu/engine_gpu_parts.py:
 the decode attention kernels against exact attention and the torch path, the prefix merge's
 kernels against the masked SDPA, a small random Llama decoding by each kernel (tokens compared),
 and a decode step broken down into its parts. `DEV` is the device ("cpu": a dry run at tiny

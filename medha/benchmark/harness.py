@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -26,10 +26,12 @@ def add_common_args(
     num_requests: object = _UNSET,
     out_help: str | None = None,
     num_requests_help: str | None = None,
+    out_type: Callable[[str], object] | None = None,
 ) -> argparse.ArgumentParser:
     """Add the shared flags a bench takes, each with its default: only those named are added
     (a bench with no workload to seed takes no --seed). `out=None` makes --out optional with
-    no default; `out=...` (the Ellipsis) makes it required."""
+    no default; `out=...` (the Ellipsis) makes it required; `out_type` converts what is given
+    (Path, where the bench writes through it), a string otherwise."""
     if seed is not _UNSET:
         ap.add_argument(
             "--seed",
@@ -41,6 +43,7 @@ def add_common_args(
         required = out is ...
         ap.add_argument(
             "--out",
+            **({"type": out_type} if out_type is not None else {}),
             required=required,
             default=None if required else out,
             help=(out_help or "where the results go")

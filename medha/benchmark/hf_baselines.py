@@ -1,8 +1,8 @@
 """Hugging Face transformers baselines for medha's engine, on CPU: static batching with
 `generate`, transformers' own continuous batching, and the prefill GFLOP/s of one forward pass,
-over one synthetic offline workload. bench/hf_baselines.py runs them alone;
-bench/engine_throughput.py runs them beside medha's engine, and bench/engine_vs_peers.py sends
-the same workload to servers."""
+over one synthetic offline workload. bench/engine/hf_baselines.py runs them alone;
+bench/engine/engine_throughput.py runs them beside medha's engine, and
+bench/engine/engine_vs_peers.py sends the same workload to servers."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The logits of a prompt's prefill on medha's engine, position by position, for comparing
 chunkings, dtypes and kernels with each other and with transformers: tests/test_engine.py,
-tests/test_vllm_kernels.py and bench/engine_correctness.py compare the same numbers."""
+tests/test_vllm_kernels.py and bench/engine/engine_correctness.py compare the same numbers."""
 
 from __future__ import annotations
 

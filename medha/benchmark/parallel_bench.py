@@ -1,4 +1,4 @@
-"""What bench/sim_parallel_figures.py's figures stand on: `Bench` (predictors built with the
+"""What bench/paper/sim_parallel_figures.py's figures stand on: `Bench` (predictors built with the
 run's one-change settings, a prefill alone on the simulator, a lone decode's time, the models and
 predictors each figure used), the predictor wrappers of the one-change runs (`StageOverhead`,
 `KvpMerge`), the KVP layout of the paper's Fig. 6 (`kvp_layout`), and the cells' formats.

@@ -1,4 +1,4 @@
-"""A run of bench/sim_pla_serve.py: one configuration (policy, cost model, dispatcher) on the
+"""A run of bench/paper/sim_pla_serve.py: one configuration (policy, cost model, dispatcher) on the
 simulator's H200 prefill instances, SGLang's 8,192-token chunks unless it says otherwise, and
 the metrics every figure and table reads off the result (throughput, mean and P90 TTFT, SLO
 violations, batch depth, makespan, prefix hits).

@@ -1,4 +1,4 @@
-"""bench/sim_pla_serve.py's workloads: synthetic multi-turn conversations shaped to the PLA-Serve
+"""bench/paper/sim_pla_serve.py's workloads: synthetic multi-turn conversations shaped to the PLA-Serve
 paper's Figure 2 (log-normal first prompts and later messages, geometric turn counts), sent by
 closed-loop clients (`ClosedLoop`) or as Poisson arrivals (`poisson`); every request carries the
 paper's 0.4 s TTFT SLO. With `history`, a turn's prompt is the session's context so far as

@@ -1,4 +1,4 @@
-"""bench/route_slo.py's calibration: the time to first token of prompts alone on one fresh
+"""bench/route/route_slo.py's calibration: the time to first token of prompts alone on one fresh
 replica (one core, as in the runs), fitted with non-negative a + b L + c L^2, and how many
 tokens the chat template adds; the TTFT targets (medha/benchmark/route_client.Slo) follow it.
 """

@@ -1,4 +1,4 @@
-"""bench/route_slo.py's client: each request streamed to /v1/completions or
+"""bench/route/route_slo.py's client: each request streamed to /v1/completions or
 /v1/chat/completions with its TTFT target (`Slo`) in the body and a header, timed chunk by
 chunk (`send`), and a whole workload sent at its arrival times (`run_workload`: one-shots open
 loop, each conversation closed-loop with the answers it got).

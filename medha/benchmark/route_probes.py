@@ -1,4 +1,4 @@
-"""What bench/route_slo.py reads off the replicas and the router it runs: their /metrics
+"""What bench/route/route_slo.py reads off the replicas and the router it runs: their /metrics
 (prefix-cache and request counters, the KV capacity, what `medha route` measured), the model a
 replica serves, and whether a router passes a request's `medha` object on to the replica.
 """

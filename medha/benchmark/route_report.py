@@ -1,4 +1,4 @@
-"""bench/route_slo.py's results: one contender's cells of one workload pooled into a summary
+"""bench/route/route_slo.py's results: one contender's cells of one workload pooled into a summary
 (short-request TTFT percentiles, SLO attainment, prefix hit rate, hot-spot index, the router's
 CPU time, throughput, the slowest short requests and the short p99 no router can beat), the
 summaries of a whole run (`tables`), and their Markdown tables (`print_tables`; `report` prints

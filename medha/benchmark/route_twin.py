@@ -1,4 +1,4 @@
-"""bench/route_slo.py's references for a run: its digital twin (the run's requests as a trace,
+"""bench/route/route_slo.py's references for a run: its digital twin (the run's requests as a trace,
 replayed by `medha simulate` on two replicas under the contender's dispatcher) and the prefix
 hit rate of one cache holding both replicas' (the reference a router's cluster hit rate is held
 to).

@@ -1,4 +1,4 @@
-"""The workloads of bench/route_slo.py, all real text sent through the OpenAI API: multi-turn
+"""The workloads of bench/route/route_slo.py, all real text sent through the OpenAI API: multi-turn
 conversations (`conversations`: the whole history each turn, closed-loop), questions about a few
 shared documents (`shared_prefix`), and one-shot prompts of `medha bench`'s mixed workload or the
 bundled ShareGPT trace's lengths (`one_shots`). Prompts are words SmolLM2 tokenizes one token

@@ -1,4 +1,4 @@
-"""The routers `bench/route_slo.py` puts in front of `medha serve` replicas, started as
+"""The routers `bench/route/route_slo.py` puts in front of `medha serve` replicas, started as
 subprocesses and stopped cleanly: medha's own (`medha route`, one contender per dispatcher) and
 two peers, SGLang's router and vLLM's router, with their prefix-aware policies.
 

@@ -1,5 +1,5 @@
 """The paper's scheduling scenarios, run through the real scheduler by the simulator's replay:
-tests/test_scenarios.py checks their outcomes, bench/scheduling_scenarios.py tabulates them for
+tests/test_scenarios.py checks their outcomes, bench/sim/scheduling_scenarios.py tabulates them for
 every policy. The toy scheduler they run on is also the one of the tests (tests/conftest.py).
 """
 

@@ -1,6 +1,6 @@
 """A stub OpenAI-compatible backend that answers at once: the replica behind `medha route` when
-the router's own cost is measured (bench/route_overhead.py), and a replica that fails on demand
-in the router's tests.
+the router's own cost is measured (bench/route/route_overhead.py), and a replica that fails on
+demand in the router's tests.
 
     python -m medha.benchmark.stub_backend --port 8100 [--model stub] [--n-tokens 1]
         [--delay-s 0] [--token-delay-s 0] [--status 503] [--hang]

@@ -16,7 +16,7 @@ CTA rate: v1's 128 threads are 4 warps, each loading one 16-token KV block of on
 (16 x head_dim x dtype bytes) per step, so 4 blocks are in flight; HBM latency under load is
 taken as 600 ns (microbenchmarks of A100/H100 global memory report 400-700 ns loaded; the value
 is an assumption), 27.3 GB/s. `roofline-cta:GBPS` sets the rate instead: a v1-style Triton
-kernel (one 4-warp program per (sequence, head), bench/aligned_attention_cuda.py) streamed
+kernel (one 4-warp program per (sequence, head), bench/gpu/aligned_attention_cuda.py) streamed
 4.4 GB/s per program on an H100 (a 4696-token sequence alone: 545.6 us a layer), so a kernel of
 this form can be six times slower per CTA than the Little's-law bound; vLLM's own kernel was not
 at hand to measure. Nothing here is fitted to AlignedServe's figures.

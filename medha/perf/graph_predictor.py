@@ -23,10 +23,10 @@ policy gains from it comes from the cost model.
   vLLM run prefills eagerly) and the pla policy without graphs.
 
 Where the numbers come from (docs/cuda_graph_prefill_h100.json, measured by the compact script
-docs/cuda_graph_prefill_h100_script.txt, sent inline to the lent H100; bench/cuda_graph_prefill.py
-is the same measurement written out, with RoPE, not yet run): a PyTorch decoder of Qwen2.5-7B's
-shapes (28 layers, bf16, random weights) on the H100, prefill batches L in {8..256} x B in
-{1..64}, each timed eager and as a replayed CUDA graph:
+docs/cuda_graph_prefill_h100_script.txt, sent inline to the lent H100;
+bench/gpu/cuda_graph_prefill.py is the same measurement written out, with RoPE, not yet run): a
+PyTorch decoder of Qwen2.5-7B's shapes (28 layers, bf16, random weights) on the H100, prefill
+batches L in {8..256} x B in {1..64}, each timed eager and as a replayed CUDA graph:
 - the host issued one eager forward in 6.78-7.59 ms whatever the shape (15.07 kernels per
   layer by torch.profiler, 16 us per kernel with PyTorch's per-op overhead; a bare launch
   costs 6.3 us): 244 us per layer -> HOST_LAYER_S;

@@ -41,7 +41,7 @@ class HardwareSpec:
     # device <-> host memory, bytes/s per device, one direction (what KV swapping moves over);
     # 0: a copy within host memory, half the measured read+write copy bandwidth. GPUs: PCIe
     # 4.0/5.0 x16 with pinned memory; an H100 here measured 49.7 GB/s host-to-device and 54.8
-    # device-to-host (bench/kv_swap_cuda.py); the A100 figure is PCIe 4.0's usual, unmeasured
+    # device-to-host (bench/gpu/kv_swap_cuda.py); the A100 figure is PCIe 4.0's usual, unmeasured
     host_bw: float = 0.0
 
     def to_json(self) -> dict:

@@ -3,7 +3,7 @@
 
 This is both LoongServe's elastic sequence parallelism (one prefill iteration of a batch of
 whole prompts over the instances the scheduler chose) and plain context parallelism (CP degree
-p over TP-t groups: the SPP-versus-CP comparison of bench/sim_spp_vs_cp.py).
+p over TP-t groups: the SPP-versus-CP comparison of bench/sim/sim_spp_vs_cp.py).
 
 The model, per layer (all layers alike, so the predictor's whole-model times divide by the
 layer count):

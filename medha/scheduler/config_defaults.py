@@ -39,7 +39,7 @@ NEGLIGIBLE_PRICE = 1.02
 # profiled, where the shorts then waited 15x their time alone). And a chat arriving during a
 # long prompt's step waits at most its own time alone (a CHAT_PROMPT_TOKENS prompt: a chat
 # turn, or the convoy benchmarks' 8 shorts of 64 tokens), so its TTFT stays within about 1.5x
-# of it at the median (bench/engine_convoy.py: arrival waits of 0.3 s kept the shorts at
+# of it at the median (bench/engine/engine_convoy.py: arrival waits of 0.3 s kept the shorts at
 # 0.8x alone here, 0.5 s let them reach 1.5x).
 READING_TPOT_S = 0.15
 CHAT_PROMPT_TOKENS = 512

@@ -1,7 +1,7 @@
 """The convoy, replayed: the decisions an executor makes on a machine its model predicts wrong.
 
-The benchmarks' convoy (bench/vllm_convoy.py, bench/engine_convoy.py): a long prompt, then
-short prompts `after_s` later, each with `max_tokens` of output; before it, the same shorts
+The benchmarks' convoy (bench/vllm/vllm_convoy.py, bench/engine/engine_convoy.py): a long prompt,
+then short prompts `after_s` later, each with `max_tokens` of output; before it, the same shorts
 alone, after a warm-up of them. Here the executor's scheduler plans as it would on a real
 server, over the model it would start with (a start-up profile, or the roofline), corrected
 online from each batch; the batches take the time `truth` gives them (another model: the

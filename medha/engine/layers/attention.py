@@ -174,7 +174,7 @@ _flash_with_lse = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_f
 
 
 # Which kernel a chunk after a prefix takes on CUDA (bf16/fp16): flash (the default) or
-# cudnn, for A/B runs on a GPU (bench/engine_device.py, docs/engine.md "CUDA")
+# cudnn, for A/B runs on a GPU (bench/gpu/engine_device.py, docs/engine.md "CUDA")
 PREFIX_KERNEL_ENV = "MEDHA_PREFIX_KERNEL"
 
 

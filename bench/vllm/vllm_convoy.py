@@ -1,0 +1,217 @@
+"""The convoy effect on vLLM's engine: plain vLLM's scheduler against medha's, through vLLM's
+OpenAI server, side by side in one run.
+
+    python bench/vllm/vllm_convoy.py [--rounds 2] [--medha '{"policy": "lars", ...}' ...] \
+        [--front vllm]
+
+SmolLM2-135M on this machine, every server with the same flags
+(medha/benchmark/vllm_servers.py: vLLM's dtype, 2,048 tokens and 128 sequences per step). A
+6,000-token prompt, then 8 short prompts (64 tokens, 16 output tokens each) 0.5 s later; and the
+same 8 short prompts alone. For each server, the short requests' TTFT p50 alone and behind the
+long prompt, their ratio, and the long prompt's TTFT; for each medha contender, how far its
+predicted step times were from the measured ones, every step from the server's first (the
+scheduler's MEDHA_STEP_LOG; the default `calibrate: online` corrects the model as it runs,
+`"calibrate": "off"` in --medha keeps it as it starts).
+Contenders: `python -m vllm.entrypoints.openai.api_server` with its default scheduler, and the
+same with `--scheduler-cls medha.vllm_executor.MedhaScheduler --additional-config
+'{"medha": ...}'` (or, with --front medha, `medha serve --engine vllm`); with --engine-medha,
+`medha serve` on medha's own engine; one server at a time, alternated for --rounds rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+
+from medha.benchmark.local_server import alternated, local_server
+from medha.benchmark.step_errors import prediction_error, read_step_log
+from medha.benchmark.vllm_servers import (
+    add_server_args,
+    engine_command,
+    server_command,
+    server_flags,
+)
+
+DEFAULT_MEDHA = {"policy": "lars", "chunking": "adaptive"}
+
+
+async def ttft(client, prompt: list[int], delay: float, t0: float, tokens: int = 16) -> float:
+    """Time from the request's arrival (t0 + delay) to its first streamed token."""
+    await asyncio.sleep(max(0.0, t0 + delay - time.monotonic()))
+    sent = time.monotonic()
+    stream = await client.completions.create(
+        model="m", prompt=prompt, max_tokens=tokens, temperature=0, stream=True,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    first = None
+    async for chunk in stream:
+        if first is None and chunk.choices and chunk.choices[0].text:
+            first = time.monotonic() - sent
+    return first if first is not None else float("nan")
+
+
+async def scenario(url: str, with_long: bool, seed: int, short_tokens: int = 16) -> dict:
+    import openai
+
+    rng = random.Random(seed)
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", timeout=3600)
+    shorts = [[rng.randrange(100, 40000) for _ in range(64)] for _ in range(8)]
+    long = [rng.randrange(100, 40000) for _ in range(6000)]
+    t0 = time.monotonic()
+    tasks = [ttft(client, p, 0.5, t0, short_tokens) for p in shorts]
+    if with_long:
+        tasks.append(ttft(client, long, 0.0, t0))
+    times = await asyncio.gather(*tasks)
+    await client.close()
+    out = {"short_p50": statistics.median(times[:8]), "short_max": max(times[:8])}
+    if with_long:
+        out["long"] = times[8]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument(
+        "--medha",
+        action="append",
+        default=None,
+        help="medha's settings (JSON); repeat for several medha contenders, each run beside "
+        f"plain vLLM in every round (default: {json.dumps(DEFAULT_MEDHA)}; none: no medha "
+        "scheduler on vLLM, with --engine-medha contenders only)",
+    )
+    ap.add_argument(
+        "--short-tokens",
+        type=int,
+        default=16,
+        help="output tokens of each short prompt (1: their decodes cost the long prompt "
+        "nothing, the convoy's TTFTs without them)",
+    )
+    ap.add_argument(
+        "--engine-medha",
+        action="append",
+        default=None,
+        metavar="JSON",
+        help="a contender on medha's own engine: `medha serve` with these settings as its flags "
+        "(JSON, {} for its defaults); repeat for several. Their goal against plain vLLM's long "
+        "TTFT is 1.10x (issue 48)",
+    )
+    ap.add_argument(
+        "--fresh-cache",
+        action="store_true",
+        help="start each medha server (on vLLM or its own engine) with an empty "
+        "MEDHA_CACHE_DIR (the model stays where it is): no profile of its own, as on a new "
+        "machine, so that medha's engine times itself at start (--self-profile-s) or plans "
+        "from the roofline corrected online, as medha's scheduler on vLLM does",
+    )
+    ap.add_argument(
+        "--bind",
+        default=None,
+        metavar="CORES",
+        help="VLLM_CPU_OMP_THREADS_BIND of every vLLM server, plain vLLM's and medha's on vLLM "
+        "(the same binding for each), e.g. 0-1 for both cores of this machine; --plain-bind "
+        "overrides it for plain vLLM",
+    )
+    ap.add_argument(
+        "--plain-bind",
+        default=None,
+        metavar="CORES",
+        help="VLLM_CPU_OMP_THREADS_BIND of plain vLLM's server only, e.g. 0-1 for both cores "
+        "of this machine (default: vLLM's own binding, every core but one, as medha's servers)",
+    )
+    ap.add_argument("--verbose", action="store_true", help="the servers' logs")
+    add_server_args(ap)
+    args = ap.parse_args()
+    flags = server_flags(args)
+    given = args.medha or [json.dumps(DEFAULT_MEDHA)]
+    settings = [] if given == ["none"] else [json.loads(m) for m in given]
+    contenders = {"vLLM": None} | {label(m): m for m in settings}
+    engines = {engine_label(m): m for m in map(json.loads, args.engine_medha or [])}
+    contenders |= engines
+    rows, errors = [], []
+    logs = tempfile.mkdtemp(prefix="vllm-convoy-steps-")
+    print(f"medha's step logs (MEDHA_STEP_LOG) in {logs}", file=sys.stderr)
+    for rnd, name in alternated(list(contenders), args.rounds):
+        if name in engines:
+            command = engine_command(flags, engines[name])
+        else:
+            command = server_command(flags, contenders[name], args.front)
+        step_log = os.path.join(logs, f"{rnd}-{len(rows)}.jsonl")
+        env = dict(os.environ, MEDHA_STEP_LOG=step_log)
+        bind = args.plain_bind if contenders[name] is None and args.plain_bind else args.bind
+        if bind and name not in engines:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = bind
+        if args.fresh_cache and contenders[name] is not None:
+            env["MEDHA_CACHE_DIR"] = tempfile.mkdtemp(prefix="medha-convoy-cache-")
+        with local_server(command, quiet=not args.verbose, env=env) as url:
+            asyncio.run(scenario(url, False, 99))  # warm-up
+            # (the runs alone and behind draw different prompts: every server here caches
+            # prefixes, and shorts it had seen alone would be served from the cache behind)
+            alone = asyncio.run(scenario(url, False, rnd, args.short_tokens))
+            behind = asyncio.run(scenario(url, True, 1000 + rnd, args.short_tokens))
+        if contenders[name] is not None and os.path.exists(step_log):
+            errors.append((name, rnd, *prediction_error(read_step_log(step_log))))
+        row = (name, rnd, alone["short_p50"], behind["short_p50"], behind["short_max"])
+        rows.append((*row, behind["long"]))
+        print(
+            f"round {rnd} {name}: shorts alone {alone['short_p50']:.3f} s, behind "
+            f"{behind['short_p50']:.3f} s ({behind['short_p50'] / alone['short_p50']:.1f}x), "
+            f"long TTFT {behind['long']:.2f} s",
+            file=sys.stderr,
+            flush=True,
+        )
+    print(
+        f"\n{flags}; front {args.front}; plain vLLM bound to "
+        f"{args.plain_bind or args.bind or 'its default'}, medha on vLLM to "
+        f"{args.bind or 'its default'}\n"
+    )
+    print("| round | scheduler | short TTFT p50 alone | behind the long one | ratio | max behind "
+          "| long TTFT |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
+    for name, rnd, alone, behind, worst, long in rows:
+        print(
+            f"| {rnd} | {name} | {alone:.3f} s | {behind:.3f} s | {behind / alone:.2f}x | "
+            f"{worst:.3f} s | {long:.2f} s |"
+        )
+    print()
+    print("| round | scheduler | median abs(measured / predicted - 1), every step from the "
+          "first | steps | 8 in a row within 15% after |")  # fmt: skip
+    print("|---|---|---|---|---|")
+    for name, rnd, median, count, settled in errors:
+        after = "never" if settled is None else f"{settled} steps"
+        print(f"| {rnd} | {name} | {median:.3f} | {count} | {after} |")
+    print()
+    for rnd in range(args.rounds):
+        plain = next(r for r in rows if r[1] == rnd and r[0] == "vLLM")
+        for ours in (r for r in rows if r[1] == rnd and r[0] != "vLLM"):
+            goal = 1.10 if ours[0] in engines else 1.15
+            print(
+                f"round {rnd} {ours[0]}: shorts behind / alone {ours[3] / ours[2]:.2f}x (goal "
+                f"<= 1.5x), long TTFT / plain vLLM's {ours[5] / plain[5]:.2f}x (goal <= "
+                f"{goal:.2f}x)"
+            )
+
+
+def engine_label(settings: dict) -> str:
+    """`medha engine (lars, adaptive)`, with any other settings after them."""
+    return "medha engine" + label(settings).removeprefix("vLLM + medha")
+
+
+def label(medha: dict) -> str:
+    """`vLLM + medha (lars, adaptive)`, with any other settings after them."""
+    rest = [f"{k}={v}" for k, v in medha.items() if k not in ("policy", "chunking")]
+    parts = [medha.get("policy", "lars"), medha.get("chunking", "adaptive"), *rest]
+    return f"vLLM + medha ({', '.join(parts)})"
+
+
+if __name__ == "__main__":
+    main()
