@@ -677,7 +677,7 @@ def test_the_start_up_probe_corrects_the_roofline_before_the_first_request(
     assert engine.predictor.theta != BASE_THETA  # the roofline, corrected before any request
     assert not Path(engine.profile_path).exists()  # nothing written: the grid's job
     # the defaults follow the corrected model, as at a re-resolution
-    assert sched.config == resolve_config(sched._given, engine.predictor)
+    assert sched.config == resolve_config(sched.recalibration.given, engine.predictor)
     assert "corrected by 6 probe shapes" in caplog.text and "(0 skipped)" in caplog.text
     engine.add_request("r", [5, 6, 7], SamplingParams(max_tokens=4, ignore_eos=True))
     outs = []
