@@ -179,7 +179,7 @@ def test_a_request_aborted_while_its_batch_runs_ahead_ends_there(varied_model):
     while engine.scheduler.num_decoding < 2:
         engine.step()
     engine.step()
-    assert "a" in engine._ahead.rows  # its next decode runs ahead
+    assert "a" in engine.step_mode.ahead.rows  # its next decode runs ahead
     assert engine.abort("a")
     after = []
     while engine.has_unfinished():
@@ -655,7 +655,7 @@ def test_the_start_up_probe_corrects_the_roofline_before_the_first_request(
     import logging
 
     from medha.benchmark.tiny_llama import build_tiny_llama
-    from medha.engine import llm_engine, profiler
+    from medha.engine import profiler, start_measurement
     from medha.engine.llm_engine import LLMEngine
     from medha.perf.online_fit import BASE_THETA, probe_shapes
     from medha.scheduler.config_defaults import resolve_config
@@ -666,18 +666,18 @@ def test_the_start_up_probe_corrects_the_roofline_before_the_first_request(
     given = SchedulerConfig(max_model_len=256, max_num_seqs=8)
 
     # every shape timed whatever the machine's speed: the bound is checked below on its own
-    budget = llm_engine.PROBE_BUDGET_S
-    monkeypatch.setattr(llm_engine, "PROBE_BUDGET_S", float("inf"))
+    budget = start_measurement.PROBE_BUDGET_S
+    monkeypatch.setattr(start_measurement, "PROBE_BUDGET_S", float("inf"))
     with caplog.at_level(logging.INFO, logger="medha.engine"):
         engine = LLMEngine(EngineConfig(**options), given)
-    monkeypatch.setattr(llm_engine, "PROBE_BUDGET_S", budget)
+    monkeypatch.setattr(start_measurement, "PROBE_BUDGET_S", budget)
     sched = engine.scheduler
     shapes = probe_shapes(min(engine.max_model_len, engine.kv_capacity_tokens))
     assert sched.learner.observed == len(shapes) == 6
     assert engine.predictor.theta != BASE_THETA  # the roofline, corrected before any request
     assert not Path(engine.profile_path).exists()  # nothing written: the grid's job
     # the defaults follow the corrected model, as at a re-resolution
-    assert sched.config == resolve_config(sched._given, engine.predictor)
+    assert sched.config == resolve_config(sched.recalibration.given, engine.predictor)
     assert "corrected by 6 probe shapes" in caplog.text and "(0 skipped)" in caplog.text
     engine.add_request("r", [5, 6, 7], SamplingParams(max_tokens=4, ignore_eos=True))
     outs = []
@@ -690,12 +690,12 @@ def test_the_start_up_probe_corrects_the_roofline_before_the_first_request(
     via_cli = LLM(scheduler=given, **vars(EngineConfig(**options)))
     assert via_cli.engine.scheduler.learner.observed == 0
     # a layout whose shapes run far slower than their budget: the rest is learned online
-    monkeypatch.setattr(llm_engine, "PROBE_BUDGET_S", 1e-9)
+    monkeypatch.setattr(start_measurement, "PROBE_BUDGET_S", 1e-9)
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="medha.engine"):
         short = LLMEngine(EngineConfig(**options), given)
     assert short.scheduler.learner.observed == 1 and "(5 skipped)" in caplog.text
-    monkeypatch.setattr(llm_engine, "PROBE_BUDGET_S", budget)
+    monkeypatch.setattr(start_measurement, "PROBE_BUDGET_S", budget)
     off = LLMEngine(EngineConfig(start_probe=False, **options), given)
     assert off.scheduler.learner.observed == 0 and off.predictor.theta == BASE_THETA
 

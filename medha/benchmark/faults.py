@@ -55,9 +55,9 @@ def inject(monkeypatch, llm, where: str, victim: str, prompt: list[int], after: 
         monkeypatch.setattr(runner, "prepare", prepare)
         monkeypatch.setattr(runner, "forward", forward)
     elif where == "sampler":  # non-finite logits in the victim's row
-        from medha.engine import llm_engine
+        from medha.engine import step_modes
 
-        real_finish = llm_engine.finish_sampling
+        real_finish = step_modes.finish_sampling
 
         def finish_sampling(started, rows, params, generators, request_ids):
             if victim in request_ids and hits():
@@ -66,7 +66,7 @@ def inject(monkeypatch, llm, where: str, victim: str, prompt: list[int], after: 
                 started.host[0, rows[request_ids.index(victim)]] = float("nan")
             return real_finish(started, rows, params, generators, request_ids)
 
-        monkeypatch.setattr(llm_engine, "finish_sampling", finish_sampling)
+        monkeypatch.setattr(step_modes, "finish_sampling", finish_sampling)
     elif where == "detokenizer":  # decoding the victim's text
         real_add, real_admit = Detokenizer.add, engine.add_request
 

@@ -12,7 +12,7 @@ from medha.cli.common import (
     llm_from_args,
     scheduler_config_from_args,
 )
-from medha.engine.config import EngineConfig
+from medha.engine.config import EngineConfig, resolve_start_probe
 from medha.scheduler.config import SchedulerConfig
 from medha.server.config import ServerConfig
 from medha.utils.dataclass_cli import add_dataclass_args, dataclass_from_args
@@ -71,7 +71,7 @@ def _serve_medha(args: argparse.Namespace, config: ServerConfig) -> None:
 
     # a server plans the arrivals to come: its engine times the start-up probe unless told not
     # to (LLM, for what it is given at once, does not)
-    engine = llm_from_args(args, start_probe=args.start_probe is not False).engine
+    engine = llm_from_args(args, start_probe=resolve_start_probe(args.start_probe)).engine
     try:
         app = build_app(engine, config, engine_thread=False)
     except ValueError as e:  # a body limit that does not fit the model's context

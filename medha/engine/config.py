@@ -234,6 +234,14 @@ def resolve_calibrate(mode: str | None) -> str:
     return mode
 
 
+def resolve_start_probe(start_probe: bool | None, plans_arrivals: bool = True) -> bool:
+    """--start-probe as given, else on where the engine plans the arrivals to come (`medha
+    serve`, LLMEngine) and off where it runs what it is given at once (`medha generate`, LLM:
+    there are no arrivals to plan for before the first batch, and the online correction learns
+    from the first batches). Its one default: LLM, `medha serve` and EngineSetup read it here."""
+    return plans_arrivals if start_probe is None else start_probe is not False
+
+
 def resolve_self_profile_s(seconds: float | None) -> float:
     """--self-profile-s as given, else $MEDHA_SELF_PROFILE_S, else 0; EngineError for anything
     but a finite number >= 0."""

@@ -6,7 +6,7 @@ import itertools
 
 from tqdm import tqdm
 
-from medha.engine.config import EngineConfig
+from medha.engine.config import EngineConfig, resolve_start_probe
 from medha.engine.llm_engine import LLMEngine
 from medha.engine.outputs import RequestOutput
 from medha.engine.sampling_params import SamplingParams
@@ -17,10 +17,9 @@ class LLM:
     def __init__(
         self, model: str = "smollm2", scheduler: SchedulerConfig | None = None, **engine_options
     ) -> None:
-        if engine_options.get("start_probe") is None:
-            # what it runs is given at once: there are no arrivals to plan for before the
-            # first batch, and the online correction learns from the first batches
-            engine_options["start_probe"] = False
+        # what it runs is given at once: no start-up probe unless asked for
+        start_probe = engine_options.get("start_probe")
+        engine_options["start_probe"] = resolve_start_probe(start_probe, plans_arrivals=False)
         self.engine = LLMEngine(EngineConfig(model=model, **engine_options), scheduler)
         self._ids = itertools.count()
 

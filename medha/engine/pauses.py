@@ -57,7 +57,7 @@ class Pauses:
                 if batch is None:
                     return
                 t0 = time.perf_counter()
-                outputs = engine.isolation.take_failed() + engine._run_now(batch)
+                outputs = engine.isolation.take_failed() + engine.step_mode.run_now(batch)
                 self.paused_s += time.perf_counter() - t0
                 self.count += 1
                 if self.deliver is not None:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from medha.engine.checkpoint import check_checkpoint, resolve_model
-from medha.engine.config import EngineConfig
+from medha.engine.config import EngineConfig, resolve_start_probe
 from medha.engine.cpu_threads import ThreadGovernor, machine_busy_s, usable_cores
 from medha.engine.errors import EngineError
 from medha.engine.host_kv import size_host_memory
@@ -194,7 +194,7 @@ class EngineSetup:
         --start-probe, --predictor auto and no profile of it at `profile_path` (it plans from
         the roofline)."""
         return (
-            self.config.start_probe is not False  # None: on (LLM turns it off)
+            resolve_start_probe(self.config.start_probe)  # None: on (LLM turns it off)
             and self.config.predictor == "auto"
             and not os.path.exists(self.profile_path)
         )

@@ -9,45 +9,45 @@ It never reads a clock. Callers pass `now` to every call and report each batch b
     finished = sched.update(batch, BatchResult(duration_s, token_ids), now_after)
 
 The scheduler decides who runs: its policy orders, its packer sizes chunks, its KV arbiter
-(`kv`, kv_arbiter.py) grants memory and picks whom to preempt when it runs short. What is
+(`kv`, kv_arbiter.py) grants memory and picks whom to preempt when it runs short, and its
+decode picker (`decode_picker`, decode_picker.py) says which decodes join a batch. What is
 decided about a request is written by the request table (`requests`, request_table.py), which
-alone changes a request's state and progress and keeps the queues.
+alone changes a request's state and progress and keeps the queues. Its step clock (`clock`,
+step_clock.py) times steps as the executor runs them; given a learner, its recalibration
+(`recalibration`, recalibration.py) says when its defaults follow the corrected model.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Callable, Collection, Iterable, Iterator
 
 from medha.core.batch import Batch, BatchResult, Chunk
-from medha.core.config import iteration_budget
 from medha.core.request import Request, RequestState
-from medha.perf.online_fit import StepLearner, probe_shapes
+from medha.perf.online_fit import StepLearner
 from medha.perf.predictor import Predictor
 from medha.perf.prefill_time_cache import PrefillTimeCache
 from medha.scheduler.batch_builder import BatchBuilder
 from medha.scheduler.block_manager import BlockManager
 from medha.scheduler.config import SchedulerConfig
-from medha.scheduler.config_defaults import pause_points, resolve_config
+from medha.scheduler.config_defaults import resolve_config
+from medha.scheduler.decode_picker import DecodePicker
 from medha.scheduler.kv_arbiter import KVArbiter
 from medha.scheduler.packers import Packer, make_packer, replica_policy, replica_prefill_times
+from medha.scheduler.recalibration import REDEFAULT_FIRST, REDEFAULT_MOVE, Recalibration
 from medha.scheduler.replica_rules import is_long, prefill_order
 from medha.scheduler.request_table import RequestTable, SchedulerInvariantError, SchedulerStats
+from medha.scheduler.step_clock import STEP_SCALE_WEIGHT, StepClock
 from medha.scheduler.step_log import StepLog
 
-__all__ = ["ReplicaScheduler", "SchedulerInvariantError", "SchedulerStats"]
-
-log = logging.getLogger("medha.scheduler")
-
-# A learner's batch count at which the defaults are first resolved again from its corrections
-# (then at every doubling: ReplicaScheduler._redefault)
-REDEFAULT_FIRST = 16
-# ... and how far a probe shape's time must have moved since the last resolution (relative)
-REDEFAULT_MOVE = 0.1
-# Weight of the newest batch in `step_scale`: the article on Orca/Sarathi scheduling (seed 001)
-# keeps its iteration time as an exponential average with this weight.
-STEP_SCALE_WEIGHT = 0.1
+__all__ = [
+    "REDEFAULT_FIRST",
+    "REDEFAULT_MOVE",
+    "STEP_SCALE_WEIGHT",
+    "ReplicaScheduler",
+    "SchedulerInvariantError",
+    "SchedulerStats",
+]
 
 
 class ReplicaScheduler:
@@ -82,9 +82,6 @@ class ReplicaScheduler:
         # simulator's metrics all read this object's defaults (resolve_config returns it
         # unchanged); only a learner's corrections resolve them again (`_redefault`).
         self.config = config = resolve_config(given := config, predictor)
-        # what the caller set; the defaults it leaves unset follow a learner's corrections
-        self._given = given
-        self._redefault_at = REDEFAULT_FIRST  # the learner's batches at the next re-resolution
         self.predictor = predictor
         self.packer = make_packer(config, predictor)
         self.policy = replica_policy(config)
@@ -111,14 +108,17 @@ class ReplicaScheduler:
         self._inflight = 0  # batches scheduled and not yet updated
         # microbatched pipeline (vLLM, Sarathi): a request runs in one batch at a time
         self._one_batch_each = config.pipeline == "microbatch"
-        # how much longer than predicted batches run, averaged over recent ones (1 in the
-        # simulator, whose batches take their predicted time)
-        self.step_scale = 1.0
+        self.clock = StepClock(predictor)  # a step's time as the executor runs it (step_clock.py)
+        # which decodes join a batch (decode_picker.py)
+        self.decode_picker = DecodePicker(
+            self.requests, self.kv, self.policy, self.clock, async_scheduling
+        )
         # an executor's: corrects `predictor` (a CorrectedPredictor) from the measured time of
         # each batch; the simulator has none, its predictor is the truth there and stays put
         self.learner = learner
-        # the probe shapes' times the defaults were last resolved from
-        self._resolved_probes = learner.probe_times() if learner else []
+        # what the caller set, and when the defaults it leaves unset follow the learner's
+        # corrections (recalibration.py); None without a learner
+        self.recalibration = Recalibration(given, predictor, learner) if learner else None
         self._step_log = StepLog.from_env()  # $MEDHA_STEP_LOG (step_log.py)
 
     @property
@@ -206,7 +206,7 @@ class ReplicaScheduler:
             self.requests.count_placeholders(self._running_ahead)
             self._running_ahead = None
         batch = Batch(self._next_batch_id, now)
-        self._shed_for_slo(batch, now)
+        self.decode_picker.shed_for_slo(batch, now)
         if self.requests.swapped:
             urgent = self.policy.urgent_prefill(self._schedulable_prefills(), now)
             order = self.policy.swap_in_order(list(self.requests.swapped.values()), urgent)
@@ -218,15 +218,6 @@ class ReplicaScheduler:
             builder = self._fill(batch, now)
         return self._issue(batch, builder, now)
 
-    @property
-    def _pause_part_s(self) -> float:
-        """The time from one pause point of the pausable batch in flight to the next (as
-        predicted, times the measured / predicted ratio of recent batches); 0 without one."""
-        paused = self._pausable_inflight
-        if paused is None:
-            return 0.0
-        return paused.predicted_time_s * self.step_scale / pause_points(self.predictor)
-
     def schedule_beside(self, now: float) -> Batch | None:
         """(pause_steps) The batch to run now while a pausable one is paused between two of its
         layers, if anyone waits on steps (`waits_now`): the decodes ready and the short
@@ -236,7 +227,7 @@ class ReplicaScheduler:
             return None
         batch = Batch(self._next_batch_id, now)
         builder = self._builder(batch, now, self.config.max_num_seqs)
-        self._add_decodes(builder)
+        self.decode_picker.add(builder)
         self._add_prefills(builder, now, longs=False)
         return self._issue(batch, builder, now)
 
@@ -272,17 +263,6 @@ class ReplicaScheduler:
             self._pausable_inflight = batch
         return batch
 
-    def _shed_for_slo(self, batch: Batch, now: float) -> None:
-        """Preempt the running decodes the policy sheds so that more urgent ones keep their
-        TPOT targets (a class policy's SLO-risk preemption). Asked before the swap-ins, which
-        its verdict limits, and even without decodes, so that no verdict outlives them."""
-        ready = [r for r in self.requests.decoding.values() if r.num_inflight_batches == 0]
-        victims = self.policy.slo_risk_victims(
-            ready, self.requests.swapped.values(), self._decode_step_time, now
-        )
-        if victims:
-            self.requests.evict([self.kv.preempt(r) for r in victims], batch)
-
     def _fill(self, batch: Batch, now: float) -> BatchBuilder:
         if self.config.prefill_only_iterations:
             return self._prefills_alone(batch, now)
@@ -300,37 +280,25 @@ class ReplicaScheduler:
         builder = self._builder(batch, now, self.config.max_num_seqs)
         urgent = self.policy.urgent_prefill(self._schedulable_prefills(), now)
         if urgent is not None:
-            self._room_for(urgent, builder)
-        self._add_decodes(builder)
+            self.decode_picker.room_for(urgent, builder)
+        self.decode_picker.add(builder)
         self._add_prefills(builder, now, longs=longs)
         return builder
 
     def waits_now(self, now: float) -> bool:
         """(pause_steps) Whether anyone waits on steps now: a short prefill (one whose turn is
         a step, not its whole prefill: replica_rules.is_long), or a decode whose next token is
-        due (`_decode_due`), either with no batch in flight. Long prefills wait for their
-        whole prefill and pause nothing."""
+        due (StepClock.decode_due), either with no batch in flight. Long prefills wait for
+        their whole prefill and pause nothing."""
         threshold = self.long_threshold
         for r in self.requests.prefilling.values():
             if not r.num_inflight_batches and not is_long(r, threshold):
                 return True
-        decodes = self._ready_decodes()
-        return bool(decodes) and self._decode_due(decodes, now)
-
-    def _decode_due(self, decodes: list[Request], now: float) -> bool:
-        """Whether one of `decodes` must run now to keep its pace: its last token plus its
-        TPOT (the iteration budget, or its own target if tighter, scaled for pipelining as the
-        budget is), less the time of a step of these decodes and, beside a paused step, of the
-        part of it to its next pause point, is past."""
-        step = self._decode_step_time([r.num_scheduled for r in decodes]) + self._pause_part_s
-        budget, spp = self.config.iteration_budget_s, self.predictor.parallel.spp
-        for r in decodes:
-            tpot = budget
-            if r.tpot_target_s is not None:
-                tpot = min(budget, iteration_budget(r.tpot_target_s, spp))
-            if r.token_times_s[-1] + tpot - step <= now:
-                return True
-        return False
+        decodes = self.decode_picker.ready()
+        budget = self.config.iteration_budget_s
+        return bool(decodes) and self.clock.decode_due(
+            decodes, now, budget, self._pausable_inflight
+        )
 
     def _long_prefill_waits(self) -> bool:
         threshold = self.long_threshold
@@ -339,16 +307,6 @@ class ReplicaScheduler:
             for r in self.requests.prefilling.values()
             if not r.num_inflight_batches
         )
-
-    def _room_for(self, r: Request, builder: BatchBuilder) -> None:
-        """An urgent prefill may preempt running decodes (and prefills) ranked below it. The
-        decodes join the batch before any prefill and a batch member cannot be evicted, so the
-        room is made first: enough for the prefill's whole context, plus a block for each
-        decode that needs one."""
-        if not self.kv.may_start(r):
-            return
-        growing = self.blocks.at_capacity(self._ready_decodes())
-        builder.make_room(r, len(growing))
 
     def _builder(
         self, batch: Batch, now: float, max_seqs: int, pausable: bool = False
@@ -416,59 +374,8 @@ class ReplicaScheduler:
             self._add_prefills(builder, now)
         if builder.is_empty:
             builder = self._builder(batch, now, self.config.max_num_seqs)
-            self._add_decodes(builder)
+            self.decode_picker.add(builder)
         return builder
-
-    def _ready_decodes(self) -> list[Request]:
-        """The decoding requests whose next token may join the batch being formed: those with
-        no batch in flight; under async scheduling, every one whose context has a token not
-        yet fed (its last token is a placeholder, or known) and whose answer has room for
-        one more (a token past max_tokens would be thrown away, as vLLM's AsyncScheduler
-        knows)."""
-        decoding = self.requests.decoding.values()
-        if not self.async_scheduling:
-            return [r for r in decoding if r.num_inflight_batches == 0]
-        return [  # (num_tokens spelled out: this runs over every decode of every step)
-            r
-            for r in decoding
-            if (answer := r.num_output_tokens + r.num_placeholders) < r.max_tokens
-            and r.num_scheduled < r.prompt_len + answer
-        ]
-
-    def _add_decodes(self, builder: BatchBuilder) -> None:
-        now = builder.now
-        decodes = self._ready_decodes()
-        if not decodes:
-            return
-        decodes = self.policy.select_decodes(decodes, now)
-        own_targets = self.requests.own_tpot_targets > 0
-        short = self.blocks.at_capacity(decodes)  # their next token needs a new block
-        if self.blocks.can_grow_each(len(short)) and len(decodes) <= builder.room_seqs:
-            for r in short:
-                builder.reserve(r, r.num_scheduled + 1)
-            builder.add_decodes(decodes, own_targets)
-            return
-        # Someone will wait or be preempted: the oldest decodes (of the most urgent class, under
-        # a class policy) keep their place. The arbiter evicts only requests ranked below the
-        # one it makes room for (later in this list), so those chosen before it cannot become
-        # victims, and they join the batch together at the end.
-        decodes.sort(key=self.policy.eviction_rank(now))
-        chosen: list[Request] = []
-        room = builder.room_seqs
-        for r in decodes:
-            if len(chosen) == room:
-                break
-            if r.state is not RequestState.DECODING:
-                continue  # the arbiter preempted it for an older decode of this list
-            if self.kv.tokens_held(r) > r.num_scheduled:  # its next token's block is there
-                chosen.append(r)
-            elif builder.reserve(r, r.num_scheduled + 1) > r.num_scheduled:
-                chosen.append(r)
-            elif not r.num_inflight_batches:
-                builder.preempt(r)  # nobody below it to evict: it gives way
-            # (else, async scheduling: its batch in flight still writes its KV; it sits this
-            # batch out, and gives way at the next if it must)
-        builder.add_decodes(chosen, own_targets)
 
     def revise(self, batch: Batch, chunk: Chunk, start: int, num_tokens: int) -> bool:
         """The executor runs `num_tokens` of `chunk`'s request from `start` instead of what the
@@ -510,7 +417,7 @@ class ReplicaScheduler:
         if self._step_log is not None and batch.chunks:
             self._step_log.write(batch, measured, now, self.predictor, self.config)
         if predicted > 0 and 0 < measured < math.inf:
-            self.step_scale += STEP_SCALE_WEIGHT * (measured / predicted - self.step_scale)
+            self.clock.observe(predicted, measured)
             if self.learner is not None:
                 self._learn(batch, measured)
         return self.requests.complete(batch, result, now)
@@ -527,8 +434,7 @@ class ReplicaScheduler:
         moved = learner.observe(*batch.shape(), measured_s) and learner.moved()
         if moved:
             self.prefill_times.reset()
-        if learner.observed >= self._redefault_at:
-            self._redefault_at *= 2
+        if self.recalibration.redefault_due():
             moved = self._redefault() or moved
         if moved:
             self.requests.reprice()
@@ -539,58 +445,27 @@ class ReplicaScheduler:
         and KV cache, each timed by `measure(prefills, decodes)` (None: skipped), shown to
         the learner; then, whatever `measure` raises, the tables derived from the model and
         the defaults the config leaves unset follow the corrected model. (timed, skipped)."""
-        timed = skipped = 0
         try:
-            for prefills, decodes in probe_shapes(
-                min(self.max_model_len, self.blocks.capacity_tokens)
-            ):
-                seconds = measure(prefills, decodes)
-                if seconds is None:
-                    skipped += 1
-                    continue
-                self.learner.observe(prefills, decodes, seconds)
-                timed += 1
+            context = min(self.max_model_len, self.blocks.capacity_tokens)
+            return self.recalibration.probe(measure, context)
         finally:
-            self.learner.moved()
             self.prefill_times.reset()
             self._redefault()
             self.requests.reprice()
-        return timed, skipped
 
     def _redefault(self) -> bool:
-        """Resolve the defaults the given config left unset (the TPOT target and budget, the
-        deadline floor, the arrival wait: resolve_config) again from the corrected model, so
-        that the packer and the policy plan with what the engine's steps cost now (issue 48,
-        item 2); whether they changed. Called at the learner's 16th batch and then each time
-        its count doubles, and it resolves only where a probe shape's time moved by more than
-        REDEFAULT_MOVE since the last resolution: one walks the chunking price over a
-        max-length prompt (0.1-0.2 s in Python), and an early model knows few shapes. The
-        deadlines given so far stay; the caller prices the requests' work again."""
-        probes = self.learner.probe_times()
-        if all(
-            abs(a / b - 1) <= REDEFAULT_MOVE for a, b in zip(probes, self._resolved_probes) if b > 0
-        ):
+        """Resolve the defaults the given config left unset again from the corrected model
+        (where Recalibration.resolve_again finds them moved), so that the packer and the policy
+        plan with what the engine's steps cost now (issue 48, item 2); whether they changed.
+        The deadlines given so far stay; the caller prices the requests' work again."""
+        config = self.recalibration.resolve_again(self.config)
+        if config is None:
             return False
-        self._resolved_probes = probes
-        config = resolve_config(self._given, self.predictor)
-        if config == self.config:
-            return False
-        log.info(
-            "defaults resolved again from the corrected model after %d batches: TPOT target "
-            "%.3g s, iteration budget %.3g s, arrival wait %.3g s, TTFT deadline floor %.3g s",
-            self.learner.observed, config.tpot_target_s, config.iteration_budget_s,
-            config.arrival_wait_s, config.min_ttft_deadline_s,
-        )  # fmt: skip
         self.config = config
         self.packer = make_packer(config, self.predictor)
         self.policy.config = config
         self.prefill_times.plan_with(self.packer.plan_isolated)
         return True
-
-    def _decode_step_time(self, kv_lens: list[int]) -> float:
-        """A decode step over these context lengths as the executor will run it: predicted,
-        times the measured / predicted ratio of recent batches."""
-        return self.predictor.shape_time((), kv_lens) * self.step_scale
 
     def discard(self, batch: Batch, now: float) -> list[Request]:
         """A batch that never completed (the executor failed): abort its requests and release

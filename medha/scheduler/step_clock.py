@@ -1,0 +1,61 @@
+"""The replica scheduler's step clock: how long the executor's steps take as the scheduler
+plans them, and when a decode's next token falls due.
+
+A step's time is the predictor's, times `step_scale`: how much longer than predicted batches
+run, an exponential average of measured over predicted batch time (exactly 1 in the simulator,
+whose batches take their predicted time). The SLO-risk preemption reads it (a class policy's
+`slo_risk_victims`), and so does pause_steps, which asks whether a decode must run now.
+"""
+
+from __future__ import annotations
+
+from medha.core.batch import Batch
+from medha.core.config import iteration_budget
+from medha.core.request import Request
+from medha.perf.predictor import Predictor
+from medha.scheduler.config_defaults import pause_points
+
+# Weight of the newest batch in `step_scale`: the article on Orca/Sarathi scheduling (seed 001)
+# keeps its iteration time as an exponential average with this weight.
+STEP_SCALE_WEIGHT = 0.1
+
+
+class StepClock:
+    def __init__(self, predictor: Predictor) -> None:
+        self.predictor = predictor
+        # how much longer than predicted batches run, averaged over recent ones (1 in the
+        # simulator, whose batches take their predicted time)
+        self.step_scale = 1.0
+
+    def observe(self, predicted_s: float, measured_s: float) -> None:
+        """One batch's predicted and measured time (both positive and finite)."""
+        self.step_scale += STEP_SCALE_WEIGHT * (measured_s / predicted_s - self.step_scale)
+
+    def decode_step_time(self, kv_lens: list[int]) -> float:
+        """A decode step over these context lengths as the executor will run it: predicted,
+        times the measured / predicted ratio of recent batches."""
+        return self.predictor.shape_time((), kv_lens) * self.step_scale
+
+    def pause_part_s(self, paused: Batch | None) -> float:
+        """The time from one pause point of the pausable batch in flight (`paused`) to the next
+        (as predicted, times the measured / predicted ratio of recent batches); 0 without one."""
+        if paused is None:
+            return 0.0
+        return paused.predicted_time_s * self.step_scale / pause_points(self.predictor)
+
+    def decode_due(
+        self, decodes: list[Request], now: float, budget_s: float, paused: Batch | None
+    ) -> bool:
+        """Whether one of `decodes` must run now to keep its pace: its last token plus its
+        TPOT (the iteration budget `budget_s`, or its own target if tighter, scaled for
+        pipelining as the budget is), less the time of a step of these decodes and, beside a
+        paused step, of the part of it to its next pause point, is past."""
+        step = self.decode_step_time([r.num_scheduled for r in decodes]) + self.pause_part_s(paused)
+        spp = self.predictor.parallel.spp
+        for r in decodes:
+            tpot = budget_s
+            if r.tpot_target_s is not None:
+                tpot = min(budget_s, iteration_budget(r.tpot_target_s, spp))
+            if r.token_times_s[-1] + tpot - step <= now:
+                return True
+        return False
