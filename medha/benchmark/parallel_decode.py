@@ -1,5 +1,5 @@
-"""bench/paper/sim_parallel_figures.py's decode figures (16, 18, 19): the time of a decode-only batch
-of one request read off the predictor, which is what the simulator's TPOT of a lone decode is
+"""bench/paper/sim_parallel_figures.py's decode figures (16, 18, 19): the time of a decode-only
+batch of one request read off the predictor, which is what the simulator's TPOT of a lone decode is
 (its next decode joins only once its batch leaves the last stage), against KVP and SPP degree.
 """
 
