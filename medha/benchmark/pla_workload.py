@@ -1,8 +1,8 @@
 """bench/paper/sim_pla_serve.py's workloads: synthetic multi-turn conversations shaped to the
 PLA-Serve paper's Figure 2 (log-normal first prompts and later messages, geometric turn counts),
-sent by closed-loop clients (`ClosedLoop`) or as Poisson arrivals (`poisson`); every request carries the
-paper's 0.4 s TTFT SLO. With `history`, a turn's prompt is the session's context so far as
-token ids (a prefix cache may hold it); without, it is the new message's length alone.
+sent by closed-loop clients (`ClosedLoop`) or as Poisson arrivals (`poisson`); every request
+carries the paper's 0.4 s TTFT SLO. With `history`, a turn's prompt is the session's context so
+far as token ids (a prefix cache may hold it); without, it is the new message's length alone.
 """
 
 from __future__ import annotations
