@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import runpy
 import time
 from pathlib import Path
 
@@ -69,7 +70,11 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--text", help="the text the prompts are sliced from")
-    ap.add_argument("--out", help="where to write the tokens (JSON)")
+    # this checkout's harness, by its path: the medha imported may be an older tree's
+    harness = runpy.run_path(
+        str(Path(__file__).resolve().parents[2] / "medha/benchmark/harness.py")
+    )
+    harness["add_common_args"](ap, out=None, out_help="where to write the tokens (JSON)")
     ap.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"))
     args = ap.parse_args()
     if args.compare:

@@ -36,6 +36,7 @@ import argparse
 import json
 import math
 import os
+import runpy
 import shutil
 import sys
 import tempfile
@@ -95,7 +96,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--num-requests", type=int, default=10_000)
+    harness = runpy.run_path(str(REPO / "medha" / "benchmark" / "harness.py"))
+    harness["add_common_args"](ap, num_requests=10_000)
     ap.add_argument("--trace", default=str(REPO / "medha/data/traces/splitwise_conv.csv"))
     ap.add_argument(
         "--mlp-profile", default=str(REPO / "medha/perf/profiles/a100_Meta-Llama-3-8B_mlp.csv")
