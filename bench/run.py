@@ -12,6 +12,7 @@ The suites are medha/benchmark/suites.py's; bench/README.md says what each measu
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import textwrap
 from pathlib import Path
@@ -56,4 +57,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    # `python bench/run.py | head` ends quietly, as a shell command would
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     sys.exit(main(sys.argv[1:]))
