@@ -986,7 +986,7 @@ def test_a_request_failing_after_admission_ends_alone(tiny_model):
     is left in use."""
     from fastapi.testclient import TestClient
 
-    from medha.engine import llm_engine
+    from medha.engine import step_modes
     from medha.engine.llm_engine import EngineConfig, LLMEngine
     from medha.server.app import build_app
 
@@ -997,7 +997,7 @@ def test_a_request_failing_after_admission_ends_alone(tiny_model):
     add, has_unfinished = engine.add_request, engine.has_unfinished
     engine.add_request = lambda *a, **kw: (add(*a, **kw), added.append(a[0]))[0]
     engine.has_unfinished = lambda: len(added) >= 4 and has_unfinished()
-    real = llm_engine.finish_sampling
+    real = step_modes.finish_sampling
     poisoned = {"victim": None}
 
     def finish_sampling(started, rows, params, generators, request_ids):
@@ -1009,7 +1009,7 @@ def test_a_request_failing_after_admission_ends_alone(tiny_model):
             started.host[0, rows[request_ids.index(poisoned["victim"])]] = float("nan")
         return real(started, rows, params, generators, request_ids)
 
-    llm_engine.finish_sampling = finish_sampling
+    step_modes.finish_sampling = finish_sampling
     try:
         body = {"prompt": [5, 6, 7, 8], "max_tokens": 8, "temperature": 0, "ignore_eos": True}
         with TestClient(build_app(engine)) as c:
@@ -1032,7 +1032,7 @@ def test_a_request_failing_after_admission_ends_alone(tiny_model):
             metrics = c.get("/metrics").text
             assert 'medha_requests_total{status="failed"} 1.0' in metrics
     finally:
-        llm_engine.finish_sampling = real
+        step_modes.finish_sampling = real
 
 
 def test_bench_long_threshold_follows_the_models_max_model_len():
