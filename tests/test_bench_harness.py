@@ -1,13 +1,12 @@
-"""medha/benchmark/harness.py: the flags every bench shares, its percentiles, its result writer."""
+"""medha/benchmark/harness.py: the flags every bench shares, its percentiles, its tables."""
 
 import argparse
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from medha.benchmark.harness import add_common_args, percentile, percentiles, write_result
+from medha.benchmark.harness import add_common_args, markdown_table, percentile
 
 
 def test_only_the_named_flags_are_added_with_their_defaults():
@@ -42,15 +41,9 @@ def test_percentiles_skip_missing_values_and_follow_numpy():
     assert percentile([None], 99) is None
     rng = np.random.default_rng(0)
     xs = list(rng.random(101))
-    assert percentiles(xs, (50, 99.9)) == {
-        "p50": float(np.percentile(xs, 50)),
-        "p99.9": float(np.percentile(xs, 99.9)),
-    }
+    assert percentile(xs, 99.9) == float(np.percentile(xs, 99.9))
 
 
-def test_the_result_is_a_markdown_table_and_the_same_rows_as_json(tmp_path, capsys):
-    out = tmp_path / "sub" / "r.json"
-    write_result(["name", "p99"], [["a", 1.5], ["b", None]], out, title="## t")
-    printed = capsys.readouterr().out.splitlines()
-    assert printed == ["## t", "| name | p99 |", "|---|---|", "| a | 1.5 |", "| b | None |"]
-    assert json.loads(out.read_text()) == [{"name": "a", "p99": 1.5}, {"name": "b", "p99": None}]
+def test_a_markdown_table_is_its_header_rule_and_rows():
+    text = markdown_table(["name", "p99"], [["a", 1.5], ["b", None]])
+    assert text.splitlines() == ["| name | p99 |", "|---|---|", "| a | 1.5 |", "| b | None |"]

@@ -7,8 +7,8 @@ the client's view, network and queueing included.
 
 # The docstring above is `medha bench --help`. Besides `medha bench` (config, workload,
 # load_generator), this package holds what the scripts in bench/ share with each other and with
-# tests/, so that both import it by name: harness (the flags every bench shares, percentiles, the
-# result writer), suites (their registry, for bench/run.py and bench/tables.py), local_server,
+# tests/, so that both import it by name: harness (the flags every bench shares, percentiles, a
+# Markdown table), suites (their registry, for bench/run.py and bench/tables.py), local_server,
 # vllm_servers, hf_baselines, tiny_llama, faults, logits, scenarios, stub_backend, routers; and
 # the named parts of the larger benches, so that a script keeps only its flags and its tables:
 # route_workloads, route_client, route_calibration, route_probes, route_twin and route_report

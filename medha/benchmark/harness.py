@@ -1,6 +1,5 @@
 """What every script in bench/ shares: the flags they all name the same way, percentiles, and
-one writer for a result (a Markdown table on standard output, the same rows as JSON where
---out asks for it).
+a Markdown table's text.
 
 A bench adds the shared flags it takes with `add_common_args`, so that `--seed`, `--out` and
 `--num-requests` mean one thing, with one help text, in every bench; its own flags stay its own.
@@ -9,9 +8,7 @@ A bench adds the shared flags it takes with `add_common_args`, so that `--seed`,
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Callable, Iterable, Sequence
-from pathlib import Path
 
 import numpy as np
 
@@ -69,42 +66,8 @@ def percentile(values: Iterable[float | None], q: float, method: str = "linear")
     return float(np.percentile(a, q, method=method))
 
 
-def percentiles(
-    values: Iterable[float | None], qs: Sequence[float] = (50, 90, 99), method: str = "linear"
-) -> dict[str, float | None]:
-    """{"p50": ..., "p90": ..., "p99": ...} (the keys follow qs), None where there are no values."""
-    vals = [v for v in values if v is not None]
-    return {f"p{q:g}": percentile(vals, q, method) for q in qs}
-
-
 def markdown_table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
     """A Markdown table: the header, its rule, a line a row (cells as str() gives them)."""
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
-
-
-def write_json(path: str | Path, obj: object) -> Path:
-    """Write `obj` as indented JSON at `path` (its folder made as needed); returns the path."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n")
-    return p
-
-
-def write_result(
-    header: Sequence[str],
-    rows: Sequence[Sequence[object]],
-    out: str | Path | None = None,
-    *,
-    title: str | None = None,
-) -> str:
-    """Print a result as a Markdown table and, where `out` names a file, write the same rows as
-    JSON there (a list of {column: cell}). Returns the table's text."""
-    text = markdown_table(header, rows)
-    if title:
-        print(title)
-    print(text)
-    if out is not None:
-        write_json(out, [dict(zip(header, row)) for row in rows])
-    return text
