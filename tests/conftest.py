@@ -138,6 +138,7 @@ MODULE_TIERS = {
     "test_parallel_schedule.py": ("engine",),
     "test_pauses.py": ("engine",),
     "test_server.py": ("server",),
+    "test_arrivals.py": ("server",),  # the engine loop of `medha serve` (imports the engine)
     "test_server_fuzz.py": ("server",),
     "test_route.py": ("server",),
     "test_startup.py": ("core", "engine"),  # one test loads the engine

@@ -17,6 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from medha import __version__
 from medha.server import chat, completions, routes
 from medha.server.async_engine import AsyncEngine
+from medha.server.arrivals import CountArrivals
 from medha.server.body_guard import BodyGuard
 from medha.server.config import ServerConfig, max_buffered_bytes, max_request_bytes
 from medha.server.errors import RequestError, from_validation
@@ -70,6 +71,9 @@ def build_app(
         max_bytes=max_request_bytes(config, engine.max_model_len),
         max_buffered_bytes=max_buffered_bytes(config, engine.max_model_len),
     )
+    if (arrivals := getattr(async_engine, "arrivals", None)) is not None:
+        # outside the body guard: a request is on its way in from its headers on
+        app.add_middleware(CountArrivals, arrivals=arrivals)
     app.openapi = lambda: app.openapi_schema or document(app, config.api_key is not None)
     for exc, handler in (
         (RequestError, _request_error),

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from medha.engine.errors import EngineDeadError, RequestFailedError, is_fatal
 from medha.engine.llm_engine import LLMEngine
 from medha.engine.sampling_params import SamplingParams
+from medha.scheduler.config_defaults import PAUSE_WAIT_SHARE, chat_time_s
+from medha.server.arrivals import Arrivals
 from medha.server.metrics import ServerMetrics
 
 log = logging.getLogger("medha.server")
@@ -72,6 +74,9 @@ class AsyncEngine:
         # whoever waits first, their tokens streamed at once (medha/engine/pauses.py)
         engine.pauses.arrivals = self._apply_commands
         engine.pauses.deliver = self._dispatch
+        # the requests the HTTP server is still receiving (counted by its CountArrivals): an
+        # idle engine's first step waits for them, a bounded time (`_gather`)
+        self.arrivals = Arrivals(on_end=self._wake.set)
 
     # ---- event-loop side ---------------------------------------------------------------------
     def start(self) -> None:
@@ -117,17 +122,35 @@ class AsyncEngine:
         """The engine loop, on the calling thread, until stop() or `while_()` turns false."""
         try:
             while not self._stop.is_set() and while_():
+                idle = not self.engine.has_unfinished()
                 self._apply_commands()
                 if not self.engine.has_unfinished():
                     self._wake.wait(0.1)
                     self._wake.clear()
                     continue
+                if idle:
+                    self._gather()
                 self._step()
             self._fail_all("server shutting down", dead=False)
         except Exception as e:  # only fatal errors leave engine.step: fail loudly, never hang
             log.exception("engine loop failed")
             self._fail_all(f"engine failed: {type(e).__name__}: {e}")
         self._stopped.set()
+
+    def _gather(self) -> None:
+        """Before the first step after an idle spell: admit the requests of the same burst that
+        the HTTP server is still receiving (medha/server/arrivals.py), so that they start in
+        one step instead of waiting out a step of the first one. Bounded by a third of a chat's
+        time alone as the engine's model prices it (PAUSE_WAIT_SHARE: what a paused step lets
+        an arrival wait); a request alone ends the wait as soon as it is submitted."""
+        if not self.arrivals.pending:
+            return
+        bound = PAUSE_WAIT_SHARE * chat_time_s(self.engine.predictor, self.engine.max_model_len)
+        deadline = time.monotonic() + bound
+        while self.arrivals.pending and (left := deadline - time.monotonic()) > 0:
+            self._wake.wait(left)
+            self._wake.clear()
+            self._apply_commands()
 
     def _pending_commands(self):
         while True:

@@ -36,7 +36,7 @@ async def chat(body: ChatCompletionRequest, request: Request, state: ServerState
     choice = Choice(0, f"chatcmpl-{uuid.uuid4().hex}", ids, None)
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     max_tokens = body.max_new_tokens or _room_after(state, len(ids))
-    await submit(state, [choice], [sampling(body, max_tokens, logprobs)], body)
+    await submit(state, request, [choice], [sampling(body, max_tokens, logprobs)], body)
     if body.stream:
         return sse(_stream(state, choice, body), [choice], state.async_engine)
     if not await collect(state, [choice], request):

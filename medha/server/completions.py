@@ -34,7 +34,7 @@ async def completions(body: CompletionRequest, request: Request, state: ServerSt
     check_model(state, body.model)
     choices = await _encode_prompts(state, body)
     params = [sampling(body, body.max_tokens, body.logprobs) for _ in choices]
-    await submit(state, choices, params, body)
+    await submit(state, request, choices, params, body)
     rid = choices[0].request_id.rsplit("-", 1)[0]
     if body.stream:
         return sse(_stream(state, rid, choices, body), choices, state.async_engine)

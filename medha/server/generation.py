@@ -18,6 +18,7 @@ from medha.engine.errors import (
 )
 from medha.engine.outputs import RequestOutput
 from medha.engine.sampling_params import SamplingParams
+from medha.server.arrivals import end_arrival
 from medha.server.async_engine import QueueFullError, is_final
 from medha.server.errors import RequestError
 from medha.server.protocol import ChatCompletionRequest, CompletionRequest
@@ -95,9 +96,13 @@ def _slo(body: Body) -> dict:
 
 
 async def submit(
-    state: ServerState, choices: list[Choice], params: list[SamplingParams], body: Body
+    state: ServerState,
+    request: Request,
+    choices: list[Choice],
+    params: list[SamplingParams],
+    body: Body,
 ) -> None:
-    """Admit every choice or none."""
+    """Admit every choice or none; either way the request is off the count of arrivals."""
     try:
         for c, p in zip(choices, params):
             c.queue = await state.async_engine.add(c.request_id, c.prompt_ids, p, **_slo(body))
@@ -109,6 +114,8 @@ async def submit(
         if error is None:
             raise
         raise error from None
+    finally:
+        end_arrival(request.scope)
 
 
 def _refusal(state: ServerState, e: BaseException) -> RequestError | None:
