@@ -12,10 +12,14 @@ long prompt, their ratio, and the long prompt's TTFT; for each medha contender, 
 predicted step times were from the measured ones, every step from the server's first (the
 scheduler's MEDHA_STEP_LOG; the default `calibrate: online` corrects the model as it runs,
 `"calibrate": "off"` in --medha keeps it as it starts).
-Contenders: `python -m vllm.entrypoints.openai.api_server` with its default scheduler, and the
-same with `--scheduler-cls medha.vllm_executor.MedhaScheduler --additional-config
+Contenders: `python -m vllm.entrypoints.openai.api_server` with its default scheduler (and, with
+--peer or --tuned-peers, with vLLM's own convoy flags as a user tunes them), and the same with
+`--scheduler-cls medha.vllm_executor.MedhaScheduler --additional-config
 '{"medha": ...}'` (or, with --front medha, `medha serve --engine vllm`); with --engine-medha,
 `medha serve` on medha's own engine; one server at a time, alternated for --rounds rounds.
+With tuned peers, a last table gives each contender's medians (long TTFT over plain vLLM's of
+the same round, shorts behind / alone) and its Pareto front: whether some vLLM setting beats a
+medha contender on both at once.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import time
 from medha.benchmark.local_server import alternated, local_server
 from medha.benchmark.step_errors import prediction_error, read_step_log
 from medha.benchmark.vllm_servers import (
+    TUNED_VLLM,
     add_server_args,
     engine_command,
     server_command,
@@ -128,13 +133,28 @@ def main() -> None:
         help="VLLM_CPU_OMP_THREADS_BIND of plain vLLM's server only, e.g. 0-1 for both cores "
         "of this machine (default: vLLM's own binding, every core but one, as medha's servers)",
     )
+    ap.add_argument(
+        "--peer",
+        action="append",
+        default=[],
+        metavar="ARGS",
+        help="a tuned plain vLLM: vLLM's own flags, e.g. '--long-prefill-token-threshold 256' "
+        "(repeat for several; each with plain vLLM's binding)",
+    )
+    ap.add_argument(
+        "--tuned-peers",
+        action="store_true",
+        help="every setting of the sweep as a --peer: --long-prefill-token-threshold 64 to "
+        "1,024, with and without -adaptive, and --max-num-batched-tokens 512 and 1,024",
+    )
     ap.add_argument("--verbose", action="store_true", help="the servers' logs")
     add_server_args(ap)
     args = ap.parse_args()
     flags = server_flags(args)
     given = args.medha or [json.dumps(DEFAULT_MEDHA)]
     settings = [] if given == ["none"] else [json.loads(m) for m in given]
-    contenders = {"vLLM": None} | {label(m): m for m in settings}
+    peers = {f"vLLM {a}": a for a in args.peer + (TUNED_VLLM if args.tuned_peers else [])}
+    contenders = {"vLLM": None} | dict.fromkeys(peers) | {label(m): m for m in settings}
     engines = {engine_label(m): m for m in map(json.loads, args.engine_medha or [])}
     contenders |= engines
     rows, errors = [], []
@@ -144,7 +164,7 @@ def main() -> None:
         if name in engines:
             command = engine_command(flags, engines[name])
         else:
-            command = server_command(flags, contenders[name], args.front)
+            command = server_command(flags, contenders[name], args.front, peers.get(name, ""))
         step_log = os.path.join(logs, f"{rnd}-{len(rows)}.jsonl")
         env = dict(os.environ, MEDHA_STEP_LOG=step_log)
         bind = args.plain_bind if contenders[name] is None and args.plain_bind else args.bind
@@ -192,13 +212,43 @@ def main() -> None:
     print()
     for rnd in range(args.rounds):
         plain = next(r for r in rows if r[1] == rnd and r[0] == "vLLM")
-        for ours in (r for r in rows if r[1] == rnd and r[0] != "vLLM"):
+        for ours in (r for r in rows if r[1] == rnd and r[0] not in ("vLLM", *peers)):
             goal = 1.10 if ours[0] in engines else 1.15
             print(
                 f"round {rnd} {ours[0]}: shorts behind / alone {ours[3] / ours[2]:.2f}x (goal "
                 f"<= 1.5x), long TTFT / plain vLLM's {ours[5] / plain[5]:.2f}x (goal <= "
                 f"{goal:.2f}x)"
             )
+    if peers:
+        pareto(rows, [n for n in contenders if n != "vLLM" and n not in peers])
+
+
+def pareto(rows: list[tuple], medha: list[str]) -> None:
+    """Each contender's medians over the rounds (long TTFT over plain vLLM's of the same round;
+    shorts behind / alone), whether it is on the Pareto front (no other contender at or below
+    it on both, below on one), and for each medha contender the vLLM settings that beat it on
+    both at once (the issue's test: none should)."""
+    plain = {r[1]: r[5] for r in rows if r[0] == "vLLM"}
+    points = {}
+    for name in dict.fromkeys(r[0] for r in rows):
+        mine = [r for r in rows if r[0] == name]
+        points[name] = (
+            statistics.median(r[5] / plain[r[1]] for r in mine),
+            statistics.median(r[3] / r[2] for r in mine),
+        )
+
+    def beats(a, b) -> bool:
+        return a[0] <= b[0] and a[1] <= b[1] and a != b
+
+    print("\n| contender | long TTFT / plain vLLM's (median) | shorts behind / alone (median) | "
+          "on the Pareto front |")  # fmt: skip
+    print("|---|---|---|---|")
+    for name, p in sorted(points.items(), key=lambda kv: kv[1]):
+        front = not any(beats(q, p) for q in points.values())
+        print(f"| {name} | {p[0]:.2f}x | {p[1]:.2f}x | {'yes' if front else ''} |")
+    for name in medha:
+        better = [v for v in points if v.startswith("vLLM") and beats(points[v], points[name])]
+        print(f"{name}: beaten on both by {', '.join(better) or 'no vLLM setting'}")
 
 
 def engine_label(settings: dict) -> str:

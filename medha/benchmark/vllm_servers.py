@@ -30,9 +30,26 @@ class ServerFlags:
     medha_extra: dict = field(default_factory=dict)  # merged into every medha contender's settings
 
 
-def server_command(flags: ServerFlags, medha: dict | None, front: str = "vllm"):
-    """`command(port)` for local_server: plain vLLM when `medha` is None, else vLLM with medha's
-    scheduler behind vLLM's server (front "vllm") or medha's (front "medha")."""
+# vLLM's own flags against the convoy, as a user tunes them (vLLM 0.32 and 0.33): a prefill's
+# chunk capped at N tokens while other requests are present (the whole step when it is alone),
+# the cap floored at a fair share of the step's tokens (-adaptive), a smaller step
+TUNED_VLLM = [
+    *(f"--long-prefill-token-threshold {n}" for n in (64, 128, 256, 512, 1024)),
+    *(
+        f"--long-prefill-token-threshold {n} --long-prefill-token-threshold-adaptive"
+        for n in (64, 128, 256, 512, 1024)
+    ),
+    "--max-num-batched-tokens 512",
+    "--max-num-batched-tokens 1024",
+]
+
+
+def server_command(
+    flags: ServerFlags, medha: dict | None, front: str = "vllm", vllm_args: str = ""
+):
+    """`command(port)` for local_server: plain vLLM when `medha` is None (with `vllm_args`,
+    vLLM's own flags, after the shared ones: a tuned peer), else vLLM with medha's scheduler
+    behind vLLM's server (front "vllm") or medha's (front "medha")."""
 
     if medha is not None:
         medha = medha | flags.medha_extra
@@ -56,6 +73,8 @@ def server_command(flags: ServerFlags, medha: dict | None, front: str = "vllm"):
         if medha is not None:
             cmd += ["--scheduler-cls", "medha.vllm_executor.MedhaScheduler"]
             cmd += ["--additional-config", json.dumps({"medha": medha})]
+        else:
+            cmd += vllm_args.split()
         return cmd
 
     return command
