@@ -47,3 +47,18 @@ def test_percentiles_skip_missing_values_and_follow_numpy():
 def test_a_markdown_table_is_its_header_rule_and_rows():
     text = markdown_table(["name", "p99"], [["a", 1.5], ["b", None]])
     assert text.splitlines() == ["| name | p99 |", "|---|---|", "| a | 1.5 |", "| b | None |"]
+
+
+def test_the_pareto_front_keeps_what_nothing_beats_on_every_measure():
+    from medha.benchmark.harness import dominates, pareto_front
+
+    assert dominates((1.0, 2.0), (1.0, 3.0)) and not dominates((1.0, 3.0), (1.0, 3.0))
+    assert not dominates((0.5, 4.0), (1.0, 3.0))  # better on one, worse on the other
+    points = {
+        "vLLM": (1.00, 13.5),
+        "threshold 256": (1.15, 2.3),
+        "threshold 512": (1.25, 3.0),  # beaten on both by 256
+        "medha": (1.29, 1.1),
+        "tie": (1.29, 1.1),  # equal points beat neither
+    }
+    assert pareto_front(points) == ["vLLM", "threshold 256", "medha", "tie"]

@@ -34,6 +34,7 @@ import sys
 import tempfile
 import time
 
+from medha.benchmark.harness import dominates, pareto_front
 from medha.benchmark.local_server import alternated, local_server
 from medha.benchmark.step_errors import prediction_error, read_step_log
 from medha.benchmark.vllm_servers import (
@@ -225,9 +226,8 @@ def main() -> None:
 
 def pareto(rows: list[tuple], medha: list[str]) -> None:
     """Each contender's medians over the rounds (long TTFT over plain vLLM's of the same round;
-    shorts behind / alone), whether it is on the Pareto front (no other contender at or below
-    it on both, below on one), and for each medha contender the vLLM settings that beat it on
-    both at once (the issue's test: none should)."""
+    shorts behind / alone), whether it is on the Pareto front, and for each medha contender the
+    vLLM settings that beat it on both at once (the issue's test: none should)."""
     plain = {r[1]: r[5] for r in rows if r[0] == "vLLM"}
     points = {}
     for name in dict.fromkeys(r[0] for r in rows):
@@ -236,18 +236,14 @@ def pareto(rows: list[tuple], medha: list[str]) -> None:
             statistics.median(r[5] / plain[r[1]] for r in mine),
             statistics.median(r[3] / r[2] for r in mine),
         )
-
-    def beats(a, b) -> bool:
-        return a[0] <= b[0] and a[1] <= b[1] and a != b
-
+    front = pareto_front(points)
     print("\n| contender | long TTFT / plain vLLM's (median) | shorts behind / alone (median) | "
           "on the Pareto front |")  # fmt: skip
     print("|---|---|---|---|")
     for name, p in sorted(points.items(), key=lambda kv: kv[1]):
-        front = not any(beats(q, p) for q in points.values())
-        print(f"| {name} | {p[0]:.2f}x | {p[1]:.2f}x | {'yes' if front else ''} |")
+        print(f"| {name} | {p[0]:.2f}x | {p[1]:.2f}x | {'yes' if name in front else ''} |")
     for name in medha:
-        better = [v for v in points if v.startswith("vLLM") and beats(points[v], points[name])]
+        better = [v for v in points if v.startswith("vLLM") and dominates(points[v], points[name])]
         print(f"{name}: beaten on both by {', '.join(better) or 'no vLLM setting'}")
 
 

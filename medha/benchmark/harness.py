@@ -71,3 +71,14 @@ def markdown_table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> s
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def dominates(a: Sequence[float], b: Sequence[float]) -> bool:
+    """Whether `a` is at or below `b` on every measure (lower is better) and not equal to it."""
+    return all(x <= y for x, y in zip(a, b, strict=True)) and tuple(a) != tuple(b)
+
+
+def pareto_front(points: dict[str, Sequence[float]]) -> list[str]:
+    """The names whose point no other point dominates (lower is better on every measure), in
+    `points`' order: the settings of a sweep worth a user's choice."""
+    return [n for n, p in points.items() if not any(dominates(q, p) for q in points.values())]
