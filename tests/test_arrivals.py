@@ -13,7 +13,6 @@ import time
 from types import SimpleNamespace
 
 import pytest
-
 from starlette.applications import Starlette
 from starlette.responses import JSONResponse
 from starlette.routing import Route

@@ -17,6 +17,10 @@ Contenders: `python -m vllm.entrypoints.openai.api_server` with its default sche
 `--scheduler-cls medha.vllm_executor.MedhaScheduler --additional-config
 '{"medha": ...}'` (or, with --front medha, `medha serve --engine vllm`); with --engine-medha,
 `medha serve` on medha's own engine; one server at a time, alternated for --rounds rounds.
+With --decoding N, N requests are already decoding when the long prompt arrives (1 s after
+them), instead of the shorts: the gaps between their streamed tokens while it prefills, p99 and
+the largest, against the same streams alone (the Medha paper's TBT under a long prefill);
+--long-tokens sets the long prompt's length (8,000: SmolLM2's longest).
 With tuned peers, a last table gives each contender's medians (long TTFT over plain vLLM's of
 the same round, shorts behind / alone) and its Pareto front: whether some vLLM setting beats a
 medha contender on both at once.
@@ -33,6 +37,8 @@ import statistics
 import sys
 import tempfile
 import time
+
+import numpy as np
 
 from medha.benchmark.harness import dominates, pareto_front
 from medha.benchmark.local_server import alternated, local_server
@@ -63,13 +69,15 @@ async def ttft(client, prompt: list[int], delay: float, t0: float, tokens: int =
     return first if first is not None else float("nan")
 
 
-async def scenario(url: str, with_long: bool, seed: int, short_tokens: int = 16) -> dict:
+async def scenario(
+    url: str, with_long: bool, seed: int, short_tokens: int = 16, long_tokens: int = 6000
+) -> dict:
     import openai
 
     rng = random.Random(seed)
     client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", timeout=3600)
     shorts = [[rng.randrange(100, 40000) for _ in range(64)] for _ in range(8)]
-    long = [rng.randrange(100, 40000) for _ in range(6000)]
+    long = [rng.randrange(100, 40000) for _ in range(long_tokens)]
     t0 = time.monotonic()
     tasks = [ttft(client, p, 0.5, t0, short_tokens) for p in shorts]
     if with_long:
@@ -80,6 +88,49 @@ async def scenario(url: str, with_long: bool, seed: int, short_tokens: int = 16)
     if with_long:
         out["long"] = times[8]
     return out
+
+
+async def decoding(url: str, streams: int, with_long: bool, seed: int, long_tokens: int) -> dict:
+    """`streams` requests decoding (64-token prompts, EOS ignored) and, 1 s after they start, a
+    `long_tokens` prompt: every gap between two streamed chunks of a decoding request that
+    overlaps the window from the long prompt's arrival to its first token (alone: 3 s from the
+    same moment), p99 and the largest; the long prompt's TTFT."""
+    import openai
+
+    rng = random.Random(seed)
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", timeout=3600)
+    prompts = [[rng.randrange(100, 40000) for _ in range(64)] for _ in range(streams)]
+    long = [rng.randrange(100, 40000) for _ in range(long_tokens)]
+    done = asyncio.Event()
+
+    async def stream(prompt: list[int]) -> list[float]:
+        times = []
+        response = await client.completions.create(
+            model="m", prompt=prompt, max_tokens=2048, temperature=0, stream=True,
+            extra_body={"ignore_eos": True},
+        )  # fmt: skip
+        async for chunk in response:
+            if chunk.choices:
+                times.append(time.monotonic())
+            if done.is_set():
+                break
+        await response.close()
+        return times
+
+    t0 = time.monotonic()
+    tasks = [asyncio.ensure_future(stream(p)) for p in prompts]
+    start = t0 + 1.0
+    if with_long:
+        long_ttft = await ttft(client, long, 1.0, t0)  # (returns once its 16 tokens are in)
+        end = start + long_ttft
+    else:
+        long_ttft, end = float("nan"), start + 3.0
+        await asyncio.sleep(max(0.0, end - time.monotonic()))
+    done.set()
+    times = await asyncio.gather(*tasks)
+    await client.close()
+    gaps = [b - a for ts in times for a, b in zip(ts, ts[1:]) if b > start and a < end]
+    return {"p99": float(np.percentile(gaps, 99)), "max": max(gaps), "long": long_ttft}
 
 
 def main() -> None:
@@ -148,6 +199,21 @@ def main() -> None:
         help="every setting of the sweep as a --peer: --long-prefill-token-threshold 64 to "
         "1,024, with and without -adaptive, and --max-num-batched-tokens 512 and 1,024",
     )
+    ap.add_argument(
+        "--decoding",
+        type=int,
+        default=0,
+        metavar="N",
+        help="instead of the shorts: N requests already decoding when the long prompt arrives; "
+        "their gaps between streamed tokens while it prefills (p99, the largest) against the "
+        "same streams alone, and the long prompt's TTFT",
+    )
+    ap.add_argument(
+        "--long-tokens",
+        type=int,
+        default=6000,
+        help="the long prompt's tokens (default 6,000; at most the context, 8,192 here)",
+    )
     ap.add_argument("--verbose", action="store_true", help="the servers' logs")
     add_server_args(ap)
     args = ap.parse_args()
@@ -177,16 +243,23 @@ def main() -> None:
             asyncio.run(scenario(url, False, 99))  # warm-up
             # (the runs alone and behind draw different prompts: every server here caches
             # prefixes, and shorts it had seen alone would be served from the cache behind)
-            alone = asyncio.run(scenario(url, False, rnd, args.short_tokens))
-            behind = asyncio.run(scenario(url, True, 1000 + rnd, args.short_tokens))
+            n, size, out = args.decoding, args.long_tokens, args.short_tokens
+            if n:
+                a = asyncio.run(decoding(url, n, False, rnd, size))
+                b = asyncio.run(decoding(url, n, True, 1000 + rnd, size))
+                alone, behind = {"p": a["p99"]}, {"p": b["p99"], "max": b["max"]}
+            else:
+                a = asyncio.run(scenario(url, False, rnd, out, size))
+                b = asyncio.run(scenario(url, True, 1000 + rnd, out, size))
+                alone, behind = {"p": a["short_p50"]}, {"p": b["short_p50"], "max": b["short_max"]}
+            behind["long"] = b["long"]
         if contenders[name] is not None and os.path.exists(step_log):
             errors.append((name, rnd, *prediction_error(read_step_log(step_log))))
-        row = (name, rnd, alone["short_p50"], behind["short_p50"], behind["short_max"])
-        rows.append((*row, behind["long"]))
+        rows.append((name, rnd, alone["p"], behind["p"], behind["max"], behind["long"]))
+        what = "decodes' gap p99" if args.decoding else "shorts' TTFT p50"
         print(
-            f"round {rnd} {name}: shorts alone {alone['short_p50']:.3f} s, behind "
-            f"{behind['short_p50']:.3f} s ({behind['short_p50'] / alone['short_p50']:.1f}x), "
-            f"long TTFT {behind['long']:.2f} s",
+            f"round {rnd} {name}: {what} alone {alone['p']:.3f} s, behind {behind['p']:.3f} s "
+            f"({behind['p'] / alone['p']:.1f}x), long TTFT {behind['long']:.2f} s",
             file=sys.stderr,
             flush=True,
         )
@@ -195,7 +268,8 @@ def main() -> None:
         f"{args.plain_bind or args.bind or 'its default'}, medha on vLLM to "
         f"{args.bind or 'its default'}\n"
     )
-    print("| round | scheduler | short TTFT p50 alone | behind the long one | ratio | max behind "
+    what = "decodes' gap p99" if args.decoding else "short TTFT p50"
+    print(f"| round | scheduler | {what} alone | behind the long one | ratio | max behind "
           "| long TTFT |")  # fmt: skip
     print("|---|---|---|---|---|---|---|")
     for name, rnd, alone, behind, worst, long in rows:
@@ -211,7 +285,7 @@ def main() -> None:
         after = "never" if settled is None else f"{settled} steps"
         print(f"| {rnd} | {name} | {median:.3f} | {count} | {after} |")
     print()
-    for rnd in range(args.rounds):
+    for rnd in range(args.rounds if not args.decoding else 0):
         plain = next(r for r in rows if r[1] == rnd and r[0] == "vLLM")
         for ours in (r for r in rows if r[1] == rnd and r[0] not in ("vLLM", *peers)):
             goal = 1.10 if ours[0] in engines else 1.15
@@ -221,27 +295,32 @@ def main() -> None:
                 f"{goal:.2f}x)"
             )
     if peers:
-        pareto(rows, [n for n in contenders if n != "vLLM" and n not in peers])
+        medha = [n for n in contenders if n != "vLLM" and n not in peers]
+        pareto(rows, medha, args.decoding > 0)
 
 
-def pareto(rows: list[tuple], medha: list[str]) -> None:
+def pareto(rows: list[tuple], medha: list[str], decoding: bool = False) -> None:
     """Each contender's medians over the rounds (long TTFT over plain vLLM's of the same round;
-    shorts behind / alone), whether it is on the Pareto front, and for each medha contender the
-    vLLM settings that beat it on both at once (the issue's test: none should)."""
+    shorts behind / alone, or with `decoding` the decodes' gap p99 behind), whether it is on
+    the Pareto front, and for each medha contender the vLLM settings that beat it on both at
+    once (the issue's test: none should)."""
     plain = {r[1]: r[5] for r in rows if r[0] == "vLLM"}
     points = {}
     for name in dict.fromkeys(r[0] for r in rows):
         mine = [r for r in rows if r[0] == name]
         points[name] = (
             statistics.median(r[5] / plain[r[1]] for r in mine),
-            statistics.median(r[3] / r[2] for r in mine),
+            statistics.median(r[3] if decoding else r[3] / r[2] for r in mine),
         )
     front = pareto_front(points)
-    print("\n| contender | long TTFT / plain vLLM's (median) | shorts behind / alone (median) | "
-          "on the Pareto front |")  # fmt: skip
+    other = "decodes' gap p99" if decoding else "shorts behind / alone"
+    print(f"\n| contender | long TTFT / plain vLLM's (median) | {other} (median) | on the "
+          "Pareto front |")  # fmt: skip
     print("|---|---|---|---|")
+    unit = " s" if decoding else "x"
     for name, p in sorted(points.items(), key=lambda kv: kv[1]):
-        print(f"| {name} | {p[0]:.2f}x | {p[1]:.2f}x | {'yes' if name in front else ''} |")
+        on = "yes" if name in front else ""
+        print(f"| {name} | {p[0]:.2f}x | {p[1]:.3f}{unit} | {on} |")
     for name in medha:
         better = [v for v in points if v.startswith("vLLM") and dominates(points[v], points[name])]
         print(f"{name}: beaten on both by {', '.join(better) or 'no vLLM setting'}")

@@ -16,8 +16,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from medha import __version__
 from medha.server import chat, completions, routes
-from medha.server.async_engine import AsyncEngine
 from medha.server.arrivals import CountArrivals
+from medha.server.async_engine import AsyncEngine
 from medha.server.body_guard import BodyGuard
 from medha.server.config import ServerConfig, max_buffered_bytes, max_request_bytes
 from medha.server.errors import RequestError, from_validation
