@@ -2,10 +2,10 @@
 
 A burst of requests reaches the engine one by one: the event loop parses and validates each
 body in turn. An idle engine that starts a step the moment the first one is admitted makes the
-rest wait out that step. On a 2-core Xeon, 8 chats of 64 tokens sent at once ran as a 40 ms
+rest wait out that step. On a 2-core Xeon, 8 prompts of 64 tokens sent at once ran as a 40 ms
 step of one, then a step of 7: their median TTFT 0.20 s, against 0.12-0.15 s when one step
 took all 8; which of the two a burst met (it depends on how the bodies interleave) moved the
-convoy benchmark's time alone by 1.8x from one start of the server to the next.
+convoy benchmark's time alone by up to 1.8x from one start of the server to the next.
 
 So the HTTP server counts every generation request from the moment its headers are read until
 its choices are all submitted or it fails (`CountArrivals`), and an engine with nothing running

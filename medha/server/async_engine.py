@@ -147,7 +147,11 @@ class AsyncEngine:
             return
         bound = PAUSE_WAIT_SHARE * chat_time_s(self.engine.predictor, self.engine.max_model_len)
         deadline = time.monotonic() + bound
-        while self.arrivals.pending and (left := deadline - time.monotonic()) > 0:
+        while (
+            self.arrivals.pending
+            and not self._stop.is_set()
+            and (left := deadline - time.monotonic()) > 0
+        ):
             self._wake.wait(left)
             self._wake.clear()
             self._apply_commands()
