@@ -6,7 +6,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from medha.benchmark.harness import add_common_args, markdown_table, percentile
+from medha.benchmark.harness import (
+    add_common_args,
+    dominates,
+    markdown_table,
+    pareto_front,
+    percentile,
+)
 
 
 def test_only_the_named_flags_are_added_with_their_defaults():
@@ -50,8 +56,6 @@ def test_a_markdown_table_is_its_header_rule_and_rows():
 
 
 def test_the_pareto_front_keeps_what_nothing_beats_on_every_measure():
-    from medha.benchmark.harness import dominates, pareto_front
-
     assert dominates((1.0, 2.0), (1.0, 3.0)) and not dominates((1.0, 3.0), (1.0, 3.0))
     assert not dominates((0.5, 4.0), (1.0, 3.0))  # better on one, worse on the other
     points = {

@@ -38,9 +38,7 @@ import sys
 import tempfile
 import time
 
-import numpy as np
-
-from medha.benchmark.harness import dominates, pareto_front
+from medha.benchmark.harness import dominates, pareto_front, percentile
 from medha.benchmark.local_server import alternated, local_server
 from medha.benchmark.step_errors import prediction_error, read_step_log
 from medha.benchmark.vllm_servers import (
@@ -130,7 +128,7 @@ async def decoding(url: str, streams: int, with_long: bool, seed: int, long_toke
     times = await asyncio.gather(*tasks)
     await client.close()
     gaps = [b - a for ts in times for a, b in zip(ts, ts[1:]) if b > start and a < end]
-    return {"p99": float(np.percentile(gaps, 99)), "max": max(gaps), "long": long_ttft}
+    return {"p99": percentile(gaps, 99), "max": max(gaps), "long": long_ttft}
 
 
 def main() -> None:
@@ -225,6 +223,7 @@ def main() -> None:
     engines = {engine_label(m): m for m in map(json.loads, args.engine_medha or [])}
     contenders |= engines
     rows, errors = [], []
+    what = "decodes' gap p99" if args.decoding else "short TTFT p50"
     logs = tempfile.mkdtemp(prefix="vllm-convoy-steps-")
     print(f"medha's step logs (MEDHA_STEP_LOG) in {logs}", file=sys.stderr)
     for rnd, name in alternated(list(contenders), args.rounds):
@@ -256,7 +255,6 @@ def main() -> None:
         if contenders[name] is not None and os.path.exists(step_log):
             errors.append((name, rnd, *prediction_error(read_step_log(step_log))))
         rows.append((name, rnd, alone["p"], behind["p"], behind["max"], behind["long"]))
-        what = "decodes' gap p99" if args.decoding else "shorts' TTFT p50"
         print(
             f"round {rnd} {name}: {what} alone {alone['p']:.3f} s, behind {behind['p']:.3f} s "
             f"({behind['p'] / alone['p']:.1f}x), long TTFT {behind['long']:.2f} s",
@@ -268,7 +266,6 @@ def main() -> None:
         f"{args.plain_bind or args.bind or 'its default'}, medha on vLLM to "
         f"{args.bind or 'its default'}\n"
     )
-    what = "decodes' gap p99" if args.decoding else "short TTFT p50"
     print(f"| round | scheduler | {what} alone | behind the long one | ratio | max behind "
           "| long TTFT |")  # fmt: skip
     print("|---|---|---|---|---|---|---|")
@@ -285,7 +282,7 @@ def main() -> None:
         after = "never" if settled is None else f"{settled} steps"
         print(f"| {rnd} | {name} | {median:.3f} | {count} | {after} |")
     print()
-    for rnd in range(args.rounds if not args.decoding else 0):
+    for rnd in range(0 if args.decoding else args.rounds):  # (the shorts' goals)
         plain = next(r for r in rows if r[1] == rnd and r[0] == "vLLM")
         for ours in (r for r in rows if r[1] == rnd and r[0] not in ("vLLM", *peers)):
             goal = 1.10 if ours[0] in engines else 1.15
@@ -321,8 +318,9 @@ def pareto(rows: list[tuple], medha: list[str], decoding: bool = False) -> None:
     for name, p in sorted(points.items(), key=lambda kv: kv[1]):
         on = "yes" if name in front else ""
         print(f"| {name} | {p[0]:.2f}x | {p[1]:.3f}{unit} | {on} |")
+    vllm = [v for v in points if v not in medha]  # (vLLM + medha is a medha contender)
     for name in medha:
-        better = [v for v in points if v.startswith("vLLM") and dominates(points[v], points[name])]
+        better = [v for v in vllm if dominates(points[v], points[name])]
         print(f"{name}: beaten on both by {', '.join(better) or 'no vLLM setting'}")
 
 
