@@ -9,8 +9,10 @@ import pytest
 from medha.benchmark.harness import (
     add_common_args,
     dominates,
+    goodput,
     markdown_table,
     pareto_front,
+    parse_slo,
     percentile,
 )
 
@@ -66,3 +68,28 @@ def test_the_pareto_front_keeps_what_nothing_beats_on_every_measure():
         "tie": (1.29, 1.1),  # equal points beat neither
     }
     assert pareto_front(points) == ["vLLM", "threshold 256", "medha", "tie"]
+
+
+def test_an_slo_is_a_fixed_or_prompt_scaled_ttft_and_a_tpot():
+    assert parse_slo("ttft=2,tpot=0.2") == (2.0, 0.0, 0.2)
+    assert parse_slo("ttft=1+0.0005*prompt, tpot=0.15") == (1.0, 0.0005, 0.15)
+    for bad in ("ttft=2", "ttft=2,tpot=x", "ttft=0,tpot=0.2", "ttft=1+2,tpot=0.2",
+                "ttft=nan,tpot=0.2", "ttft=1,tpot=0.2,e2e=3"):  # fmt: skip
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_slo(bad)
+
+
+def test_goodput_counts_the_requests_within_both_targets_per_second(tmp_path: Path):
+    rows = [  # status, prompt tokens, TTFT, TPOT
+        ("ok", 100, 0.5, 0.1),  # meets both
+        ("ok", 100, 0.5, 0.3),  # too slow between tokens
+        ("ok", 4000, 2.5, 0.1),  # too late for 2 s, in time for 1 s + 0.5 ms a token
+        ("ok", 100, 0.5, ""),  # one token: no TPOT
+        ("error", 100, "", ""),
+    ]
+    (tmp_path / "requests.csv").write_text(
+        "status,num_prefill_tokens,ttft_s,tpot_s\n"
+        + "".join(",".join(map(str, r)) + "\n" for r in rows)
+    )
+    assert goodput(tmp_path, parse_slo("ttft=2,tpot=0.2"), 4.0) == 2 / 4
+    assert goodput(tmp_path, parse_slo("ttft=1+0.0005*prompt,tpot=0.2"), 4.0) == 3 / 4

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
 import statistics
@@ -42,14 +41,12 @@ from medha.benchmark.harness import dominates, pareto_front, percentile
 from medha.benchmark.local_server import alternated, local_server
 from medha.benchmark.step_errors import prediction_error, read_step_log
 from medha.benchmark.vllm_servers import (
-    TUNED_VLLM,
+    add_contender_args,
     add_server_args,
-    engine_command,
-    server_command,
+    contenders,
+    server_env,
     server_flags,
 )
-
-DEFAULT_MEDHA = {"policy": "lars", "chunking": "adaptive"}
 
 
 async def ttft(client, prompt: list[int], delay: float, t0: float, tokens: int = 16) -> float:
@@ -137,65 +134,11 @@ def main() -> None:
     )
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument(
-        "--medha",
-        action="append",
-        default=None,
-        help="medha's settings (JSON); repeat for several medha contenders, each run beside "
-        f"plain vLLM in every round (default: {json.dumps(DEFAULT_MEDHA)}; none: no medha "
-        "scheduler on vLLM, with --engine-medha contenders only)",
-    )
-    ap.add_argument(
         "--short-tokens",
         type=int,
         default=16,
         help="output tokens of each short prompt (1: their decodes cost the long prompt "
         "nothing, the convoy's TTFTs without them)",
-    )
-    ap.add_argument(
-        "--engine-medha",
-        action="append",
-        default=None,
-        metavar="JSON",
-        help="a contender on medha's own engine: `medha serve` with these settings as its flags "
-        "(JSON, {} for its defaults); repeat for several. Their goal against plain vLLM's long "
-        "TTFT is 1.10x (issue 48)",
-    )
-    ap.add_argument(
-        "--fresh-cache",
-        action="store_true",
-        help="start each medha server (on vLLM or its own engine) with an empty "
-        "MEDHA_CACHE_DIR (the model stays where it is): no profile of its own, as on a new "
-        "machine, so that medha's engine times itself at start (--self-profile-s) or plans "
-        "from the roofline corrected online, as medha's scheduler on vLLM does",
-    )
-    ap.add_argument(
-        "--bind",
-        default=None,
-        metavar="CORES",
-        help="VLLM_CPU_OMP_THREADS_BIND of every vLLM server, plain vLLM's and medha's on vLLM "
-        "(the same binding for each), e.g. 0-1 for both cores of this machine; --plain-bind "
-        "overrides it for plain vLLM",
-    )
-    ap.add_argument(
-        "--plain-bind",
-        default=None,
-        metavar="CORES",
-        help="VLLM_CPU_OMP_THREADS_BIND of plain vLLM's server only, e.g. 0-1 for both cores "
-        "of this machine (default: vLLM's own binding, every core but one, as medha's servers)",
-    )
-    ap.add_argument(
-        "--peer",
-        action="append",
-        default=[],
-        metavar="ARGS",
-        help="a tuned plain vLLM: vLLM's own flags, e.g. '--long-prefill-token-threshold 256' "
-        "(repeat for several; each with plain vLLM's binding)",
-    )
-    ap.add_argument(
-        "--tuned-peers",
-        action="store_true",
-        help="every setting of the sweep as a --peer: --long-prefill-token-threshold 64 to "
-        "1,024, with and without -adaptive, and --max-num-batched-tokens 512 and 1,024",
     )
     ap.add_argument(
         "--decoding",
@@ -214,31 +157,20 @@ def main() -> None:
     )
     ap.add_argument("--verbose", action="store_true", help="the servers' logs")
     add_server_args(ap)
+    add_contender_args(ap)
     args = ap.parse_args()
     flags = server_flags(args)
-    given = args.medha or [json.dumps(DEFAULT_MEDHA)]
-    settings = [] if given == ["none"] else [json.loads(m) for m in given]
-    peers = {f"vLLM {a}": a for a in args.peer + (TUNED_VLLM if args.tuned_peers else [])}
-    contenders = {"vLLM": None} | dict.fromkeys(peers) | {label(m): m for m in settings}
-    engines = {engine_label(m): m for m in map(json.loads, args.engine_medha or [])}
-    contenders |= engines
+    servers = contenders(args, flags)
+    peers = [n for n, c in servers.items() if c.peer]
     rows, errors = [], []
     what = "decodes' gap p99" if args.decoding else "short TTFT p50"
     logs = tempfile.mkdtemp(prefix="vllm-convoy-steps-")
     print(f"medha's step logs (MEDHA_STEP_LOG) in {logs}", file=sys.stderr)
-    for rnd, name in alternated(list(contenders), args.rounds):
-        if name in engines:
-            command = engine_command(flags, engines[name])
-        else:
-            command = server_command(flags, contenders[name], args.front, peers.get(name, ""))
+    for rnd, name in alternated(list(servers), args.rounds):
+        contender = servers[name]
         step_log = os.path.join(logs, f"{rnd}-{len(rows)}.jsonl")
-        env = dict(os.environ, MEDHA_STEP_LOG=step_log)
-        bind = args.plain_bind if contenders[name] is None and args.plain_bind else args.bind
-        if bind and name not in engines:
-            env["VLLM_CPU_OMP_THREADS_BIND"] = bind
-        if args.fresh_cache and contenders[name] is not None:
-            env["MEDHA_CACHE_DIR"] = tempfile.mkdtemp(prefix="medha-convoy-cache-")
-        with local_server(command, quiet=not args.verbose, env=env) as url:
+        env = server_env(args, contender, step_log)
+        with local_server(contender.command, quiet=not args.verbose, env=env) as url:
             asyncio.run(scenario(url, False, 99))  # warm-up
             # (the runs alone and behind draw different prompts: every server here caches
             # prefixes, and shorts it had seen alone would be served from the cache behind)
@@ -252,7 +184,7 @@ def main() -> None:
                 b = asyncio.run(scenario(url, True, 1000 + rnd, out, size))
                 alone, behind = {"p": a["short_p50"]}, {"p": b["short_p50"], "max": b["short_max"]}
             behind["long"] = b["long"]
-        if contenders[name] is not None and os.path.exists(step_log):
+        if contender.medha is not None and os.path.exists(step_log):
             errors.append((name, rnd, *prediction_error(read_step_log(step_log))))
         rows.append((name, rnd, alone["p"], behind["p"], behind["max"], behind["long"]))
         print(
@@ -285,14 +217,14 @@ def main() -> None:
     for rnd in range(0 if args.decoding else args.rounds):  # (the shorts' goals)
         plain = next(r for r in rows if r[1] == rnd and r[0] == "vLLM")
         for ours in (r for r in rows if r[1] == rnd and r[0] not in ("vLLM", *peers)):
-            goal = 1.10 if ours[0] in engines else 1.15
+            goal = 1.10 if servers[ours[0]].engine else 1.15
             print(
                 f"round {rnd} {ours[0]}: shorts behind / alone {ours[3] / ours[2]:.2f}x (goal "
                 f"<= 1.5x), long TTFT / plain vLLM's {ours[5] / plain[5]:.2f}x (goal <= "
                 f"{goal:.2f}x)"
             )
     if peers:
-        medha = [n for n in contenders if n != "vLLM" and n not in peers]
+        medha = [n for n, c in servers.items() if c.medha is not None]
         pareto(rows, medha, args.decoding > 0)
 
 
@@ -322,18 +254,6 @@ def pareto(rows: list[tuple], medha: list[str], decoding: bool = False) -> None:
     for name in medha:
         better = [v for v in vllm if dominates(points[v], points[name])]
         print(f"{name}: beaten on both by {', '.join(better) or 'no vLLM setting'}")
-
-
-def engine_label(settings: dict) -> str:
-    """`medha engine (lars, adaptive)`, with any other settings after them."""
-    return "medha engine" + label(settings).removeprefix("vLLM + medha")
-
-
-def label(medha: dict) -> str:
-    """`vLLM + medha (lars, adaptive)`, with any other settings after them."""
-    rest = [f"{k}={v}" for k, v in medha.items() if k not in ("policy", "chunking")]
-    parts = [medha.get("policy", "lars"), medha.get("chunking", "adaptive"), *rest]
-    return f"vLLM + medha ({', '.join(parts)})"
 
 
 if __name__ == "__main__":

@@ -8,7 +8,9 @@ A bench adds the shared flags it takes with `add_common_args`, so that `--seed`,
 from __future__ import annotations
 
 import argparse
+import csv
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -82,3 +84,37 @@ def pareto_front(points: dict[str, Sequence[float]]) -> list[str]:
     """The names whose point no other point dominates (lower is better on every measure), in
     `points`' order: the settings of a sweep worth a user's choice."""
     return [n for n, p in points.items() if not any(dominates(q, p) for q in points.values())]
+
+
+def parse_slo(spec: str) -> tuple[float, float, float]:
+    """'ttft=A[+B*prompt],tpot=C' -> (A, B, C): a request meets it when its TTFT <= A + B x its
+    prompt's tokens and its TPOT <= C (seconds)."""
+    items = dict(item.split("=", 1) for item in spec.replace(" ", "").split(",") if "=" in item)
+    if set(items) != {"ttft", "tpot"}:
+        raise argparse.ArgumentTypeError(f"--slo {spec!r}: expected 'ttft=A[+B*prompt],tpot=C'")
+    base, _, scaled = items["ttft"].partition("+")
+    if scaled and not scaled.endswith("*prompt"):
+        raise argparse.ArgumentTypeError(f"--slo {spec!r}: the TTFT's second term is B*prompt")
+    try:
+        per_token = float(scaled.removesuffix("*prompt")) if scaled else 0.0
+        slo = (float(base), per_token, float(items["tpot"]))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--slo {spec!r}: not numbers") from None
+    if not (slo[0] > 0 and slo[1] >= 0 and slo[2] > 0):
+        raise argparse.ArgumentTypeError(f"--slo {spec!r}: targets must be positive")
+    return slo
+
+
+def goodput(run: Path, slo: tuple[float, float, float], wall_s: float) -> float:
+    """Goodput as `vllm bench serve --goodput` counts it: the requests of a `medha bench` run
+    (its folder's requests.csv) that completed within both targets, per second of the run's
+    duration `wall_s`. A request of one token has no TPOT and is judged on its TTFT."""
+    good = 0
+    with (run / "requests.csv").open() as fh:
+        for row in csv.DictReader(fh):
+            if row["status"] != "ok" or not row["ttft_s"]:
+                continue
+            ttft_target = slo[0] + slo[1] * int(row["num_prefill_tokens"])
+            tpot = float(row["tpot_s"]) if row["tpot_s"] not in ("", "None") else 0.0
+            good += float(row["ttft_s"]) <= ttft_target and tpot <= slo[2]
+    return good / wall_s

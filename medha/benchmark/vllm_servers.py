@@ -14,7 +14,10 @@ Every server gets the same dtype, context, KV cache size and batch limits, set e
 from __future__ import annotations
 
 import json
+import os
 import sys
+import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -140,3 +143,117 @@ def server_flags(args) -> ServerFlags:
         enforce_eager=args.enforce_eager,
         medha_extra=args.medha_extra,
     )
+
+
+DEFAULT_MEDHA = {"policy": "lars", "chunking": "adaptive"}
+
+
+@dataclass(frozen=True)
+class Contender:
+    """One server of a side-by-side benchmark: `command(port)` for local_server, and medha's
+    settings where it runs medha's scheduler (None: one of vLLM's own)."""
+
+    command: Callable[[int], list[str]]
+    medha: dict | None = None
+    engine: bool = False  # medha's own engine (`medha serve`), not vLLM's
+    peer: bool = False  # plain vLLM with its own convoy flags (a tuned peer)
+
+
+def add_contender_args(ap) -> None:
+    """The flags that choose the contenders (beside add_server_args's, which every one
+    shares); `contenders(args)` reads them."""
+    ap.add_argument(
+        "--medha",
+        action="append",
+        default=None,
+        help="medha's settings (JSON); repeat for several medha contenders, each run beside "
+        f"plain vLLM in every round (default: {json.dumps(DEFAULT_MEDHA)}; none: no medha "
+        "scheduler on vLLM, with --engine-medha contenders only)",
+    )
+    ap.add_argument(
+        "--engine-medha",
+        action="append",
+        default=None,
+        metavar="JSON",
+        help="a contender on medha's own engine: `medha serve` with these settings as its flags "
+        "(JSON, {} for its defaults); repeat for several",
+    )
+    ap.add_argument(
+        "--peer",
+        action="append",
+        default=[],
+        metavar="ARGS",
+        help="a tuned plain vLLM: vLLM's own flags, e.g. '--long-prefill-token-threshold 256' "
+        "(repeat for several; each with plain vLLM's binding)",
+    )
+    ap.add_argument(
+        "--tuned-peers",
+        action="store_true",
+        help="every setting of the sweep as a --peer: --long-prefill-token-threshold 64 to "
+        "1,024, with and without -adaptive, and --max-num-batched-tokens 512 and 1,024",
+    )
+    ap.add_argument(
+        "--fresh-cache",
+        action="store_true",
+        help="start each medha server (on vLLM or its own engine) with an empty "
+        "MEDHA_CACHE_DIR (the model stays where it is): no profile of its own, as on a new "
+        "machine, so that medha's engine times itself at start (--self-profile-s) or plans "
+        "from the roofline corrected online, as medha's scheduler on vLLM does",
+    )
+    ap.add_argument(
+        "--bind",
+        default=None,
+        metavar="CORES",
+        help="VLLM_CPU_OMP_THREADS_BIND of every vLLM server, plain vLLM's and medha's on vLLM "
+        "(the same binding for each), e.g. 0-1 for both cores of this machine; --plain-bind "
+        "overrides it for plain vLLM",
+    )
+    ap.add_argument(
+        "--plain-bind",
+        default=None,
+        metavar="CORES",
+        help="VLLM_CPU_OMP_THREADS_BIND of plain vLLM's servers only, e.g. 0-1 for both cores "
+        "of this machine (default: vLLM's own binding, every core but one, as medha's servers)",
+    )
+
+
+def contenders(args, flags: ServerFlags) -> dict[str, Contender]:
+    """Plain vLLM first, then the tuned peers, medha's scheduler on vLLM, medha's engine."""
+    given = args.medha or [json.dumps(DEFAULT_MEDHA)]
+    settings = [] if given == ["none"] else [json.loads(m) for m in given]
+    peers = args.peer + (TUNED_VLLM if args.tuned_peers else [])
+    out = {"vLLM": Contender(server_command(flags, None, args.front))}
+    out |= {
+        f"vLLM {a}": Contender(server_command(flags, None, args.front, a), peer=True) for a in peers
+    }
+    out |= {label(m): Contender(server_command(flags, m, args.front), m) for m in settings}
+    engines = map(json.loads, args.engine_medha or [])
+    out |= {engine_label(m): Contender(engine_command(flags, m), m, engine=True) for m in engines}
+    return out
+
+
+def server_env(args, contender: Contender, step_log: str | None = None) -> dict:
+    """The environment of a contender's server: its step log, vLLM's CPU binding (the same for
+    every vLLM server unless --plain-bind), an empty medha cache with --fresh-cache."""
+    env = dict(os.environ)
+    if step_log:
+        env["MEDHA_STEP_LOG"] = step_log
+    plain = contender.medha is None
+    bind = args.plain_bind if plain and args.plain_bind else args.bind
+    if bind and not contender.engine:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = bind
+    if args.fresh_cache and not plain:
+        env["MEDHA_CACHE_DIR"] = tempfile.mkdtemp(prefix="medha-bench-cache-")
+    return env
+
+
+def engine_label(settings: dict) -> str:
+    """`medha engine (lars, adaptive)`, with any other settings after them."""
+    return "medha engine" + label(settings).removeprefix("vLLM + medha")
+
+
+def label(medha: dict) -> str:
+    """`vLLM + medha (lars, adaptive)`, with any other settings after them."""
+    rest = [f"{k}={v}" for k, v in medha.items() if k not in ("policy", "chunking")]
+    parts = [medha.get("policy", "lars"), medha.get("chunking", "adaptive"), *rest]
+    return f"vLLM + medha ({', '.join(parts)})"

@@ -1,0 +1,168 @@
+"""Goodput on a mixed trace with long prompts: medha's defaults against vLLM as users tune it.
+
+    python bench/vllm/vllm_goodput.py [--trace azure_code] [--rates 0.35,0.7,1.0] \
+        [--requests 24] [--rounds 2] [--engine-medha '{}'] [--peer ARGS ... | --tuned-peers] \
+        [--slo 'ttft=2,tpot=0.2' ...] [--bind 0-1]
+
+Every contender (medha/benchmark/vllm_servers.py: plain vLLM, vLLM with its own convoy flags,
+medha's scheduler on vLLM, `medha serve` on medha's own engine; one server at a time, the order
+flipped every round) is driven by medha's load generator (`medha bench`: streamed completions of
+token-id prompts, EOS ignored) at each Poisson rate in turn, with the same requests at a rate
+for every contender of a round. The lengths are the trace's, each prompt capped so that prompt
+plus output fit the context (8,192 for SmolLM2).
+
+Goodput as `vllm bench serve --goodput` defines it: the requests that meet every SLO, over the
+run's duration (first send to last completion). SLOs are judged after the runs on each
+request's TTFT and TPOT, so one run gives every --slo's goodput; the servers are not told them
+(medha's defaults: no request carries an SLO of its own). `ttft=A+B*prompt` scales a request's
+TTFT target with its prompt, as the Medha paper's deadlines do. "Best vLLM" at a rate and SLO is
+the vLLM setting with the highest median goodput there, chosen after the runs (it favours the
+peer); the last table gives each medha contender's goodput over it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from medha.benchmark.config import BenchConfig
+from medha.benchmark.harness import goodput, parse_slo
+from medha.benchmark.load_generator import run_bench
+from medha.benchmark.local_server import alternated, local_server
+from medha.benchmark.vllm_servers import (
+    add_contender_args,
+    add_server_args,
+    contenders,
+    server_env,
+    server_flags,
+)
+from medha.sim.workload.traces import load_trace
+
+DEFAULT_SLOS = ["ttft=2,tpot=0.2", "ttft=1+0.0005*prompt,tpot=0.2"]
+
+
+def capped_trace(name: str, context: int, path: Path) -> Path:
+    """The trace's lengths, each prompt cut so that prompt + output <= `context`, as a CSV
+    `medha bench --trace` reads (no times: the rate is --qps)."""
+    with path.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["num_prefill_tokens", "num_decode_tokens"])
+        for e in load_trace(name):
+            out = min(e.output_len, context // 2)
+            w.writerow([max(1, min(e.prompt_len, context - out)), out])
+    return path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--trace", default="azure_code", help="a bundled trace or a CSV/JSONL file")
+    ap.add_argument(
+        "--rates",
+        type=lambda s: [float(x) for x in s.split(",")],
+        default=[0.35, 0.7, 1.0],
+        help="Poisson rates (req/s), comma-separated, up to past saturation (default "
+        "0.35,0.7,1.0: azure_code's mean prompt, 2,048 tokens, takes about 1 s alone here)",
+    )
+    ap.add_argument("--requests", type=int, default=24, help="requests at each rate")
+    ap.add_argument(
+        "--slo",
+        action="append",
+        type=parse_slo,
+        default=None,
+        help=f"'ttft=A[+B*prompt],tpot=C' in seconds; repeat (default: {DEFAULT_SLOS})",
+    )
+    ap.add_argument("--out", default=None, help="folder of every run's requests.csv")
+    ap.add_argument("--verbose", action="store_true", help="the servers' logs")
+    add_server_args(ap)
+    add_contender_args(ap)
+    args = ap.parse_args()
+    slos = args.slo or [parse_slo(s) for s in DEFAULT_SLOS]
+    flags = server_flags(args)
+    servers = contenders(args, flags)
+    out = Path(args.out or tempfile.mkdtemp(prefix="vllm-goodput-"))
+    out.mkdir(parents=True, exist_ok=True)
+    trace = capped_trace(args.trace, flags.max_model_len, out / "trace.csv")
+    print(f"every run's requests.csv under {out}", file=sys.stderr)
+    runs = []  # (name, round, rate, folder, wall_s, errors)
+    for rnd, name in alternated(list(servers), args.rounds):
+        contender = servers[name]
+        env = server_env(args, contender)
+        with local_server(contender.command, quiet=not args.verbose, env=env) as url:
+            warm = BenchConfig(url=url, workload="prompt=64,output=8", qps=4.0, num_requests=4)
+            warm.out = str(out / "warm-up")
+            run_bench(warm, progress=False)
+            for i, rate in enumerate(args.rates):
+                folder = out / f"{rnd}-{name.replace(' ', '_')}-{rate}"
+                cfg = BenchConfig(
+                    url=url,
+                    trace=str(trace),
+                    qps=rate,
+                    num_requests=args.requests,
+                    seed=100 * rnd + i,  # (the same requests for every contender of a round)
+                    out=str(folder),
+                )
+                summary = run_bench(cfg, progress=False)
+                wall, errors = summary["client"]["wall_s"], summary["client"]["errors"]
+                runs.append((name, rnd, rate, folder, wall, errors))
+                shown = ", ".join(f"{goodput(folder, s, wall):.3f}" for s in slos)
+                print(
+                    f"round {rnd} {name} at {rate} req/s: {wall:.0f} s, {errors} errors, "
+                    f"goodput {shown} req/s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    report(runs, servers, args.rates, slos, flags, args)
+
+
+def slo_label(slo: tuple[float, float, float]) -> str:
+    ttft = f"{slo[0]:g} s" + (f" + {slo[1] * 1e3:g} ms/token" if slo[1] else "")
+    return f"TTFT <= {ttft}, TPOT <= {slo[2]:g} s"
+
+
+def report(runs, servers, rates, slos, flags, args) -> None:
+    print(f"\n{flags}; trace {args.trace} (capped to the context); {args.requests} requests a "
+          f"rate; vLLM bound to {args.bind or 'its default'}\n")  # fmt: skip
+    names = list(servers)
+    medians = {}  # (name, rate, slo index) -> median goodput over the rounds
+    for j, slo in enumerate(slos):
+        print(f"Goodput (req/s, median of {args.rounds} rounds), {slo_label(slo)}:\n")
+        print("| contender | " + " | ".join(f"{r:g} req/s" for r in rates) + " |")
+        print("|---|" + "---|" * len(rates))
+        for name in names:
+            cells = []
+            for rate in rates:
+                mine = [goodput(f, slo, w) for n, _, r, f, w, _ in runs if n == name and r == rate]
+                medians[name, rate, j] = statistics.median(mine)
+                cells.append(f"{medians[name, rate, j]:.3f}")
+            print(f"| {name} | " + " | ".join(cells) + " |")
+        print()
+    vllm = [n for n in names if servers[n].medha is None]
+    print("| SLO | rate | best vLLM setting | its goodput | " + " | ".join(
+        f"{n} / best" for n in names if servers[n].medha is not None) + " |")  # fmt: skip
+    print("|---|---|---|---|" + "---|" * sum(servers[n].medha is not None for n in names))
+    for j, slo in enumerate(slos):
+        for rate in rates:
+            best = max(vllm, key=lambda n: medians[n, rate, j])
+            top = medians[best, rate, j]
+            ratios = [
+                f"{medians[n, rate, j] / top:.2f}x" if top else "-"
+                for n in names
+                if servers[n].medha is not None
+            ]
+            print(
+                f"| {slo_label(slo)} | {rate:g} | {best} | {top:.3f} | " + " | ".join(ratios) + " |"
+            )
+    errors = sum(r[5] for r in runs)
+    if errors:
+        print(f"\n{errors} requests failed in all (see each run's requests.csv)")
+
+
+if __name__ == "__main__":
+    main()
