@@ -11,10 +11,14 @@ alternated within each round:
 - vLLM: its own scheduler (chunked prefill, running requests first);
 - medha lars: lars with adaptive chunking, the packer planning with the vLLM profile of this
   machine (`medha profile --engine vllm`) when there is one;
-- medha fcfs: fcfs with static 2,048-token chunks (vLLM's policy, run by medha's scheduler).
+- medha fcfs: fcfs with static 2,048-token chunks (vLLM's policy, run by medha's scheduler);
+- with --peer ARGS (repeatable), vLLM with its own convoy flags as a user tunes them, e.g.
+  `--peer '--long-prefill-token-threshold 256'`.
 
 Reported per rate: short-request TTFT p50/p90/p99, long requests completed, output tokens/s;
-vLLM / medha lars for the short TTFT p99 (goal >= 5x) and output throughput (goal >= 0.95x).
+vLLM / medha lars for the short TTFT p99 (goal >= 5x) and output throughput (goal >= 0.95x),
+and, with peers, the same against the vLLM setting with the lowest short TTFT p99 of the
+round (chosen after the runs: it favours the peer).
 Then each medha run's requests are replayed in `medha simulate` with the vLLM profile, and its
 short TTFT p50 compared with the measured one (goal: within 30%), and its mean.
 """
@@ -43,7 +47,9 @@ CONTENDERS = {
 
 
 def bench_one(name: str, medha, args, flags, qps: float, out: Path) -> dict:
-    with local_server(server_command(flags, medha, args.front), quiet=not args.verbose) as url:
+    peer = name.removeprefix("vLLM") if medha is None else ""  # ("vLLM ARGS": a tuned peer)
+    command = server_command(flags, medha, args.front, peer)
+    with local_server(command, quiet=not args.verbose) as url:
         # one request first: the first forward passes of a fresh server are slow
         warmup = BenchConfig(
             url=url, workload="prompt=32-256,output=16", qps=4, num_requests=2, seed=99
@@ -94,6 +100,14 @@ def main() -> None:
     add_common_args(ap, seed=0, out="runs/vllm_mixed_load", num_requests=150)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--contenders", default=",".join(CONTENDERS), help="comma-separated")
+    ap.add_argument(
+        "--peer",
+        action="append",
+        default=[],
+        metavar="ARGS",
+        help="a tuned plain vLLM: vLLM's own flags, e.g. '--long-prefill-token-threshold 256' "
+        "(repeat for several)",
+    )
     ap.add_argument("--workload", default=WORKLOAD)
     ap.add_argument("--profile", default=None, help="vLLM profile (default: this machine's)")
     ap.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -102,12 +116,13 @@ def main() -> None:
     args = ap.parse_args()
     flags = server_flags(args)
     rates = [float(q) for q in args.qps.split(",")]
-    names = args.contenders.split(",")
+    names = args.contenders.split(",") + [f"vLLM {a}" for a in args.peer]
+    contenders = CONTENDERS | dict.fromkeys(names[len(names) - len(args.peer) :])
     results: dict = {}  # (rate, round, name) -> (summary, run dir)
     for rate in rates:
         for rnd, name in alternated(names, args.rounds):
             out = Path(args.out) / f"qps{rate:g}" / f"round{rnd}"
-            summary = bench_one(name, CONTENDERS[name], args, flags, rate, out)
+            summary = bench_one(name, contenders[name], args, flags, rate, out)
             results[rate, rnd, name] = (summary, out / name.replace(" ", "-"))
             short = summary["by_class"]["short"]["ttft_s"]
             print(
@@ -143,6 +158,8 @@ def main() -> None:
                     f"{rate:g} req/s round {rnd}: short TTFT p99 vLLM / medha lars {p99:.1f}x "
                     f"(goal >= 5x); output throughput medha lars / vLLM {tput:.2f} (goal >= 0.95)"
                 )
+                if args.peer:
+                    best_vs_lars(results, rate, rnd, [n for n in names if n.startswith("vLLM")])
     profile = args.profile or default_profile(flags)
     if profile is None or not Path(profile).exists():
         print(f"\nno vLLM profile ({profile}): run `medha profile --engine vllm` for the twin")
@@ -154,6 +171,8 @@ def main() -> None:
     )
     print("|---|---|---|---|---|---|---|---|---|")
     for (rate, rnd, name), (s, run_dir) in results.items():
+        if name.startswith("vLLM "):
+            continue  # (a tuned peer: the twin models vLLM's defaults only)
         # vLLM's own scheduler is simulated as medha's fcfs with vLLM's 2,048-token chunks
         ours = CONTENDERS[name]
         medha = ours | flags.medha_extra if ours else CONTENDERS["medha fcfs"]
@@ -165,6 +184,23 @@ def main() -> None:
         # (served at once, or sharing steps with the prefill) and a small shift moves it far
         cells = [f"{real[k]:.3f} s | {sim[k]:.3f} s | {sim[k] / real[k] - 1:+.0%}" for k in STATS]
         print(f"| {rate:g} | {rnd} | {label} | " + " | ".join(cells) + " |")
+
+
+def best_vs_lars(results: dict, rate: float, rnd: int, vllm: list[str]) -> None:
+    """medha lars against the vLLM setting with the lowest short TTFT p99 of the round."""
+
+    def p99(name: str) -> float:
+        return results[rate, rnd, name][0]["by_class"]["short"]["ttft_s"]["p99"]
+
+    def tput(name: str) -> float:
+        return results[rate, rnd, name][0]["throughput"]["output_tokens_per_s"]
+
+    best = min(vllm, key=p99)
+    print(
+        f"{rate:g} req/s round {rnd}: best vLLM on the short TTFT p99 is {best}: {best} / medha "
+        f"lars {p99(best) / p99('medha lars'):.1f}x; output throughput medha lars / it "
+        f"{tput('medha lars') / tput(best):.2f}"
+    )
 
 
 def default_profile(flags) -> str | None:

@@ -65,7 +65,7 @@ SUBJECTS: dict[str, tuple[str, str]] = {
         "medha's scheduler on vLLM's engine against vLLM's own (needs vllm)",
         (
             "vllm_correctness.py vllm_latency.py vllm_overhead.py vllm_async_timeline.py"
-            " vllm_convoy.py vllm_mixed_load.py"
+            " vllm_convoy.py vllm_goodput.py vllm_mixed_load.py"
         ),
     ),
     "gpu": (
