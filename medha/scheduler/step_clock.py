@@ -13,7 +13,7 @@ from medha.core.batch import Batch
 from medha.core.config import iteration_budget
 from medha.core.request import Request
 from medha.perf.predictor import Predictor
-from medha.scheduler.config_defaults import pause_points
+from medha.scheduler.config_defaults import pause_parts
 
 # Weight of the newest batch in `step_scale`: the article on Orca/Sarathi scheduling (seed 001)
 # keeps its iteration time as an exponential average with this weight.
@@ -37,11 +37,12 @@ class StepClock:
         return self.predictor.shape_time((), kv_lens) * self.step_scale
 
     def pause_part_s(self, paused: Batch | None) -> float:
-        """The time from one pause point of the pausable batch in flight (`paused`) to the next
-        (as predicted, times the measured / predicted ratio of recent batches); 0 without one."""
+        """The longest time from one pause point of the pausable batch in flight (`paused`) to
+        the next: its layers' attention part or MLP part, the longer (`pause_parts`; as
+        predicted, times the measured / predicted ratio of recent batches); 0 without one."""
         if paused is None:
             return 0.0
-        return paused.predicted_time_s * self.step_scale / pause_points(self.predictor)
+        return max(pause_parts(self.predictor, paused)) * self.step_scale
 
     def decode_due(
         self, decodes: list[Request], now: float, budget_s: float, paused: Batch | None
