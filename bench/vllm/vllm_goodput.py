@@ -1,7 +1,7 @@
 """Goodput on a mixed trace with long prompts: medha's defaults against vLLM as users tune it.
 
     python bench/vllm/vllm_goodput.py [--trace azure_code] [--rates 0.35,0.7,1.0] \
-        [--requests 24] [--rounds 2] [--engine-medha '{}'] [--peer ARGS ... | --tuned-peers] \
+        [--num-requests 24] [--rounds 2] [--engine-medha '{}'] [--peer ARGS ... | --tuned-peers] \
         [--slo 'ttft=2,tpot=0.2' ...] [--bind 0-1]
 
 Every contender (medha/benchmark/vllm_servers.py: plain vLLM, vLLM with its own convoy flags,
@@ -30,7 +30,7 @@ import tempfile
 from pathlib import Path
 
 from medha.benchmark.config import BenchConfig
-from medha.benchmark.harness import goodput, parse_slo
+from medha.benchmark.harness import add_common_args, goodput, parse_slo
 from medha.benchmark.load_generator import run_bench
 from medha.benchmark.local_server import alternated, local_server
 from medha.benchmark.vllm_servers import (
@@ -70,7 +70,6 @@ def main() -> None:
         help="Poisson rates (req/s), comma-separated, up to past saturation (default "
         "0.35,0.7,1.0: azure_code's mean prompt, 2,048 tokens, takes about 1 s alone here)",
     )
-    ap.add_argument("--requests", type=int, default=24, help="requests at each rate")
     ap.add_argument(
         "--slo",
         action="append",
@@ -78,7 +77,13 @@ def main() -> None:
         default=None,
         help=f"'ttft=A[+B*prompt],tpot=C' in seconds; repeat (default: {DEFAULT_SLOS})",
     )
-    ap.add_argument("--out", default=None, help="folder of every run's requests.csv")
+    add_common_args(
+        ap,
+        out=None,
+        out_help="folder of every run's requests.csv (default: a new temporary folder)",
+        num_requests=24,
+        num_requests_help="requests at each rate",
+    )
     ap.add_argument("--verbose", action="store_true", help="the servers' logs")
     add_server_args(ap)
     add_contender_args(ap)
@@ -95,8 +100,8 @@ def main() -> None:
         contender = servers[name]
         env = server_env(args, contender)
         with local_server(contender.command, quiet=not args.verbose, env=env) as url:
-            warm = BenchConfig(url=url, workload="prompt=64,output=8", qps=4.0, num_requests=4)
-            warm.out = str(out / "warm-up")
+            warm = BenchConfig(url=url, workload="prompt=64,output=8", qps=4.0, num_requests=4,
+                               out=str(out / "warm-up"))  # fmt: skip
             run_bench(warm, progress=False)
             for i, rate in enumerate(args.rates):
                 folder = out / f"{rnd}-{name.replace(' ', '_')}-{rate}"
@@ -104,7 +109,7 @@ def main() -> None:
                     url=url,
                     trace=str(trace),
                     qps=rate,
-                    num_requests=args.requests,
+                    num_requests=args.num_requests,
                     seed=100 * rnd + i,  # (the same requests for every contender of a round)
                     out=str(folder),
                 )
@@ -127,12 +132,12 @@ def slo_label(slo: tuple[float, float, float]) -> str:
 
 
 def report(runs, servers, rates, slos, flags, args) -> None:
-    print(f"\n{flags}; trace {args.trace} (capped to the context); {args.requests} requests a "
+    print(f"\n{flags}; trace {args.trace} (capped to the context); {args.num_requests} requests a "
           f"rate; vLLM bound to {args.bind or 'its default'}\n")  # fmt: skip
     names = list(servers)
     medians = {}  # (name, rate, slo index) -> median goodput over the rounds
     for j, slo in enumerate(slos):
-        print(f"Goodput (req/s, median of {args.rounds} rounds), {slo_label(slo)}:\n")
+        print(f"Goodput (req/s) each round (median), {slo_label(slo)}:\n")
         print("| contender | " + " | ".join(f"{r:g} req/s" for r in rates) + " |")
         print("|---|" + "---|" * len(rates))
         for name in names:
@@ -140,7 +145,8 @@ def report(runs, servers, rates, slos, flags, args) -> None:
             for rate in rates:
                 mine = [goodput(f, slo, w) for n, _, r, f, w, _ in runs if n == name and r == rate]
                 medians[name, rate, j] = statistics.median(mine)
-                cells.append(f"{medians[name, rate, j]:.3f}")
+                each = " / ".join(f"{g:.3f}" for g in mine)
+                cells.append(f"{each} ({medians[name, rate, j]:.3f})")
             print(f"| {name} | " + " | ".join(cells) + " |")
         print()
     vllm = [n for n in names if servers[n].medha is None]
