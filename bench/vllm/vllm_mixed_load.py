@@ -34,7 +34,12 @@ from pathlib import Path
 from medha.benchmark.harness import add_common_args
 from medha.benchmark.load_generator import BenchConfig, run_bench
 from medha.benchmark.local_server import alternated, local_server
-from medha.benchmark.vllm_servers import add_server_args, server_command, server_flags
+from medha.benchmark.vllm_servers import (
+    add_peer_arg,
+    add_server_args,
+    server_command,
+    server_flags,
+)
 
 WORKLOAD = "prompt=32-256,output=16-48,long_fraction=0.05,long_prompt=3000-6000"
 LONG_THRESHOLD = 1024
@@ -100,14 +105,7 @@ def main() -> None:
     add_common_args(ap, seed=0, out="runs/vllm_mixed_load", num_requests=150)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--contenders", default=",".join(CONTENDERS), help="comma-separated")
-    ap.add_argument(
-        "--peer",
-        action="append",
-        default=[],
-        metavar="ARGS",
-        help="a tuned plain vLLM: vLLM's own flags, e.g. '--long-prefill-token-threshold 256' "
-        "(repeat for several)",
-    )
+    add_peer_arg(ap)
     ap.add_argument("--workload", default=WORKLOAD)
     ap.add_argument("--profile", default=None, help="vLLM profile (default: this machine's)")
     ap.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -116,8 +114,9 @@ def main() -> None:
     args = ap.parse_args()
     flags = server_flags(args)
     rates = [float(q) for q in args.qps.split(",")]
-    names = args.contenders.split(",") + [f"vLLM {a}" for a in args.peer]
-    contenders = CONTENDERS | dict.fromkeys(names[len(names) - len(args.peer) :])
+    peers = [f"vLLM {a}" for a in args.peer]
+    names = args.contenders.split(",") + peers
+    contenders = CONTENDERS | dict.fromkeys(peers)
     results: dict = {}  # (rate, round, name) -> (summary, run dir)
     for rate in rates:
         for rnd, name in alternated(names, args.rounds):

@@ -178,14 +178,7 @@ def add_contender_args(ap) -> None:
         help="a contender on medha's own engine: `medha serve` with these settings as its flags "
         "(JSON, {} for its defaults); repeat for several",
     )
-    ap.add_argument(
-        "--peer",
-        action="append",
-        default=[],
-        metavar="ARGS",
-        help="a tuned plain vLLM: vLLM's own flags, e.g. '--long-prefill-token-threshold 256' "
-        "(repeat for several; each with plain vLLM's binding)",
-    )
+    add_peer_arg(ap)
     ap.add_argument(
         "--tuned-peers",
         action="store_true",
@@ -214,6 +207,18 @@ def add_contender_args(ap) -> None:
         metavar="CORES",
         help="VLLM_CPU_OMP_THREADS_BIND of plain vLLM's servers only, e.g. 0-1 for both cores "
         "of this machine (default: vLLM's own binding, every core but one, as medha's servers)",
+    )
+
+
+def add_peer_arg(ap) -> None:
+    """--peer: a tuned plain vLLM (the benches that take no other contender flags add it alone)."""
+    ap.add_argument(
+        "--peer",
+        action="append",
+        default=[],
+        metavar="ARGS",
+        help="a tuned plain vLLM: vLLM's own flags, e.g. '--long-prefill-token-threshold 256' "
+        "(repeat for several; each with plain vLLM's binding)",
     )
 
 
