@@ -54,6 +54,40 @@ def test_budget_for_price_is_the_smallest_within_it():
     assert chunking_price(SLOW, b * 0.97, N) > 1.1
 
 
+@pytest.mark.parametrize("predictor", [SLOW, DEAR, GPU], ids=["slow", "dear", "gpu"])
+@pytest.mark.parametrize("ceiling", [0.01, 0.05, 0.15, 0.4, 2.0])
+def test_a_ceiling_caps_the_budget_and_changes_nothing_under_it(predictor, ceiling):
+    n = min(N, predictor.model.max_context)
+    for price in (1.02, 1.1):
+        found = budget_for_price(predictor, price, n)
+        assert budget_for_price(predictor, price, n, ceiling=ceiling) == min(found, ceiling)
+
+
+class Counted:
+    """A predictor that counts the prefill steps it is asked to price."""
+
+    def __init__(self, predictor):
+        self.inner, self.calls = predictor, 0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def prefill_step_time(self, n, k):
+        self.calls += 1
+        return self.inner.prefill_step_time(n, k)
+
+
+def test_resolving_where_chunking_is_dear_takes_a_few_walks():
+    """An engine resolves its defaults again on the path of a step as its model is corrected
+    (Recalibration.resolve_again). Where chunking is dear every default is capped (a reading
+    pace, a chat's time alone), and each budget search is decided by one walk at its cap; a
+    walk's steps are found from the previous one's chunk in a few probes. A resolution once
+    took 6,500 step prices here (20 walks of a dozen probes a chunk: 8-10 ms of a vLLM step)."""
+    counted = Counted(DEAR)
+    resolve_config(SchedulerConfig(), counted)
+    assert counted.calls < 1500, counted.calls
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     st.sampled_from([0.02, 0.05, 0.2, 1.0]),

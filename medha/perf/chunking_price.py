@@ -35,28 +35,32 @@ def isolated_chunk(
     """The chunk a prefill alone on the replica runs after `kv_offset` computed tokens with
     `remaining` to go: the largest whose step fits `budget_s`; `min_chunk` (or what is left)
     when not even one token fits, so that a request deep into a long context progresses.
-    `guess` (the previous chunk of a walk, which changes slowly as the KV grows) starts the
-    search there: a gallop, then a bisection, to the same answer in fewer probes."""
+    `guess` (the previous chunk of a walk, which changes by a few tokens from one step to the
+    next as the KV grows) starts the search there: a gallop in steps of 1, 2, 4, ... tokens from
+    it, then a bisection of the last step, to the same answer in a few probes, where a search
+    from scratch takes a dozen (a walk prices every step of a prompt this way, and a budget
+    search walks it many times)."""
 
     def fits(n: int) -> bool:
         return predictor.prefill_step_time(n, kv_offset) <= budget_s
 
     if fits(remaining):
         return remaining
-    if not fits(1):
+    near = guess is not None and 1 < guess < remaining
+    if near and fits(guess):  # (so one token fits as well)
+        lo, step = guess, 1
+        while lo + step < remaining and fits(lo + step):
+            lo, step = lo + step, 2 * step
+        hi = min(lo + step, remaining)  # invariant from here: lo fits, hi does not
+    elif not fits(1):
         return min(remaining, min_chunk)
-    lo, hi = 1, remaining  # invariant: lo fits, hi does not
-    if guess is not None and 1 < guess < remaining:
-        if fits(guess):
-            lo = guess
-            while 2 * lo < remaining and fits(2 * lo):
-                lo *= 2
-            hi = min(2 * lo, remaining)
-        else:
-            hi = guess
-            while hi // 2 > 1 and not fits(hi // 2):
-                hi //= 2
-            lo = max(1, hi // 2)
+    elif near:
+        hi, step = guess, 1
+        while hi - step > 1 and not fits(hi - step):
+            hi, step = hi - step, 2 * step
+        lo = max(1, hi - step)
+    else:
+        lo, hi = 1, remaining
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid)
@@ -144,13 +148,25 @@ def budget_for_price(
     num_tokens: int,
     min_chunk: int = 32,
     max_chunk: int | None = None,
+    ceiling: float | None = None,
 ) -> float:
     """The smallest budget (s, to within 1%) whose chunking price on a `num_tokens` prompt is at
-    most `price`. Below one `min_chunk` step the planner runs `min_chunk` chunks whatever the
-    budget, so the search starts there and goes up in steps of 25% to the first budget within
-    the price, then bisects the last step (on a log scale); it stops at the time of one
-    largest step (`max_chunk`, or the whole prompt), which prices it at 1."""
-    return _budget_for_price(predictor, price, num_tokens, min_chunk, max_chunk)
+    most `price`, or `ceiling` where that is less. Below one `min_chunk` step the planner runs
+    `min_chunk` chunks whatever the budget, so the search starts there and goes up in steps of
+    25% to the first budget within the price, then bisects the last step (on a log scale); it
+    stops at the time of one largest step (`max_chunk`, or the whole prompt), which prices it
+    at 1. Every default caps the budget it asks for (a reading pace, half a deadline, a chat's
+    time alone), and on a machine where chunking is dear the price is met only above the cap:
+    one walk at the ceiling says so, where the search takes about twenty (each a walk over the
+    whole prompt). An engine resolves its defaults again as its model is corrected, on the
+    path of a step (`Recalibration.resolve_again`)."""
+    if (
+        ceiling is not None
+        and chunking_price(predictor, ceiling, num_tokens, min_chunk, max_chunk) > price
+    ):
+        return ceiling
+    found = _budget_for_price(predictor, price, num_tokens, min_chunk, max_chunk)
+    return found if ceiling is None else min(found, ceiling)
 
 
 @per_model(maxsize=256)

@@ -113,8 +113,11 @@ def default_tpot_target(
         return SLO_TPOT_S
     spp = predictor.parallel.spp
     n = priced_prompt(max_model_len)
-    budget = budget_for_price(predictor, TARGET_PRICE, n, min_chunk, max_chunk)
-    target = round(budget * (spp + 1) / spp if spp > 1 else budget, 4)
+    pipelined = (spp + 1) / spp if spp > 1 else 1.0
+    budget = budget_for_price(
+        predictor, TARGET_PRICE, n, min_chunk, max_chunk, ceiling=READING_TPOT_S / pipelined
+    )
+    target = round(budget * pipelined, 4)
     progress = round(predictor.prefill_step_time(min(min_chunk, n), 0), 4)
     return max(SLO_TPOT_S, min(target, READING_TPOT_S), progress)
 
@@ -152,10 +155,10 @@ def default_arrival_wait(
     if budget_s >= shortest_s / 2:
         return budget_s
     n = priced_prompt(max_model_len)
-    wait = min(budget_for_price(predictor, NEGLIGIBLE_PRICE, n, *chunks), shortest_s / 2)
+    most = shortest_s / 2
     if not affordable(predictor, max_model_len, *chunks):
-        wait = min(wait, chat_time_s(predictor, max_model_len))
-    return max(budget_s, wait)
+        most = min(most, chat_time_s(predictor, max_model_len))
+    return max(budget_s, budget_for_price(predictor, NEGLIGIBLE_PRICE, n, *chunks, ceiling=most))
 
 
 def pause_arrival_wait(
@@ -173,10 +176,8 @@ def pause_arrival_wait(
     # the budget, else the budget's step, or half the chat where even that is longer
     chat = chat_time_s(predictor, max_model_len)
     part = min(chat, max(budget_s, chat / 2)) * PAUSE_WAIT_SHARE
-    wait = min(
-        budget_for_price(predictor, NEGLIGIBLE_PRICE, n, *chunks), part * pause_points(predictor)
-    )
-    return max(budget_s, wait)
+    most = part * pause_points(predictor)
+    return max(budget_s, budget_for_price(predictor, NEGLIGIBLE_PRICE, n, *chunks, ceiling=most))
 
 
 def pause_points(predictor: Predictor) -> int:
