@@ -93,3 +93,26 @@ def test_goodput_counts_the_requests_within_both_targets_per_second(tmp_path: Pa
     )
     assert goodput(tmp_path, parse_slo("ttft=2,tpot=0.2"), 4.0) == 2 / 4
     assert goodput(tmp_path, parse_slo("ttft=1+0.0005*prompt,tpot=0.2"), 4.0) == 3 / 4
+
+
+def test_a_bench_can_tell_the_server_each_requests_targets():
+    """`medha bench --send-slo` sends each request's TTFT target (scaled with its prompt) and
+    TPOT target in the medha extension, and judges the request against the same target."""
+    from medha.benchmark.config import BenchConfig
+    from medha.benchmark.load_generator import _body, _metrics, _Result
+    from medha.benchmark.workload import BenchRequest
+
+    req = BenchRequest(index=0, arrival_s=0.0, prompt_len=2000, output_len=4)
+    quiet = BenchConfig(url="http://x", workload="prompt=8,output=4", ttft_slo_s=1.0,
+                        ttft_slo_per_token_s=5e-4, tpot_slo_s=0.2)  # fmt: skip
+    assert "medha" not in _body(quiet, "m", req)
+    told = BenchConfig(**{**quiet.__dict__, "send_slo": True})
+    assert _body(told, "m", req)["medha"] == {"ttft_slo_s": 2.0, "tpot_slo_s": 0.2}
+    # a first token at 1.9 s meets 1 s + 0.5 ms x 2,000 tokens, not 1 s alone
+    res = _Result(req, send_s=0.0, chunk_s=[1.9, 2.0, 2.1, 2.2], end_s=2.2, completion_tokens=4)
+    got = _metrics(res, told, 0.0, 10_000)
+    assert got.ttft_deadline_s == 2.0 and got.ttft_met and got.tpot_met
+    flat = BenchConfig(**{**quiet.__dict__, "ttft_slo_per_token_s": 0.0})
+    assert not _metrics(res, flat, 0.0, 10_000).ttft_met
+    with pytest.raises(ValueError, match="ttft_slo_per_token_s"):
+        BenchConfig(**{**quiet.__dict__, "ttft_slo_per_token_s": float("nan")})

@@ -883,6 +883,9 @@ def test_bench_against_the_server(server, tmp_path):
             "--out",
             str(out),
             "--quiet",
+            "--send-slo",  # each request's targets in the medha extension, which it accepts
+            "--ttft-slo-per-token-s",
+            "0.001",
         ],
         capture_output=True,
         text=True,

@@ -14,7 +14,9 @@ plus output fit the context (8,192 for SmolLM2).
 Goodput as `vllm bench serve --goodput` defines it: the requests that meet every SLO, over the
 run's duration (first send to last completion). SLOs are judged after the runs on each
 request's TTFT and TPOT, so one run gives every --slo's goodput; the servers are not told them
-(medha's defaults: no request carries an SLO of its own). `ttft=A+B*prompt` scales a request's
+(medha's defaults: no request carries an SLO of its own), except with --send-slo, which runs
+each medha contender again with every request carrying the first --slo's targets (the medha
+extension of the API: vLLM's has no field for them). `ttft=A+B*prompt` scales a request's
 TTFT target with its prompt, as the Medha paper's deadlines do. "Best vLLM" at a rate and SLO is
 the vLLM setting with the highest median goodput there, chosen after the runs (it favours the
 peer); the last table gives each medha contender's goodput over it.
@@ -84,6 +86,13 @@ def main() -> None:
         num_requests=24,
         num_requests_help="requests at each rate",
     )
+    ap.add_argument(
+        "--send-slo",
+        action="store_true",
+        help="run each medha contender twice a round, the second time ('told') with every "
+        "request carrying the first --slo's targets in the medha extension, as medha's API "
+        "allows and vLLM's does not",
+    )
     ap.add_argument("--verbose", action="store_true", help="the servers' logs")
     add_server_args(ap)
     add_contender_args(ap)
@@ -91,6 +100,8 @@ def main() -> None:
     slos = args.slo or [parse_slo(s) for s in DEFAULT_SLOS]
     flags = server_flags(args)
     servers = contenders(args, flags)
+    told = {f"{n}, told the SLO": c for n, c in servers.items() if c.medha is not None}
+    servers.update(told if args.send_slo else {})
     out = Path(args.out or tempfile.mkdtemp(prefix="vllm-goodput-"))
     out.mkdir(parents=True, exist_ok=True)
     trace = capped_trace(args.trace, flags.max_model_len, out / "trace.csv")
@@ -105,6 +116,7 @@ def main() -> None:
             run_bench(warm, progress=False)
             for i, rate in enumerate(args.rates):
                 folder = out / f"{rnd}-{name.replace(' ', '_')}-{rate}"
+                ttft, per_token, tpot = slos[0]
                 cfg = BenchConfig(
                     url=url,
                     trace=str(trace),
@@ -112,6 +124,10 @@ def main() -> None:
                     num_requests=args.num_requests,
                     seed=100 * rnd + i,  # (the same requests for every contender of a round)
                     out=str(folder),
+                    ttft_slo_s=ttft,
+                    ttft_slo_per_token_s=per_token,
+                    tpot_slo_s=tpot,
+                    send_slo=name in told,
                 )
                 summary = run_bench(cfg, progress=False)
                 wall, errors = summary["client"]["wall_s"], summary["client"]["errors"]

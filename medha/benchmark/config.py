@@ -3,6 +3,7 @@ import httpx or matplotlib."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from medha.benchmark.workload import WORKLOAD_HELP
@@ -59,6 +60,25 @@ class BenchConfig:
     )
     ttft_slo_s: float = field(default=1.0, metadata={"help": "TTFT target for attainment"})
     tpot_slo_s: float = field(default=0.2, metadata={"help": "TPOT target for attainment"})
+    ttft_slo_per_token_s: float = field(
+        default=0.0,
+        metadata={
+            "help": (
+                "the TTFT target grows by this much a prompt token (ttft_slo_s plus this times "
+                "the prompt: the Medha paper's deadlines scale with the prompt)"
+            )
+        },
+    )
+    send_slo: bool = field(
+        default=False,
+        metadata={
+            "help": (
+                "send each request's TTFT and TPOT targets in the medha extension (`medha: "
+                "{ttft_slo_s, tpot_slo_s}`), which medha's servers schedule for; other servers "
+                "ignore it or refuse the field"
+            )
+        },
+    )
     long_threshold: int | None = field(
         default=None,
         metadata={
@@ -83,3 +103,14 @@ class BenchConfig:
             raise ValueError(f"long_threshold must be positive, got {self.long_threshold}")
         if self.num_requests < 1:
             raise ValueError(f"num_requests must be at least 1, got {self.num_requests}")
+        for name in ("ttft_slo_s", "tpot_slo_s"):
+            if not 0 < getattr(self, name) < math.inf:
+                raise ValueError(f"{name} must be positive and finite, got {getattr(self, name)}")
+        if not 0 <= self.ttft_slo_per_token_s < math.inf:
+            raise ValueError(
+                f"ttft_slo_per_token_s must be >= 0 and finite, got {self.ttft_slo_per_token_s}"
+            )
+
+    def ttft_target_s(self, prompt_len: int) -> float:
+        """A request's TTFT target: ttft_slo_s plus ttft_slo_per_token_s a prompt token."""
+        return self.ttft_slo_s + self.ttft_slo_per_token_s * prompt_len

@@ -66,6 +66,9 @@ def _body(cfg: BenchConfig, model: str, req: BenchRequest) -> dict:
     }
     if cfg.ignore_eos:
         body["ignore_eos"] = True
+    if cfg.send_slo:
+        ttft = round(cfg.ttft_target_s(req.prompt_len), 4)
+        body["medha"] = {"ttft_slo_s": ttft, "tpot_slo_s": cfg.tpot_slo_s}
     if cfg.endpoint == "chat":
         body["messages"] = [{"role": "user", "content": _prompt(req, cfg.seed, False)}]
     else:
@@ -121,6 +124,7 @@ def _metrics(res: _Result, cfg: BenchConfig, t0: float, threshold: int) -> Reque
     e2e = res.end_s - res.send_s if ok else None
     n = res.completion_tokens or len(res.chunk_s)
     tpot = (res.chunk_s[-1] - res.chunk_s[0]) / (n - 1) if ok and n > 1 else None
+    target = cfg.ttft_target_s(res.req.prompt_len)
     return RequestMetrics(
         request_id=str(res.req.index),
         request_class="long" if res.req.prompt_len >= threshold else "short",
@@ -132,8 +136,8 @@ def _metrics(res: _Result, cfg: BenchConfig, t0: float, threshold: int) -> Reque
         e2e_s=e2e,
         normalized_e2e_s=e2e / n if ok and n else None,
         scheduling_delay_s=None,
-        ttft_deadline_s=cfg.ttft_slo_s,
-        ttft_met=ttft is not None and ttft <= cfg.ttft_slo_s,
+        ttft_deadline_s=target,
+        ttft_met=ttft is not None and ttft <= target,
         tpot_met=ok and (tpot is None or tpot <= cfg.tpot_slo_s),
         preemptions=0,
         tbt_s=[b - a for a, b in zip(res.chunk_s, res.chunk_s[1:])] if ok else [],
