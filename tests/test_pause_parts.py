@@ -61,3 +61,30 @@ def test_decodes_beside_a_paused_long_prefill_keep_their_pace():
         if b > 1.0 and a < long.ttft_s + 1.0
     ]
     assert gaps and max(gaps) <= budget * (1 + 1e-9)
+
+
+def test_a_decode_with_a_looser_target_of_its_own_leaves_the_long_prefill_more_time():
+    """The same, with the decodes asking for a token every 0.4 s (the medha extension's
+    tpot_slo_s): beside the paused steps they keep their own target, not the budget, and the
+    long prompt's first token comes sooner for the pauses it no longer makes. (Within 2%: the
+    policy may hold the long prefill back for a decode about to fall due and wake a few ms
+    after it, 0.406 s here.)"""
+    p = _predictor()
+    ttft, gaps = {}, {}
+    for target in (None, 0.4):
+        sched = ReplicaScheduler(
+            SchedulerConfig(pause_steps=True, max_model_len=8192), p, BlockManager(1024, 16)
+        )
+        decodes = [Request(f"d{i}", 0.0, 64, 2000, tpot_target_s=target) for i in range(4)]
+        long = Request("long", 1.0, 8000, 1)
+        replay(sched, [*decodes, long], layer_parts=True)
+        ttft[target] = long.ttft_s
+        gaps[target] = [
+            b - a
+            for r in decodes
+            for a, b in zip(r.token_times_s, r.token_times_s[1:])
+            if b > 1.0 and a < long.ttft_s + 1.0
+        ]
+    budget = sched.config.iteration_budget_s
+    assert max(gaps[None]) <= budget * (1 + 1e-9) < 2 * budget < max(gaps[0.4]) <= 0.4 * 1.02
+    assert ttft[0.4] < ttft[None]

@@ -27,9 +27,12 @@ class BatchBuilder:
         max_seqs: int,
         max_tokens: int | None,
         pausable: bool = False,
+        beside_s: float | None = None,
     ) -> None:
         """`pausable`: the executor pauses the step for the decodes running beside it when
-        their tokens fall due (SchedulerConfig.pause_steps), so none of them waits on it."""
+        their tokens fall due (SchedulerConfig.pause_steps), so none of them waits on it.
+        `beside_s`: the batch runs while a pausable step is paused, and cannot pause itself:
+        with a long prefill's chunk in it, it takes at most this long (base_packer)."""
         self._requests = requests
         self._kv = kv
         self.batch = batch
@@ -38,6 +41,7 @@ class BatchBuilder:
         self._max_seqs = max_seqs
         self._max_tokens = max_tokens
         self._pausable = pausable
+        self.beside_s = beside_s
         # the tightest TPOT target among the requests whose decodes the batch carries (None:
         # none has its own); the packer bounds the batch's time budget by it
         self.tpot_target_s: float | None = None

@@ -76,8 +76,10 @@ class ReplicaScheduler:
         self.async_scheduling = async_scheduling
         # (async scheduling) the last batch formed, while it runs and before the next one forms
         self._running_ahead: Batch | None = None
-        # (pause_steps) the pausable batch in flight: batches beside it are formed meanwhile
+        # (pause_steps) the pausable batch in flight: batches beside it are formed meanwhile;
+        # and the predicted time of those run beside it so far (it ends that much later)
         self._pausable_inflight: Batch | None = None
+        self._beside_s = 0.0
         # The resolution of the config: the packer, the policy, the KV arbiter and the
         # simulator's metrics all read this object's defaults (resolve_config returns it
         # unchanged); only a learner's corrections resolve them again (`_redefault`).
@@ -226,10 +228,17 @@ class ReplicaScheduler:
         if not self.waits_now(now):
             return None
         batch = Batch(self._next_batch_id, now)
-        builder = self._builder(batch, now, self.config.max_num_seqs)
+        # a long prefill's chunk here ends in time for the decodes' next tokens, which come
+        # after it and the paused step's next part
+        part = self.clock.pause_part_s(self._pausable_inflight)
+        beside_s = max(0.0, self.config.iteration_budget_s - part)
+        builder = self._builder(batch, now, self.config.max_num_seqs, beside_s=beside_s)
         self.decode_picker.add(builder)
         self._add_prefills(builder, now, longs=False)
-        return self._issue(batch, builder, now)
+        batch = self._issue(batch, builder, now)
+        if batch is not None:
+            self._beside_s += batch.predicted_time_s
+        return batch
 
     def _issue(self, batch: Batch, builder: BatchBuilder, now: float) -> Batch | None:
         """The formed batch with its KV copies, block tables and predicted time, counted as in
@@ -260,7 +269,7 @@ class ReplicaScheduler:
         if self.async_scheduling:
             self._running_ahead = batch
         if batch.pausable:
-            self._pausable_inflight = batch
+            self._pausable_inflight, self._beside_s = batch, 0.0
         return batch
 
     def _fill(self, batch: Batch, now: float) -> BatchBuilder:
@@ -287,17 +296,51 @@ class ReplicaScheduler:
 
     def waits_now(self, now: float) -> bool:
         """(pause_steps) Whether anyone waits on steps now: a short prefill (one whose turn is
-        a step, not its whole prefill: replica_rules.is_long), or a decode whose next token is
-        due (StepClock.decode_due), either with no batch in flight. Long prefills wait for
+        a step, not its whole prefill: replica_rules.is_long), a long prefill that cannot wait
+        out the paused step in flight (`_cannot_wait`), or a decode whose next token is due
+        (StepClock.decode_due), each with no batch in flight. Other long prefills wait for
         their whole prefill and pause nothing."""
         threshold = self.long_threshold
+        left = self._paused_left_s(now)
         for r in self.requests.prefilling.values():
-            if not r.num_inflight_batches and not is_long(r, threshold):
+            if r.num_inflight_batches:
+                continue
+            if not is_long(r, threshold) or self._cannot_wait(r, now, left):
                 return True
         decodes = self.decode_picker.ready()
         budget = self.config.iteration_budget_s
         return bool(decodes) and self.clock.decode_due(
             decodes, now, budget, self._pausable_inflight
+        )
+
+    def _paused_left_s(self, now: float) -> float:
+        """(pause_steps) How long the pausable batch in flight has still to run, as predicted
+        (times the measured / predicted ratio of recent batches), with the batches run beside
+        it so far; 0 without one."""
+        paused = self._pausable_inflight
+        if paused is None:
+            return 0.0
+        end = paused.scheduled_at_s + paused.predicted_time_s * self.clock.step_scale
+        return max(0.0, end + self._beside_s - now)
+
+    def _cannot_wait(self, r: Request, now: float, left_s: float) -> bool:
+        """(pause_steps) Whether long prefill `r` runs beside the paused step, `left_s` from its
+        end: it meets its TTFT deadline only if it does not wait for that end (its slack is
+        less than `left_s`, and not yet spent), its whole prefill is shorter than the wait, and
+        the paused step's own prefills keep their deadlines after it (their slack covers its
+        work). A paused step runs up to the arrival wait (1.5-3 s on a CPU), so a prompt just
+        past the long threshold that arrives during one would wait for it longer than its
+        whole prefill takes (issue 69: on Azure code at 0.35 req/s, 2,692 tokens took 2.79 s
+        against 1.27 s under vLLM). A longer one waits, and joins the next step's prefills;
+        one whose deadline has passed waits as at any step (a step could not save it)."""
+        paused = self._pausable_inflight
+        if paused is None or not is_long(r, self.long_threshold):
+            return False
+        work = r.remaining_work_s
+        return (
+            0 <= r.slack(now) < left_s
+            and work <= left_s
+            and all(c.request.slack(now) >= work for c in paused.prefills)
         )
 
     def _long_prefill_waits(self) -> bool:
@@ -309,7 +352,12 @@ class ReplicaScheduler:
         )
 
     def _builder(
-        self, batch: Batch, now: float, max_seqs: int, pausable: bool = False
+        self,
+        batch: Batch,
+        now: float,
+        max_seqs: int,
+        pausable: bool = False,
+        beside_s: float | None = None,
     ) -> BatchBuilder:
         return BatchBuilder(
             self.requests,
@@ -320,6 +368,7 @@ class ReplicaScheduler:
             max_seqs,
             self._max_batch_tokens,
             pausable,
+            beside_s,
         )
 
     def _add_prefills(self, builder: BatchBuilder, now: float, longs: bool | None = None) -> None:
@@ -331,9 +380,14 @@ class ReplicaScheduler:
             list(requests.prefilling.values()), requests.live.__contains__, now
         )
         if longs is not None:
-            threshold = self.long_threshold
+            threshold, left = self.long_threshold, self._paused_left_s(now)
             queue = [
-                r for r in queue if is_long(r, threshold) == longs and not r.num_inflight_batches
+                r
+                for r in queue
+                if not r.num_inflight_batches
+                and (
+                    is_long(r, threshold) == longs or not longs and self._cannot_wait(r, now, left)
+                )
             ]
         if self._inflight or batch.preempted:
             # Skip requests whose remaining chunks are all running (pipelined batches), and

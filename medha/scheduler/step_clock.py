@@ -48,15 +48,18 @@ class StepClock:
         self, decodes: list[Request], now: float, budget_s: float, paused: Batch | None
     ) -> bool:
         """Whether one of `decodes` must run now to keep its pace: its last token plus its
-        TPOT (the iteration budget `budget_s`, or its own target if tighter, scaled for
-        pipelining as the budget is), less the time of a step of these decodes and, beside a
-        paused step, of the part of it to its next pause point, is past."""
+        TPOT (its own target where it has one, scaled for pipelining as the budget is; else
+        the iteration budget `budget_s`), less the time of a step of these decodes and, beside
+        a paused step, of the part of it to its next pause point, is past. An own target looser
+        than the budget counts too: a client that asks for a token every 0.2 s leaves the long
+        prefill beside it the time between (the budget is a reading pace for requests that
+        said nothing)."""
         step = self.decode_step_time([r.num_scheduled for r in decodes]) + self.pause_part_s(paused)
         spp = self.predictor.parallel.spp
         for r in decodes:
             tpot = budget_s
             if r.tpot_target_s is not None:
-                tpot = min(budget_s, iteration_budget(r.tpot_target_s, spp))
+                tpot = iteration_budget(r.tpot_target_s, spp)
             if r.token_times_s[-1] + tpot - step <= now:
                 return True
         return False

@@ -21,7 +21,7 @@ from medha.perf.prefill_time_cache import PrefillTimeCache
 from medha.scheduler.config import SchedulerConfig
 from medha.scheduler.config_defaults import resolve_config
 from medha.scheduler.policies import Policy, make_policy
-from medha.scheduler.replica_rules import QueueSnapshot, StepRules, step_budget_s
+from medha.scheduler.replica_rules import QueueSnapshot, StepRules, is_long, step_budget_s
 from medha.utils.registry import Registry
 
 if TYPE_CHECKING:
@@ -48,7 +48,14 @@ class Packer(ABC):
         waiting = getattr(queue, "requests", queue)  # (the scheduler's, without look-ups)
         snapshot = QueueSnapshot(builder.now, waiting, builder.decoding, builder.tpot_target_s)
         min_chunk = self.rules.min_chunk_tokens
-        return step_budget_s(snapshot, self.rules, lambda: builder.time_with_chunk(min_chunk, 0))
+        budget = step_budget_s(snapshot, self.rules, lambda: builder.time_with_chunk(min_chunk, 0))
+        # beside a paused step the batch cannot pause, and whoever arrives during it waits for
+        # its end: a long prefill there (one that cannot wait out the paused step) runs in
+        # chunks within the scheduler's bound, not the arrival wait's
+        beside_s = builder.beside_s
+        if beside_s is not None and any(is_long(r, self.rules.long_threshold) for r in waiting):
+            budget = min(budget, beside_s)
+        return budget
 
     def is_full(self, builder: BatchBuilder) -> bool:
         """Whether the batch has no room for another prefill chunk: the scheduler hands the
