@@ -34,6 +34,7 @@ from medha.scheduler.config_defaults import resolve_config
 from medha.scheduler.decode_picker import DecodePicker
 from medha.scheduler.kv_arbiter import KVArbiter
 from medha.scheduler.packers import Packer, make_packer, replica_policy, replica_prefill_times
+from medha.scheduler.paused_step import PausedStep
 from medha.scheduler.recalibration import REDEFAULT_FIRST, REDEFAULT_MOVE, Recalibration
 from medha.scheduler.replica_rules import is_long, prefill_order
 from medha.scheduler.request_table import RequestTable, SchedulerInvariantError, SchedulerStats
@@ -76,10 +77,6 @@ class ReplicaScheduler:
         self.async_scheduling = async_scheduling
         # (async scheduling) the last batch formed, while it runs and before the next one forms
         self._running_ahead: Batch | None = None
-        # (pause_steps) the pausable batch in flight: batches beside it are formed meanwhile;
-        # and the predicted time of those run beside it so far (it ends that much later)
-        self._pausable_inflight: Batch | None = None
-        self._beside_s = 0.0
         # The resolution of the config: the packer, the policy, the KV arbiter and the
         # simulator's metrics all read this object's defaults (resolve_config returns it
         # unchanged); only a learner's corrections resolve them again (`_redefault`).
@@ -111,6 +108,8 @@ class ReplicaScheduler:
         # microbatched pipeline (vLLM, Sarathi): a request runs in one batch at a time
         self._one_batch_each = config.pipeline == "microbatch"
         self.clock = StepClock(predictor)  # a step's time as the executor runs it (step_clock.py)
+        # (pause_steps) the pausable batch in flight: batches beside it are formed meanwhile
+        self.paused = PausedStep(self.clock, self.long_threshold)
         # which decodes join a batch (decode_picker.py)
         self.decode_picker = DecodePicker(
             self.requests, self.kv, self.policy, self.clock, async_scheduling
@@ -228,16 +227,13 @@ class ReplicaScheduler:
         if not self.waits_now(now):
             return None
         batch = Batch(self._next_batch_id, now)
-        # a long prefill's chunk here ends in time for the decodes' next tokens, which come
-        # after it and the paused step's next part
-        part = self.clock.pause_part_s(self._pausable_inflight)
-        beside_s = max(0.0, self.config.iteration_budget_s - part)
+        beside_s = self.paused.beside_budget_s(self.config.iteration_budget_s)
         builder = self._builder(batch, now, self.config.max_num_seqs, beside_s=beside_s)
         self.decode_picker.add(builder)
         self._add_prefills(builder, now, longs=False)
         batch = self._issue(batch, builder, now)
         if batch is not None:
-            self._beside_s += batch.predicted_time_s
+            self.paused.ran_beside(batch)
         return batch
 
     def _issue(self, batch: Batch, builder: BatchBuilder, now: float) -> Batch | None:
@@ -269,7 +265,7 @@ class ReplicaScheduler:
         if self.async_scheduling:
             self._running_ahead = batch
         if batch.pausable:
-            self._pausable_inflight, self._beside_s = batch, 0.0
+            self.paused.began(batch)
         return batch
 
     def _fill(self, batch: Batch, now: float) -> BatchBuilder:
@@ -295,53 +291,10 @@ class ReplicaScheduler:
         return builder
 
     def waits_now(self, now: float) -> bool:
-        """(pause_steps) Whether anyone waits on steps now: a short prefill (one whose turn is
-        a step, not its whole prefill: replica_rules.is_long), a long prefill that cannot wait
-        out the paused step in flight (`_cannot_wait`), or a decode whose next token is due
-        (StepClock.decode_due), each with no batch in flight. Other long prefills wait for
-        their whole prefill and pause nothing."""
-        threshold = self.long_threshold
-        left = self._paused_left_s(now)
-        for r in self.requests.prefilling.values():
-            if r.num_inflight_batches:
-                continue
-            if not is_long(r, threshold) or self._cannot_wait(r, now, left):
-                return True
+        """(pause_steps) Whether anyone waits on steps now (PausedStep.anyone_waits)."""
+        prefilling = self.requests.prefilling.values()
         decodes = self.decode_picker.ready()
-        budget = self.config.iteration_budget_s
-        return bool(decodes) and self.clock.decode_due(
-            decodes, now, budget, self._pausable_inflight
-        )
-
-    def _paused_left_s(self, now: float) -> float:
-        """(pause_steps) How long the pausable batch in flight has still to run, as predicted
-        (times the measured / predicted ratio of recent batches), with the batches run beside
-        it so far; 0 without one."""
-        paused = self._pausable_inflight
-        if paused is None:
-            return 0.0
-        end = paused.scheduled_at_s + paused.predicted_time_s * self.clock.step_scale
-        return max(0.0, end + self._beside_s - now)
-
-    def _cannot_wait(self, r: Request, now: float, left_s: float) -> bool:
-        """(pause_steps) Whether long prefill `r` runs beside the paused step, `left_s` from its
-        end: it meets its TTFT deadline only if it does not wait for that end (its slack is
-        less than `left_s`, and not yet spent), its whole prefill is shorter than the wait, and
-        the paused step's own prefills keep their deadlines after it (their slack covers its
-        work). A paused step runs up to the arrival wait (1.5-3 s on a CPU), so a prompt just
-        past the long threshold that arrives during one would wait for it longer than its
-        whole prefill takes (issue 69: on Azure code at 0.35 req/s, 2,692 tokens took 2.79 s
-        against 1.27 s under vLLM). A longer one waits, and joins the next step's prefills;
-        one whose deadline has passed waits as at any step (a step could not save it)."""
-        paused = self._pausable_inflight
-        if paused is None or not is_long(r, self.long_threshold):
-            return False
-        work = r.remaining_work_s
-        return (
-            0 <= r.slack(now) < left_s
-            and work <= left_s
-            and all(c.request.slack(now) >= work for c in paused.prefills)
-        )
+        return self.paused.anyone_waits(prefilling, decodes, self.config.iteration_budget_s, now)
 
     def _long_prefill_waits(self) -> bool:
         threshold = self.long_threshold
@@ -380,13 +333,13 @@ class ReplicaScheduler:
             list(requests.prefilling.values()), requests.live.__contains__, now
         )
         if longs is not None:
-            threshold, left = self.long_threshold, self._paused_left_s(now)
+            threshold, left, paused = self.long_threshold, self.paused.left_s(now), self.paused
             queue = [
                 r
                 for r in queue
                 if not r.num_inflight_batches
                 and (
-                    is_long(r, threshold) == longs or not longs and self._cannot_wait(r, now, left)
+                    is_long(r, threshold) == longs or not longs and paused.cannot_wait(r, now, left)
                 )
             ]
         if self._inflight or batch.preempted:
@@ -465,8 +418,7 @@ class ReplicaScheduler:
         self._inflight -= 1
         if batch is self._running_ahead:  # it returned before the next batch formed
             self._running_ahead = None
-        if batch is self._pausable_inflight:
-            self._pausable_inflight = None
+        self.paused.ended(batch)
         predicted, measured = batch.predicted_time_s, result.duration_s
         if self._step_log is not None and batch.chunks:
             self._step_log.write(batch, measured, now, self.predictor, self.config)
@@ -527,8 +479,7 @@ class ReplicaScheduler:
         self._inflight -= 1
         if batch is self._running_ahead:
             self._running_ahead = None
-        if batch is self._pausable_inflight:
-            self._pausable_inflight = None
+        self.paused.ended(batch)
         return self.requests.discard(batch, now)
 
     # ---- checks ------------------------------------------------------------------------------
