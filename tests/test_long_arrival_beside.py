@@ -1,8 +1,9 @@
 """A long prompt that arrives during another's paused step (issue 69's goodput on Azure code):
 a paused step runs up to the arrival wait, 2.4 s on the AMX Xeon's start-up grid, and a prompt
 just past the long threshold that waited it out took longer than its whole prefill alone. One
-that meets its TTFT deadline only if it does not wait runs beside the paused step, in
-iteration-budget chunks (a batch beside it cannot pause), and the decodes keep their pace."""
+that meets its TTFT deadline only if it does not wait runs beside the paused step, in chunks
+that end in time for the decodes' next tokens (a batch beside it cannot pause), and the
+decodes keep their pace."""
 
 from pathlib import Path
 

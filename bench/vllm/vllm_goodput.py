@@ -100,8 +100,11 @@ def main() -> None:
     slos = args.slo or [parse_slo(s) for s in DEFAULT_SLOS]
     flags = server_flags(args)
     servers = contenders(args, flags)
-    told = {f"{n}, told the SLO": c for n, c in servers.items() if c.medha is not None}
-    servers.update(told if args.send_slo else {})
+    told = {}  # the medha contenders run again with their requests carrying slos[0]
+    if args.send_slo:
+        told = {f"{n}, told the SLO": c for n, c in servers.items() if c.medha is not None}
+    servers.update(told)
+    ttft, per_token, tpot = slos[0]
     out = Path(args.out or tempfile.mkdtemp(prefix="vllm-goodput-"))
     out.mkdir(parents=True, exist_ok=True)
     trace = capped_trace(args.trace, flags.max_model_len, out / "trace.csv")
@@ -116,7 +119,6 @@ def main() -> None:
             run_bench(warm, progress=False)
             for i, rate in enumerate(args.rates):
                 folder = out / f"{rnd}-{name.replace(' ', '_')}-{rate}"
-                ttft, per_token, tpot = slos[0]
                 cfg = BenchConfig(
                     url=url,
                     trace=str(trace),

@@ -55,12 +55,17 @@ class PausedStep:
         whose next token is due (StepClock.decode_due). Other long prefills wait for their
         whole prefill and pause nothing."""
         left = self.left_s(now)
-        for r in prefilling:
-            if r.num_inflight_batches:
-                continue
-            if not is_long(r, self.long_threshold) or self.cannot_wait(r, now, left):
-                return True
+        if any(self.waits_on_steps(r, now, left) for r in prefilling):
+            return True
         return bool(decodes) and self.clock.decode_due(decodes, now, budget_s, self.batch)
+
+    def waits_on_steps(self, r: Request, now: float, left_s: float) -> bool:
+        """Whether prefill `r`, with no batch in flight, waits on steps (their end, not its
+        whole prefill): a short one, or a long one that cannot wait out the paused step,
+        `left_s` from its end (`cannot_wait`)."""
+        if r.num_inflight_batches:
+            return False
+        return not is_long(r, self.long_threshold) or self.cannot_wait(r, now, left_s)
 
     def cannot_wait(self, r: Request, now: float, left_s: float) -> bool:
         """Whether long prefill `r` runs beside the paused step, `left_s` from its end: it meets

@@ -334,14 +334,10 @@ class ReplicaScheduler:
         )
         if longs is not None:
             threshold, left, paused = self.long_threshold, self.paused.left_s(now), self.paused
-            queue = [
-                r
-                for r in queue
-                if not r.num_inflight_batches
-                and (
-                    is_long(r, threshold) == longs or not longs and paused.cannot_wait(r, now, left)
-                )
-            ]
+            if longs:
+                queue = [r for r in queue if is_long(r, threshold) and not r.num_inflight_batches]
+            else:  # whoever waits on steps, beside a paused step or between them
+                queue = [r for r in queue if paused.waits_on_steps(r, now, left)]
         if self._inflight or batch.preempted:
             # Skip requests whose remaining chunks are all running (pipelined batches), and
             # those the arbiter recomputed for this batch so far (for its decodes, an urgent
