@@ -17,13 +17,13 @@ from medha.sim.replay import replay
 PROFILE = Path(__file__).parent / "data" / "profiles" / "amx-b-vllmkernels-bf16-start0.json"
 
 
-def _run(second_prompt: int, second_at: float = 1.3):
+def _run(second_prompt: int, second_at: float = 1.3, first_deadline: float | None = None):
     p = grid_predictor(PROFILE)
     sched = ReplicaScheduler(
         SchedulerConfig(pause_steps=True, max_model_len=8192), p, BlockManager(2048, 16)
     )
     decodes = [Request(f"d{i}", 0.0, 64, 3000) for i in range(2)]
-    first = Request("first", 1.0, 8000, 1)
+    first = Request("first", 1.0, 8000, 1, ttft_deadline_s=first_deadline)
     second = Request("second", second_at, second_prompt, 1)
     beside = []
 
@@ -60,3 +60,13 @@ def test_one_whose_prefill_is_longer_than_the_wait_waits():
     token one arriving late in the step, with less than its prefill left to wait."""
     assert not _run(7000)[3]
     assert not _run(2600, second_at=3.0)[3]
+
+
+def test_a_paused_prompt_already_past_its_deadline_holds_no_one_back():
+    """The paused step's prompt told a TTFT target it cannot meet (0.5 s for 8,000 tokens):
+    a 2,600-token prompt arriving with 1.3 s of slack and less prefill than the step has left
+    runs beside it, as it would beside one whose deadline is far, and meets its own."""
+    sched, first, second, beside, _ = _run(2600, second_at=1.6, first_deadline=0.5)
+    assert beside
+    assert second.ttft_s <= second.deadline_s - second.arrival_s
+    assert first.ttft_s > 0.5

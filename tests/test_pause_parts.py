@@ -63,15 +63,16 @@ def test_decodes_beside_a_paused_long_prefill_keep_their_pace():
     assert gaps and max(gaps) <= budget * (1 + 1e-9)
 
 
-def test_a_decode_with_a_looser_target_of_its_own_leaves_the_long_prefill_more_time():
-    """The same, with the decodes asking for a token every 0.4 s (the medha extension's
-    tpot_slo_s): beside the paused steps they keep their own target, not the budget, and the
-    long prompt's first token comes sooner for the pauses it no longer makes. (Within 2%: the
-    policy may hold the long prefill back for a decode about to fall due and wake a few ms
-    after it, 0.406 s here.)"""
+def test_a_decode_with_a_target_of_its_own_is_held_to_its_mean_and_the_long_prefill_takes_the_rest():
+    """The same, with the decodes asking for 0.2 s a token (the medha extension's tpot_slo_s),
+    which SLO attainment counts as a mean over the answer: beside the paused steps each one's
+    k-th token comes within k targets of its first, while the time its earlier tokens saved
+    lets single gaps run past the target, and the long prompt's first token comes sooner for
+    the pauses it no longer makes. (Within 2% of a target: the policy may hold the long
+    prefill back for a decode about to fall due and wake a few ms after it.)"""
     p = _predictor()
-    ttft, gaps = {}, {}
-    for target in (None, 0.4):
+    ttft, gaps, schedules = {}, {}, {}
+    for target in (None, 0.2):
         sched = ReplicaScheduler(
             SchedulerConfig(pause_steps=True, max_model_len=8192), p, BlockManager(1024, 16)
         )
@@ -85,6 +86,12 @@ def test_a_decode_with_a_looser_target_of_its_own_leaves_the_long_prefill_more_t
             for a, b in zip(r.token_times_s, r.token_times_s[1:])
             if b > 1.0 and a < long.ttft_s + 1.0
         ]
+        schedules[target] = [
+            (t - r.token_times_s[0]) / k
+            for r in decodes
+            for k, t in enumerate(r.token_times_s[1:], 1)
+        ]
     budget = sched.config.iteration_budget_s
-    assert max(gaps[None]) <= budget * (1 + 1e-9) < 2 * budget < max(gaps[0.4]) <= 0.4 * 1.02
-    assert ttft[0.4] < ttft[None]
+    assert max(gaps[None]) <= budget * (1 + 1e-9) < 0.2 < 2 * 0.2 < max(gaps[0.2])
+    assert max(schedules[0.2]) <= 0.2 * 1.02
+    assert ttft[0.2] < ttft[None]

@@ -71,7 +71,9 @@ class PausedStep:
         """Whether long prefill `r` runs beside the paused step, `left_s` from its end: it meets
         its TTFT deadline only if it does not wait for that end (its slack is less than
         `left_s`, and not yet spent), its whole prefill is shorter than the wait, and the
-        paused step's own prefills keep their deadlines after it (their slack covers its work).
+        paused step's own prefills keep their deadlines after it (their slack covers its work;
+        one already predicted to miss its deadline holds no one back, as in LARS's
+        serve-early: waiting moves no deadline it can still meet).
         A paused step runs up to the arrival wait (1.5-3 s on a CPU), so a prompt just past the
         long threshold that arrives during one would wait for it longer than its whole prefill
         takes (issue 69: on Azure code at 0.35 req/s, 2,692 tokens took 2.79 s against 1.27 s
@@ -84,5 +86,5 @@ class PausedStep:
         return (
             0 <= r.slack(now) < left_s
             and work <= left_s
-            and all(c.request.slack(now) >= work for c in paused.prefills)
+            and all(not 0 <= c.request.slack(now) < work for c in paused.prefills)
         )

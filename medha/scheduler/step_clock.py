@@ -47,19 +47,25 @@ class StepClock:
     def decode_due(
         self, decodes: list[Request], now: float, budget_s: float, paused: Batch | None
     ) -> bool:
-        """Whether one of `decodes` must run now to keep its pace: its last token plus its
-        TPOT (its own target where it has one, scaled for pipelining as the budget is; else
-        the iteration budget `budget_s`), less the time of a step of these decodes and, beside
-        a paused step, of the part of it to its next pause point, is past. An own target looser
-        than the budget counts too: a client that asks for a token every 0.2 s leaves the long
-        prefill beside it the time between (the budget is a reading pace for requests that
-        said nothing)."""
+        """Whether one of `decodes` must run now to keep its pace (`token_due_s`), less the
+        time of a step of these decodes and, beside a paused step, of the part of it to its
+        next pause point."""
         step = self.decode_step_time([r.num_scheduled for r in decodes]) + self.pause_part_s(paused)
         spp = self.predictor.parallel.spp
-        for r in decodes:
-            tpot = budget_s
-            if r.tpot_target_s is not None:
-                tpot = iteration_budget(r.tpot_target_s, spp)
-            if r.token_times_s[-1] + tpot - step <= now:
-                return True
-        return False
+        return any(token_due_s(r, budget_s, spp) - step <= now for r in decodes)
+
+
+def token_due_s(r: Request, budget_s: float, spp: int) -> float:
+    """When decode `r`'s next token falls due. A request that said nothing keeps a reading
+    pace: its last token plus the iteration budget `budget_s`. An own TPOT target is a mean
+    over the answer, as SLO attainment counts it (sim/metrics/summary.py; `vllm bench serve
+    --goodput`): token k of the answer by its first token plus k targets (scaled for
+    pipelining as the budget is). Tokens that came faster than the target bank the time they
+    saved, and the long prefill paused beside it spends that bank instead of reading the
+    weights again for a step of decodes that no target asks for (issue 69: on Azure code at
+    0.35 req/s each such step cost 25-35 ms, and a 4,868-token prompt missed a 2 s TTFT).
+    A target looser than the budget counts too."""
+    times = r.token_times_s
+    if r.tpot_target_s is None:
+        return times[-1] + budget_s
+    return times[0] + len(times) * iteration_budget(r.tpot_target_s, spp)
