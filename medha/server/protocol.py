@@ -44,10 +44,12 @@ class MedhaOptions(BaseModel):
     )
     tpot_slo_s: PositiveFloat | None = Field(
         None,
-        description="time-per-output-token target in seconds: counted in SLO "
-        "attainment, and every batch that carries this request's decode keeps its predicted "
-        "time within it (x spp/(spp+1) with pipeline stages), so prefill chunks beside it "
-        "shrink; a tighter --iteration-budget-s still applies",
+        description="time-per-output-token target in seconds, a mean over the answer as "
+        "SLO attainment and `vllm bench serve --goodput` count it (token k due within k "
+        "targets of the first): every batch that carries this request's decode keeps its "
+        "predicted time within it (x spp/(spp+1) with pipeline stages), so prefill chunks "
+        "beside it shrink (a tighter --iteration-budget-s still applies); a paused long "
+        "prefill may spend the time its earlier tokens saved",
     )
 
 
