@@ -178,7 +178,7 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="checkpoint directory (default: SmolLM2)")
     ap.add_argument("--medha-arg", action="append", default=[], help="extra `medha serve` flag")
     ap.add_argument("--vllm-arg", action="append", default=[], help="extra vLLM server flag")
-    add_peer_arg(ap)
+    add_peer_arg(ap, binding="every core's")
     ap.add_argument("--llama-server", default=shutil.which("llama-server"))
     ap.add_argument("--llama-gguf", default=None, help="the model as GGUF, for llama.cpp")
     ap.add_argument("--verbose", action="store_true", help="the servers' logs")

@@ -210,15 +210,16 @@ def add_contender_args(ap) -> None:
     )
 
 
-def add_peer_arg(ap) -> None:
-    """--peer: a tuned plain vLLM (the benches that take no other contender flags add it alone)."""
+def add_peer_arg(ap, binding: str = "plain vLLM's") -> None:
+    """--peer: a tuned plain vLLM (the benches that take no other contender flags add it alone),
+    bound to the cores `binding` says."""
     ap.add_argument(
         "--peer",
         action="append",
         default=[],
         metavar="ARGS",
         help="a tuned plain vLLM: vLLM's own flags, e.g. '--long-prefill-token-threshold 256' "
-        "(repeat for several; each with plain vLLM's binding)",
+        f"(repeat for several; each with {binding} binding)",
     )
 
 
