@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import csv
 import statistics
-import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -133,6 +132,8 @@ def main() -> None:
     add_server_args(ap)
     add_contender_args(ap)
     args = ap.parse_args()
+    if args.replicas < 1 or (args.router and args.replicas < 2):
+        ap.error("--replicas takes a positive count, and --router needs --replicas 2 or more")
     slos = args.slo or [parse_slo(s) for s in DEFAULT_SLOS]
     flags = server_flags(args)
     servers = contenders(args, flags)
@@ -197,7 +198,7 @@ def serving(args, contender: Contender, router: str | None) -> Iterator[str]:
     """The base URL of `contender`'s server; with --replicas, of `router` in front of that many
     replicas of it, replica i bound to the i-th core."""
     env = server_env(args, contender)
-    log = None if args.verbose else subprocess.DEVNULL
+    log = sys.stderr if args.verbose else None  # (None: the replicas' and router's output dropped)
     if router is None:
         with local_server(contender.command, quiet=not args.verbose, env=env) as url:
             yield url
