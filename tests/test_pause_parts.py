@@ -63,7 +63,7 @@ def test_decodes_beside_a_paused_long_prefill_keep_their_pace():
     assert gaps and max(gaps) <= budget * (1 + 1e-9)
 
 
-def test_a_decode_with_a_target_of_its_own_is_held_to_its_mean_and_the_long_prefill_takes_the_rest():
+def test_an_own_tpot_target_is_a_mean_and_the_long_prefill_takes_the_rest():
     """The same, with the decodes asking for 0.2 s a token (the medha extension's tpot_slo_s),
     which SLO attainment counts as a mean over the answer: beside the paused steps each one's
     k-th token comes within k targets of its first, while the time its earlier tokens saved

@@ -19,7 +19,8 @@ each medha contender again with every request carrying the first --slo's targets
 extension of the API: vLLM's has no field for them). `ttft=A+B*prompt` scales a request's
 TTFT target with its prompt, as the Medha paper's deadlines do.
 
-    python bench/vllm/vllm_goodput.py --replicas 2 [--router medha-slack --router sglang-cache_aware]
+    python bench/vllm/vllm_goodput.py --replicas 2 \
+        [--router medha-slack --router sglang-cache_aware]
 
 Each contender as two replicas behind a router (issue 69's item d): replica i bound to the i-th
 core (taskset; a vLLM replica's OpenMP threads too, VLLM_CPU_OMP_THREADS_BIND), each on the
@@ -149,6 +150,9 @@ def main() -> None:
         routers = {f"{n} behind {r}": r for n in servers for r in names}
         servers = {f"{n} behind {r}": servers[n] for n in servers for r in names}
         told = {f"{n} behind {r}" for n in told for r in names}
+    # SGLang's router takes no token ids: with routers, every contender gets the same lengths
+    # as text (one SmolLM2 token a word)
+    endpoint = "text" if routers else "completions"
     ttft, per_token, tpot = slos[0]
     out = Path(args.out or tempfile.mkdtemp(prefix="vllm-goodput-"))
     out.mkdir(parents=True, exist_ok=True)
@@ -158,7 +162,7 @@ def main() -> None:
     for rnd, name in alternated(list(servers), args.rounds):
         with serving(args, servers[name], routers.get(name)) as url:
             warm = BenchConfig(url=url, workload="prompt=64,output=8", qps=4.0, num_requests=4,
-                               model="m", endpoint="text" if routers else "completions",
+                               model="m", endpoint=endpoint,
                                out=str(out / "warm-up"))  # fmt: skip
             run_bench(warm, progress=False)
             for i, rate in enumerate(args.rates):
@@ -166,9 +170,7 @@ def main() -> None:
                 cfg = BenchConfig(
                     url=url,
                     model="m",  # (every server's name for it; SGLang's router lists "unknown")
-                    # SGLang's router takes no token ids: with routers, every contender gets
-                    # the same lengths as text (one SmolLM2 token a word)
-                    endpoint="text" if routers else "completions",
+                    endpoint=endpoint,
                     long_threshold=default_long_threshold(flags.max_model_len),
                     trace=str(trace),
                     qps=rate,

@@ -16,11 +16,12 @@ import httpx
 from tqdm import tqdm
 
 from medha.benchmark.config import BenchConfig
-from medha.benchmark.route_workloads import WORDS
+from medha.benchmark.route_workloads import words
 from medha.benchmark.workload import BenchRequest, build_requests
 from medha.core.config import LONG_THRESHOLD_CAP, default_long_threshold
 from medha.sim.metrics.plots import latency_cdfs
 from medha.sim.metrics.summary import RequestMetrics, latency_summary
+
 
 @dataclass
 class _Result:
@@ -47,7 +48,7 @@ def _prompt(req: BenchRequest, seed: int, as_tokens: bool):
     if as_tokens:
         # ids far from the special tokens at the start of most vocabularies
         return [rng.randrange(1000, 30000) for _ in range(req.prompt_len)]
-    return " ".join(rng.choice(WORDS) for _ in range(req.prompt_len))
+    return words(rng, req.prompt_len)
 
 
 def _body(cfg: BenchConfig, model: str, req: BenchRequest) -> dict:
