@@ -3,6 +3,7 @@ it converges to an engine that runs at other speeds than its base model says, fr
 batches; it follows an engine whose speed changes; one stall does not throw it;
 with no batches it is the base model."""
 
+import itertools
 import random
 import statistics
 
@@ -15,7 +16,8 @@ from medha.perf.online_fit import (
     BASE_THETA,
     CorrectedPredictor,
     StepLearner,
-    _every_free_set,
+    _active_set,
+    _solve,
     nonnegative_least_squares,
 )
 from medha.perf.roofline_predictor import RooflinePredictor
@@ -136,11 +138,32 @@ def test_nonnegative_least_squares_keeps_every_coefficient_at_or_above_zero():
         CorrectedPredictor(base()).set_theta((0.0, 0.0, -1.0, 1.0, 1.0))
 
 
+def _every_free_set(gram: list[list[float]], rhs: list[float], seen: list[int]) -> list[float]:
+    """The constrained minimum by brute force: the best feasible one of the unconstrained
+    minima over every subset of the seen coefficients (the others at 0)."""
+    k = len(rhs)
+    best, best_cost = [0.0] * k, 0.0
+    for size in range(1, len(seen) + 1):
+        for free in itertools.combinations(seen, size):
+            x = _solve([[gram[i][j] for j in free] for i in free], [rhs[i] for i in free])
+            if x is None or any(v < 0 for v in x):
+                continue
+            theta = [0.0] * k
+            for i, v in zip(free, x):
+                theta[i] = v
+            cost = sum(theta[i] * gram[i][j] * theta[j] for i in free for j in free) - 2 * sum(
+                rhs[i] * theta[i] for i in free
+            )
+            if cost < best_cost:
+                best, best_cost = theta, cost
+    return best
+
+
 def test_nonnegative_least_squares_is_the_brute_force_minimum():
     """The shortcuts (one solve when the unconstrained minimum, or the minimum over a guessed
-    free set, meets the KKT conditions) find what trying every set of free coefficients finds,
-    on random problems with and without negative parts and with coefficients never seen,
-    whatever the guess."""
+    free set, meets the KKT conditions) and the active-set method behind them find what trying
+    every set of free coefficients finds, on random problems with and without negative parts
+    and with coefficients never seen, whatever the guess."""
     rng = random.Random(3)
     hit_both = set()
     for _ in range(300):
@@ -156,6 +179,7 @@ def test_nonnegative_least_squares_is_the_brute_force_minimum():
         seen = [i for i in range(k) if gram[i][i] > 0]
         best = _every_free_set(gram, rhs, seen)
         guess = [i for i in range(k) if best[i] > 0]
+        assert _active_set(gram, rhs, seen) == pytest.approx(best, abs=1e-9)
         for hint in ((), guess, rng.sample(range(k), 2)):  # none, the right one, a wrong one
             x = nonnegative_least_squares(gram, rhs, hint)
             assert x == pytest.approx(best, abs=1e-9)
@@ -265,3 +289,54 @@ def test_the_defaults_follow_the_corrected_model():
     assert set(targets) == {0.05} and still.packer.iteration_budget_s == 0.05
     given, targets = run(SchedulerConfig(tpot_target_s=0.05), learn=True)
     assert set(targets) == {0.05} and given.config.arrival_wait_s == want.arrival_wait_s
+
+
+def test_a_resolution_spread_over_batches_ends_where_one_at_once_does():
+    """Issue 69: on an executor a re-resolution of the defaults runs a slice a batch
+    (Recalibration's `slice_s`, by its clock), on a snapshot of the model as it stood when it
+    began, so no step waits for a whole one. It lands some batches after it was due, on the
+    defaults the same model resolves at once; the learner goes on meanwhile."""
+    from medha.benchmark.scenarios import TOKEN_S
+    from medha.core.batch import BatchResult
+    from medha.core.request import Request
+    from medha.perf.toy_predictor import FixedCostPredictor
+    from medha.scheduler.block_manager import BlockManager
+    from medha.scheduler.config import SchedulerConfig
+    from medha.scheduler.config_defaults import resolve_config
+    from medha.scheduler.recalibration import Recalibration
+    from medha.scheduler.replica_scheduler import REDEFAULT_FIRST, ReplicaScheduler
+
+    truth = CorrectedPredictor(FixedCostPredictor(TOKEN_S))
+    truth.set_theta((0.04, 0.0, 2.0, 1.0, 1.0))
+    clock = itertools.count()  # one tick a call: `slice_s` ticks are that many steps of a walk
+
+    def run(slice_s: float | None):
+        p = CorrectedPredictor(FixedCostPredictor(TOKEN_S))
+        learner = StepLearner(p)
+        sched = ReplicaScheduler(SchedulerConfig(), p, BlockManager(1 << 14), learner=learner)
+        sched.recalibration = Recalibration(
+            SchedulerConfig(), p, learner, slice_s, clock=lambda: float(next(clock))
+        )
+        now, configs, models = 0.0, [], []
+        for i in range(24):
+            sched.add_request(Request(f"r{i}", now, 200 + 50 * i, 16), now)
+        while sched.has_unfinished():
+            batch = sched.schedule(now)
+            took = truth.batch_time(batch)
+            now += took
+            sched.update(batch, BatchResult(took), now)
+            configs.append(sched.config)
+            models.append(p.snapshot())
+        return configs, models
+
+    at_once, _ = run(None)
+    spread, models = run(100)
+    first = next(i for i, c in enumerate(at_once) if c != at_once[0])
+    assert first == REDEFAULT_FIRST - 1  # the batch it was due
+    landed = next(i for i, c in enumerate(spread) if c != spread[0])
+    assert landed > first + 5  # a whole one takes well over a thousand steps
+    # what it resolved is what the model of the batch it began at resolves at once
+    assert spread[landed] == resolve_config(SchedulerConfig(), models[first])
+    assert spread[-1].tpot_target_s == at_once[-1].tpot_target_s == 0.15
+    with pytest.raises(ValueError):
+        Recalibration(SchedulerConfig(), truth, StepLearner(truth), slice_s=0)

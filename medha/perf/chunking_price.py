@@ -13,15 +13,33 @@ budget").
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from functools import lru_cache, wraps
+from collections import OrderedDict
+from collections.abc import Callable, Generator
+from functools import wraps
+from typing import TypeVar
 
 from medha.perf.predictor import Predictor
+
+T = TypeVar("T")
+# A computation that yields (None) after each step of a chunk walk and returns its value: what
+# a caller that must not hold up a step for the whole of it (Recalibration, which resolves an
+# engine's defaults again as its model is corrected) runs a few steps at a time, and `finish`
+# runs at once
+Steps = Generator[None, None, T]
 
 # the longest prompt the budgets are priced on, capped for time: a model may allow a million
 # tokens, and walking one at every resolve takes seconds. Longer prompts pay more for chunking
 # (each chunk re-reads more KV), so for them the price at a budget priced at 32K is higher.
 PRICED_PROMPT_CAP = 32768
+
+
+def finish(steps: Steps[T]) -> T:
+    """Run a computation of `Steps` to its end; its value."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
 
 
 def isolated_chunk(
@@ -79,40 +97,47 @@ def chunking_price(
     where the engine caps a step's tokens (vLLM's max_num_batched_tokens): >= 1 up to
     rounding. Cached (`per_model`): resolving a config asks the price at the SLO's budget for
     the TPOT target and again for the arrival wait."""
-    return _chunking_price(predictor, budget_s, num_tokens, min_chunk, max_chunk)
+    return finish(chunking_price_steps(predictor, budget_s, num_tokens, min_chunk, max_chunk))
 
 
 def per_model(maxsize: int) -> Callable:
-    """An lru_cache keyed by the predictor object and its `version` (a CorrectedPredictor's,
-    which changes as it learns: the same object with new weights), then the other arguments,
-    given positionally. Every scheduler of a simulation resolves its config over the same
-    predictor, and an engine resolves its again as its model is corrected."""
+    """A least-recently-used cache of a `Steps` computation, keyed by the predictor object and
+    its `version` (a CorrectedPredictor's, which changes as it learns: the same object with new
+    weights), then the other arguments, given positionally: a value cached is returned without a
+    step. Every scheduler of a simulation resolves its config over the same predictor, and an
+    engine resolves its again as its model is corrected."""
 
-    def wrap(fn: Callable) -> Callable:
-        @lru_cache(maxsize=maxsize)
-        def cached(predictor: Predictor, version: int | None, *args):
-            return fn(predictor, *args)
+    def wrap(fn: Callable[..., Steps[T]]) -> Callable[..., Steps[T]]:
+        cache: OrderedDict = OrderedDict()
 
         @wraps(fn)
-        def call(predictor: Predictor, *args):
-            return cached(predictor, getattr(predictor, "version", None), *args)
+        def steps(predictor: Predictor, *args) -> Steps[T]:
+            key = (predictor, getattr(predictor, "version", None), *args)
+            if key in cache:
+                cache.move_to_end(key)
+                return cache[key]
+            value = yield from fn(predictor, *args)
+            cache[key] = value
+            if len(cache) > maxsize:
+                cache.popitem(last=False)
+            return value
 
-        return call
+        return steps
 
     return wrap
 
 
 @per_model(maxsize=1024)
-def _chunking_price(
-    predictor: Predictor,
-    budget_s: float,
-    num_tokens: int,
-    min_chunk: int,
-    max_chunk: int | None,
-) -> float:
+def chunking_price_steps(
+    predictor: Predictor, budget_s: float, num_tokens: int, min_chunk: int, max_chunk: int | None
+) -> Steps[float]:
+    """`chunking_price`, a step at a time (every argument given, positionally)."""
     step = predictor.prefill_step_time
     cap = max_chunk or num_tokens
-    total = sum(step(n, k) for n, k in chunk_walk(predictor, budget_s, num_tokens, min_chunk, cap))
+    total = 0.0
+    for n, k in (yield from walk_steps(predictor, budget_s, num_tokens, min_chunk, cap)):
+        total += step(n, k)
+        yield
     best = sum(step(min(cap, num_tokens - k), k) for k in range(0, num_tokens, cap))
     return total / best
 
@@ -126,6 +151,17 @@ def chunk_walk(
 ) -> list[tuple[int, int]]:
     """The (chunk, kv_offset) steps of a `num_tokens` prompt alone in chunks that fit
     `budget_s` (as `isolated_chunk` sizes them, each at most `max_chunk` tokens)."""
+    return finish(walk_steps(predictor, budget_s, num_tokens, min_chunk, max_chunk))
+
+
+def walk_steps(
+    predictor: Predictor,
+    budget_s: float,
+    num_tokens: int,
+    min_chunk: int = 32,
+    max_chunk: int | None = None,
+) -> Steps[list[tuple[int, int]]]:
+    """`chunk_walk`, a step after each chunk."""
     cap = max_chunk or num_tokens
     out: list[tuple[int, int]] = []
     done, n = 0, None
@@ -134,6 +170,7 @@ def chunk_walk(
         n = isolated_chunk(predictor, budget_s, done, left, min_chunk, guess=n)
         out.append((n, done))
         done += n
+        yield
     return out
 
 
@@ -159,38 +196,47 @@ def budget_for_price(
     time alone), and on a machine where chunking is dear the price is met only above the cap:
     one walk at the ceiling says so, where the search takes about twenty (each a walk over the
     whole prompt). An engine resolves its defaults again as its model is corrected, on the
-    path of a step (`Recalibration.resolve_again`)."""
-    if (
-        ceiling is not None
-        and chunking_price(predictor, ceiling, num_tokens, min_chunk, max_chunk) > price
-    ):
+    path of a step, spread over steps there (`Recalibration`)."""
+    return finish(
+        budget_for_price_steps(predictor, price, num_tokens, min_chunk, max_chunk, ceiling)
+    )
+
+
+def budget_for_price_steps(
+    predictor: Predictor,
+    price: float,
+    num_tokens: int,
+    min_chunk: int = 32,
+    max_chunk: int | None = None,
+    ceiling: float | None = None,
+) -> Steps[float]:
+    """`budget_for_price`, a step at a time."""
+    args = (num_tokens, min_chunk, max_chunk)
+    if ceiling is not None and (yield from chunking_price_steps(predictor, ceiling, *args)) > price:
         return ceiling
-    found = _budget_for_price(predictor, price, num_tokens, min_chunk, max_chunk)
+    found = yield from _budget_for_price(predictor, price, *args)
     return found if ceiling is None else min(found, ceiling)
 
 
 @per_model(maxsize=256)
 def _budget_for_price(
     predictor: Predictor, price: float, num_tokens: int, min_chunk: int, max_chunk: int | None
-) -> float:
+) -> Steps[float]:
     p = predictor
-
-    def priced(budget: float) -> float:
-        return chunking_price(p, budget, num_tokens, min_chunk, max_chunk)
-
+    args = (num_tokens, min_chunk, max_chunk)
     lo = p.prefill_step_time(min(min_chunk, num_tokens), 0)
     top = max(lo, p.prefill_step_time(min(max_chunk or num_tokens, num_tokens), 0))
-    if priced(lo) <= price:
+    if (yield from chunking_price_steps(p, lo, *args)) <= price:
         return round(lo, 4)
     hi = lo
-    while priced(hi) > price:
+    while (yield from chunking_price_steps(p, hi, *args)) > price:
         if hi >= top:
             return round(top, 4)
         lo, hi = hi, min(hi * 1.25, top)
     a, b = math.log(lo), math.log(hi)  # a's price is over, b's within
     while b - a > 0.01:
         mid = (a + b) / 2
-        if priced(math.exp(mid)) <= price:
+        if (yield from chunking_price_steps(p, math.exp(mid), *args)) <= price:
             b = mid
         else:
             a = mid

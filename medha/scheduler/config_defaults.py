@@ -15,9 +15,12 @@ import dataclasses
 from medha.core.batch import Batch
 from medha.core.config import MIN_TTFT_DEADLINE_S, default_long_threshold, iteration_budget
 from medha.perf.chunking_price import (
-    budget_for_price,
+    Steps,
+    budget_for_price_steps,
     chunk_walk,
     chunking_price,
+    chunking_price_steps,
+    finish,
     priced_prompt,
 )
 from medha.perf.predictor import Predictor
@@ -63,28 +66,34 @@ def resolve_config(config: SchedulerConfig, predictor: Predictor) -> SchedulerCo
     long-context variants of a model (RoPE-scaled) share its shapes; the engine checks its
     real checkpoint's limit. long_prefill_threshold: `default_long_threshold`. prefix_cache:
     off, the simulator's default (medha's engine chooses its own before: size_host_memory)."""
+    return finish(resolve_steps(config, predictor))
+
+
+def resolve_steps(config: SchedulerConfig, predictor: Predictor) -> Steps[SchedulerConfig]:
+    """`resolve_config`, a step of a chunk walk at a time (Recalibration spreads it over an
+    engine's steps)."""
     if config.is_resolved:
         return config
     max_model_len = config.max_model_len or predictor.model.max_context
     spp = predictor.parallel.spp
-    target = config.tpot_target_s or default_tpot_target(
-        predictor, max_model_len, config.min_chunk_tokens, config.max_batch_tokens
+    chunks = (config.min_chunk_tokens, config.max_batch_tokens)
+    target = config.tpot_target_s or (
+        yield from default_tpot_target(predictor, max_model_len, *chunks)
     )
     budget = config.iteration_budget_s or iteration_budget(target, spp)
     floor = config.min_ttft_deadline_s or max(MIN_TTFT_DEADLINE_S, 2 * budget)
     # a budget given explicitly bounds every step (a lone prefill's too) unless the
     # arrival wait is given as well
     pause = bool(config.pause_steps)
-    chunks = (config.min_chunk_tokens, config.max_batch_tokens)
     if config.arrival_wait_s:
         wait = config.arrival_wait_s
     elif pause:  # (a budget given explicitly bounds the steps that others wait on)
-        wait = pause_arrival_wait(predictor, budget, max_model_len, chunks)
+        wait = yield from pause_arrival_wait(predictor, budget, max_model_len, chunks)
     elif config.iteration_budget_s:
         wait = budget
     else:
         shortest = config.ttft_deadline_s or floor
-        wait = default_arrival_wait(predictor, budget, shortest, max_model_len, chunks)
+        wait = yield from default_arrival_wait(predictor, budget, shortest, max_model_len, chunks)
     long_threshold = config.long_prefill_threshold or default_long_threshold(max_model_len)
     return dataclasses.replace(
         config,
@@ -100,8 +109,8 @@ def resolve_config(config: SchedulerConfig, predictor: Predictor) -> SchedulerCo
 
 
 def default_tpot_target(
-    predictor: Predictor, max_model_len: int, min_chunk: int, max_chunk: int | None = None
-) -> float:
+    predictor: Predictor, max_model_len: int, min_chunk: int, max_chunk: int | None
+) -> Steps[float]:
     """0.05 s where the predictor prices chunking a max-length prompt (up to 32K tokens) at
     that budget within 1.5x (`affordable`); elsewhere the smallest budget that prices it within
     1.1x, but never past a reading pace (READING_TPOT_S: shorts first). The price is against
@@ -109,13 +118,14 @@ def default_tpot_target(
     whole prompt). Never below one step of a `min_chunk`-token prefill alone either: where even
     that takes longer than a reading pace (a slow dtype, a busy machine), a shorter budget would
     cut every prompt into chunks of a few tokens, each paying the whole step's fixed cost."""
-    if affordable(predictor, max_model_len, min_chunk, max_chunk):
+    if (yield from affordable_steps(predictor, max_model_len, min_chunk, max_chunk)):
         return SLO_TPOT_S
     spp = predictor.parallel.spp
     n = priced_prompt(max_model_len)
     pipelined = (spp + 1) / spp if spp > 1 else 1.0
-    budget = budget_for_price(
-        predictor, TARGET_PRICE, n, min_chunk, max_chunk, ceiling=READING_TPOT_S / pipelined
+    ceiling = READING_TPOT_S / pipelined
+    budget = yield from budget_for_price_steps(
+        predictor, TARGET_PRICE, n, min_chunk, max_chunk, ceiling
     )
     target = round(budget * pipelined, 4)
     progress = round(predictor.prefill_step_time(min(min_chunk, n), 0), 4)
@@ -130,11 +140,18 @@ def affordable(
     prefill alone is already longer than that budget: no step keeps it, and the price at it is
     the price of min-chunk steps, which says nothing of the budget (a machine this slow priced
     within 1.5x there flipped to 0.05 s steps from one start to the next)."""
+    return finish(affordable_steps(predictor, max_model_len, min_chunk, max_chunk))
+
+
+def affordable_steps(
+    predictor: Predictor, max_model_len: int, min_chunk: int, max_chunk: int | None
+) -> Steps[bool]:
     slo_budget = iteration_budget(SLO_TPOT_S, predictor.parallel.spp)
     n = priced_prompt(max_model_len)
     if predictor.prefill_step_time(min(min_chunk, n), 0) > slo_budget:
         return False
-    return chunking_price(predictor, slo_budget, n, min_chunk, max_chunk) <= AFFORDABLE_PRICE
+    price = yield from chunking_price_steps(predictor, slo_budget, n, min_chunk, max_chunk)
+    return price <= AFFORDABLE_PRICE
 
 
 def default_arrival_wait(
@@ -143,7 +160,7 @@ def default_arrival_wait(
     shortest_s: float,
     max_model_len: int,
     chunks: tuple[int, int | None],
-) -> float:
+) -> Steps[float]:
     """The longest step no decode and no short prefill waits on: as long as chunking still has
     a price worth saving (the budget at which a max-length prompt, up to 32K tokens, costs
     within 1.02x), but at most half `shortest_s`, the shortest TTFT deadline a request arriving
@@ -156,14 +173,15 @@ def default_arrival_wait(
         return budget_s
     n = priced_prompt(max_model_len)
     most = shortest_s / 2
-    if not affordable(predictor, max_model_len, *chunks):
+    if not (yield from affordable_steps(predictor, max_model_len, *chunks)):
         most = min(most, chat_time_s(predictor, max_model_len))
-    return max(budget_s, budget_for_price(predictor, NEGLIGIBLE_PRICE, n, *chunks, ceiling=most))
+    found = yield from budget_for_price_steps(predictor, NEGLIGIBLE_PRICE, n, *chunks, most)
+    return max(budget_s, found)
 
 
 def pause_arrival_wait(
     predictor: Predictor, budget_s: float, max_model_len: int, chunks: tuple[int, int | None]
-) -> float:
+) -> Steps[float]:
     """The arrival wait of steps that pause for whoever waits (pause_steps): a request arriving
     during one waits only for the part of a layer in progress (`pause_points`), so the step is
     as long as chunking still has a price worth saving (the budget that chunks a max-length
@@ -177,7 +195,8 @@ def pause_arrival_wait(
     chat = chat_time_s(predictor, max_model_len)
     part = min(chat, max(budget_s, chat / 2)) * PAUSE_WAIT_SHARE
     most = part * pause_points(predictor)
-    return max(budget_s, budget_for_price(predictor, NEGLIGIBLE_PRICE, n, *chunks, ceiling=most))
+    found = yield from budget_for_price_steps(predictor, NEGLIGIBLE_PRICE, n, *chunks, most)
+    return max(budget_s, found)
 
 
 def pause_points(predictor: Predictor) -> int:

@@ -3,20 +3,30 @@
 A scheduler given a `StepLearner` (an executor's: medha's engine, the vLLM executor, the
 simulator's replay of the convoy) holds a `Recalibration`, which owns the config as the caller
 gave it and when the defaults it leaves unset are resolved again from the corrected model:
-the start-up probe's loop, the learner's batch counts at which a resolution is due, and the
-probe shapes' times of the last one. The scheduler applies what it resolves (its config, packer
-and policy are its own); the simulator attaches no learner, so its defaults never move.
+the start-up probe's loop, the learner's batch counts at which a resolution is due, the probe
+shapes' times of the last one, and the resolution in progress. The scheduler applies what it
+resolves (its config, packer and policy are its own); the simulator attaches no learner, so its
+defaults never move.
+
+A resolution walks a max-length prompt's chunks many times over (milliseconds in Python, tens
+of them where the model's step times are not cached yet). Given `slice_s`, one due at a batch
+is spread over the batches that follow, `slice_s` of it on each (as timed by `clock`), on a
+snapshot of the model as it stood when it began: an executor's step never waits for a whole one
+(issue 69: on vLLM at 256 running, 3-10 ms of a step that otherwise spends 0.5-0.7 ms in
+medha). Without it (the simulator's replay of the convoy) it ends on the batch it is due.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
+from medha.perf.chunking_price import Steps, finish
 from medha.perf.online_fit import StepLearner, probe_shapes
 from medha.perf.predictor import Predictor
 from medha.scheduler.config import SchedulerConfig
-from medha.scheduler.config_defaults import resolve_config
+from medha.scheduler.config_defaults import resolve_steps
 
 log = logging.getLogger("medha.scheduler")
 
@@ -27,16 +37,40 @@ REDEFAULT_FIRST = 16
 REDEFAULT_MOVE = 0.1
 
 
+# The vLLM executor's slice of a resolution a batch: a fifth of a millisecond, a few of a walk's
+# chunks (each a few model evaluations, 1.5 us warm and about 10 us where the roofline's step
+# times are not cached yet), against the goal of 1 ms for medha's part of a vLLM step at the
+# 99th percentile (bench/vllm/vllm_overhead.py). medha's own engine resolves at once: its CPU
+# steps take tens of milliseconds to seconds, and the simulator's replay of the convoy
+# (tests/test_machine_kinds.py) makes its decisions as it does
+RESOLVE_SLICE_S = 2e-4
+# what a resolution spread over batches yields while it has not ended
+_UNFINISHED = object()
+
+
 class Recalibration:
-    def __init__(self, given: SchedulerConfig, predictor: Predictor, learner: StepLearner) -> None:
+    def __init__(
+        self,
+        given: SchedulerConfig,
+        predictor: Predictor,
+        learner: StepLearner,
+        slice_s: float | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
         """`given`: the config as the caller set it (the defaults it leaves unset follow the
-        learner's corrections); `predictor`: the model `learner` corrects."""
+        learner's corrections); `predictor`: the model `learner` corrects; `slice_s`: how much
+        of a resolution one batch may run (None: a whole one), by `clock`."""
+        if slice_s is not None and not slice_s > 0:
+            raise ValueError(f"slice_s must be > 0 or None, got {slice_s!r}")
         self.given = given
         self.predictor = predictor
         self.learner = learner
+        self.slice_s = slice_s
+        self._clock = clock
         self._redefault_at = REDEFAULT_FIRST  # the learner's batches at the next re-resolution
         # the probe shapes' times the defaults were last resolved from
         self._resolved_probes = learner.probe_times()
+        self._pending: Steps[SchedulerConfig] | None = None  # the resolution in progress
 
     def probe(self, measure: Callable[[list, list], float | None], context: int) -> tuple[int, int]:
         """The learner's probe shapes within `context` tokens, each timed by
@@ -64,18 +98,63 @@ class Recalibration:
         return True
 
     def resolve_again(self, config: SchedulerConfig) -> SchedulerConfig | None:
-        """The defaults the given config left unset (the TPOT target and budget, the deadline
-        floor, the arrival wait: resolve_config) resolved again from the corrected model, or
-        None where they stay `config`'s. It resolves only where a probe shape's time moved by
-        more than REDEFAULT_MOVE since the last resolution: one walks the chunking price over a
-        max-length prompt (0.1-0.2 s in Python)."""
+        """At once (the start-up probe's end): the defaults the given config left unset (the
+        TPOT target and budget, the deadline floor, the arrival wait: resolve_config) resolved
+        again from the corrected model, or None where they stay `config`'s. It resolves only
+        where a probe shape's time moved by more than REDEFAULT_MOVE since the last resolution,
+        and supersedes one in progress."""
+        self._pending = None
+        if not self._probes_moved():
+            return None
+        return self._resolved(config, finish(resolve_steps(self.given, self.predictor)))
+
+    def follow(self, config: SchedulerConfig) -> SchedulerConfig | None:
+        """After each batch the learner was shown: a resolution begins where one is due
+        (`redefault_due`, and a probe shape moved as in `resolve_again`), and the one in
+        progress runs a slice further; the defaults it resolved once it ends (None: none ended,
+        or they stay `config`'s)."""
+        due = self.redefault_due()
+        if self._pending is None:
+            if not (due and self._probes_moved()):
+                return None
+            # (spread over batches, every walk prices one model, whatever the learner does)
+            model = self.predictor if self.slice_s is None else self.predictor.snapshot()
+            self._pending = resolve_steps(self.given, model)
+        resolved = self._advance()
+        if resolved is _UNFINISHED:
+            return None
+        self._pending = None
+        return self._resolved(config, resolved)
+
+    def _probes_moved(self) -> bool:
+        """Whether a probe shape's time moved by more than REDEFAULT_MOVE since the last
+        resolution (then it is this one's)."""
         probes = self.learner.probe_times()
         if all(
             abs(a / b - 1) <= REDEFAULT_MOVE for a, b in zip(probes, self._resolved_probes) if b > 0
         ):
-            return None
+            return False
         self._resolved_probes = probes
-        resolved = resolve_config(self.given, self.predictor)
+        return True
+
+    def _advance(self):
+        """The resolution in progress, a slice further: its value, or _UNFINISHED."""
+        pending = self._pending
+        if self.slice_s is None:
+            return finish(pending)
+        end = self._clock() + self.slice_s
+        try:
+            while True:
+                next(pending)
+                if self._clock() >= end:
+                    return _UNFINISHED
+        except StopIteration as done:
+            return done.value
+
+    def _resolved(
+        self, config: SchedulerConfig, resolved: SchedulerConfig
+    ) -> SchedulerConfig | None:
+        """`resolved`, logged, or None where it is `config`."""
         if resolved == config:
             return None
         log.info(

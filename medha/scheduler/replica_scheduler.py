@@ -35,7 +35,12 @@ from medha.scheduler.decode_picker import DecodePicker
 from medha.scheduler.kv_arbiter import KVArbiter
 from medha.scheduler.packers import Packer, make_packer, replica_policy, replica_prefill_times
 from medha.scheduler.paused_step import PausedStep
-from medha.scheduler.recalibration import REDEFAULT_FIRST, REDEFAULT_MOVE, Recalibration
+from medha.scheduler.recalibration import (
+    REDEFAULT_FIRST,
+    REDEFAULT_MOVE,
+    RESOLVE_SLICE_S,
+    Recalibration,
+)
 from medha.scheduler.replica_rules import is_long, prefill_order
 from medha.scheduler.request_table import RequestTable, SchedulerInvariantError, SchedulerStats
 from medha.scheduler.step_clock import STEP_SCALE_WEIGHT, StepClock
@@ -44,6 +49,7 @@ from medha.scheduler.step_log import StepLog
 __all__ = [
     "REDEFAULT_FIRST",
     "REDEFAULT_MOVE",
+    "RESOLVE_SLICE_S",
     "STEP_SCALE_WEIGHT",
     "ReplicaScheduler",
     "SchedulerInvariantError",
@@ -61,6 +67,7 @@ class ReplicaScheduler:
         block_tables: bool = True,
         learner: StepLearner | None = None,
         async_scheduling: bool = False,
+        resolve_slice_s: float | None = None,
     ) -> None:
         """`prefill_times` lets replicas with the same predictor and packer share one cache.
         `block_tables`: each chunk of a batch carries its request's KV block ids, what an engine
@@ -72,7 +79,12 @@ class ReplicaScheduler:
         batch samples is then counted as a placeholder of its request's context
         (`RequestTable.count_placeholders`), so that its next decode joins the next batch, as
         vLLM's output placeholders do; a request is never given a token past its max_tokens.
-        Without it a request with a decode in flight sits the next batch out."""
+        Without it a request with a decode in flight sits the next batch out.
+
+        `resolve_slice_s` (with a learner): how much of a re-resolution of its defaults one
+        batch's update may run, timed on the CPU clock; the rest follows with the next batches
+        (Recalibration). An executor's (RESOLVE_SLICE_S); None, a whole one at once (the
+        simulator's replay, whose decisions must not depend on the speed of the machine)."""
         self.block_tables = block_tables
         self.async_scheduling = async_scheduling
         # (async scheduling) the last batch formed, while it runs and before the next one forms
@@ -119,7 +131,9 @@ class ReplicaScheduler:
         self.learner = learner
         # what the caller set, and when the defaults it leaves unset follow the learner's
         # corrections (recalibration.py); None without a learner
-        self.recalibration = Recalibration(given, predictor, learner) if learner else None
+        self.recalibration = (
+            Recalibration(given, predictor, learner, resolve_slice_s) if learner else None
+        )
         self._step_log = StepLog.from_env()  # $MEDHA_STEP_LOG (step_log.py)
 
     @property
@@ -436,8 +450,10 @@ class ReplicaScheduler:
         moved = learner.observe(*batch.shape(), measured_s) and learner.moved()
         if moved:
             self.prefill_times.reset()
-        if self.recalibration.redefault_due():
-            moved = self._redefault() or moved
+        config = self.recalibration.follow(self.config)
+        if config is not None:
+            self._apply(config)
+            moved = True
         if moved:
             self.requests.reprice()
 
@@ -455,19 +471,21 @@ class ReplicaScheduler:
             self._redefault()
             self.requests.reprice()
 
-    def _redefault(self) -> bool:
-        """Resolve the defaults the given config left unset again from the corrected model
-        (where Recalibration.resolve_again finds them moved), so that the packer and the policy
-        plan with what the engine's steps cost now (issue 48, item 2); whether they changed.
-        The deadlines given so far stay; the caller prices the requests' work again."""
+    def _redefault(self) -> None:
+        """Resolve the defaults the given config left unset again from the corrected model, at
+        once (where Recalibration.resolve_again finds them moved)."""
         config = self.recalibration.resolve_again(self.config)
-        if config is None:
-            return False
+        if config is not None:
+            self._apply(config)
+
+    def _apply(self, config: SchedulerConfig) -> None:
+        """Plan with defaults resolved again from the corrected model, so that the packer and
+        the policy plan with what the engine's steps cost now (issue 48, item 2). The deadlines
+        given so far stay; the caller prices the requests' work again."""
         self.config = config
         self.packer = make_packer(config, self.predictor)
         self.policy.config = config
         self.prefill_times.plan_with(self.packer.plan_isolated)
-        return True
 
     def discard(self, batch: Batch, now: float) -> list[Request]:
         """A batch that never completed (the executor failed): abort its requests and release

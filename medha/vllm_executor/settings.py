@@ -23,7 +23,7 @@ from medha.perf.model_specs import model_from_hf_config
 from medha.perf.online_fit import CorrectedPredictor, StepLearner
 from medha.scheduler.block_manager import BlockManager
 from medha.scheduler.config import SchedulerConfig
-from medha.scheduler.replica_scheduler import ReplicaScheduler
+from medha.scheduler.replica_scheduler import RESOLVE_SLICE_S, ReplicaScheduler
 from medha.utils.dataclass_cli import flags
 
 _VLLM_OWNS = ("max_model_len", "max_num_seqs", "max_batch_tokens")
@@ -121,4 +121,6 @@ def build_replica_scheduler(
         block_tables=False,
         learner=learner,
         async_scheduling=async_scheduling,
+        # (a re-resolution of the defaults, spread over steps: none waits for a whole one)
+        resolve_slice_s=RESOLVE_SLICE_S,
     )
