@@ -9,13 +9,17 @@ not in it), and so is medha's own part of it under MedhaScheduler (all it does o
 vLLM methods it calls: its ReplicaScheduler's schedule and update, putting the batch first in
 vLLM's queues, reconciling vLLM's output with the plan, recording the step). Reported: p50 and
 p99 over the steps while at least 90% of the requests are running (of the most that ran at
-once), for plain vLLM and for vLLM + medha (fcfs and lars).
+once), for plain vLLM and for vLLM + medha (fcfs and lars). `--trace`: for each medha
+contender, its largest steps part by part (the replica scheduler's schedule and update, within
+the update the learner's fit and a slice of a re-resolution of the defaults, the repricing, and
+Python's garbage collections that fell inside medha's code).
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import os
 import random
 import statistics
@@ -79,10 +83,53 @@ def timed(scheduler, samples: list) -> None:
         out = update(*args, **kwargs)
         total = account.pop("all", 0.0) + time.perf_counter() - t0
         medha = total - account.pop("vllm", 0.0)
-        samples.append((total, medha, len(scheduler.running)))
+        samples.append((total, medha, len(scheduler.running), dict(account)))
+        account.clear()
         return out
 
     scheduler.update_from_output = timed_update
+
+
+# medha's parts timed by --trace: (owner's path from the replica scheduler, method)
+TRACED = (
+    ("", "schedule"),
+    ("", "update"),
+    ("learner", "observe"),
+    ("recalibration", "follow"),
+    ("requests", "reprice"),
+)
+
+
+def trace(scheduler) -> None:
+    """Time medha's parts (TRACED) and the garbage collections inside the replica scheduler's
+    schedule and update into each step's account."""
+    sched = scheduler.medha
+    for path, name in TRACED:
+        owner = getattr(sched, path) if path else sched
+        if owner is not None:
+            _wrap(owner, name, _ACCOUNT, f"{path}.{name}".lstrip("."))
+    inside, started = [0], []
+    for name in ("schedule", "update"):
+        fn = getattr(sched, name)
+
+        def counted(*args, _fn=fn, **kwargs):
+            inside[0] += 1
+            try:
+                return _fn(*args, **kwargs)
+            finally:
+                inside[0] -= 1
+
+        setattr(sched, name, counted)
+
+    def collected(phase, info) -> None:
+        if not inside[0]:
+            return
+        if phase == "start":
+            started.append(time.perf_counter())
+        elif started:
+            _ACCOUNT["gc"] = _ACCOUNT.get("gc", 0.0) + time.perf_counter() - started.pop()
+
+    gc.callbacks.append(collected)
 
 
 def run(path: str, medha: dict | None, args) -> tuple[list[tuple[float, float]], int]:
@@ -99,6 +146,8 @@ def run(path: str, medha: dict | None, args) -> tuple[list[tuple[float, float]],
     samples: list = []
     scheduler = llm.llm_engine.engine_core.engine_core.scheduler
     timed(scheduler, samples)
+    if args.trace and medha is not None:
+        trace(scheduler)
     rng = random.Random(0)
     prompts = [
         {"prompt_token_ids": [rng.randrange(100, 40000) for _ in range(rng.randrange(16, 65))]}
@@ -106,8 +155,9 @@ def run(path: str, medha: dict | None, args) -> tuple[list[tuple[float, float]],
     ]
     params = vllm.SamplingParams(temperature=0.0, max_tokens=args.new_tokens, ignore_eos=True)
     llm.generate(prompts, params, use_tqdm=False)
-    most = max(running for *_, running in samples)
-    full = [(s, own) for s, own, running in samples if running >= 0.9 * most]
+    gc.callbacks[:] = [c for c in gc.callbacks if c.__name__ != "collected"]
+    most = max(running for _, _, running, _ in samples)
+    full = [(s, own, parts) for s, own, running, parts in samples if running >= 0.9 * most]
     preemptions = scheduler.medha.stats.preemptions if medha is not None else None
     del llm
     return full, most, preemptions
@@ -125,6 +175,12 @@ def main() -> None:
         default=4.0,
         help="vLLM's KV cache (default 4 GiB: room for every request at once, so the steps "
         "timed are those of 256 running requests, not of preemptions; 2 GiB preempts ~75)",
+    )
+    ap.add_argument(
+        "--trace",
+        action="store_true",
+        help="for each medha contender, its largest steps part by part (learner's fit, "
+        "re-resolution slice, repricing, garbage collections)",
     )
     args = ap.parse_args()
     from medha.engine.checkpoint import resolve_model
@@ -144,12 +200,22 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|")
     for name, (steps, most, preemptions) in results.items():
         cells = [str(most), "" if preemptions is None else str(preemptions), str(len(steps))]
-        parts = [[s for s, _ in steps]] + ([] if preemptions is None else [[o for _, o in steps]])
+        parts = [[s for s, _, _ in steps]]
+        parts += [] if preemptions is None else [[o for _, o, _ in steps]]
         for times in parts:
             times.sort()
             p99 = times[min(len(times) - 1, int(0.99 * len(times)))]
             cells += [f"{statistics.median(times) * 1e3:.3f} ms", f"{p99 * 1e3:.3f} ms"]
         print(f"| {name} | " + " | ".join(cells + [""] * (8 - 1 - len(cells))) + " |")
+    if args.trace:
+        for name, (steps, _, preemptions) in results.items():
+            if preemptions is None:
+                continue
+            print(f"\n{name}: the 5 largest steps of medha's part, by part (ms)")
+            for _, own, account in sorted(steps, key=lambda step: -step[1])[:5]:
+                account = {k: v for k, v in account.items() if k not in ("all", "vllm")}
+                shown = ", ".join(f"{k} {v * 1e3:.3f}" for k, v in sorted(account.items()))
+                print(f"  {own * 1e3:.3f}: {shown}")
 
 
 if __name__ == "__main__":

@@ -91,7 +91,7 @@ class ReplicaScheduler:
         self._running_ahead: Batch | None = None
         # The resolution of the config: the packer, the policy, the KV arbiter and the
         # simulator's metrics all read this object's defaults (resolve_config returns it
-        # unchanged); only a learner's corrections resolve them again (`_redefault`).
+        # unchanged); only a learner's corrections resolve them again (`_apply`).
         self.config = config = resolve_config(given := config, predictor)
         self.predictor = predictor
         self.packer = make_packer(config, predictor)
@@ -468,15 +468,10 @@ class ReplicaScheduler:
             return self.recalibration.probe(measure, context)
         finally:
             self.prefill_times.reset()
-            self._redefault()
+            config = self.recalibration.resolve_again(self.config)  # (at once: before serving)
+            if config is not None:
+                self._apply(config)
             self.requests.reprice()
-
-    def _redefault(self) -> None:
-        """Resolve the defaults the given config left unset again from the corrected model, at
-        once (where Recalibration.resolve_again finds them moved)."""
-        config = self.recalibration.resolve_again(self.config)
-        if config is not None:
-            self._apply(config)
 
     def _apply(self, config: SchedulerConfig) -> None:
         """Plan with defaults resolved again from the corrected model, so that the packer and
