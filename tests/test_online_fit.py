@@ -340,3 +340,17 @@ def test_a_resolution_spread_over_batches_ends_where_one_at_once_does():
     assert spread[-1].tpot_target_s == at_once[-1].tpot_target_s == 0.15
     with pytest.raises(ValueError):
         Recalibration(SchedulerConfig(), truth, StepLearner(truth), slice_s=0)
+
+
+def test_the_probe_times_are_the_corrected_models_times_of_the_probe_shapes():
+    """probe_times (asked after every learned batch) takes each probe's features once and its
+    dot product with theta: the corrected model's time of each probe shape."""
+    from medha.perf.online_fit import probe_shapes
+
+    p = CorrectedPredictor(base())
+    learner = StepLearner(p)
+    for theta in (BASE_THETA, (0.01, 1e-4, 1.3, 0.8, 1.7), (0.0, 0.0, 0.5, 3.0, 0.2)):
+        p.set_theta(theta)
+        shapes = probe_shapes(p.model.max_context)
+        want = [p.shape_time(prefills, decodes) for prefills, decodes in shapes]
+        assert learner.probe_times() == pytest.approx(want, rel=1e-12)

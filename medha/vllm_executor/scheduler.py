@@ -167,7 +167,11 @@ class MedhaScheduler(Scheduler):
     def _put_first(self, plan: dict[str, int]) -> None:
         """The batch's running requests first in vLLM's running queue, in medha's order: vLLM
         spends its token budget in queue order. (Called every step with up to max_num_seqs
-        planned requests: linear in the queue.)"""
+        planned requests: linear in the queue.) The queue is most often in that order already,
+        from the step before (a steady batch of decodes): then it is left as it is."""
+        head = self.running[: len(plan)]
+        if len(head) == len(plan) and all(r.request_id == rid for r, rid in zip(head, plan)):
+            return
         rank = {rid: i for i, rid in enumerate(plan)}
         last = len(rank)
         self.running.sort(key=lambda r: rank.get(r.request_id, last))
