@@ -154,6 +154,26 @@ def test_prefill_time_cache_matches_the_packer_schedule(chunking):
     assert cache.remaining(300_000, 300_000) == 0
 
 
+def test_prefill_time_cache_answers_a_length_once_per_walk():
+    """A reset prices every request in prefill again (RequestTable.reprice), most of them of a
+    few lengths: each length is priced once per walk, to the answer a fresh cache gives, and
+    a reset (the model corrected) prices it anew."""
+    pred = roofline(tp=8)
+    plan = make_packer(SchedulerConfig(iteration_budget_s=0.05), pred).plan_isolated
+    cache = PrefillTimeCache(pred, plan, 300_000)
+    calls = []
+    price = cache._chunk_time
+    cache._chunk_time = lambda n, k: calls.append((n, k)) or price(n, k)
+    lengths = [40, 64, 40, 5000, 64, 77_777, 40, 5000]
+    answers = [cache.time(n) for n in lengths]
+    assert answers == [PrefillTimeCache(pred, plan, 300_000).time(n) for n in lengths]
+    walked = len(calls)
+    assert [cache.time(n) for n in lengths] == answers and len(calls) == walked
+    cache.reset()
+    cache.time(40)
+    assert len(calls) > walked
+
+
 def test_prefill_time_cache_counts_pipeline_overlap():
     one = roofline(tp=8)
     four = roofline(tp=8, spp=4)
