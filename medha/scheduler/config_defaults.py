@@ -59,9 +59,9 @@ def resolve_config(config: SchedulerConfig, predictor: Predictor) -> SchedulerCo
     value of each; ReplicaScheduler resolves once and hands the result around. Resolving a
     resolved config returns it unchanged (the same object).
 
-    tpot_target_s: `default_tpot_target`. iteration_budget_s: the TPOT target scaled for
+    tpot_target_s: `default_tpot_target_steps`. iteration_budget_s: the TPOT target scaled for
     pipelining (`iteration_budget`). min_ttft_deadline_s: 0.5 s, or two iteration budgets
-    where that is longer. arrival_wait_s: `default_arrival_wait`.
+    where that is longer. arrival_wait_s: `default_arrival_wait_steps`.
     max_model_len: the model's context. A longer one than the spec's is allowed: the
     long-context variants of a model (RoPE-scaled) share its shapes; the engine checks its
     real checkpoint's limit. long_prefill_threshold: `default_long_threshold`. prefix_cache:
@@ -78,7 +78,7 @@ def resolve_steps(config: SchedulerConfig, predictor: Predictor) -> Steps[Schedu
     spp = predictor.parallel.spp
     chunks = (config.min_chunk_tokens, config.max_batch_tokens)
     target = config.tpot_target_s or (
-        yield from default_tpot_target(predictor, max_model_len, *chunks)
+        yield from default_tpot_target_steps(predictor, max_model_len, *chunks)
     )
     budget = config.iteration_budget_s or iteration_budget(target, spp)
     floor = config.min_ttft_deadline_s or max(MIN_TTFT_DEADLINE_S, 2 * budget)
@@ -88,12 +88,14 @@ def resolve_steps(config: SchedulerConfig, predictor: Predictor) -> Steps[Schedu
     if config.arrival_wait_s:
         wait = config.arrival_wait_s
     elif pause:  # (a budget given explicitly bounds the steps that others wait on)
-        wait = yield from pause_arrival_wait(predictor, budget, max_model_len, chunks)
+        wait = yield from pause_arrival_wait_steps(predictor, budget, max_model_len, chunks)
     elif config.iteration_budget_s:
         wait = budget
     else:
         shortest = config.ttft_deadline_s or floor
-        wait = yield from default_arrival_wait(predictor, budget, shortest, max_model_len, chunks)
+        wait = yield from default_arrival_wait_steps(
+            predictor, budget, shortest, max_model_len, chunks
+        )
     long_threshold = config.long_prefill_threshold or default_long_threshold(max_model_len)
     return dataclasses.replace(
         config,
@@ -108,7 +110,7 @@ def resolve_steps(config: SchedulerConfig, predictor: Predictor) -> Steps[Schedu
     )
 
 
-def default_tpot_target(
+def default_tpot_target_steps(
     predictor: Predictor, max_model_len: int, min_chunk: int, max_chunk: int | None
 ) -> Steps[float]:
     """0.05 s where the predictor prices chunking a max-length prompt (up to 32K tokens) at
@@ -146,6 +148,7 @@ def affordable(
 def affordable_steps(
     predictor: Predictor, max_model_len: int, min_chunk: int, max_chunk: int | None
 ) -> Steps[bool]:
+    """`affordable`, a step of a chunk walk at a time."""
     slo_budget = iteration_budget(SLO_TPOT_S, predictor.parallel.spp)
     n = priced_prompt(max_model_len)
     if predictor.prefill_step_time(min(min_chunk, n), 0) > slo_budget:
@@ -154,7 +157,7 @@ def affordable_steps(
     return price <= AFFORDABLE_PRICE
 
 
-def default_arrival_wait(
+def default_arrival_wait_steps(
     predictor: Predictor,
     budget_s: float,
     shortest_s: float,
@@ -168,7 +171,7 @@ def default_arrival_wait(
     waits at most half its deadline for the next step; where chunking is dear (not
     `affordable`), at most a chat's own time alone too (`chat_time_s`: shorts first); never
     below the iteration budget. `chunks`: the least and the most tokens of a step (as
-    `default_tpot_target` prices)."""
+    `default_tpot_target_steps` prices)."""
     if budget_s >= shortest_s / 2:
         return budget_s
     n = priced_prompt(max_model_len)
@@ -179,7 +182,7 @@ def default_arrival_wait(
     return max(budget_s, found)
 
 
-def pause_arrival_wait(
+def pause_arrival_wait_steps(
     predictor: Predictor, budget_s: float, max_model_len: int, chunks: tuple[int, int | None]
 ) -> Steps[float]:
     """The arrival wait of steps that pause for whoever waits (pause_steps): a request arriving
