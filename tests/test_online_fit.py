@@ -238,14 +238,29 @@ def test_a_scheduler_with_a_learner_plans_by_what_its_batches_took():
     assert p.version == 0 and statistics.median(abs(r - 1) for r in ratios[10:]) > 0.5
 
 
+def _run_on(truth, sched, after_batch) -> None:
+    """24 prompts of 200-1,350 tokens, 16 tokens out, run to the end by `sched` on an engine whose
+    batches take `truth`'s time; `after_batch()` after each batch's update."""
+    from medha.core.batch import BatchResult
+    from medha.core.request import Request
+
+    now = 0.0
+    for i in range(24):
+        sched.add_request(Request(f"r{i}", now, 200 + 50 * i, 16), now)
+    while sched.has_unfinished():
+        batch = sched.schedule(now)
+        took = truth.batch_time(batch)
+        now += took
+        sched.update(batch, BatchResult(took), now)
+        after_batch()
+
+
 def test_the_defaults_follow_the_corrected_model():
     """Issue 48, item 2: the defaults a config leaves unset (TPOT target and budget, deadline
     floor, arrival wait) are resolved again from the corrected model, from the learner's 16th
     batch on; the packer and the policy plan with them. What the caller set stays, and without
     a learner (the simulator) nothing moves."""
     from medha.benchmark.scenarios import TOKEN_S
-    from medha.core.batch import BatchResult
-    from medha.core.request import Request
     from medha.perf.toy_predictor import FixedCostPredictor
     from medha.scheduler.block_manager import BlockManager
     from medha.scheduler.config import SchedulerConfig
@@ -264,15 +279,8 @@ def test_the_defaults_follow_the_corrected_model():
         p = CorrectedPredictor(FixedCostPredictor(TOKEN_S))
         learner = StepLearner(p) if learn else None
         sched = ReplicaScheduler(config, p, BlockManager(1 << 14), learner=learner)
-        now, targets = 0.0, []
-        for i in range(24):
-            sched.add_request(Request(f"r{i}", now, 200 + 50 * i, 16), now)
-        while sched.has_unfinished():
-            batch = sched.schedule(now)
-            took = truth.batch_time(batch)
-            now += took
-            sched.update(batch, BatchResult(took), now)
-            targets.append(sched.config.tpot_target_s)
+        targets = []
+        _run_on(truth, sched, lambda: targets.append(sched.config.tpot_target_s))
         return sched, targets
 
     sched, targets = run(SchedulerConfig(), learn=True)
@@ -297,8 +305,6 @@ def test_a_resolution_spread_over_batches_ends_where_one_at_once_does():
     began, so no step waits for a whole one. It lands some batches after it was due, on the
     defaults the same model resolves at once; the learner goes on meanwhile."""
     from medha.benchmark.scenarios import TOKEN_S
-    from medha.core.batch import BatchResult
-    from medha.core.request import Request
     from medha.perf.toy_predictor import FixedCostPredictor
     from medha.scheduler.block_manager import BlockManager
     from medha.scheduler.config import SchedulerConfig
@@ -317,16 +323,8 @@ def test_a_resolution_spread_over_batches_ends_where_one_at_once_does():
         sched.recalibration = Recalibration(
             SchedulerConfig(), p, learner, slice_s, clock=lambda: float(next(clock))
         )
-        now, configs, models = 0.0, [], []
-        for i in range(24):
-            sched.add_request(Request(f"r{i}", now, 200 + 50 * i, 16), now)
-        while sched.has_unfinished():
-            batch = sched.schedule(now)
-            took = truth.batch_time(batch)
-            now += took
-            sched.update(batch, BatchResult(took), now)
-            configs.append(sched.config)
-            models.append(p.snapshot())
+        configs, models = [], []
+        _run_on(truth, sched, lambda: (configs.append(sched.config), models.append(p.snapshot())))
         return configs, models
 
     at_once, _ = run(None)

@@ -24,6 +24,7 @@ import os
 import random
 import statistics
 import time
+from collections.abc import Callable
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
@@ -100,9 +101,10 @@ TRACED = (
 )
 
 
-def trace(scheduler) -> None:
+def trace(scheduler) -> Callable:
     """Time medha's parts (TRACED) and the garbage collections inside the replica scheduler's
-    schedule and update into each step's account."""
+    schedule and update into each step's account; the garbage collector's callback it added
+    (the caller removes it)."""
     sched = scheduler.medha
     for path, name in TRACED:
         owner = getattr(sched, path) if path else sched
@@ -130,6 +132,7 @@ def trace(scheduler) -> None:
             _ACCOUNT["gc"] = _ACCOUNT.get("gc", 0.0) + time.perf_counter() - started.pop()
 
     gc.callbacks.append(collected)
+    return collected
 
 
 def run(path: str, medha: dict | None, args) -> tuple[list[tuple[float, float]], int]:
@@ -146,8 +149,7 @@ def run(path: str, medha: dict | None, args) -> tuple[list[tuple[float, float]],
     samples: list = []
     scheduler = llm.llm_engine.engine_core.engine_core.scheduler
     timed(scheduler, samples)
-    if args.trace and medha is not None:
-        trace(scheduler)
+    traced = trace(scheduler) if args.trace and medha is not None else None
     rng = random.Random(0)
     prompts = [
         {"prompt_token_ids": [rng.randrange(100, 40000) for _ in range(rng.randrange(16, 65))]}
@@ -155,7 +157,8 @@ def run(path: str, medha: dict | None, args) -> tuple[list[tuple[float, float]],
     ]
     params = vllm.SamplingParams(temperature=0.0, max_tokens=args.new_tokens, ignore_eos=True)
     llm.generate(prompts, params, use_tqdm=False)
-    gc.callbacks[:] = [c for c in gc.callbacks if c.__name__ != "collected"]
+    if traced is not None:
+        gc.callbacks.remove(traced)
     most = max(running for _, _, running, _ in samples)
     full = [(s, own, parts) for s, own, running, parts in samples if running >= 0.9 * most]
     preemptions = scheduler.medha.stats.preemptions if medha is not None else None
@@ -213,7 +216,6 @@ def main() -> None:
                 continue
             print(f"\n{name}: the 5 largest steps of medha's part, by part (ms)")
             for _, own, account in sorted(steps, key=lambda step: -step[1])[:5]:
-                account = {k: v for k, v in account.items() if k not in ("all", "vllm")}
                 shown = ", ".join(f"{k} {v * 1e3:.3f}" for k, v in sorted(account.items()))
                 print(f"  {own * 1e3:.3f}: {shown}")
 
