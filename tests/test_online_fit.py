@@ -314,21 +314,34 @@ def test_a_resolution_spread_over_batches_ends_where_one_at_once_does():
 
     truth = CorrectedPredictor(FixedCostPredictor(TOKEN_S))
     truth.set_theta((0.04, 0.0, 2.0, 1.0, 1.0))
-    clock = itertools.count()  # one tick a call: `slice_s` ticks are that many steps of a walk
+    ticks = itertools.count()  # one tick a call: `slice_s` ticks are that many steps of a walk
 
     def run(slice_s: float | None):
         p = CorrectedPredictor(FixedCostPredictor(TOKEN_S))
         learner = StepLearner(p)
         sched = ReplicaScheduler(SchedulerConfig(), p, BlockManager(1 << 14), learner=learner)
-        sched.recalibration = Recalibration(
-            SchedulerConfig(), p, learner, slice_s, clock=lambda: float(next(clock))
-        )
-        configs, models = [], []
-        _run_on(truth, sched, lambda: (configs.append(sched.config), models.append(p.snapshot())))
-        return configs, models
+        work = {"slices": 0, "reprices": 0}  # this batch's
 
-    at_once, _ = run(None)
-    spread, models = run(100)
+        def clock() -> float:
+            work["slices"] += 1
+            return float(next(ticks))
+
+        sched.recalibration = Recalibration(SchedulerConfig(), p, learner, slice_s, clock=clock)
+        reprice = sched.requests.reprice
+        sched.requests.reprice = lambda: (work.__setitem__("reprices", 1), reprice())
+        configs, models, works = [], [], []
+
+        def after_batch() -> None:
+            configs.append(sched.config)
+            models.append(p.snapshot())
+            works.append(dict(work))
+            work.update(slices=0, reprices=0)
+
+        _run_on(truth, sched, after_batch)
+        return configs, models, works
+
+    at_once, _, at_once_works = run(None)
+    spread, models, works = run(100)
     first = next(i for i, c in enumerate(at_once) if c != at_once[0])
     assert first == REDEFAULT_FIRST - 1  # the batch it was due
     landed = next(i for i, c in enumerate(spread) if c != spread[0])
@@ -336,6 +349,13 @@ def test_a_resolution_spread_over_batches_ends_where_one_at_once_does():
     # what it resolved is what the model of the batch it began at resolves at once
     assert spread[landed] == resolve_config(SchedulerConfig(), models[first])
     assert spread[-1].tpot_target_s == at_once[-1].tpot_target_s == 0.15
+    # at once, the batch it lands on prices the requests again; spread, no batch runs both a
+    # slice and a repricing (each 0.1-0.3 ms of a vLLM step): the one after it lands reprices
+    assert at_once_works[first]["reprices"]
+    assert not any(w["slices"] and w["reprices"] for w in works)
+    assert works[landed]["slices"] and not works[landed]["reprices"]
+    assert works[landed + 1]["reprices"] and not works[landed + 1]["slices"]
+    assert sum(w["reprices"] for w in works) > 1  # (the learner's moves reprice as well)
     with pytest.raises(ValueError):
         Recalibration(SchedulerConfig(), truth, StepLearner(truth), slice_s=0)
 

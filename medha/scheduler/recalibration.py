@@ -37,13 +37,16 @@ REDEFAULT_FIRST = 16
 REDEFAULT_MOVE = 0.1
 
 
-# The vLLM executor's slice of a resolution a batch: a fifth of a millisecond, a few of a walk's
+# The vLLM executor's slice of a resolution a batch: a tenth of a millisecond, a few of a walk's
 # chunks (each a few model evaluations, 1.5 us warm and about 10 us where the roofline's step
-# times are not cached yet), against the goal of 1 ms for medha's part of a vLLM step at the
-# 99th percentile (bench/vllm/vllm_overhead.py). medha's own engine resolves at once: its CPU
-# steps take tens of milliseconds to seconds, and the simulator's replay of the convoy
-# (tests/test_machine_kinds.py) makes its decisions as it does
-RESOLVE_SLICE_S = 2e-4
+# times are not cached yet; the first chunk of a walk, a search from scratch, up to 0.1 ms),
+# against the goal of 1 ms for medha's part of a vLLM step at the 99th percentile
+# (bench/vllm/vllm_overhead.py), where a step at 256 running spends 0.5-0.7 ms in medha
+# anyway. A slice of 0.2 ms ran to 0.2-0.33 ms and put such steps at 1.0-1.16 ms; at 0.1 ms a
+# resolution (1.5-5 ms warm) lands 15-50 steps after it is due. medha's own engine resolves at
+# once: its CPU steps take tens of milliseconds to seconds, and the simulator's replay of the
+# convoy (tests/test_machine_kinds.py) makes its decisions as it does
+RESOLVE_SLICE_S = 1e-4
 # what a resolution spread over batches yields while it has not ended
 _UNFINISHED = object()
 
@@ -108,11 +111,12 @@ class Recalibration:
             return None
         return self._resolved(config, finish(resolve_steps(self.given, self.predictor)))
 
-    def follow(self, config: SchedulerConfig) -> SchedulerConfig | None:
+    def follow(self, config: SchedulerConfig, busy: bool = False) -> SchedulerConfig | None:
         """After each batch the learner was shown: a resolution begins where one is due
         (`redefault_due`, and a probe shape moved as in `resolve_again`), and the one in
-        progress runs a slice further; the defaults it resolved once it ends (None: none ended,
-        or they stay `config`'s)."""
+        progress runs a slice further, unless `busy` (the batch did costly work of its own
+        already: a resolution spread over batches skips it; one at once ignores it); the
+        defaults it resolved once it ends (None: none ended, or they stay `config`'s)."""
         due = self.redefault_due()
         if self._pending is None:
             if not (due and self._probes_moved()):
@@ -120,6 +124,8 @@ class Recalibration:
             # (spread over batches, every walk prices one model, whatever the learner does)
             model = self.predictor if self.slice_s is None else self.predictor.snapshot()
             self._pending = resolve_steps(self.given, model)
+        if busy and self.slice_s is not None:
+            return None
         resolved = self._advance()
         if resolved is _UNFINISHED:
             return None
