@@ -372,3 +372,29 @@ def test_the_probe_times_are_the_corrected_models_times_of_the_probe_shapes():
         shapes = probe_shapes(p.model.max_context)
         want = [p.shape_time(prefills, decodes) for prefills, decodes in shapes]
         assert learner.probe_times() == pytest.approx(want, rel=1e-12)
+
+
+def test_a_lone_chunks_step_time_keeps_the_bases_parts_and_follows_theta():
+    """CorrectedPredictor.prefill_step_time keeps the base's parts of each (chunk, offset) it
+    was asked (the walks after each correction ask the same shapes again) and is, to the bit,
+    the sum of the corrected parts at every theta the fit moves to; a snapshot shares the
+    base's parts and keeps its own theta."""
+    from medha.perf.predictor import Predictor
+
+    p = CorrectedPredictor(base())
+    calls = []
+    inner_linear = p.inner.linear_time
+    p.inner.linear_time = lambda n, s: (calls.append((n, s)), inner_linear(n, s))[1]
+    rng = random.Random(3)
+    shapes = [(rng.randrange(1, 4096), rng.randrange(0, 8192)) for _ in range(200)]
+    for _ in range(20):
+        p.set_theta([rng.uniform(0, 2e-3), rng.uniform(0, 1e-4)] + [rng.uniform(0.3, 3)] * 3)
+        for n, k in shapes:
+            assert p.prefill_step_time(n, k) == Predictor.prefill_step_time(p, n, k)
+    assert len(calls) == 20 * 200 + len(set(shapes))  # (Predictor's sum asks every time)
+    frozen = p.snapshot()
+    before = [frozen.prefill_step_time(n, k) for n, k in shapes]
+    p.set_theta([0.1, 0.0, 1.0, 1.0, 1.0])
+    assert [frozen.prefill_step_time(n, k) for n, k in shapes] == before
+    assert [p.prefill_step_time(n, k) for n, k in shapes] != before
+    assert len(calls) == 20 * 200 + len(set(shapes))

@@ -205,10 +205,12 @@ class RequestTable:
         prefill-time walk changed (the predictor was corrected from measured steps): the work
         ahead of it, and its whole prefill's (from its cached prefix on). Deadlines stay: they
         were promised at admission."""
-        times = self.prefill_times
+        time = self.prefill_times.time  # (remaining(), spelled out: most have computed none)
         for r in self._prefilling.values():
-            r.total_work_s = max(times.remaining(r.num_tokens, r.num_cached_tokens), 1e-12)
-            r.remaining_work_s = times.remaining(r.num_tokens, r.num_computed)
+            whole = time(r.num_tokens)
+            cached, computed = r.num_cached_tokens, r.num_computed
+            r.total_work_s = max(whole - time(cached) if cached else whole, 1e-12)
+            r.remaining_work_s = max(0.0, whole - time(computed)) if computed else whole
 
     def evict(self, evictions: Iterable[Eviction], batch: Batch) -> None:
         """Apply the KV arbiter's evictions for `batch`: a recomputed request (its KV dropped)
