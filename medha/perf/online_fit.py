@@ -52,7 +52,7 @@ class CorrectedPredictor(WrappedPredictor):
         # the base's two parts of a lone chunk's step, by (num_tokens, kv_offset): the base
         # never changes, theta does, and after each correction the prefill-time walk and the
         # requests' prices ask the same shapes again (issue 69: a repricing of 130 waiting
-        # requests spent 0.2 of its 0.3 ms in the base, on a vLLM step). Shared by snapshots.
+        # requests spent two thirds of its time in the base, on a vLLM step). Shared by snapshots.
         self._step_parts: dict[tuple[int, int], tuple[float, float]] = {}
 
     def set_theta(self, theta: Sequence[float]) -> None:
