@@ -166,3 +166,29 @@ def test_where_no_step_keeps_the_slo_pace_its_price_does_not_choose_it():
     assert chunking_price(crawl, 0.05, crawl.model.max_context, 32) <= 1.5
     c = resolve_config(SchedulerConfig(), crawl)
     assert c.tpot_target_s >= step and "0.05 s steps" not in price_report(c, crawl)
+
+
+def test_where_steps_pause_the_decodes_own_steps_count_in_the_price_of_0_05_s():
+    """Issue 68: where steps pause, decodes beside a long prompt run steps of their own, one
+    every TPOT target, each reading the weights again. SmolLM2 on the reference CPU's roofline
+    with its linear work and its chunks' attention at half (a start-up probe's model that timed
+    its shapes fast) chunks an 8,192-token prompt within 1.5x at 0.05 s, but a decode's own
+    step takes a fifth of every 0.05 s: the long prompt then pays over 1.5x, so 0.05 s is not
+    affordable there and the target comes from the price (at most a reading pace). Without
+    pausing (the decodes ride in the chunks' steps), and on a GPU, 0.05 s stays."""
+    from medha.perf.online_fit import CorrectedPredictor
+    from medha.scheduler.config_defaults import affordable, decode_share
+
+    half = CorrectedPredictor(make_predictor("roofline", "smollm2-135m", REFERENCE_CPU))
+    half.set_theta((0.0, 0.0, 0.5, 0.5, 1.0))
+    n = 8192
+    price = chunking_price(half, 0.05, n)
+    assert price <= 1.5 < price / (1 - decode_share(half, 0.05, n))
+    assert affordable(half, n, 32) and not affordable(half, n, 32, None, pause=True)
+    given = dict(max_model_len=n, prefix_cache="off")
+    assert resolve_config(SchedulerConfig(**given), half).tpot_target_s == 0.05
+    paused = resolve_config(SchedulerConfig(pause_steps=True, **given), half)
+    assert 0.05 < paused.tpot_target_s <= READING_TPOT_S
+    assert "shorts first" in price_report(paused, half)
+    gpu = resolve_config(SchedulerConfig(pause_steps=True), GPU)
+    assert gpu.tpot_target_s == 0.05

@@ -77,14 +77,14 @@ def resolve_steps(config: SchedulerConfig, predictor: Predictor) -> Steps[Schedu
     max_model_len = config.max_model_len or predictor.model.max_context
     spp = predictor.parallel.spp
     chunks = (config.min_chunk_tokens, config.max_batch_tokens)
+    pause = bool(config.pause_steps)
     target = config.tpot_target_s or (
-        yield from default_tpot_target_steps(predictor, max_model_len, *chunks)
+        yield from default_tpot_target_steps(predictor, max_model_len, *chunks, pause)
     )
     budget = config.iteration_budget_s or iteration_budget(target, spp)
     floor = config.min_ttft_deadline_s or max(MIN_TTFT_DEADLINE_S, 2 * budget)
     # a budget given explicitly bounds every step (a lone prefill's too) unless the
     # arrival wait is given as well
-    pause = bool(config.pause_steps)
     if config.arrival_wait_s:
         wait = config.arrival_wait_s
     elif pause:  # (a budget given explicitly bounds the steps that others wait on)
@@ -111,16 +111,21 @@ def resolve_steps(config: SchedulerConfig, predictor: Predictor) -> Steps[Schedu
 
 
 def default_tpot_target_steps(
-    predictor: Predictor, max_model_len: int, min_chunk: int, max_chunk: int | None
+    predictor: Predictor,
+    max_model_len: int,
+    min_chunk: int,
+    max_chunk: int | None,
+    pause: bool = False,
 ) -> Steps[float]:
     """0.05 s where the predictor prices chunking a max-length prompt (up to 32K tokens) at
-    that budget within 1.5x (`affordable`); elsewhere the smallest budget that prices it within
+    that budget within 1.5x (`affordable`, with the decodes' own steps where steps pause);
+    elsewhere the smallest budget that prices it within
     1.1x, but never past a reading pace (READING_TPOT_S: shorts first). The price is against
     the largest steps the engine runs (`max_chunk` tokens: vLLM's cap on a step; none: the
     whole prompt). Never below one step of a `min_chunk`-token prefill alone either: where even
     that takes longer than a reading pace (a slow dtype, a busy machine), a shorter budget would
     cut every prompt into chunks of a few tokens, each paying the whole step's fixed cost."""
-    if (yield from affordable_steps(predictor, max_model_len, min_chunk, max_chunk)):
+    if (yield from affordable_steps(predictor, max_model_len, min_chunk, max_chunk, pause)):
         return SLO_TPOT_S
     spp = predictor.parallel.spp
     n = priced_prompt(max_model_len)
@@ -135,26 +140,53 @@ def default_tpot_target_steps(
 
 
 def affordable(
-    predictor: Predictor, max_model_len: int, min_chunk: int, max_chunk: int | None = None
+    predictor: Predictor,
+    max_model_len: int,
+    min_chunk: int,
+    max_chunk: int | None = None,
+    pause: bool = False,
 ) -> bool:
     """Whether the hardware gives both: steps at the SLO's TPOT (0.05 s) chunk a max-length
     prompt (up to 32K tokens) within AFFORDABLE_PRICE. Not where a step of a `min_chunk`-token
     prefill alone is already longer than that budget: no step keeps it, and the price at it is
     the price of min-chunk steps, which says nothing of the budget (a machine this slow priced
-    within 1.5x there flipped to 0.05 s steps from one start to the next)."""
-    return finish(affordable_steps(predictor, max_model_len, min_chunk, max_chunk))
+    within 1.5x there flipped to 0.05 s steps from one start to the next).
+
+    Where steps pause (`pause`), the decodes beside a long prompt run steps of their own, one
+    every TPOT target, each reading the weights again; the long prompt keeps what they leave
+    of the machine, so its price is the chunks' over that share (`decode_share`). Counting the
+    chunks alone, on a 2-core AMX Xeon a start-up probe whose model priced 4 decodes' step at
+    0.023 s (0.032 s measured; 0.035 s on the start before) put an 8,192-token prompt within
+    1.5x at 0.05 s, where the 4 decodes beside it then took about half of every 0.05 s and its
+    TTFT was 4.1x plain vLLM's (issue 68; docs/vllm.md)."""
+    return finish(affordable_steps(predictor, max_model_len, min_chunk, max_chunk, pause))
 
 
 def affordable_steps(
-    predictor: Predictor, max_model_len: int, min_chunk: int, max_chunk: int | None
+    predictor: Predictor,
+    max_model_len: int,
+    min_chunk: int,
+    max_chunk: int | None,
+    pause: bool = False,
 ) -> Steps[bool]:
     """`affordable`, a step of a chunk walk at a time."""
     slo_budget = iteration_budget(SLO_TPOT_S, predictor.parallel.spp)
     n = priced_prompt(max_model_len)
     if predictor.prefill_step_time(min(min_chunk, n), 0) > slo_budget:
         return False
+    left = 1 - decode_share(predictor, SLO_TPOT_S, max_model_len) if pause else 1.0
+    if left <= 0:
+        return False
     price = yield from chunking_price_steps(predictor, slo_budget, n, min_chunk, max_chunk)
-    return price <= AFFORDABLE_PRICE
+    return price / left <= AFFORDABLE_PRICE
+
+
+def decode_share(predictor: Predictor, tpot_target_s: float, max_model_len: int) -> float:
+    """The share of the machine a chat's decode takes, as a step of its own every
+    `tpot_target_s` (where steps pause: beside a long prompt's paused step): one decode after a
+    chat's prompt (CHAT_PROMPT_TOKENS, or the whole context if shorter)."""
+    context = min(CHAT_PROMPT_TOKENS, max_model_len)
+    return predictor.shape_time((), [context]) / tpot_target_s
 
 
 def default_arrival_wait_steps(
@@ -247,7 +279,7 @@ def price_report(config: SchedulerConfig, predictor: Predictor) -> str:
     weights = predictor.model.num_params * hw.dtype_bytes / hw.mem_bw
     rule = (
         "0.05 s steps chunk it within 1.5x"
-        if affordable(predictor, config.max_model_len, *chunks)
+        if affordable(predictor, config.max_model_len, *chunks, config.pause_steps)
         else "shorts first"
     )
     if config.pause_steps:
