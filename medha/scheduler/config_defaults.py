@@ -119,8 +119,8 @@ def default_tpot_target_steps(
 ) -> Steps[float]:
     """0.05 s where the predictor prices chunking a max-length prompt (up to 32K tokens) at
     that budget within 1.5x (`affordable`, with the decodes' own steps where steps pause);
-    elsewhere the smallest budget that prices it within
-    1.1x, but never past a reading pace (READING_TPOT_S: shorts first). The price is against
+    elsewhere the smallest budget that prices it within 1.1x, but never past a reading pace
+    (READING_TPOT_S: shorts first). The price is against
     the largest steps the engine runs (`max_chunk` tokens: vLLM's cap on a step; none: the
     whole prompt). Never below one step of a `min_chunk`-token prefill alone either: where even
     that takes longer than a reading pace (a slow dtype, a busy machine), a shorter budget would

@@ -43,7 +43,8 @@ REDEFAULT_MOVE = 0.1
 # against the goal of 1 ms for medha's part of a vLLM step at the 99th percentile
 # (bench/vllm/vllm_overhead.py), where a step at 256 running spends 0.5-0.7 ms in medha
 # anyway. A slice of 0.2 ms ran to 0.2-0.33 ms and put such steps at 1.0-1.16 ms; at 0.1 ms a
-# resolution (1.5-5 ms warm) lands 15-50 steps after it is due. medha's own engine resolves at
+# resolution (0.5-2.6 ms warm on the AMX Xeon; the first, cold, about 14 ms) lands 5-30 steps
+# after it is due (the first about 140). medha's own engine resolves at
 # once: its CPU steps take tens of milliseconds to seconds, and the simulator's replay of the
 # convoy (tests/test_machine_kinds.py) makes its decisions as it does
 RESOLVE_SLICE_S = 1e-4
