@@ -75,6 +75,7 @@ class Recalibration:
         # the probe shapes' times the defaults were last resolved from
         self._resolved_probes = learner.probe_times()
         self._pending: Steps[SchedulerConfig] | None = None  # the resolution in progress
+        self._reprice_due = False  # one spread over batches ended: the next batch reprices
 
     def probe(self, measure: Callable[[list, list], float | None], context: int) -> tuple[int, int]:
         """The learner's probe shapes within `context` tokens, each timed by
@@ -112,26 +113,36 @@ class Recalibration:
             return None
         return self._resolved(config, finish(resolve_steps(self.given, self.predictor)))
 
-    def follow(self, config: SchedulerConfig, busy: bool = False) -> SchedulerConfig | None:
-        """After each batch the learner was shown: a resolution begins where one is due
-        (`redefault_due`, and a probe shape moved as in `resolve_again`), and the one in
-        progress runs a slice further, unless `busy` (the batch did costly work of its own
-        already: a resolution spread over batches skips it; one at once ignores it); the
-        defaults it resolved once it ends (None: none ended, or they stay `config`'s)."""
+    def follow(self, config: SchedulerConfig, moved: bool) -> tuple[SchedulerConfig | None, bool]:
+        """After each batch the learner was shown (`moved`: its correction moved the model):
+        a resolution begins where one is due (`redefault_due`, and a probe shape moved as in
+        `resolve_again`), and the one in progress runs a slice further. (The defaults it
+        resolved once it ends, or None: none ended, or they stay `config`'s; whether the
+        requests in prefill are to be priced again now.)
+
+        Spread over batches, a batch that reprices runs no slice, and the batch whose slice
+        ends a resolution leaves the repricing to the next one: on vLLM at 256 running a slice
+        and a repricing each take 0.1-0.3 ms, against the goal of 1 ms for medha's part of a
+        step (issue 69). At once, both land on the same batch."""
+        reprice, self._reprice_due = moved or self._reprice_due, False
         due = self.redefault_due()
         if self._pending is None:
             if not (due and self._probes_moved()):
-                return None
+                return None, reprice
             # (spread over batches, every walk prices one model, whatever the learner does)
             model = self.predictor if self.slice_s is None else self.predictor.snapshot()
             self._pending = resolve_steps(self.given, model)
-        if busy and self.slice_s is not None:
-            return None
+        if reprice and self.slice_s is not None:
+            return None, True
         resolved = self._advance()
         if resolved is _UNFINISHED:
-            return None
+            return None, reprice
         self._pending = None
-        return self._resolved(config, resolved)
+        resolved = self._resolved(config, resolved)
+        if resolved is not None and self.slice_s is not None:
+            self._reprice_due = True
+            return resolved, reprice
+        return resolved, reprice or resolved is not None
 
     def _probes_moved(self) -> bool:
         """Whether a probe shape's time moved by more than REDEFAULT_MOVE since the last

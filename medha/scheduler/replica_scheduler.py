@@ -134,7 +134,6 @@ class ReplicaScheduler:
         self.recalibration = (
             Recalibration(given, predictor, learner, resolve_slice_s) if learner else None
         )
-        self._reprice_due = False  # a spread resolution ended: the next batch reprices
         self._step_log = StepLog.from_env()  # $MEDHA_STEP_LOG (step_log.py)
 
     @property
@@ -451,19 +450,9 @@ class ReplicaScheduler:
         moved = learner.observe(*batch.shape(), measured_s) and learner.moved()
         if moved:
             self.prefill_times.reset()
-        # a resolution spread over batches (the vLLM executor's) runs no slice on a batch that
-        # reprices, and the batch whose slice ends it leaves the repricing to the next one: on
-        # vLLM at 256 running a slice and a repricing each take 0.1-0.3 ms, against the goal of
-        # 1 ms for medha's part of a step (issue 69). At once, both land on the same batch.
-        recalibration = self.recalibration
-        reprice, self._reprice_due = moved or self._reprice_due, False
-        config = recalibration.follow(self.config, busy=reprice)
+        config, reprice = self.recalibration.follow(self.config, moved)
         if config is not None:
             self._apply(config)
-            if recalibration.slice_s is None:
-                reprice = True
-            else:
-                self._reprice_due = True
         if reprice:
             self.requests.reprice()
 
