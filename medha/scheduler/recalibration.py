@@ -44,9 +44,9 @@ REDEFAULT_MOVE = 0.1
 # (bench/vllm/vllm_overhead.py), where a step at 256 running spends 0.5-0.7 ms in medha
 # anyway. A slice of 0.2 ms ran to 0.2-0.33 ms and put such steps at 1.0-1.16 ms; at 0.1 ms a
 # resolution (0.5-2.6 ms warm on the AMX Xeon; the first, cold, about 14 ms) lands 5-30 steps
-# after it is due (the first about 140). medha's own engine resolves at
-# once: its CPU steps take tens of milliseconds to seconds, and the simulator's replay of the
-# convoy (tests/test_machine_kinds.py) makes its decisions as it does
+# after it is due (the first about 140). medha's own engine resolves at once: its CPU steps
+# take tens of milliseconds to seconds, and the simulator's replay of the convoy
+# (tests/test_machine_kinds.py) makes its decisions as it does
 RESOLVE_SLICE_S = 1e-4
 # what a resolution spread over batches yields while it has not ended
 _UNFINISHED = object()
@@ -139,10 +139,12 @@ class Recalibration:
             return None, reprice
         self._pending = None
         resolved = self._resolved(config, resolved)
-        if resolved is not None and self.slice_s is not None:
-            self._reprice_due = True
-            return resolved, reprice
-        return resolved, reprice or resolved is not None
+        if resolved is not None:  # the requests' work follows it: now, or spread, next batch
+            if self.slice_s is None:
+                reprice = True
+            else:
+                self._reprice_due = True
+        return resolved, reprice
 
     def _probes_moved(self) -> bool:
         """Whether a probe shape's time moved by more than REDEFAULT_MOVE since the last
