@@ -119,6 +119,8 @@ def test_greedy_outputs_match_plain_vllm(model, greedy, reference, name):
     llm = _llm(model, CONFIGS[name])
     sched = _scheduler(llm)
     assert isinstance(sched, MedhaScheduler)
+    assert sched.steps is None  # a server records no step rows: only a profiler asks
+    sched.steps = []
     prompts = _prompts(12)
     assert_greedy_agrees(_generate(llm, prompts), greedy)
     # every request finished in both schedulers, and vLLM's KV cache holds no request's blocks
@@ -287,6 +289,7 @@ def test_medhas_scheduler_on_vllm_learns_its_step_times(model, greedy, tmp_path,
     monkeypatch.setenv("MEDHA_STEP_LOG", str(log))
     llm = _llm(model, {**CONFIGS["lars-adaptive"], "calibrate": "online"})
     sched = _scheduler(llm)
+    sched.steps = []
     assert isinstance(sched.medha.predictor, CorrectedPredictor)
     assert_greedy_agrees(_generate(llm, _prompts(12)), greedy)
     rows = [json.loads(line) for line in log.read_text().splitlines()]

@@ -221,16 +221,17 @@ class VllmProfiler:
         self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
 
     def run(self, work: list[Workload], progress: bool = True) -> list[IterationRow]:
-        steps = self.scheduler.steps
         # a first run warms the worker up (allocations, kernels' first calls): not kept
         self._generate([[101] * min(512, self.batch_tokens)] * 2, [4, 4])
         rows: list[IterationRow] = []
-        for w in tqdm(work, desc="profiling vLLM", unit="run", disable=not progress):
-            steps.clear()
-            for prefix in w.warm:  # (their steps are prefills from 0: kept too)
-                self._generate([prefix], [1])
-            self._generate(w.prompts, w.max_tokens)
-            rows += steps
+        self.scheduler.steps = rows  # the scheduler records each step's row into it
+        try:
+            for w in tqdm(work, desc="profiling vLLM", unit="run", disable=not progress):
+                for prefix in w.warm:  # (their steps are prefills from 0: kept too)
+                    self._generate([prefix], [1])
+                self._generate(w.prompts, w.max_tokens)
+        finally:
+            self.scheduler.steps = None
         return rows
 
     def close(self) -> None:

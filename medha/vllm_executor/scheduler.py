@@ -51,7 +51,6 @@ from medha.vllm_executor.contract import contract_problems
 from medha.vllm_executor.settings import build_replica_scheduler
 
 logger = logging.getLogger(__name__)
-STEPS_KEPT = 100_000
 
 
 class MedhaScheduler(Scheduler):
@@ -85,11 +84,13 @@ class MedhaScheduler(Scheduler):
         # (async scheduling) requests vLLM preempted while medha's batch before still ran them:
         # their KV is dropped in medha's mirror once that batch is back
         self._drop_when_back: set[str] = set()
-        # the shape and measured time of each recent step, for profiles: the whole engine-core
-        # step, from the start of `schedule` to the end of `update_from_output` (scheduling,
-        # the forward pass, sampling and the outputs' bookkeeping), the cycle a request waits
-        # through between two tokens
-        self.steps: collections.deque[IterationRow] = collections.deque(maxlen=STEPS_KEPT)
+        # where a profiler asks (it sets a list), the shape and measured time of each step: the
+        # whole engine-core step, from the start of `schedule` to the end of
+        # `update_from_output` (scheduling, the forward pass, sampling and the outputs'
+        # bookkeeping), the cycle a request waits through between two tokens. A server records
+        # none: a row holds every decode's KV length (about 9 KB at 256 decodes), and rows a
+        # long-running server kept would only grow and lengthen Python's garbage collections
+        self.steps: list[IterationRow] | None = None
 
     # ---- requests ----------------------------------------------------------------------------
     def add_request(self, request) -> None:
@@ -250,7 +251,7 @@ class MedhaScheduler(Scheduler):
         # then (async scheduling), from that one's end, to now
         ended = self.clock()
         ran_s = ended - max(scheduled, self._last_update_s)
-        if batch.chunks:
+        if batch.chunks and self.steps is not None:
             prefills, decodes = batch.shape()
             self.steps.append(IterationRow(1, prefills, decodes, ran_s))
         stopped = frozenset(
