@@ -7,7 +7,7 @@ prompt tokens are submitted at once and decoded together; every step's `schedule
 `update_from_output()` are timed (the scheduler's whole share of a step; the forward pass is
 not in it), and so is medha's own part of it under MedhaScheduler (all it does outside the
 vLLM methods it calls: its ReplicaScheduler's schedule and update, putting the batch first in
-vLLM's queues, reconciling vLLM's output with the plan, recording the step). Reported: p50 and
+vLLM's queues, reconciling vLLM's output with the plan). Reported: p50 and
 p99 over the steps while at least 90% of the requests are running (of the most that ran at
 once), for plain vLLM and for vLLM + medha (fcfs and lars). `--trace`: for each medha
 contender, its largest steps part by part (the replica scheduler's schedule and update, within
@@ -73,7 +73,7 @@ def timed(scheduler, samples: list) -> None:
     """One (scheduler seconds, medha's seconds, running requests) per step. medha's part is
     everything MedhaScheduler's schedule() and update_from_output() do outside the vLLM
     Scheduler methods they call (super()): its ReplicaScheduler, putting the batch first in
-    vLLM's queues, reconciling, recording the step."""
+    vLLM's queues, reconciling."""
     _time_vllms_own_methods()
     account = _ACCOUNT
     _wrap(scheduler, "schedule", account, "all")

@@ -37,6 +37,36 @@ REF_SEQS = 32
 STEP_PARTS_KEPT = 1 << 16
 
 
+class _StepParts:
+    """A base predictor's two parts of lone chunks' steps, by KV offset, then chunk: each as
+    complex(linear, attention), which holds both numbers exactly. Ints, complex numbers and
+    dicts of only those are no objects for Python's garbage collector to track, where a table
+    keyed by (chunk, offset) tuples kept two tracked tuples a shape: a cold resolution of the
+    defaults keeps thousands, and on vLLM's engine core every tracked object kept counts
+    towards the next collection, which lands inside whatever allocates next (issue 69: 0.5-0.8
+    ms collections inside a resolution's slice, the largest of medha's steps)."""
+
+    __slots__ = ("rows", "size")
+
+    def __init__(self) -> None:
+        self.rows: dict[int, dict[int, complex]] = {}
+        self.size = 0  # shapes kept (at most STEP_PARTS_KEPT)
+
+    def add(self, base: Predictor, num_tokens: int, kv_offset: int) -> complex:
+        if self.size >= STEP_PARTS_KEPT:
+            self.rows.clear()
+            self.size = 0
+        parts = complex(
+            base.linear_time(num_tokens, 1), base.prefill_attention_time(num_tokens, kv_offset)
+        )
+        row = self.rows.get(kv_offset)
+        if row is None:
+            row = self.rows[kv_offset] = {}
+        row[num_tokens] = parts
+        self.size += 1
+        return parts
+
+
 class CorrectedPredictor(WrappedPredictor):
     """`inner`'s times with each part scaled by the fitted coefficients `theta`. The object stays
     the same as the fit moves (`version` counts the changes), so everyone holding it (batch
@@ -49,11 +79,11 @@ class CorrectedPredictor(WrappedPredictor):
         super().__init__(inner)
         self.theta: tuple[float, float, float, float, float] = BASE_THETA
         self.version = 0
-        # the base's two parts of a lone chunk's step, by (num_tokens, kv_offset): the base
-        # never changes, theta does, and after each correction the prefill-time walk and the
-        # requests' prices ask the same shapes again (issue 69: a repricing of 130 waiting
-        # requests spent two thirds of its time in the base, on a vLLM step). Shared by snapshots.
-        self._step_parts: dict[tuple[int, int], tuple[float, float]] = {}
+        # the base's two parts of a lone chunk's step: the base never changes, theta does, and
+        # after each correction the prefill-time walk and the requests' prices ask the same
+        # shapes again (issue 69: a repricing of 130 waiting requests spent two thirds of its
+        # time in the base, on a vLLM step). Shared by snapshots.
+        self._step_parts = _StepParts()
 
     def set_theta(self, theta: Sequence[float]) -> None:
         theta = tuple(float(x) for x in theta)
@@ -74,18 +104,12 @@ class CorrectedPredictor(WrappedPredictor):
     def prefill_step_time(self, num_tokens: int, kv_offset: int) -> float:
         """`Predictor.prefill_step_time` (the same sum, in the same order), the base's parts
         kept (`_step_parts`)."""
-        key = (num_tokens, kv_offset)
-        parts = self._step_parts.get(key)
+        row = self._step_parts.rows.get(kv_offset)
+        parts = None if row is None else row.get(num_tokens)
         if parts is None:
-            if len(self._step_parts) >= STEP_PARTS_KEPT:
-                self._step_parts.clear()
-            inner = self.inner
-            parts = self._step_parts[key] = (
-                inner.linear_time(num_tokens, 1),
-                inner.prefill_attention_time(num_tokens, kv_offset),
-            )
+            parts = self._step_parts.add(self.inner, num_tokens, kv_offset)
         f, s, alpha, beta, _ = self.theta
-        return f + s * 1 + alpha * parts[0] + beta * parts[1]
+        return f + s * 1 + alpha * parts.real + beta * parts.imag
 
     def linear_time(self, num_tokens: int, num_seqs: int) -> float:
         f, s, alpha, _, _ = self.theta
