@@ -20,7 +20,9 @@ Contenders: `python -m vllm.entrypoints.openai.api_server` with its default sche
 With --decoding N, N requests are already decoding when the long prompt arrives (1 s after
 them), instead of the shorts: the gaps between their streamed tokens while it prefills, p99 and
 the largest, against the same streams alone (the Medha paper's TBT under a long prefill);
---long-tokens sets the long prompt's length (8,000: SmolLM2's longest).
+--long-tokens sets the long prompt's length (8,000: SmolLM2's longest; longer with
+--max-model-len and --model, a copy of SmolLM2 whose config.json allows a longer context: timing
+needs no trained weights).
 With tuned peers, a last table gives each contender's medians (long TTFT over plain vLLM's of
 the same round, shorts behind / alone) and its Pareto front: whether some vLLM setting beats a
 medha contender on both at once.
@@ -153,7 +155,7 @@ def main() -> None:
         "--long-tokens",
         type=int,
         default=6000,
-        help="the long prompt's tokens (default 6,000; at most the context, 8,192 here)",
+        help="the long prompt's tokens (default 6,000; at most --max-model-len)",
     )
     ap.add_argument("--verbose", action="store_true", help="the servers' logs")
     add_server_args(ap)

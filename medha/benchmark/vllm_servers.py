@@ -111,6 +111,13 @@ def add_server_args(ap) -> None:
     ap.add_argument("--model", default=None, help="model directory (default: SmolLM2)")
     ap.add_argument("--dtype", default="auto", help="vLLM's --dtype (default auto: bf16 here)")
     ap.add_argument("--kv-gib", type=float, default=2.0, help="KV cache of each server (GiB)")
+    ap.add_argument(
+        "--max-model-len",
+        type=int,
+        default=ServerFlags.max_model_len,
+        help="every server's context (default 8,192, SmolLM2's; longer with a model directory "
+        "whose config.json allows it)",
+    )
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
     ap.add_argument("--max-num-seqs", type=int, default=128)
     ap.add_argument("--enforce-eager", action="store_true", help="no torch.compile (faster start)")
@@ -138,6 +145,7 @@ def server_flags(args) -> ServerFlags:
         model=args.model or str(resolve_model("smollm2")),
         dtype=args.dtype,
         kv_gib=args.kv_gib,
+        max_model_len=args.max_model_len,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_num_seqs=args.max_num_seqs,
         enforce_eager=args.enforce_eager,
