@@ -139,10 +139,13 @@ def add_server_args(ap) -> None:
 
 
 def server_flags(args) -> ServerFlags:
-    from medha.engine.checkpoint import resolve_model
+    model = args.model
+    if model is None:  # (the engine's checkpoint code, and torch, only for the default model)
+        from medha.engine.checkpoint import resolve_model
 
+        model = str(resolve_model("smollm2"))
     return ServerFlags(
-        model=args.model or str(resolve_model("smollm2")),
+        model=model,
         dtype=args.dtype,
         kv_gib=args.kv_gib,
         max_model_len=args.max_model_len,
