@@ -197,9 +197,7 @@ class StepLearner:
         # one correction every engine needs (its launches and Python on every step).
         ref_s = max(predictor.inner.shape_time((), [1024] * REF_SEQS), 1e-9)
         scales = (1e-6 / ref_s**2, 1e-6 * (REF_SEQS / ref_s) ** 2, 1.0, 1.0, 1.0)
-        self._prior_gram = [
-            [prior_batches * scales[i] if i == j else 0.0 for j in range(k)] for i in range(k)
-        ]
+        self._prior_diagonal = [prior_batches * c for c in scales]  # (a ridge: diagonal)
         self._prior_rhs = [prior_batches * c * t for c, t in zip(scales, BASE_THETA)]
         # the probe shapes' features: each probe's time is their dot product with theta, which
         # every learned batch asks (`moved`) and a dozen model evaluations a probe would cost
@@ -248,60 +246,71 @@ class StepLearner:
             ratio = measured_s / predicted
             if ratio > self.outlier or ratio < 1 / self.outlier:
                 weight = 0.25
-        for row in self._gram:
-            for j in range(len(row)):
-                row[j] *= self.forget
-        for j in range(len(self._rhs)):
-            self._rhs[j] *= self.forget
-        _accumulate(self._gram, self._rhs, phi, measured_s, weight)
+        _forget_and_add(self._gram, self._rhs, self.forget, phi, measured_s, weight)
         self.observed += 1
-        gram = [[a + b for a, b in zip(r, q)] for r, q in zip(self._gram, self._prior_gram)]
+        gram = [row[:] for row in self._gram]
+        for i, ridge in enumerate(self._prior_diagonal):
+            gram[i][i] += ridge
         rhs = [a + b for a, b in zip(self._rhs, self._prior_rhs)]
         before = p.version
-        theta = nonnegative_least_squares(gram, rhs, self._free)
+        theta = nonnegative_least_squares(gram, rhs, self._free, p.theta)
         self._free = [i for i, v in enumerate(theta) if v > 0]
         p.set_theta(theta)
         return p.version != before
 
 
-def _accumulate(gram, rhs, phi, y: float, weight: float) -> None:
-    """Add one observation to the normal equations of the relative error: (phi.theta - y) / y."""
+def _forget_and_add(gram, rhs, forget: float, phi, y: float, weight: float) -> None:
+    """Weigh every earlier observation of the normal equations of the relative error,
+    (phi.theta - y) / y, by `forget`, and add this one: one pass over each row (this runs on
+    every step)."""
     w = weight / (y * y)
     for i, a in enumerate(phi):
-        if a == 0.0:
-            continue
-        rhs[i] += w * a * y
-        row = gram[i]
-        for j, b in enumerate(phi):
-            row[j] += w * a * b
+        wa = w * a
+        gram[i] = [g * forget + wa * b for g, b in zip(gram[i], phi)]
+        rhs[i] = rhs[i] * forget + wa * y
 
 
 def nonnegative_least_squares(
-    gram: list[list[float]], rhs: list[float], guess: Sequence[int] = ()
+    gram: list[list[float]],
+    rhs: list[float],
+    guess: Sequence[int] = (),
+    last: Sequence[float] | None = None,
 ) -> list[float]:
     """argmin over theta >= 0 of theta^T G theta - 2 rhs^T theta (the normal equations G, rhs).
     Coefficients whose feature was never seen stay 0.
 
     The objective is convex, so a point that satisfies the KKT conditions is the minimum: the
     unconstrained minimum over a set of free coefficients, feasible, where no coefficient held
-    at 0 would lower the objective by growing. Tried first: every seen coefficient free (every
-    part of the model positive), then `guess` (the free set of the last fit, which a new step
-    rarely changes); each is one k x k solve. Else Lawson and Hanson's active-set method
+    at 0 would lower the objective by growing. Tried first: `guess` (the free set of the last
+    fit, which a new step rarely changes), then every seen coefficient free (every part of the
+    model positive); each is one k x k solve. Else Lawson and Hanson's active-set method
     (`_active_set`), a few solves more: a step's learning must stay well under a millisecond
     at 256 decodes on vLLM's engine core, where trying every free set (2^k - 1 solves) took
-    0.4-0.7 ms (issue 69)."""
+    0.4-0.7 ms (issue 69). (The order does not change the answer: with a ridge the minimum is
+    unique, and either shortcut finds it or nothing. The guess goes first since a learner's
+    model often holds a part at 0 for good, where every seen one free costs a solve more.)
+    The active-set method starts from the first of them that is feasible, or from `last` (the
+    last fit, 0 outside `guess`): a guess one coefficient off then takes a solve or two more,
+    not one for each part."""
     seen = [i for i in range(len(rhs)) if gram[i][i] > 0]
-    for free in (seen, [i for i in guess if i in seen]):
-        theta = _kkt_point(gram, rhs, seen, free)
-        if theta is not None:
-            return theta
-    return _active_set(gram, rhs, seen)
+    guessed = [i for i in guess if i in seen]
+    start: tuple[list[int], list[float]] | None = None
+    for free in (guessed, seen) if guessed != seen else (seen,):
+        theta = _minimum_over(gram, rhs, free)
+        if theta is None:
+            continue
+        if not any(i not in free and _descends(gram, rhs, theta, i) for i in seen):
+            return theta  # the KKT conditions hold
+        if start is None and free is guessed:
+            start = (free, theta)
+    if start is None and last is not None and guessed and all(last[i] > 0 for i in guessed):
+        start = (guessed, [last[i] if i in guessed else 0.0 for i in range(len(rhs))])
+    return _active_set(gram, rhs, seen, *(start or ()))
 
 
-def _kkt_point(
-    gram: list[list[float]], rhs: list[float], seen: list[int], free: list[int]
-) -> list[float] | None:
-    """The minimum with the coefficients outside `free` at 0, if it is the constrained one."""
+def _minimum_over(gram: list[list[float]], rhs: list[float], free: list[int]) -> list[float] | None:
+    """The unconstrained minimum with the coefficients outside `free` at 0, if it is feasible
+    (none below 0)."""
     if not free:
         return None
     x = _solve([[gram[i][j] for j in free] for i in free], [rhs[i] for i in free])
@@ -310,9 +319,6 @@ def _kkt_point(
     theta = [0.0] * len(rhs)
     for i, v in zip(free, x):
         theta[i] = v
-    for i in seen:
-        if i not in free and _descends(gram, rhs, theta, i):
-            return None
     return theta
 
 
@@ -323,59 +329,90 @@ def _descends(gram: list[list[float]], rhs: list[float], theta: list[float], i: 
     return slope < -1e-9 * (abs(rhs[i]) + sum(map(abs, terms)))
 
 
-def _active_set(gram: list[list[float]], rhs: list[float], seen: list[int]) -> list[float]:
+def _active_set(
+    gram: list[list[float]],
+    rhs: list[float],
+    seen: list[int],
+    free: Sequence[int] = (),
+    theta: Sequence[float] | None = None,
+) -> list[float]:
     """The constrained minimum by Lawson and Hanson's active-set method (Solving Least Squares
     Problems, 1974, ch. 23) on the normal equations: from theta = 0, free the coefficient whose
     growth lowers the objective most; solve over the free ones; where that leaves one below 0,
     move from theta toward the solution as far as every coefficient stays >= 0 and hold at 0
     those that reach it; repeat until no coefficient held at 0 would grow. Each pass frees one
-    coefficient, so k = 5 takes a few solves."""
+    coefficient, so k = 5 takes a few solves. It may start instead from a feasible `theta`, 0
+    outside the coefficients `free` (a warm start: it moves to the minimum over them first, as
+    a pass does)."""
     k = len(rhs)
-    theta = [0.0] * k
-    free: list[int] = []
+    if theta is None:
+        theta, free = [0.0] * k, []
+    else:
+        theta, free = list(theta), list(free)
+        if _toward_minimum(gram, rhs, free, theta) is None:
+            theta, free = [0.0] * k, []  # (a singular start: from 0 after all)
     for _ in range(3 * k):  # (a bound, against rounding's cycles; never reached in the tests)
         held = [i for i in seen if i not in free and _descends(gram, rhs, theta, i)]
         if not held:
             break
         free.append(max(held, key=lambda i: rhs[i] - sum(g * t for g, t in zip(gram[i], theta))))
-        while free:
-            z = _solve([[gram[i][j] for j in free] for i in free], [rhs[i] for i in free])
-            if z is None:  # (a set this singular adds nothing: hold the newest back)
-                free.pop()
-                break
-            if all(v > 0 for v in z):
-                for i, v in zip(free, z):
-                    theta[i] = v
-                break
-            step = min(theta[i] / (theta[i] - v) for i, v in zip(free, z) if v <= 0)
-            for i, v in zip(free, z):
-                theta[i] += step * (v - theta[i])
-            kept = [i for i in free if theta[i] > 0]
-            for i in free:
-                if i not in kept:
-                    theta[i] = 0.0
-            free = kept
+        if _toward_minimum(gram, rhs, free, theta) is None:
+            free.pop()  # (a set this singular adds nothing: hold the newest back)
     return theta
 
 
+def _toward_minimum(
+    gram: list[list[float]], rhs: list[float], free: list[int], theta: list[float]
+) -> list[int] | None:
+    """One pass's inner loop, `free` and `theta` changed in place: the minimum over `free`;
+    where it leaves one below 0, theta moves toward it as far as every coefficient stays >= 0,
+    those that reach 0 leave `free`, and again. None where a solve is singular."""
+    while free:
+        z = _solve([[gram[i][j] for j in free] for i in free], [rhs[i] for i in free])
+        if z is None:
+            return None
+        if all(v > 0 for v in z):
+            for i, v in zip(free, z):
+                theta[i] = v
+            return free
+        step = min(theta[i] / (theta[i] - v) for i, v in zip(free, z) if v <= 0)
+        for i, v in zip(free, z):
+            theta[i] += step * (v - theta[i])
+        kept = [i for i in free if theta[i] > 0]
+        for i in free:
+            if i not in kept:
+                theta[i] = 0.0
+        free[:] = kept
+    return free
+
+
 def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
-    """Gaussian elimination with partial pivoting; None for a (near-)singular system."""
+    """Gaussian elimination with partial pivoting; None for a (near-)singular system. (Written
+    out for speed, up to 5 x 5 on every step: the first row of the largest pivot, as max()
+    picks it.)"""
     n = len(b)
-    m = [row[:] + [b[i]] for i, row in enumerate(a)]
-    scale = max((abs(x) for row in a for x in row), default=0.0)
+    scale = max([abs(x) for row in a for x in row], default=0.0)
     if scale == 0:
         return None
+    tiny = 1e-12 * scale
+    m = [row + [b[i]] for i, row in enumerate(a)]
     for col in range(n):
-        pivot = max(range(col, n), key=lambda r: abs(m[r][col]))
-        if abs(m[pivot][col]) <= 1e-12 * scale:
+        pivot, size = col, abs(m[col][col])
+        for r in range(col + 1, n):
+            if abs(m[r][col]) > size:
+                pivot, size = r, abs(m[r][col])
+        if size <= tiny:
             return None
         m[col], m[pivot] = m[pivot], m[col]
+        top = m[col]
+        head = top[col]
         for r in range(col + 1, n):
-            factor = m[r][col] / m[col][col]
+            row = m[r]
+            factor = row[col] / head
             if factor:
-                for c in range(col, n + 1):
-                    m[r][c] -= factor * m[col][c]
+                row[col:] = [x - factor * y for x, y in zip(row[col:], top[col:])]
     x = [0.0] * n
     for r in range(n - 1, -1, -1):
-        x[r] = (m[r][n] - sum(m[r][c] * x[c] for c in range(r + 1, n))) / m[r][r]
+        row = m[r]
+        x[r] = (row[n] - sum([row[c] * x[c] for c in range(r + 1, n)])) / row[r]
     return x
