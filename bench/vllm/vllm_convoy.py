@@ -6,9 +6,11 @@ OpenAI server, side by side in one run.
 
 SmolLM2-135M on this machine, every server with the same flags
 (medha/benchmark/vllm_servers.py: vLLM's dtype, 2,048 tokens and 128 sequences per step). A
-6,000-token prompt, then 8 short prompts (64 tokens, 16 output tokens each) 0.5 s later; and the
-same 8 short prompts alone. For each server, the short requests' TTFT p50 alone and behind the
-long prompt, their ratio, and the long prompt's TTFT; for each medha contender, how far its
+6,000-token prompt, then 8 short prompts (64 tokens, 16 output tokens each) 0.5 s later; and 8
+short prompts alone (--alone-runs runs, each of other prompts: the median). For each server,
+the short requests' TTFT p50 alone and behind the long prompt, their ratio, and the long
+prompt's TTFT; over the rounds, each one's largest shorts ratio over its smallest (issue 68:
+the same promise on every start); for each medha contender, how far its
 predicted step times were from the measured ones, every step from the server's first (the
 scheduler's MEDHA_STEP_LOG; the default `calibrate: online` corrects the model as it runs,
 `"calibrate": "off"` in --medha keeps it as it starts).
@@ -157,6 +159,14 @@ def main() -> None:
         default=6000,
         help="the long prompt's tokens (default 6,000; at most --max-model-len)",
     )
+    ap.add_argument(
+        "--alone-runs",
+        type=int,
+        default=3,
+        help="runs of the 8 shorts alone, each with its own prompts; their time alone is the "
+        "median of the runs' p50s (default 3: a single run's p50 varied 0.13-0.27 s between "
+        "starts of one server on a 2-core Xeon, which alone moved a ratio by 2x)",
+    )
     ap.add_argument("--verbose", action="store_true", help="the servers' logs")
     add_server_args(ap)
     add_contender_args(ap)
@@ -182,9 +192,19 @@ def main() -> None:
                 b = asyncio.run(decoding(url, n, True, 1000 + rnd, size))
                 alone, behind = {"p": a["p99"]}, {"p": b["p99"], "max": b["max"]}
             else:
-                a = asyncio.run(scenario(url, False, rnd, out, size))
+                # (alone: the median of --alone-runs runs, each with prompts of its own)
+                runs = [
+                    asyncio.run(scenario(url, False, 100 * i + rnd, out, size))["short_p50"]
+                    for i in range(args.alone_runs)
+                ]
                 b = asyncio.run(scenario(url, True, 1000 + rnd, out, size))
-                alone, behind = {"p": a["short_p50"]}, {"p": b["short_p50"], "max": b["short_max"]}
+                alone, behind = {"p": statistics.median(runs)}, {"p": b["short_p50"]}
+                behind["max"] = b["short_max"]
+                print(
+                    f"round {rnd} {name}: shorts alone, each run "
+                    + ", ".join(f"{t:.3f}" for t in runs) + " s",
+                    file=sys.stderr,
+                )  # fmt: skip
             behind["long"] = b["long"]
         if contender.medha is not None and os.path.exists(step_log):
             errors.append((name, rnd, *prediction_error(read_step_log(step_log))))
@@ -224,6 +244,13 @@ def main() -> None:
                 f"round {rnd} {ours[0]}: shorts behind / alone {ours[3] / ours[2]:.2f}x (goal "
                 f"<= 1.5x), long TTFT / plain vLLM's {ours[5] / plain[5]:.2f}x (goal <= "
                 f"{goal:.2f}x)"
+            )
+    if not args.decoding and args.rounds > 1:  # (issue 68: the same promise on every start)
+        for name in dict.fromkeys(r[0] for r in rows):
+            ratios = [r[3] / r[2] for r in rows if r[0] == name]
+            print(
+                f"{name}: shorts behind / alone {min(ratios):.2f}-{max(ratios):.2f}x over "
+                f"{len(ratios)} starts, the largest over the smallest {max(ratios) / min(ratios):.2f}"
             )
     if peers:
         medha = [n for n, c in servers.items() if c.medha is not None]

@@ -14,6 +14,7 @@ from medha.core.batch import Batch
 from medha.core.request import Request, RequestState
 from medha.scheduler.batch_builder import BatchBuilder
 from medha.scheduler.kv_arbiter import KVArbiter
+from medha.scheduler.policies.base_policy import Policy
 from medha.scheduler.request_table import RequestTable
 from medha.scheduler.step_clock import StepClock
 
@@ -100,7 +101,11 @@ class DecodePicker:
     def shed_for_slo(self, batch: Batch, now: float) -> None:
         """Preempt the running decodes the policy sheds so that more urgent ones keep their
         TPOT targets (a class policy's SLO-risk preemption). Asked before the swap-ins, which
-        its verdict limits, and even without decodes, so that no verdict outlives them."""
+        its verdict limits, and even without decodes, so that no verdict outlives them. A
+        policy that never sheds (the base's rule) is not asked: the list of ready decodes
+        would cost a pass over every decode of every step."""
+        if type(self.policy).slo_risk_victims is Policy.slo_risk_victims:
+            return
         ready = [r for r in self.requests.decoding.values() if r.num_inflight_batches == 0]
         victims = self.policy.slo_risk_victims(
             ready, self.requests.swapped.values(), self.clock.decode_step_time, now
