@@ -103,8 +103,8 @@ TRACED = (
 
 def trace(scheduler) -> Callable:
     """Time medha's parts (TRACED) and the garbage collections inside the replica scheduler's
-    schedule and update into each step's account; the garbage collector's callback it added
-    (the caller removes it)."""
+    schedule and update (by generation) into each step's account; the garbage collector's
+    callback it added (the caller removes it)."""
     sched = scheduler.medha
     for path, name in TRACED:
         owner = getattr(sched, path) if path else sched
@@ -129,7 +129,8 @@ def trace(scheduler) -> Callable:
         if phase == "start":
             started.append(time.perf_counter())
         elif started:
-            _ACCOUNT["gc"] = _ACCOUNT.get("gc", 0.0) + time.perf_counter() - started.pop()
+            key = f"gc (generation {info['generation']})"
+            _ACCOUNT[key] = _ACCOUNT.get(key, 0.0) + time.perf_counter() - started.pop()
 
     gc.callbacks.append(collected)
     return collected

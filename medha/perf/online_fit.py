@@ -301,8 +301,8 @@ def nonnegative_least_squares(
             continue
         if not any(i not in free and _descends(gram, rhs, theta, i) for i in seen):
             return theta  # the KKT conditions hold
-        if start is None and free is guessed:
-            start = (free, theta)
+        if start is None and free is guessed and all(theta[i] > 0 for i in free):
+            start = (free, theta)  # (a warm start: each free coefficient above 0)
     if start is None and last is not None and guessed and all(last[i] > 0 for i in guessed):
         start = (guessed, [last[i] if i in guessed else 0.0 for i in range(len(rhs))])
     return _active_set(gram, rhs, seen, *(start or ()))
