@@ -395,6 +395,55 @@ def test_a_resolution_spread_over_batches_ends_where_one_at_once_does():
         Recalibration(SchedulerConfig(), truth, StepLearner(truth), slice_s=0)
 
 
+def test_medhas_engine_spreads_a_resolution_by_chunks_reading_no_clock():
+    """medha's engine resolves its defaults again a few hundred chunks of the walks a batch
+    (`resolve_slice_steps`), not at once: at a 32K context one at once held every stream for
+    0.5-0.8 s. Counted, not timed, so that two runs (the engine, the simulator's replay of it)
+    make the same decisions: no clock is read, the resolution lands some batches after it was
+    due, on what the model of that batch resolves at once."""
+    from medha.benchmark.scenarios import TOKEN_S
+    from medha.perf.toy_predictor import FixedCostPredictor
+    from medha.scheduler.block_manager import BlockManager
+    from medha.scheduler.config import SchedulerConfig
+    from medha.scheduler.config_defaults import resolve_config
+    from medha.scheduler.recalibration import Recalibration
+    from medha.scheduler.replica_scheduler import REDEFAULT_FIRST, ReplicaScheduler
+
+    truth = CorrectedPredictor(FixedCostPredictor(TOKEN_S))
+    truth.set_theta((0.04, 0.0, 2.0, 1.0, 1.0))
+
+    def no_clock() -> float:
+        raise AssertionError("a resolution sliced by chunks reads no clock")
+
+    def run():
+        p = CorrectedPredictor(FixedCostPredictor(TOKEN_S))
+        learner = StepLearner(p)
+        sched = ReplicaScheduler(
+            SchedulerConfig(), p, BlockManager(1 << 14), learner=learner, resolve_slice_steps=100
+        )
+        sched.recalibration._clock = no_clock
+        configs, models = [], []
+
+        def after_batch() -> None:
+            configs.append(sched.config)
+            models.append(p.snapshot())
+
+        _run_on(truth, sched, after_batch)
+        return configs, models
+
+    spread, models = run()
+    assert spread == run()[0]  # (the same decisions, batch for batch)
+    landed = next(i for i, c in enumerate(spread) if c != spread[0])
+    first = REDEFAULT_FIRST - 1  # the batch it was due
+    assert landed > first + 5  # a whole one takes well over a thousand chunks
+    assert spread[landed] == resolve_config(SchedulerConfig(), models[first])
+    for bad in (0, 1.5):
+        with pytest.raises(ValueError):
+            Recalibration(SchedulerConfig(), truth, StepLearner(truth), slice_steps=bad)
+    with pytest.raises(ValueError):
+        Recalibration(SchedulerConfig(), truth, StepLearner(truth), slice_s=1e-4, slice_steps=10)
+
+
 def test_the_probe_times_are_the_corrected_models_times_of_the_probe_shapes():
     """probe_times (asked after every learned batch) takes each probe's features once and its
     dot product with theta: the corrected model's time of each probe shape."""

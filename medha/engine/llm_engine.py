@@ -46,6 +46,7 @@ from medha.scheduler.block_manager import BlockManager
 from medha.scheduler.config import SchedulerConfig
 from medha.scheduler.config_defaults import price_report
 from medha.scheduler.packers import replica_policy
+from medha.scheduler.recalibration import RESOLVE_SLICE_STEPS
 from medha.scheduler.replica_scheduler import ReplicaScheduler
 
 # (MIN_SELF_PROFILE_ROWS: start_measurement.py's, also read from here)
@@ -154,7 +155,14 @@ class LLMEngine:
         blocks = BlockManager.for_layout(setup.num_blocks, self.config.block_size, setup.parallel)
         self.predictor = predictor
         self.scheduler = ReplicaScheduler(
-            scheduler, predictor, blocks, learner=learner, async_scheduling=self.async_scheduling
+            scheduler,
+            predictor,
+            blocks,
+            learner=learner,
+            async_scheduling=self.async_scheduling,
+            # (a re-resolution of the defaults, a few hundred chunks of its walks a batch: at a
+            # 32K context one at once held every stream for 0.5-0.8 s)
+            resolve_slice_steps=RESOLVE_SLICE_STEPS,
         )
 
     def close(self) -> None:

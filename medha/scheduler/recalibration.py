@@ -9,11 +9,14 @@ resolves (its config, packer and policy are its own); the simulator attaches no 
 defaults never move.
 
 A resolution walks a max-length prompt's chunks many times over (milliseconds in Python, tens
-of them where the model's step times are not cached yet). Given `slice_s`, one due at a batch
-is spread over the batches that follow, `slice_s` of it on each (as timed by `clock`), on a
-snapshot of the model as it stood when it began: an executor's step never waits for a whole one
-(issue 69: on vLLM at 256 running, 3-10 ms of a step that otherwise spends 0.5-0.7 ms in
-medha). Without it (the simulator's replay of the convoy) it ends on the batch it is due.
+of them where the model's step times are not cached yet; at a 32K context, whose walks run
+over 2,000 chunks each, 0.5-0.8 s). Given `slice_s`, one due at a batch is spread over the
+batches that follow, `slice_s` of it on each (as timed by `clock`), on a snapshot of the model
+as it stood when it began: an executor's step never waits for a whole one (issue 69: on vLLM at
+256 running, 3-10 ms of a step that otherwise spends 0.5-0.7 ms in medha). Given `slice_steps`
+instead, each batch runs that many chunks of its walks: no clock is read, so the simulator's
+replay of the convoy makes medha's engine's decisions. Without either it ends on the batch it
+is due.
 """
 
 from __future__ import annotations
@@ -44,10 +47,15 @@ REDEFAULT_MOVE = 0.1
 # (bench/vllm/vllm_overhead.py), where a step at 256 running spends 0.5-0.7 ms in medha
 # anyway. A slice of 0.2 ms ran to 0.2-0.33 ms and put such steps at 1.0-1.16 ms; at 0.1 ms a
 # resolution (0.5-2.6 ms warm on the AMX Xeon; the first, cold, about 14 ms) lands 5-30 steps
-# after it is due (the first about 140). medha's own engine resolves at once: its CPU steps
-# take tens of milliseconds to seconds, and the simulator's replay of the convoy
-# (tests/test_machine_kinds.py) makes its decisions as it does
+# after it is due (the first about 140).
 RESOLVE_SLICE_S = 1e-4
+# medha's engine's slice, in chunks of a walk (each 1.5-30 us: 0.3-6 ms a batch, against CPU
+# steps of 20 ms to seconds): counted, not timed, so that the simulator's replay of the convoy
+# (tests/test_machine_kinds.py) makes the engine's decisions. At SmolLM2's 2,048 tokens a
+# resolution is a few hundred chunks and lands a batch or two after it is due, as one at once
+# did; at 32,000 tokens, where one at once held every stream for 0.5-0.8 s (a batch of 4
+# decodes takes 25 ms there), it is spread over some 50-100 batches.
+RESOLVE_SLICE_STEPS = 200
 # what a resolution spread over batches yields while it has not ended
 _UNFINISHED = object()
 
@@ -60,16 +68,24 @@ class Recalibration:
         learner: StepLearner,
         slice_s: float | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        slice_steps: int | None = None,
     ) -> None:
         """`given`: the config as the caller set it (the defaults it leaves unset follow the
         learner's corrections); `predictor`: the model `learner` corrects; `slice_s`: how much
-        of a resolution one batch may run (None: a whole one), by `clock`."""
+        of a resolution one batch may run, by `clock`, or `slice_steps`: how many chunks of its
+        walks (neither: a whole one)."""
         if slice_s is not None and not slice_s > 0:
             raise ValueError(f"slice_s must be > 0 or None, got {slice_s!r}")
+        if slice_steps is not None and not (isinstance(slice_steps, int) and slice_steps > 0):
+            raise ValueError(f"slice_steps must be an int > 0 or None, got {slice_steps!r}")
+        if slice_s is not None and slice_steps is not None:
+            raise ValueError("a resolution is sliced by time (slice_s) or by chunks, not both")
         self.given = given
         self.predictor = predictor
         self.learner = learner
         self.slice_s = slice_s
+        self.slice_steps = slice_steps
+        self.spread = slice_s is not None or slice_steps is not None
         self._clock = clock
         self._redefault_at = REDEFAULT_FIRST  # the learner's batches at the next re-resolution
         # the probe shapes' times the defaults were last resolved from
@@ -130,9 +146,9 @@ class Recalibration:
             if not (due and self._probes_moved()):
                 return None, reprice
             # (spread over batches, every walk prices one model, whatever the learner does)
-            model = self.predictor if self.slice_s is None else self.predictor.snapshot()
+            model = self.predictor.snapshot() if self.spread else self.predictor
             self._pending = resolve_steps(self.given, model)
-        if reprice and self.slice_s is not None:
+        if reprice and self.spread:
             return None, True
         resolved = self._advance()
         if resolved is _UNFINISHED:
@@ -140,7 +156,7 @@ class Recalibration:
         self._pending = None
         resolved = self._resolved(config, resolved)
         if resolved is not None:  # the requests' work follows it: now, or spread, next batch
-            if self.slice_s is None:
+            if not self.spread:
                 reprice = True
             else:
                 self._reprice_due = True
@@ -160,10 +176,14 @@ class Recalibration:
     def _advance(self):
         """The resolution in progress, a slice further: its value, or _UNFINISHED."""
         pending = self._pending
-        if self.slice_s is None:
+        if not self.spread:
             return finish(pending)
-        end = self._clock() + self.slice_s
         try:
+            if self.slice_steps is not None:
+                for _ in range(self.slice_steps):
+                    next(pending)
+                return _UNFINISHED
+            end = self._clock() + self.slice_s
             while True:
                 next(pending)
                 if self._clock() >= end:

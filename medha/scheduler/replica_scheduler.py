@@ -68,6 +68,7 @@ class ReplicaScheduler:
         learner: StepLearner | None = None,
         async_scheduling: bool = False,
         resolve_slice_s: float | None = None,
+        resolve_slice_steps: int | None = None,
     ) -> None:
         """`prefill_times` lets replicas with the same predictor and packer share one cache.
         `block_tables`: each chunk of a batch carries its request's KV block ids, what an engine
@@ -83,8 +84,10 @@ class ReplicaScheduler:
 
         `resolve_slice_s` (with a learner): how much of a re-resolution of its defaults one
         batch's update may run, timed on the CPU clock; the rest follows with the next batches
-        (Recalibration). An executor's (RESOLVE_SLICE_S); None, a whole one at once (the
-        simulator's replay, whose decisions must not depend on the speed of the machine)."""
+        (Recalibration): the vLLM executor's (RESOLVE_SLICE_S). `resolve_slice_steps` instead:
+        how many chunks of its walks, whatever they take (medha's engine and the simulator's
+        replay of it, whose decisions must not depend on the speed of the machine:
+        RESOLVE_SLICE_STEPS). Neither: a whole one at once."""
         self.block_tables = block_tables
         self.async_scheduling = async_scheduling
         # (async scheduling) the last batch formed, while it runs and before the next one forms
@@ -132,7 +135,11 @@ class ReplicaScheduler:
         # what the caller set, and when the defaults it leaves unset follow the learner's
         # corrections (recalibration.py); None without a learner
         self.recalibration = (
-            Recalibration(given, predictor, learner, resolve_slice_s) if learner else None
+            Recalibration(
+                given, predictor, learner, resolve_slice_s, slice_steps=resolve_slice_steps
+            )
+            if learner
+            else None
         )
         self._step_log = StepLog.from_env()  # $MEDHA_STEP_LOG (step_log.py)
 

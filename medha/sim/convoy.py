@@ -25,6 +25,7 @@ from medha.perf.online_fit import CorrectedPredictor, StepLearner
 from medha.perf.predictor import Predictor
 from medha.scheduler.block_manager import BlockManager
 from medha.scheduler.config import SchedulerConfig
+from medha.scheduler.recalibration import RESOLVE_SLICE_STEPS
 from medha.scheduler.replica_scheduler import ReplicaScheduler
 from medha.sim.replay import replay
 
@@ -199,7 +200,15 @@ class _Replay:
             learner = StepLearner(planner)
         convoy = self.convoy
         blocks = BlockManager(max(1, 4 * (convoy.long_len + 64) // BLOCK_SIZE), BLOCK_SIZE)
-        sched = ReplicaScheduler(self.config, planner, blocks, block_tables=False, learner=learner)
+        # (the engine's slices of a re-resolution, counted in chunks: its decisions, here)
+        sched = ReplicaScheduler(
+            self.config,
+            planner,
+            blocks,
+            block_tables=False,
+            learner=learner,
+            resolve_slice_steps=RESOLVE_SLICE_STEPS,
+        )
         if self.probe and learner is not None:
             sched.probe(self.batch_time_of)
         return sched
