@@ -51,10 +51,10 @@ REDEFAULT_MOVE = 0.1
 RESOLVE_SLICE_S = 1e-4
 # medha's engine's slice, in chunks of a walk (each 1.5-30 us: 0.3-6 ms a batch, against CPU
 # steps of 20 ms to seconds): counted, not timed, so that the simulator's replay of the convoy
-# (tests/test_machine_kinds.py) makes the engine's decisions. At SmolLM2's 2,048 tokens a
-# resolution is a few hundred chunks and lands a batch or two after it is due, as one at once
-# did; at 32,000 tokens, where one at once held every stream for 0.5-0.8 s (a batch of 4
-# decodes takes 25 ms there), it is spread over some 50-100 batches.
+# (tests/test_machine_kinds.py) makes the engine's decisions. A resolution walks about 60
+# chunks at SmolLM2's 2,048 tokens (it ends on the batch it is due, as one at once did), 420 at
+# 8K (3 batches) and 5,700 at 32K (29 batches), where one at once held every stream for
+# 0.5-0.8 s (a batch of 4 decodes takes 25 ms there).
 RESOLVE_SLICE_STEPS = 200
 # what a resolution spread over batches yields while it has not ended
 _UNFINISHED = object()
