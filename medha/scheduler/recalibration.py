@@ -86,10 +86,6 @@ class Recalibration:
         self.slice_s = slice_s
         self.slice_steps = slice_steps
         self.spread = slice_s is not None or slice_steps is not None
-        # (timed slices: a step that reprices runs none, and a resolution's repricing waits for
-        # the step after its last slice, each 0.1-0.3 ms of a vLLM step; a slice of chunks on a
-        # CPU step of tens of milliseconds runs beside either, as one at once did)
-        self._apart = slice_s is not None
         self._clock = clock
         self._redefault_at = REDEFAULT_FIRST  # the learner's batches at the next re-resolution
         # the probe shapes' times the defaults were last resolved from
@@ -140,10 +136,10 @@ class Recalibration:
         resolved once it ends, or None: none ended, or they stay `config`'s; whether the
         requests in prefill are to be priced again now.)
 
-        Spread over batches by time, a batch that reprices runs no slice, and the batch whose
-        slice ends a resolution leaves the repricing to the next one: on vLLM at 256 running a
-        slice and a repricing each take 0.1-0.3 ms, against the goal of 1 ms for medha's part
-        of a step (issue 69). At once or by chunks, both land on the same batch."""
+        Spread over batches, a batch that reprices runs no slice, and the batch whose slice
+        ends a resolution leaves the repricing to the next one: on vLLM at 256 running a slice
+        and a repricing each take 0.1-0.3 ms, against the goal of 1 ms for medha's part of a
+        step (issue 69). At once, both land on the same batch."""
         reprice, self._reprice_due = moved or self._reprice_due, False
         due = self.redefault_due()
         if self._pending is None:
@@ -152,7 +148,7 @@ class Recalibration:
             # (spread over batches, every walk prices one model, whatever the learner does)
             model = self.predictor.snapshot() if self.spread else self.predictor
             self._pending = resolve_steps(self.given, model)
-        if reprice and self._apart:
+        if reprice and self.spread:
             return None, True
         resolved = self._advance()
         if resolved is _UNFINISHED:
@@ -160,7 +156,7 @@ class Recalibration:
         self._pending = None
         resolved = self._resolved(config, resolved)
         if resolved is not None:  # the requests' work follows it: now, or spread, next batch
-            if not self._apart:
+            if not self.spread:
                 reprice = True
             else:
                 self._reprice_due = True
