@@ -213,7 +213,7 @@ def test_a_learners_fit_takes_a_solve_or_two_a_batch(monkeypatch):
     learner = StepLearner(CorrectedPredictor(base()))
     rng = random.Random(1)
     most = []
-    for step in range(200):
+    for _ in range(200):
         decodes = [rng.randrange(16, 200) for _ in range(rng.choice((256, 200, 130, 64)))]
         prefills = [(rng.randrange(16, 65), 0) for _ in range(rng.choice((0, 0, 1, 3)))]
         took = truth.shape_time(prefills, decodes) * (1 + rng.gauss(0, 0.05))

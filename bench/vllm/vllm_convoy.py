@@ -248,9 +248,10 @@ def main() -> None:
     if not args.decoding and args.rounds > 1:  # (issue 68: the same promise on every start)
         for name in dict.fromkeys(r[0] for r in rows):
             ratios = [r[3] / r[2] for r in rows if r[0] == name]
+            spread = max(ratios) / min(ratios)
             print(
                 f"{name}: shorts behind / alone {min(ratios):.2f}-{max(ratios):.2f}x over "
-                f"{len(ratios)} starts, the largest over the smallest {max(ratios) / min(ratios):.2f}"
+                f"{len(ratios)} starts, the largest over the smallest {spread:.2f}"
             )
     if peers:
         medha = [n for n, c in servers.items() if c.medha is not None]

@@ -82,12 +82,10 @@ class ReplicaScheduler:
         vLLM's output placeholders do; a request is never given a token past its max_tokens.
         Without it a request with a decode in flight sits the next batch out.
 
-        `resolve_slice_s` (with a learner): how much of a re-resolution of its defaults one
-        batch's update may run, timed on the CPU clock; the rest follows with the next batches
-        (Recalibration): the vLLM executor's (RESOLVE_SLICE_S). `resolve_slice_steps` instead:
-        how many chunks of its walks, whatever they take (medha's engine and the simulator's
-        replay of it, whose decisions must not depend on the speed of the machine:
-        RESOLVE_SLICE_STEPS). Neither: a whole one at once."""
+        `resolve_slice_s` / `resolve_slice_steps` (with a learner): how much of a re-resolution
+        of its defaults one batch's update may run, timed (the vLLM executor's) or in chunks of
+        its walks (medha's engine and the simulator's replay of it, which reads no clock); the
+        rest follows with the next batches (Recalibration). Neither: a whole one at once."""
         self.block_tables = block_tables
         self.async_scheduling = async_scheduling
         # (async scheduling) the last batch formed, while it runs and before the next one forms
@@ -134,13 +132,8 @@ class ReplicaScheduler:
         self.learner = learner
         # what the caller set, and when the defaults it leaves unset follow the learner's
         # corrections (recalibration.py); None without a learner
-        self.recalibration = (
-            Recalibration(
-                given, predictor, learner, resolve_slice_s, slice_steps=resolve_slice_steps
-            )
-            if learner
-            else None
-        )
+        slices = {"slice_s": resolve_slice_s, "slice_steps": resolve_slice_steps}
+        self.recalibration = Recalibration(given, predictor, learner, **slices) if learner else None
         self._step_log = StepLog.from_env()  # $MEDHA_STEP_LOG (step_log.py)
 
     @property
