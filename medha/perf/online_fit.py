@@ -349,32 +349,32 @@ def _active_set(
         theta, free = [0.0] * k, []
     else:
         theta, free = list(theta), list(free)
-        if _toward_minimum(gram, rhs, free, theta) is None:
+        if not _toward_minimum(gram, rhs, free, theta):
             theta, free = [0.0] * k, []  # (a singular start: from 0 after all)
     for _ in range(3 * k):  # (a bound, against rounding's cycles; never reached in the tests)
         held = [i for i in seen if i not in free and _descends(gram, rhs, theta, i)]
         if not held:
             break
         free.append(max(held, key=lambda i: rhs[i] - sum(g * t for g, t in zip(gram[i], theta))))
-        if _toward_minimum(gram, rhs, free, theta) is None:
+        if not _toward_minimum(gram, rhs, free, theta):
             free.pop()  # (a set this singular adds nothing: hold the newest back)
     return theta
 
 
 def _toward_minimum(
     gram: list[list[float]], rhs: list[float], free: list[int], theta: list[float]
-) -> list[int] | None:
+) -> bool:
     """One pass's inner loop, `free` and `theta` changed in place: the minimum over `free`;
     where it leaves one below 0, theta moves toward it as far as every coefficient stays >= 0,
-    those that reach 0 leave `free`, and again. None where a solve is singular."""
+    those that reach 0 leave `free`, and again. False where a solve is singular."""
     while free:
         z = _solve([[gram[i][j] for j in free] for i in free], [rhs[i] for i in free])
         if z is None:
-            return None
+            return False
         if all(v > 0 for v in z):
             for i, v in zip(free, z):
                 theta[i] = v
-            return free
+            return True
         step = min(theta[i] / (theta[i] - v) for i, v in zip(free, z) if v <= 0)
         for i, v in zip(free, z):
             theta[i] += step * (v - theta[i])
@@ -383,7 +383,7 @@ def _toward_minimum(
             if i not in kept:
                 theta[i] = 0.0
         free[:] = kept
-    return free
+    return True
 
 
 def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
