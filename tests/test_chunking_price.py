@@ -168,6 +168,30 @@ def test_where_no_step_keeps_the_slo_pace_its_price_does_not_choose_it():
     assert c.tpot_target_s >= step and "0.05 s steps" not in price_report(c, crawl)
 
 
+def test_where_no_step_keeps_the_slo_pace_deep_in_the_prompt_its_price_does_not_choose_it():
+    """The same at the other end of the prompt (issue 68, docs/vllm.md's 32K run): SmolLM2
+    allowed 32K tokens on vLLM's CPU roofline (medha on vLLM's model at start), in vLLM's
+    2,048-token steps. A token after 30K reads the whole prompt's KV for 0.09 s, so the walk
+    at 0.05 s runs the deep end in min-chunk steps, which price it lower than 0.15 s's steps of
+    a few tokens there; 0.05 s came out affordable and the prompt took 3.7x vLLM's tuned TTFT.
+    The target comes from the price instead, as at 8K."""
+    from medha.scheduler.config_defaults import affordable
+
+    # the AMX Xeon of that run, as `medha hardware` measured it (390 GFLOP/s, 22.3 GB/s)
+    xeon = dataclasses.replace(REFERENCE_CPU, peak_flops=3.9e11, mem_bw=2.23e10)
+    cpu = make_predictor("roofline", "smollm2-135m", xeon, ParallelConfig())
+    n, step = 32768, 2048
+    assert cpu.prefill_step_time(32, 0) < 0.05 < cpu.prefill_step_time(1, n - 1)
+    at_slo = chunking_price(cpu, 0.05, n, 32, step)
+    assert at_slo <= 1.5 and at_slo < chunking_price(cpu, 0.15, n, 32, step)
+    assert not affordable(cpu, n, 32, step)
+    given = dict(max_model_len=n, max_batch_tokens=step, prefix_cache="off")
+    c = resolve_config(SchedulerConfig(**given), cpu)
+    assert c.tpot_target_s == READING_TPOT_S and "shorts first" in price_report(c, cpu)
+    # (at 8K the deep end keeps 0.05 s; there the price itself says no, as before)
+    assert cpu.prefill_step_time(1, 8191) < 0.05 < chunking_price(cpu, 0.05, 8192, 32, step)
+
+
 def test_where_steps_pause_the_decodes_own_steps_count_in_the_price_of_0_05_s():
     """Issue 68: where steps pause, decodes beside a long prompt run steps of their own, one
     every TPOT target, each reading the weights again. SmolLM2 on the reference CPU's roofline

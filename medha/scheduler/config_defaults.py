@@ -147,10 +147,15 @@ def affordable(
     pause: bool = False,
 ) -> bool:
     """Whether the hardware gives both: steps at the SLO's TPOT (0.05 s) chunk a max-length
-    prompt (up to 32K tokens) within AFFORDABLE_PRICE. Not where a step of a `min_chunk`-token
-    prefill alone is already longer than that budget: no step keeps it, and the price at it is
-    the price of min-chunk steps, which says nothing of the budget (a machine this slow priced
-    within 1.5x there flipped to 0.05 s steps from one start to the next).
+    prompt (up to 32K tokens) within AFFORDABLE_PRICE. Not where no step keeps that budget
+    somewhere in the prompt: where a step of a `min_chunk`-token prefill alone is already
+    longer at its start, or one token is at its end (after the whole prompt's KV). There the
+    walk runs `min_chunk` steps whatever the budget, and their price says nothing of the budget:
+    a machine this slow at the start priced within 1.5x there flipped to 0.05 s steps from one
+    start to the next; and at 32K tokens of SmolLM2, where vLLM's CPU roofline prices a lone
+    token after 30K at 0.091 s, 32-token steps over the deep end priced 0.05 s at 1.35x (less
+    than 0.15 s's 1.42x, whose steps there are of a few tokens), and medha on vLLM took 3.7x
+    threshold 128's TTFT (docs/vllm.md, the 32K run).
 
     Where steps pause (`pause`), the decodes beside a long prompt run steps of their own, one
     every TPOT target, each reading the weights again; the long prompt keeps what they leave
@@ -172,7 +177,10 @@ def affordable_steps(
     """`affordable`, a step of a chunk walk at a time."""
     slo_budget = iteration_budget(SLO_TPOT_S, predictor.parallel.spp)
     n = priced_prompt(max_model_len)
+    # the first step of the walk, and a token at its deep end (which reads the whole prompt's KV)
     if predictor.prefill_step_time(min(min_chunk, n), 0) > slo_budget:
+        return False
+    if predictor.prefill_step_time(1, n - 1) > slo_budget:
         return False
     left = 1 - decode_share(predictor, SLO_TPOT_S, max_model_len) if pause else 1.0
     if left <= 0:
