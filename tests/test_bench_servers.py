@@ -36,3 +36,58 @@ def test_every_server_gets_the_context_asked_for():
         assert _value(cmd, "--max-model-len") == "16384"
         assert _value(cmd, "--model") == "/models/long"
     assert _value(server_command(_flags(), None)(8000), "--max-model-len") == "8192"
+
+
+def test_a_benchmark_stopped_by_sigterm_stops_its_server(tmp_path):
+    """A benchmark's server outlives no SIGTERM of the benchmark (`pkill -f bench/...`, a CI's
+    timeout): `local_server` stops it on the way out, where Python's default SIGTERM would end
+    the benchmark at once and leave a server holding both cores (it did, behind a vLLM convoy
+    run). The server here is a few lines that answer /health and record their pid."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pid_file = tmp_path / "server.pid"
+    server = (
+        "import http.server, os, sys\n"
+        f"open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
+        "class H(http.server.BaseHTTPRequestHandler):\n"
+        "    def do_GET(self):\n"
+        "        self.send_response(200); self.end_headers()\n"
+        "    def log_message(self, *a):\n"
+        "        pass\n"
+        "http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), H).serve_forever()\n"
+    )
+    bench = (
+        "import sys, time\n"
+        "from medha.benchmark.local_server import local_server\n"
+        f"with local_server(lambda port: [sys.executable, '-c', {server!r}, str(port)]):\n"
+        "    print('up', flush=True)\n"
+        "    time.sleep(600)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", bench], stdout=subprocess.PIPE, text=True)
+    server_pid = None
+    try:
+        assert proc.stdout.readline().strip() == "up"
+        server_pid = int(pid_file.read_text())
+        os.kill(server_pid, 0)  # (alive)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 128 + signal.SIGTERM
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                os.kill(server_pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError("the server outlived the benchmark's SIGTERM")
+    finally:
+        proc.kill()
+        if server_pid is not None:
+            try:
+                os.kill(server_pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

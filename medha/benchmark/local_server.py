@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -40,7 +41,15 @@ def local_server(
     `env`: the server's environment (default: this process's).
 
     A port found free is free only then: a server that exits at start-up while another
-    process holds its port is started again on another (START_TRIES in all)."""
+    process holds its port is started again on another (START_TRIES in all). A SIGTERM to this
+    process (`pkill -f bench/...`, a CI's timeout) stops the server too (`_terminate_as_exit`):
+    Python's own handling of it ends the process without leaving the `with`, which left a vLLM
+    server holding both cores behind a benchmark that was gone."""
+    with _terminate_as_exit():
+        yield from _local_server(command, quiet, startup_s, with_process, log, port, env)
+
+
+def _local_server(command, quiet, startup_s, with_process, log, port, env) -> Iterator:
     out = log if log is not None else subprocess.DEVNULL if quiet else None
     deadline = time.monotonic() + startup_s
     for attempt in range(1, START_TRIES + 1):
@@ -61,6 +70,26 @@ def local_server(
         yield (url, proc) if with_process else url
     finally:
         _stop(proc)
+
+
+@contextmanager
+def _terminate_as_exit() -> Iterator[None]:
+    """Within it, SIGTERM raises SystemExit (143), so that the `finally`s around it run, where
+    SIGTERM is left to Python's default (which ends the process at once) and this is the main
+    thread (the only one that may set a handler); elsewhere, nothing changes."""
+    main = threading.current_thread() is threading.main_thread()
+    if not main or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    def exit_(signum, frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, exit_)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _stop(proc: subprocess.Popen) -> None:
