@@ -171,6 +171,9 @@ def main() -> None:
     add_server_args(ap)
     add_contender_args(ap)
     args = ap.parse_args()
+    for flag in ("rounds", "alone_runs"):
+        if getattr(args, flag) < 1:
+            ap.error(f"--{flag.replace('_', '-')} must be at least 1")
     flags = server_flags(args)
     servers = contenders(args, flags)
     peers = [n for n, c in servers.items() if c.peer]
