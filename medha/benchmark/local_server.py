@@ -46,30 +46,26 @@ def local_server(
     Python's own handling of it ends the process without leaving the `with`, which left a vLLM
     server holding both cores behind a benchmark that was gone."""
     with _terminate_as_exit():
-        yield from _local_server(command, quiet, startup_s, with_process, log, port, env)
-
-
-def _local_server(command, quiet, startup_s, with_process, log, port, env) -> Iterator:
-    out = log if log is not None else subprocess.DEVNULL if quiet else None
-    deadline = time.monotonic() + startup_s
-    for attempt in range(1, START_TRIES + 1):
-        chosen = port or free_port()
-        proc = subprocess.Popen(
-            command(chosen), stdout=out, stderr=subprocess.STDOUT if log else out, env=env
-        )
-        url = f"http://127.0.0.1:{chosen}"
+        out = log if log is not None else subprocess.DEVNULL if quiet else None
+        deadline = time.monotonic() + startup_s
+        for attempt in range(1, START_TRIES + 1):
+            chosen = port or free_port()
+            proc = subprocess.Popen(
+                command(chosen), stdout=out, stderr=subprocess.STDOUT if log else out, env=env
+            )
+            url = f"http://127.0.0.1:{chosen}"
+            try:
+                wait_healthy(proc, url, deadline, str(command(chosen)[:3]))
+                break
+            except RuntimeError:
+                lost_port = port is None and proc.poll() is not None and port_taken(chosen)
+                if not lost_port or attempt == START_TRIES:
+                    _stop(proc)
+                    raise
         try:
-            wait_healthy(proc, url, deadline, str(command(chosen)[:3]))
-            break
-        except RuntimeError:
-            lost_port = port is None and proc.poll() is not None and port_taken(chosen)
-            if not lost_port or attempt == START_TRIES:
-                _stop(proc)
-                raise
-    try:
-        yield (url, proc) if with_process else url
-    finally:
-        _stop(proc)
+            yield (url, proc) if with_process else url
+        finally:
+            _stop(proc)
 
 
 @contextmanager
