@@ -478,6 +478,7 @@ class ReplicaScheduler:
         given so far stay; the caller prices the requests' work again."""
         self.config = config
         self.packer = make_packer(config, self.predictor)
+        self.policy.follow(config)
         self.policy.config = config
         self.prefill_times.plan_with(self.packer.plan_isolated)
 

@@ -66,6 +66,11 @@ class Policy(ABC):
         batches needs the cost model and the KV cache's size)."""
         return None
 
+    def follow(self, config: SchedulerConfig) -> None:
+        """The owning scheduler's defaults, resolved again from its corrected model
+        (ReplicaScheduler._apply): the policy reads them from now on."""
+        self.config = config
+
     def bind_prefix_cache(self, peek_cached: Callable[[Request], int]) -> None:
         """Called once by the scheduler with its prefix cache's look-up (prompt tokens the
         cache holds for a request now, nothing taken), for a policy that classes requests by

@@ -50,6 +50,10 @@ class PriorityPolicy(Policy):
         self._swap_room: int | None = None
         self._holding = False
 
+    def follow(self, config: SchedulerConfig) -> None:
+        super().follow(config)
+        self.base.follow(config)
+
     def sort_key(self, now: float) -> SortKey:
         key = self.base.sort_key(now)
         return lambda r: (r.priority_rank, key(r))
