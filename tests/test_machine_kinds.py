@@ -93,3 +93,25 @@ def test_medhas_engine_keeps_it_from_the_roofline_and_its_start_up_probe(path, s
         assert got.shorts_ratio <= 1.5, (warm, got)
         assert got.long_over_floor <= 1.10, (warm, got)
         assert got.long_steps_waited == 0, (warm, got)
+
+
+GPUS = ("a100", "h100", "h200")
+
+
+@pytest.mark.parametrize("gpu", GPUS)
+@pytest.mark.parametrize("scale", SCALES)
+@pytest.mark.parametrize("executor", ["engine", "vllm"])
+def test_on_a_gpus_roofline_no_short_waits_out_the_long_prompt(gpu, scale, executor):
+    """Llama-3-8B on each GPU's roofline, steps not paused (CUDA, vLLM). Its threshold is 32K,
+    so the 6,000-token prompt is a short prefill, and at half the roofline's speed it takes
+    about 1 s on the A100: the shorts arrive while it prefills. LARS puts it first (its slack
+    is small for its work); the small prefills pass it where its slack covers them, as they
+    pass a long one (it has more work left than a request arriving behind it may wait). Before,
+    the shorts waited it out at 10x their time alone. Without pauses a short still waits for
+    the step it arrives in: within 2x here (1.55x at worst: the H100, the model at half)."""
+    truth = make_predictor("roofline", "llama-3-8b", gpu)
+    config = executor_config(executor, **({"pause_steps": False} if executor == "engine" else {}))
+    for warm in (True, False):
+        got = run_convoy(Scaled(truth, scale), truth, config, warm=warm)
+        assert got.long_steps_waited == 0, (warm, got)
+        assert got.shorts_ratio <= 2.0, (warm, got)

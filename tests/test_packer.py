@@ -183,6 +183,32 @@ def test_serve_early_keeps_the_slack_of_every_request_it_passes():
     assert lars.serve_early([long_, other], 0.0) == [long_, other]
 
 
+@pytest.mark.parametrize("big_slack", [0.5, 0.015, -1.0])
+def test_small_prefills_pass_a_short_one_with_more_work_than_the_arrival_wait(big_slack):
+    # A 6,000-token prompt is short by a 32K threshold, but 0.4 s of work is longer than a
+    # request arriving behind it may wait (0.2 s). LARS's key puts it first (its slack is small
+    # for its work); two small prefills pass it where its slack covers them (0.5 s: both; 15
+    # ms: one), and it still passes a long prefill. Before, as a short prefill it went "early"
+    # first and nobody passed it: the shorts waited out its whole prefill.
+    lars = LarsPolicy(SchedulerConfig(long_prefill_threshold=32_768, arrival_wait_s=0.2))
+
+    def req(name, tokens, work, slack):
+        r = Request(name, 0.0, tokens, 1)
+        r.remaining_work_s = r.total_work_s = work
+        r.deadline_s = work + slack
+        return r
+
+    big = req("big", 6_000, 0.4, big_slack)
+    a, b = req("a", 64, 0.01, 0.49), req("b", 64, 0.01, 0.49)
+    long_ = req("long", 100_000, 10.0, 5.0)
+    order = lars.serve_early([big, a, b, long_], 0.0)
+    expected = {0.5: [a, b, big, long_], 0.015: [a, big, b, long_], -1.0: [a, b, big, long_]}
+    assert order == expected[big_slack]
+    # with an arrival wait longer than its work it is small too: it keeps its place ahead
+    small = LarsPolicy(SchedulerConfig(long_prefill_threshold=32_768, arrival_wait_s=0.5))
+    assert small.serve_early([big, a, b, long_], 0.0) == [big, a, b, long_]
+
+
 def test_a_lone_long_prefill_runs_steps_of_the_arrival_wait():
     # Nobody waits on its steps: it runs steps of arrival_wait_s, longer than the budget; a
     # short request waiting beside it brings the steps back to the budget.

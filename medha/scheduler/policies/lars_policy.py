@@ -56,19 +56,17 @@ class LarsPolicy(Policy):
         room = float("inf")  # the most work that may still pass every request passed so far
         moved = 0.0  # work moved ahead of all the kept requests (the small early ones' too)
         for r in order:
-            work = r.remaining_work_s
+            work, ahead = r.remaining_work_s, moved  # (ahead: what is moved ahead of r)
             if not is_long(r, threshold) and work <= room:
                 room -= work
+                moved += work
                 if work <= small:
                     early.append(r)
-                    moved += work
                     continue
                 large.append(r)  # ahead of the kept ones; what follows may pass it too
             else:
                 kept.append(r)
-            left = r.slack(now) - moved  # behind the requests moved ahead of it so far
-            if r in large:
-                moved += work
+            left = r.slack(now) - ahead
             if left >= 0:  # it can still meet its deadline: whoever passes it must fit
                 room = min(room, left)
         return early + large + kept
