@@ -44,29 +44,36 @@ class LarsPolicy(Policy):
 
         A short prefill with more work left than the arrival wait (a few thousand tokens of a
         model whose threshold is 32K, on a slow device) moves ahead of the kept ones like any
-        other, but behind the small ones, which may pass it as they pass a long one: it would
-        hold a request arriving behind it longer than any step may (issue 68: on the A100's
-        roofline at half its speed, 8 shorts waited out a 6,000-token prompt of Llama-3-8B,
-        short by its 32K threshold, at 10x their time alone)."""
+        other, but the small ones behind it may pass it too, within its slack, as they pass a
+        long one: it would hold a request arriving behind it longer than any step may (issue
+        68: on the A100's roofline at half its speed, 8 shorts waited out a 6,000-token prompt
+        of Llama-3-8B, short by its 32K threshold, at 10x their time alone). A small one its
+        slack does not cover stays behind it, still ahead of the kept ones."""
         if not self.config.lars.serve_early or len(order) < 2:
             return order
         threshold = self.config.long_prefill_threshold or 1 << 62  # (unresolved: none long)
         small = self.config.arrival_wait_s or float("inf")
-        early, large, kept = [], [], []
-        room = float("inf")  # the most work that may still pass every request passed so far
-        moved = 0.0  # work moved ahead of all the kept requests (the small early ones' too)
+        early, middle, kept = [], [], []
+        # the most work that may still pass every kept request so far, and every one in the
+        # middle (ahead of the kept ones, behind the small early ones)
+        room_kept = room_middle = float("inf")
+        moved = 0.0  # work moved ahead of all the kept requests
         for r in order:
-            work, ahead = r.remaining_work_s, moved  # (ahead: what is moved ahead of r)
-            if not is_long(r, threshold) and work <= room:
-                room -= work
-                moved += work
-                if work <= small:
-                    early.append(r)
-                    continue
-                large.append(r)  # ahead of the kept ones; what follows may pass it too
-            else:
+            work, ahead = r.remaining_work_s, moved  # (ahead: what is moved ahead of r so far)
+            if is_long(r, threshold) or work > room_kept:
                 kept.append(r)
+                left = r.slack(now) - ahead
+                if left >= 0:  # it can still meet its deadline: whoever passes it must fit
+                    room_kept = min(room_kept, left)
+                continue
+            moved += work
+            room_kept -= work
+            if work <= small and work <= room_middle:
+                early.append(r)
+                room_middle -= work
+                continue
+            middle.append(r)
             left = r.slack(now) - ahead
-            if left >= 0:  # it can still meet its deadline: whoever passes it must fit
-                room = min(room, left)
-        return early + large + kept
+            if left >= 0:
+                room_middle = min(room_middle, left)
+        return early + middle + kept
