@@ -207,6 +207,10 @@ def test_small_prefills_pass_a_short_one_with_more_work_than_the_arrival_wait(bi
     # with an arrival wait longer than its work it is small too: it keeps its place ahead
     small = LarsPolicy(SchedulerConfig(long_prefill_threshold=32_768, arrival_wait_s=0.5))
     assert small.serve_early([big, a, b, long_], 0.0) == [big, a, b, long_]
+    # large ones pass a long one by its slack alone, in LARS's order among themselves, as
+    # every short prefill did before: the first one's small slack holds back only small ones
+    other = req("other", 6_000, 0.4, 5.0)
+    assert lars.serve_early([long_, big, other], 0.0) == [big, other, long_]
 
 
 def test_a_lone_long_prefill_runs_steps_of_the_arrival_wait():
