@@ -479,7 +479,6 @@ class ReplicaScheduler:
         self.config = config
         self.packer = make_packer(config, self.predictor)
         self.policy.follow(config)
-        self.policy.config = config
         self.prefill_times.plan_with(self.packer.plan_isolated)
 
     def discard(self, batch: Batch, now: float) -> list[Request]:
