@@ -201,8 +201,10 @@ def test_aborted_answers_and_prompts_only_mode_cache_no_answer(outputs):
 
 
 def test_waiting_requests_hold_no_cached_blocks():
-    # one sequence slot: the second request is looked up, not scheduled, and gives its hit back
-    sched = toy_scheduler(prefix_cache="device", max_num_seqs=1)
+    # one sequence slot, first come first served: b gets it; c is looked up (it shares the
+    # cached system prompt), not scheduled, and gives its hit back. (Under LARS, c's two
+    # tokens left would go ahead of b's 300 within b's slack, and b is never looked up.)
+    sched = toy_scheduler(prefix_cache="device", max_num_seqs=1, policy="fcfs")
     system = tokens(7, 64)
     replay(sched, [Request.from_tokens("a", 0.0, system + [1], 1)])
     b = Request.from_tokens("b", 1.0, system + tokens(8, 300), 1)
