@@ -91,3 +91,45 @@ def test_a_benchmark_stopped_by_sigterm_stops_its_server(tmp_path):
                 os.kill(server_pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def test_a_server_that_lost_its_port_for_a_moment_is_started_again(tmp_path):
+    """A port found free may be taken before the server binds it, by a client connection's
+    ephemeral port that is gone again by the time anyone looks (a vLLM server in CI exited
+    with "[Errno 98] ... address already in use"). Its log says so: `local_server` starts it
+    again on another port. A server that fails for another reason is not started again."""
+    import sys
+
+    import pytest
+
+    from medha.benchmark.local_server import local_server
+
+    starts = tmp_path / "starts"
+    server = (
+        "import http.server, pathlib, sys\n"
+        f"starts = pathlib.Path({str(starts)!r})\n"
+        "n = len(starts.read_text()) if starts.exists() else 0\n"
+        "starts.write_text('x' * (n + 1))\n"
+        "if n == 0 or sys.argv[2] == 'broken':\n"
+        "    print('ERROR: [Errno 98] address already in use' if n == 0 else 'no model')\n"
+        "    sys.exit(1)\n"
+        "class H(http.server.BaseHTTPRequestHandler):\n"
+        "    def do_GET(self):\n"
+        "        self.send_response(200); self.end_headers()\n"
+        "    def log_message(self, *a):\n"
+        "        pass\n"
+        "http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), H).serve_forever()\n"
+    )
+    with open(tmp_path / "server.log", "w") as log:
+        with local_server(lambda port: [sys.executable, "-c", server, str(port), "ok"], log=log,
+                          startup_s=60) as url:  # fmt: skip
+            assert url.startswith("http://127.0.0.1:")
+    assert starts.read_text() == "xx"  # (the port it lost was free: only the log told)
+
+    starts.write_text("x")  # the next start is its second: it fails, saying nothing of ports
+    with open(tmp_path / "broken.log", "w") as log:
+        with pytest.raises(RuntimeError):
+            with local_server(lambda port: [sys.executable, "-c", server, str(port), "broken"],
+                              log=log, startup_s=60):  # fmt: skip
+                raise AssertionError("a broken server came up")
+    assert starts.read_text() == "xx"  # started once, not again

@@ -41,7 +41,8 @@ def local_server(
     `env`: the server's environment (default: this process's).
 
     A port found free is free only then: a server that exits at start-up while another
-    process holds its port is started again on another (START_TRIES in all). A SIGTERM to this
+    process holds its port, or whose `log` says its port was in use, is started again on
+    another (START_TRIES in all). A SIGTERM to this
     process (`pkill -f bench/...`, a CI's timeout) stops the server too (`_terminate_as_exit`):
     Python's own handling of it ends the process without leaving the `with`, which left a vLLM
     server holding both cores behind a benchmark that was gone."""
@@ -50,6 +51,7 @@ def local_server(
         deadline = time.monotonic() + startup_s
         for attempt in range(1, START_TRIES + 1):
             chosen = port or free_port()
+            mark = _log_end(log)
             proc = subprocess.Popen(
                 command(chosen), stdout=out, stderr=subprocess.STDOUT if log else out, env=env
             )
@@ -58,7 +60,11 @@ def local_server(
                 wait_healthy(proc, url, deadline, str(command(chosen)[:3]))
                 break
             except RuntimeError:
-                lost_port = port is None and proc.poll() is not None and port_taken(chosen)
+                lost_port = (
+                    port is None
+                    and proc.poll() is not None
+                    and (port_taken(chosen) or _says_port_in_use(log, mark))
+                )
                 if not lost_port or attempt == START_TRIES:
                     _stop(proc)
                     raise
@@ -96,6 +102,29 @@ def _stop(proc: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def _log_end(log) -> int | None:
+    """Where the server's log (an open file, or None) ends now: what a start writes comes
+    after it."""
+    name = getattr(log, "name", None)
+    if not isinstance(name, str) or not Path(name).is_file():
+        return None
+    log.flush()
+    return Path(name).stat().st_size
+
+
+def _says_port_in_use(log, mark: int | None) -> bool:
+    """Whether the server's log says, after `mark` (`_log_end` before it started), that its
+    port was in use. The holder may be gone by the time `port_taken` looks: a client's
+    connection whose ephemeral port was the one picked (a vLLM server in CI exited with
+    "[Errno 98] ... address already in use" on a port free again a moment later)."""
+    if mark is None:
+        return False
+    log.flush()
+    with open(log.name, "rb") as f:
+        f.seek(mark)
+        return b"address already in use" in f.read()
 
 
 def port_taken(port: int) -> bool:
