@@ -10,6 +10,17 @@ from medha.benchmark.vllm_servers import (
     server_flags,
 )
 
+# The end of a test server's script: answer every GET (its /health) with 200 on 127.0.0.1, at
+# the port in sys.argv[1], for good (the script imports http.server and sys first).
+SERVE_HEALTH = (
+    "class H(http.server.BaseHTTPRequestHandler):\n"
+    "    def do_GET(self):\n"
+    "        self.send_response(200); self.end_headers()\n"
+    "    def log_message(self, *a):\n"
+    "        pass\n"
+    "http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), H).serve_forever()\n"
+)
+
 
 def _flags(*argv):
     ap = argparse.ArgumentParser()
@@ -52,13 +63,7 @@ def test_a_benchmark_stopped_by_sigterm_stops_its_server(tmp_path):
     pid_file = tmp_path / "server.pid"
     server = (
         "import http.server, os, sys\n"
-        f"open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
-        "class H(http.server.BaseHTTPRequestHandler):\n"
-        "    def do_GET(self):\n"
-        "        self.send_response(200); self.end_headers()\n"
-        "    def log_message(self, *a):\n"
-        "        pass\n"
-        "http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), H).serve_forever()\n"
+        f"open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n" + SERVE_HEALTH
     )
     bench = (
         "import sys, time\n"
@@ -112,13 +117,7 @@ def test_a_server_that_lost_its_port_for_a_moment_is_started_again(tmp_path):
         "starts.write_text('x' * (n + 1))\n"
         "if n == 0 or sys.argv[2] == 'broken':\n"
         "    print('ERROR: [Errno 98] address already in use' if n == 0 else 'no model')\n"
-        "    sys.exit(1)\n"
-        "class H(http.server.BaseHTTPRequestHandler):\n"
-        "    def do_GET(self):\n"
-        "        self.send_response(200); self.end_headers()\n"
-        "    def log_message(self, *a):\n"
-        "        pass\n"
-        "http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), H).serve_forever()\n"
+        "    sys.exit(1)\n" + SERVE_HEALTH
     )
     with open(tmp_path / "server.log", "w") as log:
         with local_server(lambda port: [sys.executable, "-c", server, str(port), "ok"], log=log,

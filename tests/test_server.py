@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from medha.benchmark.local_server import START_TRIES, port_taken
+from medha.benchmark.local_server import START_TRIES, lost_port
 from medha.utils.net import free_port
 
 
@@ -73,7 +73,7 @@ class Server:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 output = self.proc.stdout.read()
-                if port_taken(self.port):
+                if lost_port(self.port, output):
                     raise PortLost(output)
                 raise RuntimeError(f"server exited {self.proc.returncode}: {output}")
             try:

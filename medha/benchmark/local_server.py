@@ -42,10 +42,10 @@ def local_server(
 
     A port found free is free only then: a server that exits at start-up while another
     process holds its port, or whose `log` says its port was in use, is started again on
-    another (START_TRIES in all). A SIGTERM to this
-    process (`pkill -f bench/...`, a CI's timeout) stops the server too (`_terminate_as_exit`):
-    Python's own handling of it ends the process without leaving the `with`, which left a vLLM
-    server holding both cores behind a benchmark that was gone."""
+    another (START_TRIES in all). A SIGTERM to this process (`pkill -f bench/...`, a CI's
+    timeout) stops the server too (`_terminate_as_exit`): Python's own handling of it ends the
+    process without leaving the `with`, which left a vLLM server holding both cores behind a
+    benchmark that was gone."""
     with _terminate_as_exit():
         out = log if log is not None else subprocess.DEVNULL if quiet else None
         deadline = time.monotonic() + startup_s
@@ -60,12 +60,12 @@ def local_server(
                 wait_healthy(proc, url, deadline, str(command(chosen)[:3]))
                 break
             except RuntimeError:
-                lost_port = (
+                lost = (
                     port is None
                     and proc.poll() is not None
-                    and (port_taken(chosen) or _says_port_in_use(log, mark))
+                    and lost_port(chosen, _log_since(log, mark))
                 )
-                if not lost_port or attempt == START_TRIES:
+                if not lost or attempt == START_TRIES:
                     _stop(proc)
                     raise
         try:
@@ -114,17 +114,24 @@ def _log_end(log) -> int | None:
     return Path(name).stat().st_size
 
 
-def _says_port_in_use(log, mark: int | None) -> bool:
-    """Whether the server's log says, after `mark` (`_log_end` before it started), that its
-    port was in use. The holder may be gone by the time `port_taken` looks: a client's
-    connection whose ephemeral port was the one picked (a vLLM server in CI exited with
-    "[Errno 98] ... address already in use" on a port free again a moment later)."""
+def _log_since(log, mark: int | None) -> str:
+    """What the server wrote to its log after `mark` (`_log_end` before it started); "" where
+    it has no log file."""
     if mark is None:
-        return False
+        return ""
     log.flush()
     with open(log.name, "rb") as f:
         f.seek(mark)
-        return b"address already in use" in f.read()
+        return f.read().decode(errors="replace")
+
+
+def lost_port(port: int, output: str) -> bool:
+    """Whether a server that exited at start-up lost `port` to another process: some process
+    holds it now, or the server's `output` says it was in use. The holder may be gone by the
+    time `port_taken` looks: a client's connection whose ephemeral port was the one picked (a
+    vLLM server in CI exited with "[Errno 98] ... address already in use" on a port free again
+    a moment later)."""
+    return port_taken(port) or "address already in use" in output
 
 
 def port_taken(port: int) -> bool:
