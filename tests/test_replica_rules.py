@@ -53,6 +53,7 @@ class Twin:
         self.now = 0.0
         self._streamed: dict[str, bool] = {}
         self._told_first: set[str] = set()
+        self._seen: dict[str, int] = {}  # tokens the router has seen of each streamed request
         self._captured: dict = {}
         packer = sched.packer
         budget_of, pack = packer.batch_budget_s, packer.pack
@@ -92,11 +93,16 @@ class Twin:
             self.tracked.on_end(r.request_id)
 
     def _tell_first(self, r: Request) -> None:
+        """The router sees a streamed request's first token, then each token after it."""
         rid = r.request_id
         if r.first_token_s is not None and rid not in self._told_first:
             self._told_first.add(rid)
             if self._streamed[rid]:
                 self.tracked.on_first_token(rid)
+                self._seen[rid] = 1
+        if rid in self._seen and len(r.token_times_s) > self._seen[rid]:
+            self.tracked.on_tokens(rid, len(r.token_times_s) - self._seen[rid])
+            self._seen[rid] = len(r.token_times_s)
 
     def run_until(self, t: float) -> None:
         while self.now < t:
@@ -158,13 +164,38 @@ def test_a_decode_before_its_first_token_reached_the_router():
     assert budget == BUDGET and order == ["L"]
 
 
-def test_a_decode_with_its_own_tpot_target_caps_the_step():
+def test_a_decode_that_banked_time_lets_a_long_prefill_run_to_the_arrival_wait():
+    """A TPOT target of its own is a mean over the answer: a decode whose tokens came far
+    faster than 0.05 s each has banked the difference, and with nobody else waiting the step
+    runs to the arrival wait, as with nobody decoding. A decode with no target of its own
+    waits on every step: the budget. The router's model counts the bank from the tokens it
+    saw."""
     twin = Twin()
-    twin.send(Request.from_tokens("T", 0.0, tokens(64, 6), 2000, tpot_target_s=0.02))
+    twin.send(Request.from_tokens("T", 0.0, tokens(64, 19), 2000, tpot_target_s=0.05))
     twin.run_until(0.5)
-    twin.send(Request.from_tokens("S", 0.5, tokens(2048, 7), 4))
+    t = twin.sched.get("T")
+    assert t.own_due_s() - 0.5 > WAIT  # ~470 tokens in 0.5 s: 23 s banked
+    twin.send(Request.from_tokens("L", 0.5, tokens(4096, 20), 4))
     budget, _ = assert_same(twin)
-    # the target, but never below the decode and one --min-chunk-tokens chunk beside it
+    assert budget == WAIT
+    twin.send(Request.from_tokens("U", twin.now, tokens(64, 21), 2000))
+    twin.run_until(twin.now + 0.2)
+    assert twin.sched.get("U").first_token_s is not None
+    budget, _ = assert_same(twin)
+    assert budget == BUDGET
+
+
+def test_a_decode_behind_its_target_gets_the_shortest_step():
+    """Behind its mean (its first token late in a slow step), a decode with its own target gets
+    steps of the decodes and one --min-chunk-tokens chunk until it catches up."""
+    twin = Twin()
+    twin.send(Request.from_tokens("L", 0.0, tokens(4096, 22), 4))
+    twin.send(Request.from_tokens("T", 0.0, tokens(1000, 23), 2000, tpot_target_s=0.002))
+    t = twin.sched.get("T")
+    while len(t.token_times_s) < 3:
+        twin.step()
+    assert t.own_due_s() < twin.now
+    budget, _ = assert_same(twin)
     assert budget == pytest.approx((1 + twin.sched.config.min_chunk_tokens) / 1024)
 
 
@@ -206,13 +237,13 @@ def test_a_class_policy_orders_by_class_first():
 
 def test_all_of_it_in_one_queue():
     """A prefix hit on a long prompt, a decode whose first token the router has not seen, a
-    decode with its own TPOT target and a late one, in one snapshot."""
+    decode behind its own TPOT target and a late one, in one snapshot."""
     twin = Twin(prefix_cache="device")
     a = tokens(4096, 13)
     twin.send(Request.from_tokens("A", 0.0, a, 1))
     twin.run_until(10.0)
     twin.send(Request.from_tokens("D", 10.0, tokens(64, 14), 2000, ttft_deadline_s=0.5), False)
-    twin.send(Request.from_tokens("T", 10.0, tokens(64, 15), 2000, tpot_target_s=0.02))
+    twin.send(Request.from_tokens("T", 10.0, tokens(64, 15), 2000, tpot_target_s=0.0005))
     twin.send(Request.from_tokens("R", 10.0, tokens(64, 16), 2000, ttft_deadline_s=0.01))
     twin.run_until(10.5)
     twin.send(Request.from_tokens("B", 10.5, tokens(4096, 17, shared=a[:3584]), 4))
@@ -221,4 +252,4 @@ def test_all_of_it_in_one_queue():
     assert twin.sched.get("R").first_token_s > twin.sched.get("R").deadline_s
     assert twin.sched.get("B").num_cached_tokens == 3584 or twin.sched.get("C").started
     budget, _ = assert_same(twin)
-    assert budget < BUDGET  # T's target caps it
+    assert budget < BUDGET  # T, behind its target (a token takes 1 ms), caps it

@@ -392,8 +392,11 @@ def test_a_decodes_own_tpot_target_caps_the_prefill_chunk_beside_it(spp):
         sched.add_request(d, 0.0)
         step(sched, 0.0)  # d's prompt: it decodes from here
         assert d.state is S.DECODING
-        sched.add_request(Request("p", 0.1, 4000, 1, tpot_target_s=0.001), 0.1)
-        batch = sched.schedule(0.1)
+        # p arrives as d's first token comes: d's next one is due one target later (a mean
+        # over its answer: time d spent idle before p came would be owed)
+        now = d.first_token_s
+        sched.add_request(Request("p", now, 4000, 1, tpot_target_s=0.001), now)
+        batch = sched.schedule(now)
         assert [c.request.request_id for c in batch.decodes] == ["d"]
         return batch.prefills[0].num_tokens, batch.predicted_time_s
 

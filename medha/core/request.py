@@ -24,6 +24,8 @@ import enum
 import math
 from dataclasses import dataclass, field
 
+from medha.core.config import iteration_budget
+
 PREFIX_HASH_BLOCK = 512  # tokens per prefix hash id in a trace (the Mooncake format's block)
 PRIORITY_CLASSES = ("REALTIME", "HIGH", "NORMAL", "LOW")  # most urgent first
 DEFAULT_PRIORITY_CLASS = "NORMAL"
@@ -247,6 +249,21 @@ class Request:
     @property
     def ttft_s(self) -> float | None:
         return None if not self.token_times_s else self.token_times_s[0] - self.arrival_s
+
+    def own_due_s(self, spp: int = 1) -> float | None:
+        """When the next token of this decoding request falls due by its own TPOT target (the
+        API's tpot_slo_s), None if it set none. The target is a mean over the answer, as SLO
+        attainment counts it (sim/metrics/summary.py; `vllm bench serve --goodput`): token k
+        by the first token plus k targets, scaled for pipelining as the iteration budget is.
+        Tokens that came faster than the target bank the time they saved, for a step that
+        runs longer (replica_rules.step_budget_s) or a paused step that is not paused for
+        them (step_clock.token_due_s). Under async scheduling the next token is the one after
+        those still in flight."""
+        target = self.tpot_target_s
+        if target is None or not self.token_times_s:
+            return None
+        k = len(self.token_times_s) + self.num_placeholders
+        return self.token_times_s[0] + k * iteration_budget(target, spp)
 
     def slack(self, now: float) -> float:
         """s_r(t) = a_r + d_r - t - w_r(t): the one slack formula (the lrs and lars keys, the

@@ -44,6 +44,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
+from medha.core.config import iteration_budget
 from medha.core.request import Request
 from medha.dispatch.base_dispatcher import DecodeShare, Pending, decode_token_s
 from medha.perf.predictor import Predictor
@@ -125,6 +126,19 @@ class Routed:
     @property
     def started(self) -> bool:
         return self.work_s < self.total_s
+
+    @property
+    def tpot_target_s(self) -> float | None:
+        return self.request.tpot_target_s
+
+    def own_due_s(self, spp: int = 1) -> float | None:
+        """When its next token falls due by its own TPOT target, as the replica counts it
+        (Request.own_due_s), from the first token and the tokens the router has seen; None
+        if it set none or its first token is not known."""
+        target = self.tpot_target_s
+        if target is None or self.first_token_s is None:
+            return None
+        return self.first_token_s + self.tokens * iteration_budget(target, spp)
 
     @property
     def num_uncached_tokens(self) -> int:
@@ -339,10 +353,8 @@ class TrackedReplica:
         """The time budget of the step the replica runs now, by its rules
         (replica_rules.step_budget_s) over what the router knows of its queue."""
         decoding = [r for r in self._live.values() if not r.waiting]
-        targets = [t for r in decoding if (t := r.request.tpot_target_s) is not None]
-        snapshot = QueueSnapshot(
-            now, [r for r in self._queue if r.waiting], decoding, min(targets, default=None)
-        )
+        told = any(r.tpot_target_s is not None for r in decoding)
+        snapshot = QueueSnapshot(now, [r for r in self._queue if r.waiting], decoding, told)
         floor = [(self._rules.min_chunk_tokens, 0)]
         return step_budget_s(
             snapshot,

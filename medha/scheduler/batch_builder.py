@@ -42,9 +42,6 @@ class BatchBuilder:
         self._max_tokens = max_tokens
         self._pausable = pausable
         self.beside_s = beside_s
-        # the tightest TPOT target among the requests whose decodes the batch carries (None:
-        # none has its own); the packer bounds the batch's time budget by it
-        self.tpot_target_s: float | None = None
 
     @property
     def is_empty(self) -> bool:
@@ -55,6 +52,12 @@ class BatchBuilder:
         """The requests decoding, in this batch or in one still running (who may wait on the
         step's length: replica_rules.nobody_waits); none beside a pausable step."""
         return () if self._pausable else self._requests.decoding.values()
+
+    @property
+    def told(self) -> bool:
+        """Whether a live request carries its own TPOT target (the packer then looks for the
+        decodes' due times: replica_rules.told_due_s)."""
+        return self._requests.own_tpot_targets > 0
 
     @property
     def num_prefills(self) -> int:
@@ -95,20 +98,12 @@ class BatchBuilder:
         self._requests.evict((self._kv.preempt(r),), self.batch)
 
     # ---- chunks ------------------------------------------------------------------------------
-    def add_decodes(self, requests: list[Request], own_targets: bool = True) -> None:
-        """Add one decode token for each request (their KV blocks are already reserved).
-        `own_targets`: some of them may carry their own TPOT target (the tightest bounds the
-        batch's budget); False skips looking."""
+    def add_decodes(self, requests: list[Request]) -> None:
+        """Add one decode token for each request (their KV blocks are already reserved)."""
         kv_lens = [r.num_scheduled for r in requests]
         self.timer.add_decodes(kv_lens)
         self.batch.decode_kv_sum += sum(kv_lens)
         self.batch.decodes += self._requests.schedule_decodes(requests)
-        if own_targets:
-            targets = [r.tpot_target_s for r in requests if r.tpot_target_s is not None]
-            if self.tpot_target_s is not None:
-                targets.append(self.tpot_target_s)
-            if targets:
-                self.tpot_target_s = min(targets)
 
     def add_prefill(self, r: Request, num_tokens: int, all_or_nothing: bool = False) -> int:
         """Add up to `num_tokens` of `r` (fewer if KV memory runs short); returns how many."""

@@ -58,13 +58,12 @@ class DecodePicker:
         if not decodes:
             return
         decodes = self.policy.select_decodes(decodes, now)
-        own_targets = self.requests.own_tpot_targets > 0
         blocks = self.kv.blocks
         short = blocks.at_capacity(decodes)  # their next token needs a new block
         if blocks.can_grow_each(len(short)) and len(decodes) <= builder.room_seqs:
             for r in short:
                 builder.reserve(r, r.num_scheduled + 1)
-            builder.add_decodes(decodes, own_targets)
+            builder.add_decodes(decodes)
             return
         # Someone will wait or be preempted: the oldest decodes (of the most urgent class, under
         # a class policy) keep their place. The arbiter evicts only requests ranked below the
@@ -86,7 +85,7 @@ class DecodePicker:
                 builder.preempt(r)  # nobody below it to evict: it gives way
             # (else, async scheduling: its batch in flight still writes its KV; it sits this
             # batch out, and gives way at the next if it must)
-        builder.add_decodes(chosen, own_targets)
+        builder.add_decodes(chosen)
 
     def room_for(self, r: Request, builder: BatchBuilder) -> None:
         """An urgent prefill may preempt running decodes (and prefills) ranked below it. The

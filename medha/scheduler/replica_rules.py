@@ -19,7 +19,6 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
-from medha.core.config import iteration_budget
 from medha.scheduler.config import SchedulerConfig
 
 if TYPE_CHECKING:
@@ -47,11 +46,17 @@ class Decoding(Protocol):
     """A request past its prefill, decoding."""
 
     deadline_s: float
+    tpot_target_s: float | None  # its own TPOT target (the API's tpot_slo_s), if it set one
 
     @property
     def first_token_s(self) -> float | None:
         """When its first token came (None: not known, as the router's model has it of a
         request it sees no stream of)."""
+
+    def own_due_s(self, spp: int = 1) -> float | None:
+        """When its next token falls due by its own TPOT target, a mean over its answer
+        (Request.own_due_s); None if it set none (or, for the router, the first token is not
+        known)."""
 
 
 W = TypeVar("W", bound=Waiting)
@@ -64,7 +69,7 @@ class QueueSnapshot:
     now: float
     waiting: Collection[Waiting]  # prefill-phase requests the step may serve, in queue order
     decoding: Iterable[Decoding]  # decoding, in this step or in one still running
-    tpot_target_s: float | None = None  # the tightest own TPOT target among the step's decodes
+    told: bool = False  # whether a decode may carry its own TPOT target (else none is asked)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,9 +116,10 @@ def on_time(d: Decoding) -> bool:
 
 
 def nobody_waits(q: QueueSnapshot, rules: StepRules) -> bool:
-    """Whether nobody waits on this step's end: nothing decodes on time and the queue holds one
-    prefill alone, or long ones and late ones only (a long prefill waits for its whole prefill;
-    a late one, past its TTFT deadline, for nothing a step could save; with
+    """Whether nobody waits on this step's end but decodes with TPOT targets of their own
+    (`told_due_s` bounds the step for them): nothing else decodes on time and the queue holds
+    one prefill alone, or long ones and late ones only (a long prefill waits for its whole
+    prefill; a late one, past its TTFT deadline, for nothing a step could save; with
     `overload_steps` off a late one waits like any other). Read from the queue's
     shape and, once deadlines have passed, the deadlines: while every deadline is ahead of
     both clocks the simulator, given the engine's requests, makes the engine's decisions
@@ -121,7 +127,10 @@ def nobody_waits(q: QueueSnapshot, rules: StepRules) -> bool:
     if rules.arrival_wait_s <= rules.iteration_budget_s:
         return False  # the cheap exit first: the step is the budget either way
     late = rules.overload_steps  # a late request waits on no step (off: on every step)
-    if any(not late or on_time(d) for d in q.decoding):
+    if q.told:
+        if any((not late or on_time(d)) and d.tpot_target_s is None for d in q.decoding):
+            return False
+    elif any(not late or on_time(d) for d in q.decoding):
         return False
     if len(q.waiting) <= 1:
         return True
@@ -129,30 +138,46 @@ def nobody_waits(q: QueueSnapshot, rules: StepRules) -> bool:
     return all(is_long(r, long) or (late and r.deadline_s < now) for r in q.waiting)
 
 
+def told_due_s(q: QueueSnapshot, rules: StepRules) -> float | None:
+    """The earliest a decode that waits on the step (on time, or any with `overload_steps`
+    off) has its next token due by its own TPOT target (`Decoding.own_due_s`); None if none
+    set one."""
+    if not q.told:
+        return None
+    late = rules.overload_steps
+    dues = [
+        due
+        for d in q.decoding
+        if (not late or on_time(d)) and (due := d.own_due_s(rules.spp)) is not None
+    ]
+    return min(dues, default=None)
+
+
 def step_budget_s(q: QueueSnapshot, rules: StepRules, floor_s: Callable[[], float]) -> float:
     """The time budget of the step, from who waits for it to end:
 
-    - decodes (their next token): the iteration budget, or less when one of them has its own
-      TPOT target (the API's tpot_slo_s): at most that target, scaled for pipelining as the
-      default budget is, never below `floor_s()`, the step's decodes plus one fresh
-      --min-chunk-tokens prefill chunk (a request still in prefill is judged by its TTFT, not
-      its TPOT; called only when a target exists);
+    - decodes (their next token): the iteration budget, a reading pace on every gap;
     - short prefills beside others (their first token, or their turn): the iteration budget;
     - nobody (`nobody_waits`): the arrival wait, the longest a request arriving during the step
       may wait, so that a long prefill alone runs in few large chunks (docs/design.md, "The
       iteration budget"). Under overload, when every request has missed its TTFT deadline,
       steps run to the arrival wait too: that buys throughput (the queue drains sooner) where
-      small steps buy nobody's SLO."""
-    if nobody_waits(q, rules):
-        return rules.arrival_wait_s
-    budget = rules.iteration_budget_s
-    if q.tpot_target_s is None:
+      small steps buy nobody's SLO;
+    - decodes with TPOT targets of their own (the API's tpot_slo_s), a mean over the answer:
+      until the first of their next tokens falls due (`told_due_s`), within whichever of the
+      above holds for everyone else. A decode whose tokens came faster than its target has
+      banked the difference, and the step spends it on a larger chunk of a long prompt, as
+      vLLM's token-budget steps do with every decode and no target (issue 69: each step less
+      saves its fixed cost, 25-45 ms on a CPU); one behind its target gets short steps until
+      it catches up. Never below `floor_s()` (within the iteration budget), the step's
+      decodes plus one fresh --min-chunk-tokens prefill chunk (a request still in prefill is
+      judged by its TTFT, not its TPOT): one client asking for token times the hardware
+      cannot give would otherwise hold every newcomer at zero progress until it finished."""
+    budget = rules.arrival_wait_s if nobody_waits(q, rules) else rules.iteration_budget_s
+    due = told_due_s(q, rules)
+    if due is None:
         return budget
-    capped = min(budget, iteration_budget(q.tpot_target_s, rules.spp))
-    # A target never stops the prefills: the step keeps room for one minimum chunk of a new
-    # prompt beside its decodes, or one client asking for token times the hardware cannot give
-    # would hold every newcomer at zero progress until it finished.
-    return max(capped, min(floor_s(), budget))
+    return max(min(budget, due - q.now), min(floor_s(), rules.iteration_budget_s))
 
 
 def prefill_order(policy: Policy, queue: Iterable[W], now: float, threshold: int) -> list[W]:

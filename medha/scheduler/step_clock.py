@@ -10,7 +10,6 @@ whose batches take their predicted time). The SLO-risk preemption reads it (a cl
 from __future__ import annotations
 
 from medha.core.batch import Batch
-from medha.core.config import iteration_budget
 from medha.core.request import Request
 from medha.perf.predictor import Predictor
 from medha.scheduler.config_defaults import pause_parts
@@ -57,15 +56,11 @@ class StepClock:
 
 def token_due_s(r: Request, budget_s: float, spp: int) -> float:
     """When decode `r`'s next token falls due. A request that said nothing keeps a reading
-    pace: its last token plus the iteration budget `budget_s`. An own TPOT target is a mean
-    over the answer, as SLO attainment counts it (sim/metrics/summary.py; `vllm bench serve
-    --goodput`): token k of the answer by its first token plus k targets (scaled for
-    pipelining as the budget is). Tokens that came faster than the target bank the time they
-    saved, and the long prefill paused beside it spends that bank instead of reading the
-    weights again for a step of decodes that no target asks for (issue 69: on Azure code at
-    0.35 req/s each such step cost 25-35 ms, and a 4,868-token prompt missed a 2 s TTFT).
-    A target looser than the budget counts too."""
-    times = r.token_times_s
-    if r.tpot_target_s is None:
-        return times[-1] + budget_s
-    return times[0] + len(times) * iteration_budget(r.tpot_target_s, spp)
+    pace: its last token plus the iteration budget `budget_s`. One with its own TPOT target
+    keeps it as a mean over its answer (`Request.own_due_s`): the long prefill paused beside it
+    spends the time its faster tokens saved instead of reading the weights again for a step
+    of decodes that no target asks for (issue 69: on Azure code at 0.35 req/s each such step
+    cost 25-35 ms, and a 4,868-token prompt missed a 2 s TTFT). A target looser than the
+    budget counts too."""
+    due = r.own_due_s(spp)
+    return r.token_times_s[-1] + budget_s if due is None else due

@@ -42,11 +42,11 @@ class Packer(ABC):
     def batch_budget_s(self, builder: BatchBuilder, queue: Collection[Request] = ()) -> float:
         """The time budget of the batch being built, from who waits for the step to end
         (replica_rules.step_budget_s): `queue` as it stands before anyone is looked up in the
-        prefix cache, the requests decoding, the tightest own TPOT target among the batch's
-        decodes. Packers that size chunks by time (adaptive) use it; token-budget ones
+        prefix cache, the requests decoding (and when their own TPOT targets make their next
+        tokens due). Packers that size chunks by time (adaptive) use it; token-budget ones
         (static, none) have no time budget to bound."""
         waiting = getattr(queue, "requests", queue)  # (the scheduler's, without look-ups)
-        snapshot = QueueSnapshot(builder.now, waiting, builder.decoding, builder.tpot_target_s)
+        snapshot = QueueSnapshot(builder.now, waiting, builder.decoding, builder.told)
         min_chunk = self.rules.min_chunk_tokens
         budget = step_budget_s(snapshot, self.rules, lambda: builder.time_with_chunk(min_chunk, 0))
         # beside a paused step the batch cannot pause, and whoever arrives during it waits for
