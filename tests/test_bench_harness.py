@@ -137,3 +137,20 @@ def test_a_text_prompt_for_a_front_that_takes_no_token_ids():
     assert len(ids) == 300 and all(isinstance(t, int) for t in ids)
     with pytest.raises(ValueError, match="endpoint"):
         BenchConfig(**{**cfg.__dict__, "endpoint": "generate"})
+
+
+def test_the_budgets_a_step_log_shows_in_a_span_of_time(tmp_path):
+    """What vllm_goodput.py prints of each medha server's run: the iteration budgets its
+    batches were planned in between two instants, each with its count, in the order they
+    first appeared (a server that resolved its defaults again mid-run shows two)."""
+    import json
+
+    from medha.benchmark.step_errors import budgets_between
+
+    log = tmp_path / "steps.jsonl"
+    rows = [(1.0, 0.15), (2.0, 0.15), (3.0, 0.05), (4.0, 0.15), (9.0, 0.25)]
+    log.write_text("".join(json.dumps({"scheduled_s": t, "budget_s": b}) + "\n" for t, b in rows))
+    assert budgets_between(log, 2.0, 4.0) == {0.15: 2, 0.05: 1}
+    assert list(budgets_between(log, 2.5, 4.0)) == [0.05, 0.15]
+    assert budgets_between(log, 5.0, 8.0) == {}
+    assert budgets_between(tmp_path / "none.jsonl", 0.0, 10.0) == {}

@@ -39,6 +39,7 @@ import csv
 import statistics
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -54,6 +55,7 @@ from medha.benchmark.routers import (
     running_router,
     serving_replicas,
 )
+from medha.benchmark.step_errors import budgets_between
 from medha.benchmark.vllm_servers import (
     Contender,
     add_contender_args,
@@ -158,9 +160,11 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     trace = capped_trace(args.trace, flags.max_model_len, out / "trace.csv")
     print(f"every run's requests.csv under {out}", file=sys.stderr)
-    runs = []  # (name, round, rate, folder, wall_s, errors)
+    runs = []  # (name, round, rate, folder, wall_s, errors, {budget: batches} of its step log)
     for rnd, name in alternated(list(servers), args.rounds):
-        with serving(args, servers[name], routers.get(name)) as url:
+        # (a single medha server's step log: the budgets its defaults resolved, run by run)
+        step_log = str(out / f"{rnd}-{name.replace(' ', '_')}-steps.jsonl")
+        with serving(args, servers[name], routers.get(name), step_log) as url:
             warm = BenchConfig(url=url, workload="prompt=64,output=8", qps=4.0, num_requests=4,
                                model="m", endpoint=endpoint,
                                out=str(out / "warm-up"))  # fmt: skip
@@ -182,24 +186,33 @@ def main() -> None:
                     tpot_slo_s=tpot,
                     send_slo=name in told,
                 )
+                began = time.monotonic()
                 summary = run_bench(cfg, progress=False)
+                budgets = budgets_between(step_log, began, time.monotonic())
                 wall, errors = summary["client"]["wall_s"], summary["client"]["errors"]
-                runs.append((name, rnd, rate, folder, wall, errors))
+                runs.append((name, rnd, rate, folder, wall, errors, budgets))
                 shown = ", ".join(f"{goodput(folder, s, wall):.3f}" for s in slos)
                 print(
                     f"round {rnd} {name} at {rate} req/s: {wall:.0f} s, {errors} errors, "
-                    f"goodput {shown} req/s",
+                    f"goodput {shown} req/s"
+                    + (f", budgets {shown_budgets(budgets)}" if budgets else ""),
                     file=sys.stderr,
                     flush=True,
                 )
     report(runs, servers, args.rates, slos, flags, args)
 
 
+def shown_budgets(budgets: dict[float, int]) -> str:
+    """`0.15 s (412 batches)`, or each budget a server's defaults moved to within the run."""
+    return ", then ".join(f"{b:.3g} s ({n} batches)" for b, n in budgets.items())
+
+
 @contextmanager
-def serving(args, contender: Contender, router: str | None) -> Iterator[str]:
-    """The base URL of `contender`'s server; with --replicas, of `router` in front of that many
-    replicas of it, replica i bound to the i-th core."""
-    env = server_env(args, contender)
+def serving(args, contender: Contender, router: str | None, step_log: str) -> Iterator[str]:
+    """The base URL of `contender`'s server, its batches logged to `step_log` (a medha
+    server's); with --replicas, of `router` in front of that many replicas of it, replica i
+    bound to the i-th core (no step log: the replicas would share the file)."""
+    env = server_env(args, contender, step_log if router is None else None)
     log = sys.stderr if args.verbose else None  # (None: the replicas' and router's output dropped)
     if router is None:
         with local_server(contender.command, quiet=not args.verbose, env=env) as url:
@@ -240,7 +253,7 @@ def report(runs, servers, rates, slos, flags, args) -> None:
         for name in names:
             cells = []
             for rate in rates:
-                mine = [goodput(f, slo, w) for n, _, r, f, w, _ in runs if n == name and r == rate]
+                mine = [goodput(f, slo, w) for n, _, r, f, w, *_ in runs if n == name and r == rate]
                 medians[name, rate, j] = statistics.median(mine)
                 each = " / ".join(f"{g:.3f}" for g in mine)
                 cells.append(f"{each} ({medians[name, rate, j]:.3f})")
@@ -262,6 +275,14 @@ def report(runs, servers, rates, slos, flags, args) -> None:
             print(
                 f"| {slo_label(slo)} | {rate:g} | {best} | {top:.3f} | " + " | ".join(ratios) + " |"
             )
+    logged = [(n, rnd, rate, budgets) for n, rnd, rate, _, _, _, budgets in runs if budgets]
+    if logged:
+        # (a medha server resolves its defaults again as its model is corrected: a run whose
+        # budget moved ran part of its requests in other steps than the rest)
+        print("\nmedha's iteration budget in each run (its step log; batches planned in it):\n")
+        print("| contender | round | rate | budgets |\n|---|---|---|---|")
+        for name, rnd, rate, budgets in logged:
+            print(f"| {name} | {rnd} | {rate:g} | {shown_budgets(budgets)} |")
     errors = sum(r[5] for r in runs)
     if errors:
         print(f"\n{errors} requests failed in all (see each run's requests.csv)")

@@ -1,6 +1,8 @@
 """How far a replica's predicted batch times are from its measured ones, batch by batch
 (issue 48's figure): read from medha's engine (EngineMetrics samples) or from the step log of
-medha's scheduler on vLLM (MEDHA_STEP_LOG, medha/vllm_executor/scheduler.py)."""
+medha's scheduler on vLLM (MEDHA_STEP_LOG, medha/vllm_executor/scheduler.py); and the
+iteration budgets a step log's batches were planned in over a span of time (the defaults a
+server resolved, and resolved again as its model was corrected)."""
 
 from __future__ import annotations
 
@@ -33,3 +35,18 @@ def read_step_log(path: str | Path) -> list[tuple[float, float]]:
         row = json.loads(line)
         pairs.append((row["measured_s"], row["predicted_s"]))
     return pairs
+
+
+def budgets_between(path: str | Path, start_s: float, end_s: float) -> dict[float, int]:
+    """{iteration budget: batches} of the batches a MEDHA_STEP_LOG file shows scheduled from
+    `start_s` to `end_s` (time.monotonic, the clock every process of the machine shares), in
+    the order each budget first appeared; {} without a log."""
+    path = Path(path)
+    if not path.exists():
+        return {}
+    seen: dict[float, int] = {}
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        if start_s <= row["scheduled_s"] <= end_s:
+            seen[row["budget_s"]] = seen.get(row["budget_s"], 0) + 1
+    return seen
