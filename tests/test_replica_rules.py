@@ -87,12 +87,12 @@ class Twin:
         finished = self.sched.update(batch, BatchResult(batch.predicted_time_s), self.now)
         self.clock.t = self.now
         for r in self.sched.live_requests():
-            self._tell_first(r)
+            self._tell_tokens(r)
         for r in finished:
-            self._tell_first(r)
+            self._tell_tokens(r)
             self.tracked.on_end(r.request_id)
 
-    def _tell_first(self, r: Request) -> None:
+    def _tell_tokens(self, r: Request) -> None:
         """The router sees a streamed request's first token, then each token after it."""
         rid = r.request_id
         if r.first_token_s is not None and rid not in self._told_first:
