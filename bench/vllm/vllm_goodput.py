@@ -17,7 +17,10 @@ request's TTFT and TPOT, so one run gives every --slo's goodput; the servers are
 (medha's defaults: no request carries an SLO of its own), except with --send-slo, which runs
 each medha contender again with every request carrying the first --slo's targets (the medha
 extension of the API: vLLM's has no field for them). `ttft=A+B*prompt` scales a request's
-TTFT target with its prompt, as the Medha paper's deadlines do.
+TTFT target with its prompt, as the Medha paper's deadlines do. Each single server keeps a
+step log (MEDHA_STEP_LOG, in --out), and the last table gives the iteration budgets each medha
+server's batches ran in, run by run: a server resolves its defaults again as its model is
+corrected, and a run whose budget moved ran part of its requests in other steps.
 
     python bench/vllm/vllm_goodput.py --replicas 2 \
         [--router medha-slack --router sglang-cache_aware]
@@ -29,7 +32,7 @@ routers.py: `medha route` with a dispatcher, SGLang's or vLLM's router with a po
 installed as `bench/route/route_slo.py --install-peers` installs them). Replicas and router
 start fresh for every contender of every round. "Best vLLM" at a rate and SLO is
 the vLLM setting with the highest median goodput there, chosen after the runs (it favours the
-peer); the last table gives each medha contender's goodput over it.
+peer); a table gives each medha contender's goodput over it.
 """
 
 from __future__ import annotations
