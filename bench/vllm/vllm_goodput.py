@@ -207,7 +207,7 @@ def main() -> None:
 
 def shown_budgets(budgets: dict[float, int]) -> str:
     """`0.15 s (412 batches)`, or each budget a server's defaults moved to within the run."""
-    return ", then ".join(f"{b:.3g} s ({n} batches)" for b, n in budgets.items())
+    return ", then ".join(f"{b:.4g} s ({n} batches)" for b, n in budgets.items())
 
 
 @contextmanager
