@@ -28,13 +28,14 @@ def prediction_error(pairs: list[tuple[float, float]]) -> tuple[float, int, int 
     return statistics.median(errors), len(errors), settled
 
 
+def step_rows(path: str | Path) -> list[dict]:
+    """Every step of a MEDHA_STEP_LOG file, in order (medha/scheduler/step_log.py)."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
+
+
 def read_step_log(path: str | Path) -> list[tuple[float, float]]:
     """(measured, predicted) of every step in a MEDHA_STEP_LOG file, in order."""
-    pairs = []
-    for line in Path(path).read_text().splitlines():
-        row = json.loads(line)
-        pairs.append((row["measured_s"], row["predicted_s"]))
-    return pairs
+    return [(row["measured_s"], row["predicted_s"]) for row in step_rows(path)]
 
 
 def budgets_between(path: str | Path, start_s: float, end_s: float) -> dict[float, int]:
@@ -45,8 +46,7 @@ def budgets_between(path: str | Path, start_s: float, end_s: float) -> dict[floa
     if not path.exists():
         return {}
     seen: dict[float, int] = {}
-    for line in path.read_text().splitlines():
-        row = json.loads(line)
+    for row in step_rows(path):
         if start_s <= row["scheduled_s"] <= end_s:
             seen[row["budget_s"]] = seen.get(row["budget_s"], 0) + 1
     return seen

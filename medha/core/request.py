@@ -26,6 +26,15 @@ from dataclasses import dataclass, field
 
 from medha.core.config import iteration_budget
 
+
+def mean_due_s(first_token_s: float, tokens: int, tpot_target_s: float, spp: int = 1) -> float:
+    """When the token after the first `tokens` of an answer falls due by a TPOT target kept as
+    a mean over the answer: the first token plus that many targets, scaled for pipelining as
+    the iteration budget is (Request.own_due_s; the router's model of a replica counts the
+    tokens it has seen)."""
+    return first_token_s + tokens * iteration_budget(tpot_target_s, spp)
+
+
 PREFIX_HASH_BLOCK = 512  # tokens per prefix hash id in a trace (the Mooncake format's block)
 PRIORITY_CLASSES = ("REALTIME", "HIGH", "NORMAL", "LOW")  # most urgent first
 DEFAULT_PRIORITY_CLASS = "NORMAL"
@@ -263,7 +272,7 @@ class Request:
         if target is None or not self.token_times_s:
             return None
         k = len(self.token_times_s) + self.num_placeholders
-        return self.token_times_s[0] + k * iteration_budget(target, spp)
+        return mean_due_s(self.token_times_s[0], k, target, spp)
 
     def slack(self, now: float) -> float:
         """s_r(t) = a_r + d_r - t - w_r(t): the one slack formula (the lrs and lars keys, the

@@ -44,8 +44,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
-from medha.core.config import iteration_budget
-from medha.core.request import Request
+from medha.core.request import Request, mean_due_s
 from medha.dispatch.base_dispatcher import DecodeShare, Pending, decode_token_s
 from medha.perf.predictor import Predictor
 from medha.perf.prefill_time_cache import PrefillTimeCache
@@ -138,7 +137,7 @@ class Routed:
         target = self.tpot_target_s
         if target is None or self.first_token_s is None:
             return None
-        return self.first_token_s + self.tokens * iteration_budget(target, spp)
+        return mean_due_s(self.first_token_s, self.tokens, target, spp)
 
     @property
     def num_uncached_tokens(self) -> int:

@@ -127,10 +127,10 @@ def nobody_waits(q: QueueSnapshot, rules: StepRules) -> bool:
     if rules.arrival_wait_s <= rules.iteration_budget_s:
         return False  # the cheap exit first: the step is the budget either way
     late = rules.overload_steps  # a late request waits on no step (off: on every step)
-    if q.told:
-        if any((not late or on_time(d)) and d.tpot_target_s is None for d in q.decoding):
-            return False
-    elif any(not late or on_time(d) for d in q.decoding):
+    told = q.told  # (a decode with its own target waits on told_due_s instead)
+    if any(
+        (not late or on_time(d)) and not (told and d.tpot_target_s is not None) for d in q.decoding
+    ):
         return False
     if len(q.waiting) <= 1:
         return True
