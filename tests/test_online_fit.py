@@ -334,6 +334,56 @@ def test_the_defaults_follow_the_corrected_model():
     assert set(targets) == {0.05} and given.config.arrival_wait_s == want.arrival_wait_s
 
 
+def test_the_regime_follows_the_load_run_and_holds_within_the_margin():
+    """Issue 69: medha on vLLM on the AMX Xeon resolved its defaults to 0.127 s, 0.05 s and
+    0.15 s over one run, at the 16th, 1,024th and 2,048th batch, as its model's price of 0.05 s
+    steps wandered across the line (1.22-1.55) with up to 10 decodes beside each chunk that it
+    did not count. A resolution now prices the decodes the engine's batches have had beside a
+    chunk (`saw`; a probe is not load) and leaves the regime it holds only at a price past the
+    line by REGIME_MARGIN (once a resolution from the corrected model holds one: the base's
+    regime is no anchor). SmolLM2 on the reference CPU's roofline, its linear work and chunks'
+    attention at a scale the learner sets; one decode beside a chunk prices 0.05 s at 1.49x
+    at 0.6, 1.36x at 0.5, 1.28x at 0.4, 2.01x at 0.8 (test_chunking_price)."""
+    from medha.scheduler.config import SchedulerConfig
+    from medha.scheduler.config_defaults import resolve_config
+    from medha.scheduler.recalibration import Recalibration
+    from medha.testing.reference_cpu import REFERENCE_CPU
+
+    p = CorrectedPredictor(
+        RooflinePredictor(get_model("smollm2-135m"), REFERENCE_CPU, ParallelConfig())
+    )
+    given = SchedulerConfig(max_model_len=8192)
+
+    def scaled(x: float) -> None:
+        p.set_theta((0.0, 0.0, x, x, 1.0))
+
+    rc = Recalibration(given, p, StepLearner(p))
+    config = resolve_config(given, p)
+    assert rc.beside == 1
+
+    def target() -> float:
+        nonlocal config
+        config = rc.resolve_again(config) or config
+        return config.tpot_target_s
+
+    scaled(0.8)  # 2.01x: shorts first, the regime held from now on
+    assert target() > 0.05
+    scaled(0.6)  # 1.49x: a fresh resolution takes 0.05 s; one holding shorts first does not
+    assert resolve_config(given, p).tpot_target_s == 0.05
+    assert target() > 0.05
+    scaled(0.4)  # 1.28x, past the margin: 0.05 s
+    assert target() == 0.05
+    scaled(0.6)  # and back: it holds 0.05 s now
+    assert target() == 0.05
+    for _ in range(10):  # a chat's load: four decodes beside each chunk, and decode-only batches
+        rc.saw(1, 4)
+        rc.saw(0, 6)
+    assert rc.beside == 4
+    scaled(0.5)  # 1.36x with one decode beside a chunk, 1.75x with four: shorts first
+    assert resolve_config(given, p).tpot_target_s == 0.05
+    assert target() > 0.05
+
+
 def test_a_resolution_spread_over_batches_ends_where_one_at_once_does():
     """Issue 69: on an executor a re-resolution of the defaults runs a slice a batch
     (Recalibration's `slice_s`, by its clock), on a snapshot of the model as it stood when it

@@ -34,6 +34,15 @@ from medha.scheduler.config import SchedulerConfig
 SLO_TPOT_S = 0.05
 AFFORDABLE_PRICE = 1.5
 TARGET_PRICE = 1.1
+# How far past AFFORDABLE_PRICE a resolution must find the price to leave the regime the
+# defaults hold (0.05 s steps, or shorts first): the learner's corrections move it by more than
+# chance does near the line (issue 69: on the AMX Xeon, medha on vLLM's price of a max-length
+# prompt at 0.05 s went 1.52, 1.22, 1.23, 1.38, ..., 1.55 over one run's resolutions, and its
+# defaults went 0.127 s, 0.05 s, 0.15 s, its long prompts taking twice as long in the 0.05 s
+# part). The margin is the learner's own: a resolution runs only once a probe shape's time
+# moved by 10% (REDEFAULT_MOVE, recalibration.py), so a price within 10% of the line is not
+# read as a move across it.
+REGIME_MARGIN = 0.1
 # a step nobody waits on is made as long as chunking has a price worth saving
 NEGLIGIBLE_PRICE = 1.02
 # Shorts first where chunking is dear (issue 48): the defaults keep the short requests' targets
@@ -53,6 +62,15 @@ CHAT_PROMPT_TOKENS = 512
 PAUSE_WAIT_SHARE = 1 / 3
 
 
+@dataclasses.dataclass(frozen=True)
+class Resolution:
+    """A resolved config and the regime its defaults were resolved in: `affordable` (0.05 s
+    steps), or not (shorts first); None where the config gave every value the regime sets."""
+
+    config: SchedulerConfig
+    affordable: bool | None
+
+
 def resolve_config(config: SchedulerConfig, predictor: Predictor) -> SchedulerConfig:
     """`config` with the hardware-dependent defaults filled in, so that everyone (the
     scheduler, its packer and policy, the KV arbiter, the simulator's metrics) reads one
@@ -66,20 +84,32 @@ def resolve_config(config: SchedulerConfig, predictor: Predictor) -> SchedulerCo
     long-context variants of a model (RoPE-scaled) share its shapes; the engine checks its
     real checkpoint's limit. long_prefill_threshold: `default_long_threshold`. prefix_cache:
     off, the simulator's default (medha's engine chooses its own before: size_host_memory)."""
-    return finish(resolve_steps(config, predictor))
+    return finish(resolve_steps(config, predictor)).config
 
 
-def resolve_steps(config: SchedulerConfig, predictor: Predictor) -> Steps[SchedulerConfig]:
+def resolve_steps(
+    config: SchedulerConfig,
+    predictor: Predictor,
+    beside: int = 1,
+    held: bool | None = None,
+) -> Steps[Resolution]:
     """`resolve_config`, a step of a chunk walk at a time (Recalibration spreads it over an
-    engine's steps)."""
+    engine's steps), with the regime it resolved in. `beside` and `held`: as `affordable`
+    takes them (Recalibration's, from the load the engine has run and the regime it holds)."""
     if config.is_resolved:
-        return config
+        return Resolution(config, None)
     max_model_len = config.max_model_len or predictor.model.max_context
     spp = predictor.parallel.spp
     chunks = (config.min_chunk_tokens, config.max_batch_tokens)
     pause = bool(config.pause_steps)
+    # the regime, where a default it sets is left unset: the TPOT target, or the arrival wait
+    # of steps that do not pause
+    cheap = None
+    waits = not (config.arrival_wait_s or pause or config.iteration_budget_s)
+    if not config.tpot_target_s or waits:
+        cheap = yield from affordable_steps(predictor, max_model_len, *chunks, pause, beside, held)
     target = config.tpot_target_s or (
-        yield from default_tpot_target_steps(predictor, max_model_len, *chunks, pause)
+        yield from default_tpot_target_steps(predictor, max_model_len, *chunks, cheap)
     )
     budget = config.iteration_budget_s or iteration_budget(target, spp)
     floor = config.min_ttft_deadline_s or max(MIN_TTFT_DEADLINE_S, 2 * budget)
@@ -94,10 +124,10 @@ def resolve_steps(config: SchedulerConfig, predictor: Predictor) -> Steps[Schedu
     else:
         shortest = config.ttft_deadline_s or floor
         wait = yield from default_arrival_wait_steps(
-            predictor, budget, shortest, max_model_len, chunks
+            predictor, budget, shortest, max_model_len, chunks, cheap
         )
     long_threshold = config.long_prefill_threshold or default_long_threshold(max_model_len)
-    return dataclasses.replace(
+    resolved = dataclasses.replace(
         config,
         prefix_cache=config.prefix_cache or "off",
         tpot_target_s=target,
@@ -108,6 +138,7 @@ def resolve_steps(config: SchedulerConfig, predictor: Predictor) -> Steps[Schedu
         long_prefill_threshold=long_threshold,
         pause_steps=pause,
     )
+    return Resolution(resolved, cheap)
 
 
 def default_tpot_target_steps(
@@ -115,17 +146,17 @@ def default_tpot_target_steps(
     max_model_len: int,
     min_chunk: int,
     max_chunk: int | None,
-    pause: bool = False,
+    cheap: bool,
 ) -> Steps[float]:
-    """0.05 s where the predictor prices chunking a max-length prompt (up to 32K tokens) at
-    that budget within 1.5x (`affordable`, with the decodes' own steps where steps pause);
-    elsewhere the smallest budget that prices it within 1.1x, but never past a reading pace
-    (READING_TPOT_S: shorts first). The price is against
+    """0.05 s where the hardware can afford it (`cheap`, which `affordable` finds:
+    the predictor prices chunking a max-length prompt, up to 32K tokens, at that budget within
+    1.5x); elsewhere the smallest budget that prices it within 1.1x, but never past a reading
+    pace (READING_TPOT_S: shorts first). The price is against
     the largest steps the engine runs (`max_chunk` tokens: vLLM's cap on a step; none: the
     whole prompt). Never below one step of a `min_chunk`-token prefill alone either: where even
     that takes longer than a reading pace (a slow dtype, a busy machine), a shorter budget would
     cut every prompt into chunks of a few tokens, each paying the whole step's fixed cost."""
-    if (yield from affordable_steps(predictor, max_model_len, min_chunk, max_chunk, pause)):
+    if cheap:
         return SLO_TPOT_S
     spp = predictor.parallel.spp
     n = priced_prompt(max_model_len)
@@ -145,26 +176,41 @@ def affordable(
     min_chunk: int,
     max_chunk: int | None = None,
     pause: bool = False,
+    beside: int = 1,
+    held: bool | None = None,
 ) -> bool:
     """Whether the hardware gives both: steps at the SLO's TPOT (0.05 s) chunk a max-length
-    prompt (up to 32K tokens) within AFFORDABLE_PRICE. Not where no step keeps that budget
-    somewhere in the prompt: where a step of a `min_chunk`-token prefill alone is already
-    longer at its start, or one token is at its end (after the whole prompt's KV). There the
-    walk runs `min_chunk` steps whatever the budget, and their price says nothing of the budget:
-    a machine this slow at the start priced within 1.5x there flipped to 0.05 s steps from one
-    start to the next; and at 32K tokens of SmolLM2, where vLLM's CPU roofline prices a lone
-    token after 30K at 0.091 s, 32-token steps over the deep end priced 0.05 s at 1.35x (less
-    than 0.15 s's 1.42x, whose steps there are of a few tokens), and medha on vLLM took 3.7x
-    threshold 128's TTFT (docs/vllm.md, the 32K run).
+    prompt (up to 32K tokens) within AFFORDABLE_PRICE, with `beside` decodes of a chat beside
+    it (the load the engine has run: at least one, for a step's budget binds only where someone
+    shares the machine). Not where no step keeps that budget somewhere in the prompt: where a
+    step of a `min_chunk`-token prefill alone is already longer at its start, or one token is
+    at its end (after the whole prompt's KV). There the walk runs `min_chunk` steps whatever
+    the budget, and their price says nothing of the budget: a machine this slow at the start
+    priced within 1.5x there flipped to 0.05 s steps from one start to the next; and at 32K
+    tokens of SmolLM2, where vLLM's CPU roofline prices a lone token after 30K at 0.091 s,
+    32-token steps over the deep end priced 0.05 s at 1.35x (less than 0.15 s's 1.42x, whose
+    steps there are of a few tokens), and medha on vLLM took 3.7x threshold 128's TTFT
+    (docs/vllm.md, the 32K run).
 
-    Where steps pause (`pause`), the decodes beside a long prompt run steps of their own, one
-    every TPOT target, each reading the weights again; the long prompt keeps what they leave
-    of the machine, so its price is the chunks' over that share (`decode_share`). Counting the
-    chunks alone, on a 2-core AMX Xeon a start-up probe whose model priced 4 decodes' step at
-    0.023 s (0.032 s measured; 0.035 s on the start before) put an 8,192-token prompt within
-    1.5x at 0.05 s, where the 4 decodes beside it then took about half of every 0.05 s and its
-    TTFT was 4.1x plain vLLM's (issue 68; docs/vllm.md)."""
-    return finish(affordable_steps(predictor, max_model_len, min_chunk, max_chunk, pause))
+    The decodes take their share of the machine (`decode_share`), and the long prompt's price
+    is the chunks' over what they leave. Where steps pause (`pause`), they run steps of their
+    own, one every TPOT target, each reading the weights again: counting the chunks alone, on a
+    2-core AMX Xeon a start-up probe whose model priced 4 decodes' step at 0.023 s (0.032 s
+    measured) put an 8,192-token prompt within 1.5x at 0.05 s, where the 4 decodes beside it
+    then took about half of every 0.05 s and its TTFT was 4.1x plain vLLM's (issue 68). Where
+    steps do not pause (vLLM), they ride in the chunk's step, which then holds a chunk of what
+    they leave of the budget: counting the chunks alone, medha on vLLM on the same machine,
+    its model learned from a chat trace (about 1.4 ms a sequence of a step, up to 10 decodes
+    beside a chunk), priced an 8,192-token prompt within 1.5x at 0.05 s and ran there, its
+    4,089-token prompt taking 5.56 s against 2.8-3.3 s in the 0.15 s steps it resolved before
+    and after (docs/vllm.md).
+
+    `held`: the regime the defaults hold now (True: 0.05 s; False: shorts first; None: none
+    yet). Leaving it takes a price past the line by REGIME_MARGIN, so a model that moves by
+    less than the learner's own tolerance does not flip the defaults."""
+    return finish(
+        affordable_steps(predictor, max_model_len, min_chunk, max_chunk, pause, beside, held)
+    )
 
 
 def affordable_steps(
@@ -173,28 +219,48 @@ def affordable_steps(
     min_chunk: int,
     max_chunk: int | None,
     pause: bool = False,
+    beside: int = 1,
+    held: bool | None = None,
 ) -> Steps[bool]:
     """`affordable`, a step of a chunk walk at a time."""
     slo_budget = iteration_budget(SLO_TPOT_S, predictor.parallel.spp)
     n = priced_prompt(max_model_len)
-    # the first step of the walk, and a token at its deep end (which reads the whole prompt's KV)
-    if predictor.prefill_step_time(min(min_chunk, n), 0) > slo_budget:
-        return False
-    if predictor.prefill_step_time(1, n - 1) > slo_budget:
-        return False
-    left = 1 - decode_share(predictor, SLO_TPOT_S, max_model_len) if pause else 1.0
+    share = decode_share(predictor, SLO_TPOT_S, max_model_len, beside, pause)
+    left = 1 - share
     if left <= 0:
         return False
-    price = yield from chunking_price_steps(predictor, slo_budget, n, min_chunk, max_chunk)
-    return price / left <= AFFORDABLE_PRICE
+    # the chunk's own budget: the whole step's where the decodes run steps of their own, what
+    # they leave of it where they ride in it
+    chunk_budget = slo_budget if pause else slo_budget * left
+    # the first step of the walk, and a token at its deep end (which reads the whole prompt's KV)
+    if predictor.prefill_step_time(min(min_chunk, n), 0) > chunk_budget:
+        return False
+    if predictor.prefill_step_time(1, n - 1) > chunk_budget:
+        return False
+    price = yield from chunking_price_steps(predictor, chunk_budget, n, min_chunk, max_chunk)
+    line = AFFORDABLE_PRICE
+    if held is not None:
+        line *= (1 + REGIME_MARGIN) if held else 1 / (1 + REGIME_MARGIN)
+    return price / left <= line
 
 
-def decode_share(predictor: Predictor, tpot_target_s: float, max_model_len: int) -> float:
-    """The share of the machine a chat's decode takes, as a step of its own every
-    `tpot_target_s` (where steps pause: beside a long prompt's paused step): one decode after a
-    chat's prompt (CHAT_PROMPT_TOKENS, or the whole context if shorter)."""
+def decode_share(
+    predictor: Predictor,
+    tpot_target_s: float,
+    max_model_len: int,
+    beside: int = 1,
+    pause: bool = True,
+) -> float:
+    """The share of the machine `beside` chats' decodes take beside a long prompt, one token
+    each every `tpot_target_s`, after a chat's prompt (CHAT_PROMPT_TOKENS, or the whole context
+    if shorter): where steps pause (`pause`), as a step of their own; where they do not, what
+    they add to a chunk's step (a chat-sized chunk's)."""
     context = min(CHAT_PROMPT_TOKENS, max_model_len)
-    return predictor.shape_time((), [context]) / tpot_target_s
+    decodes = [context] * max(1, beside)
+    if pause:
+        return predictor.shape_time((), decodes) / tpot_target_s
+    chunk = [(context, 0)]
+    return (predictor.shape_time(chunk, decodes) - predictor.shape_time(chunk)) / tpot_target_s
 
 
 def default_arrival_wait_steps(
@@ -203,12 +269,13 @@ def default_arrival_wait_steps(
     shortest_s: float,
     max_model_len: int,
     chunks: tuple[int, int | None],
+    cheap: bool,
 ) -> Steps[float]:
     """The longest step no decode and no short prefill waits on: as long as chunking still has
     a price worth saving (the budget at which a max-length prompt, up to 32K tokens, costs
     within 1.02x), but at most half `shortest_s`, the shortest TTFT deadline a request arriving
     now could have (the configured one, or the floor under the default deadlines), so that it
-    waits at most half its deadline for the next step; where chunking is dear (not
+    waits at most half its deadline for the next step; where chunking is dear (not `cheap`:
     `affordable`), at most a chat's own time alone too (`chat_time_s`: shorts first); never
     below the iteration budget. `chunks`: the least and the most tokens of a step (as
     `default_tpot_target_steps` prices)."""
@@ -216,7 +283,7 @@ def default_arrival_wait_steps(
         return budget_s
     n = priced_prompt(max_model_len)
     most = shortest_s / 2
-    if not (yield from affordable_steps(predictor, max_model_len, *chunks)):
+    if not cheap:
         most = min(most, chat_time_s(predictor, max_model_len))
     found = yield from budget_for_price_steps(predictor, NEGLIGIBLE_PRICE, n, *chunks, most)
     return max(budget_s, found)

@@ -4,9 +4,10 @@ A scheduler given a `StepLearner` (an executor's: medha's engine, the vLLM execu
 simulator's replay of the convoy) holds a `Recalibration`, which owns the config as the caller
 gave it and when the defaults it leaves unset are resolved again from the corrected model:
 the start-up probe's loop, the learner's batch counts at which a resolution is due, the probe
-shapes' times of the last one, and the resolution in progress. The scheduler applies what it
-resolves (its config, packer and policy are its own); the simulator attaches no learner, so its
-defaults never move.
+shapes' times of the last one, the regime it resolved in, the load the engine has run (how
+many decodes a prefill chunk has had beside it) and the resolution in progress. The scheduler
+applies what it resolves (its config, packer and policy are its own); the simulator attaches no
+learner, so its defaults never move.
 
 A resolution walks a max-length prompt's chunks many times over (milliseconds in Python, tens
 of them where the model's step times are not cached yet; at a 32K context, whose walks run
@@ -29,7 +30,7 @@ from medha.perf.chunking_price import Steps, finish
 from medha.perf.online_fit import StepLearner, probe_shapes
 from medha.perf.predictor import Predictor
 from medha.scheduler.config import SchedulerConfig
-from medha.scheduler.config_defaults import resolve_steps
+from medha.scheduler.config_defaults import Resolution, resolve_steps
 
 log = logging.getLogger("medha.scheduler")
 
@@ -90,8 +91,32 @@ class Recalibration:
         self._redefault_at = REDEFAULT_FIRST  # the learner's batches at the next re-resolution
         # the probe shapes' times the defaults were last resolved from
         self._resolved_probes = learner.probe_times()
-        self._pending: Steps[SchedulerConfig] | None = None  # the resolution in progress
+        self._pending: Steps[Resolution] | None = None  # the resolution in progress
         self._reprice_due = False  # one spread over batches ended: the next batch reprices
+        # the regime the defaults hold (config_defaults.affordable) since a resolution from the
+        # corrected model: not the base's, which the start-up probe or the first batches
+        # correct by factors (a CPU's roofline, 2-6x off, puts it in the 0.05 s regime)
+        self._held: bool | None = None
+        # the batches run with a prefill chunk, and the decodes beside their chunks
+        self._chunk_batches = 0
+        self._decodes_beside = 0
+
+    def saw(self, prefills: int, decodes: int) -> None:
+        """One batch the engine ran (not a probe): its prefill chunks and decodes, the load the
+        defaults' regime is priced for (`beside`)."""
+        if prefills:
+            self._chunk_batches += 1
+            self._decodes_beside += decodes
+
+    @property
+    def beside(self) -> int:
+        """The decodes a prefill chunk has had beside it in this engine's batches, on average
+        (rounded; at least one: a step's budget binds only where someone shares it). vLLM's
+        steps carry both (the convoy's replay: 4.5 a chunk); medha's engine runs its decodes in
+        batches of their own beside a paused step, so it counts one, as the rule did before."""
+        if not self._chunk_batches:
+            return 1
+        return max(1, round(self._decodes_beside / self._chunk_batches))
 
     def probe(self, measure: Callable[[list, list], float | None], context: int) -> tuple[int, int]:
         """The learner's probe shapes within `context` tokens, each timed by
@@ -127,7 +152,7 @@ class Recalibration:
         self._pending = None
         if not self._probes_moved():
             return None
-        return self._resolved(config, finish(resolve_steps(self.given, self.predictor)))
+        return self._resolved(config, finish(self._resolve_steps(self.predictor)))
 
     def follow(self, config: SchedulerConfig, moved: bool) -> tuple[SchedulerConfig | None, bool]:
         """After each batch the learner was shown (`moved`: its correction moved the model):
@@ -147,7 +172,7 @@ class Recalibration:
                 return None, reprice
             # (spread over batches, every walk prices one model, whatever the learner does)
             model = self.predictor.snapshot() if self.spread else self.predictor
-            self._pending = resolve_steps(self.given, model)
+            self._pending = self._resolve_steps(model)
         if reprice and self.spread:
             return None, True
         resolved = self._advance()
@@ -161,6 +186,11 @@ class Recalibration:
             else:
                 self._reprice_due = True
         return resolved, reprice
+
+    def _resolve_steps(self, model: Predictor) -> Steps[Resolution]:
+        """The given config resolved from `model`, for the load run so far, a price past the
+        line by a margin needed to leave the regime held (config_defaults.affordable)."""
+        return resolve_steps(self.given, model, self.beside, self._held)
 
     def _probes_moved(self) -> bool:
         """Whether a probe shape's time moved by more than REDEFAULT_MOVE since the last
@@ -191,16 +221,19 @@ class Recalibration:
         except StopIteration as done:
             return done.value
 
-    def _resolved(
-        self, config: SchedulerConfig, resolved: SchedulerConfig
-    ) -> SchedulerConfig | None:
-        """`resolved`, logged, or None where it is `config`."""
+    def _resolved(self, config: SchedulerConfig, resolution: Resolution) -> SchedulerConfig | None:
+        """`resolution`'s config, logged, or None where it is `config`; its regime is held from
+        now on."""
+        resolved = resolution.config
+        if resolution.affordable is not None:
+            self._held = resolution.affordable
         if resolved == config:
             return None
         log.info(
-            "defaults resolved again from the corrected model after %d batches: TPOT target "
-            "%.3g s, iteration budget %.3g s, arrival wait %.3g s, TTFT deadline floor %.3g s",
-            self.learner.observed, resolved.tpot_target_s, resolved.iteration_budget_s,
-            resolved.arrival_wait_s, resolved.min_ttft_deadline_s,
+            "defaults resolved again from the corrected model after %d batches (%d decodes beside "
+            "a chunk): TPOT target %.3g s, iteration budget %.3g s, arrival wait %.3g s, TTFT "
+            "deadline floor %.3g s",
+            self.learner.observed, self.beside, resolved.tpot_target_s,
+            resolved.iteration_budget_s, resolved.arrival_wait_s, resolved.min_ttft_deadline_s,
         )  # fmt: skip
         return resolved

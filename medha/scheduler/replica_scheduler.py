@@ -447,9 +447,11 @@ class ReplicaScheduler:
         if batch.swap_in or batch.swap_out or batch.cache_in or batch.cache_out:
             return
         learner = self.learner
-        moved = learner.observe(*batch.shape(), measured_s) and learner.moved()
+        prefills, decodes = batch.shape()
+        moved = learner.observe(prefills, decodes, measured_s) and learner.moved()
         if moved:
             self.prefill_times.reset()
+        self.recalibration.saw(len(prefills), len(decodes))
         config, reprice = self.recalibration.follow(self.config, moved)
         if config is not None:
             self._apply(config)
