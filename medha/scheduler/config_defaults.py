@@ -181,12 +181,13 @@ def affordable(
 ) -> bool:
     """Whether the hardware gives both: steps at the SLO's TPOT (0.05 s) chunk a max-length
     prompt (up to 32K tokens) within AFFORDABLE_PRICE, with `beside` decodes of a chat beside
-    it (the load the engine has run: at least one, for a step's budget binds only where someone
-    shares the machine). Not where no step keeps that budget somewhere in the prompt: where a
-    step of a `min_chunk`-token prefill alone is already longer at its start, or one token is
-    at its end (after the whole prompt's KV). There the walk runs `min_chunk` steps whatever
-    the budget, and their price says nothing of the budget: a machine this slow at the start
-    priced within 1.5x there flipped to 0.05 s steps from one start to the next; and at 32K
+    it (the load the engine has run, `Recalibration.beside`: at least one, for a step's budget
+    binds only where someone shares the machine). Not where no step keeps that budget
+    somewhere in the prompt: where a step of a `min_chunk`-token prefill alone is already
+    longer at its start, or one token is at its end (after the whole prompt's KV). There the
+    walk runs `min_chunk` steps whatever the budget, and their price says nothing of the
+    budget: a machine this slow at the start priced within 1.5x there flipped to 0.05 s steps
+    from one start to the next; and at 32K
     tokens of SmolLM2, where vLLM's CPU roofline prices a lone token after 30K at 0.091 s,
     32-token steps over the deep end priced 0.05 s at 1.35x (less than 0.15 s's 1.42x, whose
     steps there are of a few tokens), and medha on vLLM took 3.7x threshold 128's TTFT
@@ -256,7 +257,7 @@ def decode_share(
     if shorter): where steps pause (`pause`), as a step of their own; where they do not, what
     they add to a chunk's step (a chat-sized chunk's)."""
     context = min(CHAT_PROMPT_TOKENS, max_model_len)
-    decodes = [context] * max(1, beside)
+    decodes = [context] * beside
     if pause:
         return predictor.shape_time((), decodes) / tpot_target_s
     chunk = [(context, 0)]
