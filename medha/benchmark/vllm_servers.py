@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 @dataclass
 class ServerFlags:
     model: str
-    dtype: str = "auto"  # vLLM's choice: bfloat16 where the CPU has it
+    dtype: str = "auto"  # as server_flags resolves it: float32 on a CPU without bf16
     max_model_len: int = 8192
     kv_gib: float = 2.0
     max_num_batched_tokens: int = 2048
@@ -109,7 +109,13 @@ def _medha_serve(flags: ServerFlags, medha: dict, port: int, engine: list[str]) 
 
 def add_server_args(ap) -> None:
     ap.add_argument("--model", default=None, help="model directory (default: SmolLM2)")
-    ap.add_argument("--dtype", default="auto", help="vLLM's --dtype (default auto: bf16 here)")
+    ap.add_argument(
+        "--dtype",
+        default="auto",
+        help="every server's --dtype (default auto: medha's rule, float32 on a CPU without bf16 "
+        "instructions, where vLLM's own auto would emulate the checkpoint's bf16; else vLLM's "
+        "choice)",
+    )
     ap.add_argument("--kv-gib", type=float, default=2.0, help="KV cache of each server (GiB)")
     ap.add_argument(
         "--max-model-len",
@@ -144,9 +150,11 @@ def server_flags(args) -> ServerFlags:
         from medha.engine.checkpoint import resolve_model
 
         model = str(resolve_model("smollm2"))
+    from medha.vllm_executor.settings import vllm_dtype_arg
+
     return ServerFlags(
         model=model,
-        dtype=args.dtype,
+        dtype=vllm_dtype_arg(args.dtype),  # the same for every server, tuned peers included
         kv_gib=args.kv_gib,
         max_model_len=args.max_model_len,
         max_num_batched_tokens=args.max_num_batched_tokens,

@@ -70,7 +70,8 @@ def vllm_engine_args(
     """Keyword arguments for vLLM's `EngineArgs` (or `vllm.LLM`) running medha's scheduler.
 
     What each medha flag becomes: --model (the embedded `smollm2` is its converted checkpoint
-    directory), --dtype (auto: vLLM's choice, bfloat16 where the CPU has it), --kv-memory-gb
+    directory), --dtype (auto: vLLM's choice, but float32 on a CPU without bf16 instructions, as on
+    medha's engine: `vllm_dtype_arg`), --kv-memory-gb
     (vLLM's kv_cache_memory_bytes), --block-size (vLLM's own choice while it is medha's default:
     vLLM's CPU attention refuses 16, it takes multiples of 32), --tp (tensor_parallel_size),
     --predictor, --calibrate and the scheduler flags (the `medha` object of additional_config,
@@ -81,6 +82,7 @@ def vllm_engine_args(
     process's environment). --spp and --kvp are medha's engine's alone."""
     from medha.engine.checkpoint import EMBEDDED, embedded_smollm2
     from medha.engine.errors import EngineError
+    from medha.vllm_executor.settings import vllm_dtype_arg
 
     if engine.spp != 1 or engine.kvp != 1:
         raise ValueError(
@@ -103,7 +105,7 @@ def vllm_engine_args(
     medha["calibrate"] = engine.calibrate  # resolved: --calibrate, else $MEDHA_CALIBRATE
     args = {
         "model": model,
-        "dtype": engine.dtype,
+        "dtype": vllm_dtype_arg(engine.dtype),
         "kv_cache_memory_bytes": int(engine.kv_memory_gb * (1 << 30)),
         "tensor_parallel_size": engine.tp,
         "scheduler_cls": SCHEDULER_CLS,

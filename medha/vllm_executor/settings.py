@@ -39,6 +39,24 @@ def vllm_profile_path(model: str, device: str, dtype: str, tp: int = 1) -> Path:
     return cache_dir() / "profiles" / f"{name}-vllm-{device}-{dtype}{layout}.json"
 
 
+def vllm_dtype_arg(dtype: str) -> str:
+    """What medha passes vLLM as --dtype for medha's `dtype`: as given, but `auto` as medha's
+    engine resolves it where the two rules part: float32 on a CPU without bf16 instructions
+    (neither AVX512-BF16 nor AMX). vLLM's auto keeps a bf16 checkpoint's bf16 on any CPU, where
+    it is emulated: on a 2-core Ice Lake Xeon SmolLM2's 6,000-token prompt took 29.5 s in bf16
+    and 16.9 s in float32, eight short chats 2.06 s and 0.89 s (docs/vllm.md, "Another machine
+    kind"). Elsewhere (CUDA, a CPU with bf16) `auto` stays vLLM's choice."""
+    if dtype != "auto":
+        return dtype
+    import torch
+
+    from medha.engine.setup import resolve_dtype, resolve_device
+
+    if resolve_dtype("auto", resolve_device("auto")) == torch.float32:
+        return "float32"
+    return dtype
+
+
 def vllm_dtype(model_config) -> str:
     """The dtype vLLM runs the model in, by name (`bfloat16`)."""
     return str(model_config.dtype).removeprefix("torch.")
