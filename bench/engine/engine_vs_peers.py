@@ -21,9 +21,10 @@ auto, its CPU thread binding, which on a 2-core machine gives the model one core
 installed, `vLLM all cores` (the same with its OpenMP threads bound to every core; only when
 named), `vLLM ARGS` for each --peer (vLLM tuned as its users tune it against the convoy, e.g.
 `--peer '--long-prefill-token-threshold 256'`; bound to every core, as `vLLM all cores`, in
-float32 on a CPU without bf16 instructions, and run by default once given), `llama.cpp` (`llama-server` on the same weights converted to GGUF,
---llama-gguf) when given. Every server gets the same context length (8,192) and KV memory (2 GiB).
-Prints a table per round and medha / peer ratios (goal <= 1.5x each, >= 1 for mix).
+float32 on a CPU without bf16 instructions, and run by default once given), `llama.cpp`
+(`llama-server` on the same weights converted to GGUF, --llama-gguf) when given. Every server
+gets the same context length (8,192) and KV memory (2 GiB). Prints a table per round and
+medha / peer ratios (goal <= 1.5x each, >= 1 for mix).
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ def vllm_dtype_arg(dtype: str) -> str:
         return dtype
     import torch
 
-    from medha.engine.setup import resolve_dtype, resolve_device
+    from medha.engine.setup import resolve_device, resolve_dtype
 
     if resolve_dtype("auto", resolve_device("auto")) == torch.float32:
         return "float32"
