@@ -63,13 +63,17 @@ def _float32_by_default():
     """`--dtype auto` is bfloat16 on a CPU with bf16 instructions, float32 on others: the
     tests' engines compute in float32 on every machine (token identity with transformers in
     float32 is exact there), unless a test asks for bfloat16. Servers the tests start get
-    `--dtype float32` (test_server.Server)."""
+    `--dtype float32` (test_server.Server). And on torch's ops, the exact reference, which
+    `--kernels auto` leaves for vLLM's on a CPU with AVX-512 and no bf16 (where float32 is
+    served): in this process the CPU has no AVX-512 either (tests of the rule say which CPU
+    they mean); the servers the tests start follow the real CPU's rule."""
     from medha.perf import hardware_specs
 
-    real = hardware_specs.cpu_has_bf16
     patch = pytest.MonkeyPatch()
-    # this machine's answer is no; a given cpuinfo text is still parsed
-    patch.setattr(hardware_specs, "cpu_has_bf16", lambda cpuinfo=None: cpuinfo and real(cpuinfo))
+    # this machine's answers are no; a given cpuinfo text is still parsed
+    for name in ("cpu_has_bf16", "cpu_has_avx512"):
+        parse = getattr(hardware_specs, name)
+        patch.setattr(hardware_specs, name, lambda cpuinfo=None, f=parse: cpuinfo and f(cpuinfo))
     yield
     patch.undo()
 

@@ -54,11 +54,8 @@ def test_every_server_runs_float32_where_the_cpu_has_no_bf16(monkeypatch):
     result: on a CPU without bf16 instructions, float32 (vLLM's own auto would run the
     checkpoint's bf16 emulated: 1.75x slower on a 6,000-token prompt on an Ice Lake Xeon, a
     peer no user would keep); elsewhere vLLM's choice; an explicit dtype as given."""
-    import torch
-
     from medha.perf import hardware_specs
 
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     for has_bf16, auto in ((False, "float32"), (True, "auto")):
         monkeypatch.setattr(hardware_specs, "cpu_has_bf16", lambda has=has_bf16: has)
         for argv, want in (((), auto), (("--dtype", "bfloat16"), "bfloat16")):

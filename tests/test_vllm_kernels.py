@@ -9,7 +9,7 @@ import torch
 from medha.benchmark.logits import prefill_logits
 from medha.engine.checkpoint import resolve_model
 from medha.engine.errors import EngineError
-from medha.engine.layers.vllm_kernels import gemm_runs, resolve_kernels
+from medha.engine.layers.vllm_kernels import gemm_runs, loadable, resolve_kernels
 from medha.engine.llm import LLM
 from medha.engine.model_runner import ModelRunner
 from medha.engine.sampling_params import SamplingParams
@@ -49,6 +49,30 @@ def hf():
         AutoModelForCausalLM.from_pretrained(path, dtype=dt).eval()
         for dt in (torch.float32, torch.bfloat16)
     )
+
+
+def test_auto_takes_vllm_kernels_for_float32_where_the_cpu_serves_it(monkeypatch):
+    """A CPU with AVX-512 and no bf16 instructions serves float32 (`--dtype auto`), and there
+    vLLM's prepacked GEMMs run it much faster than torch's ops (docs/vllm.md, "Another machine
+    kind"): auto takes them where they can run. A CPU with bf16 serves bf16, and float32, asked
+    for, stays the exact reference; an AVX2 CPU keeps torch's ops (vLLM's float32 not
+    measured there)."""
+    from medha.perf import hardware_specs
+
+    # the rule reads the CPU's flags
+    ice_lake = "flags\t\t: fpu avx2 avx512f avx512bw avx512_vnni\n"
+    assert hardware_specs.cpu_has_avx512(ice_lake) and not hardware_specs.cpu_has_bf16(ice_lake)
+    assert not hardware_specs.cpu_has_avx512("flags\t\t: fpu avx2 fma\n")
+    monkeypatch.delenv("MEDHA_AUTO_KERNELS", raising=False)
+    cpu = torch.device("cpu")
+    for avx512, bf16, served in ((True, False, True), (True, True, False), (False, False, False)):
+        monkeypatch.setattr(hardware_specs, "cpu_has_avx512", lambda a=avx512: a)
+        monkeypatch.setattr(hardware_specs, "cpu_has_bf16", lambda b=bf16: b)
+        on_vllm = served and loadable()
+        assert resolve_kernels("auto", cpu, torch.float32, 1) == ("vllm" if on_vllm else "torch")
+        assert resolve_kernels("auto", cpu, torch.float32, 2) == "torch"  # kvp reads K slots
+        assert resolve_kernels("auto", cpu, torch.float32, 1, head_dim=16) == "torch"
+        assert resolve_kernels("torch", cpu, torch.float32, 1) == "torch"  # asked for: kept
 
 
 def test_auto_takes_vllm_kernels_for_bf16_on_a_cpu(monkeypatch):

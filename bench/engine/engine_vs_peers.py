@@ -187,7 +187,7 @@ def main() -> None:
 
     from medha.engine.checkpoint import resolve_model
     from medha.engine.cpu_threads import usable_cores
-    from medha.vllm_executor.settings import vllm_dtype_arg
+    from medha.perf.hardware_specs import cpu_serving_dtype
 
     model = args.model or str(resolve_model("smollm2"))
     commands = {"medha": medha_command(model, args.medha_arg)}
@@ -198,8 +198,8 @@ def main() -> None:
         cores = usable_cores()
         commands["vLLM all cores"] = vllm_command(model, args.vllm_arg, f"0-{cores - 1}")
         # a tuned peer runs float32 where the CPU has no bf16 instructions (vLLM's own auto
-        # would emulate the checkpoint's bf16 there, 1.75-2.3x slower: vllm_dtype_arg)
-        dtype = vllm_dtype_arg("auto")
+        # would emulate the checkpoint's bf16 there, 1.75-2.3x slower: cpu_serving_dtype)
+        dtype = cpu_serving_dtype("auto")
         given = any(a.startswith("--dtype") for a in args.vllm_arg)
         tuned = [] if dtype == "auto" or given else ["--dtype", dtype]
         for peer in args.peer:

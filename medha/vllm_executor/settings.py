@@ -18,7 +18,7 @@ from pathlib import Path
 
 from medha.engine.config import resolve_calibrate
 from medha.perf import ParallelConfig, get_hardware, make_predictor
-from medha.perf.hardware_specs import cache_dir
+from medha.perf.hardware_specs import cache_dir, cpu_serving_dtype
 from medha.perf.model_specs import model_from_hf_config
 from medha.perf.online_fit import CorrectedPredictor, StepLearner
 from medha.scheduler.block_manager import BlockManager
@@ -40,21 +40,11 @@ def vllm_profile_path(model: str, device: str, dtype: str, tp: int = 1) -> Path:
 
 
 def vllm_dtype_arg(dtype: str) -> str:
-    """What medha passes vLLM as --dtype for medha's `dtype`: as given, but `auto` as medha's
-    engine resolves it where the two rules part: float32 on a CPU without bf16 instructions
-    (neither AVX512-BF16 nor AMX). vLLM's auto keeps a bf16 checkpoint's bf16 on any CPU, where
-    it is emulated: on a 2-core Ice Lake Xeon SmolLM2's 6,000-token prompt took 29.5 s in bf16
-    and 16.9 s in float32, eight short chats 2.06 s and 0.89 s (docs/vllm.md, "Another machine
-    kind"). Elsewhere (CUDA, a CPU with bf16) `auto` stays vLLM's choice."""
-    if dtype != "auto":
-        return dtype
+    """What medha passes vLLM as --dtype for medha's `dtype`: on a CPU, as medha serves it there
+    (`cpu_serving_dtype`: `auto` is float32 without bf16 instructions); on CUDA as given."""
     import torch
 
-    from medha.engine.setup import resolve_device, resolve_dtype
-
-    if resolve_dtype("auto", resolve_device("auto")) == torch.float32:
-        return "float32"
-    return dtype
+    return dtype if torch.cuda.is_available() else cpu_serving_dtype(dtype)
 
 
 def vllm_dtype(model_config) -> str:

