@@ -160,8 +160,8 @@ def cpu_has_bf16(cpuinfo: str | None = None) -> bool:
 
 
 def cpu_serving_dtype(dtype: str) -> str:
-    """`dtype` as medha serves it on this CPU, on either engine: `auto` is float32 on a CPU
-    without bf16 instructions (medha's engine's rule, `resolve_dtype`), where vLLM's own auto
+    """`dtype` as medha serves it on this CPU, on either engine (medha's `resolve_dtype`, vLLM's
+    `vllm_dtype_arg`): `auto` is float32 on a CPU without bf16 instructions, where vLLM's own auto
     would keep a bf16 checkpoint's bf16, emulated: on a 2-core Ice Lake Xeon SmolLM2's
     6,000-token prompt took 29.5 s in bf16 on vLLM and 16.9 s in float32, eight short chats
     2.06 s and 0.89 s (docs/vllm.md, "Another machine kind"). Elsewhere as given (`auto`: the

@@ -98,7 +98,7 @@ def float32_served_on_vllm() -> bool:
     and a 6,000-token prompt at the default budget from 20.6 s to 16.4 s (docs/vllm.md,
     "Another machine kind"). Elsewhere float32 is asked for, and stays on torch's ops, the
     exact reference (an AVX2 CPU: vLLM's float32 not measured)."""
-    return hardware_specs.cpu_has_avx512() and not hardware_specs.cpu_has_bf16()
+    return hardware_specs.cpu_has_avx512() and hardware_specs.cpu_serving_dtype("auto") == "float32"
 
 
 def resolve_kernels(
