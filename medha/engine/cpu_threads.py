@@ -12,10 +12,13 @@ core they keep busy. Linux only; elsewhere, or with --threads given, the count s
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import time
 from collections.abc import Callable
+
+log = logging.getLogger("medha.engine")
 
 
 def machine_busy_s(path: str = "/proc/stat") -> float | None:
@@ -90,5 +93,13 @@ class ThreadGovernor:
         # worker group or a test harness may have set it since
         if threads != self._get():
             self._set(threads)
+        if threads != self.threads:
+            # said, so that a step log's slower steps can be told from a slower kernel
+            log.info(
+                "CPU threads %d -> %d: other processes kept %.2f cores busy",
+                self.threads,
+                threads,
+                others,
+            )
         self.threads = threads
         return self.threads
