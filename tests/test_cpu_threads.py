@@ -37,6 +37,26 @@ def test_a_busy_neighbour_takes_a_thread_and_gives_it_back():
     assert g.tick() == 2 and calls == [1, 2]
 
 
+def test_each_change_is_said_once(caplog):
+    """A step log's slower steps are then told from a slower kernel (docs/vllm.md, run 5)."""
+    m = Machine()
+    g, _ = governor(m)
+    with caplog.at_level("INFO", logger="medha.engine"):
+        m.run(2.0, ours=2.0, others=0.05)
+        g.tick()
+        m.run(2.0, ours=1.33, others=0.67)
+        g.tick()
+        m.run(2.0, ours=1.0, others=1.0)
+        g.tick()
+        m.run(2.0, ours=1.0, others=0.0)
+        g.tick()
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [
+        "CPU threads 2 -> 1: other processes kept 0.67 cores busy",
+        "CPU threads 1 -> 2: other processes kept 0.00 cores busy",
+    ]
+
+
 def test_it_looks_once_per_interval():
     m = Machine()
     g, calls = governor(m)
