@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from medha.engine.cpu_threads import usable_cores
+
 ROOT = Path(__file__).resolve().parent.parent
 
 NO_TORCH = '''\
@@ -52,12 +54,7 @@ def pytest_core(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess
     every core this process may use, where pytest-xdist is installed (the test extra; its
     workers inherit the refusal with PYTHONPATH): the run that starts it only waits, and on one
     core it took 4.4 minutes of CI's 28 (Ice Lake Xeon, 2 cores)."""
-    spread = []
-    if importlib.util.find_spec("xdist") is not None:
-        spread = [
-            "-n",
-            str(len(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else "auto",
-        ]
+    spread = ["-n", str(usable_cores())] if importlib.util.find_spec("xdist") is not None else []
     out = without_torch(
         tmp_path, "-m", "pytest", "-m", "core", "-q", "-p", "no:cacheprovider", *spread, *args
     )
