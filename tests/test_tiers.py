@@ -53,7 +53,8 @@ def pytest_core(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess
     """The core tier run by pytest without torch, and the counts of its last line. It runs on
     every core this process may use, where pytest-xdist is installed (the test extra; its
     workers inherit the refusal with PYTHONPATH): the run that starts it only waits, and on one
-    core it took 4.4 minutes of CI's 28 (Ice Lake Xeon, 2 cores)."""
+    core it took 4.4 minutes of CI's 28 (Ice Lake Xeon, 2 cores). A full run runs the core
+    tests here only (tests/conftest.py CoreRunsOnce)."""
     spread = ["-n", str(usable_cores())] if importlib.util.find_spec("xdist") is not None else []
     out = without_torch(
         tmp_path, "-m", "pytest", "-m", "core", "-q", "-p", "no:cacheprovider", *spread, *args
@@ -88,6 +89,34 @@ def test_the_core_tier_passes_without_torch(tmp_path):
     assert out.returncode == 0, tail
     # every collected core test ran and passed: none skipped for want of torch
     assert counts.get("passed", 0) > 200 and all_passed(counts), tail
+
+
+def collected(*args: str) -> list[str]:
+    """The test ids `pytest --collect-only` selects with `args`, and its report's other lines."""
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    return out.stdout.splitlines()
+
+
+def test_a_run_with_the_torch_free_core_run_runs_core_tests_only_there():
+    """tests/conftest.py CoreRunsOnce: the core tests of a run that holds the torch-free run
+    are left to it; without it (or with `-m core`) they run in the run itself."""
+    core = "tests/test_simulator.py"
+    alone = [line for line in collected(core) if line.startswith(core + "::")]
+    assert len(alone) > 5
+    both = collected("tests/test_tiers.py", core)
+    assert not [line for line in both if line.startswith(core + "::")]
+    assert "tests/test_tiers.py::test_the_core_tier_passes_without_torch" in both
+    assert any(line.startswith(f"{len(alone)} core tests run once, without torch") for line in both)
+    # -k leaving out the torch-free run leaves the core tests here
+    kept = collected("tests/test_tiers.py", core, "-k", "not core_tier_passes")
+    assert [line for line in kept if line.startswith(core + "::")] == alone
 
 
 @pytest.mark.parametrize(
