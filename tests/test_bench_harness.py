@@ -154,3 +154,48 @@ def test_the_budgets_a_step_log_shows_in_a_span_of_time(tmp_path):
     assert list(budgets_between(log, 2.5, 4.0)) == [0.05, 0.15]
     assert budgets_between(log, 5.0, 8.0) == {}
     assert budgets_between(tmp_path / "none.jsonl", 0.0, 10.0) == {}
+
+
+def test_a_goodput_runs_load_and_targets_follow_the_machines_pace():
+    """bench/vllm/vllm_goodput.py's defaults: rates at 0.35, 0.7 and 1.0 over the trace's mean
+    time alone, TTFT within twice that and within 1 s + each prompt's time at the trace's pace.
+    At a mean of 1 s they are the AMX Xeon's runs in the docs; a machine 3.8x slower gets a load
+    3.8x lighter and targets 3.8x looser, each a spec --slo takes."""
+    from medha.benchmark.harness import paced_load, parse_slo
+
+    rates, slos = paced_load(1.0, 2048)
+    assert rates == [0.35, 0.7, 1.0]
+    assert [parse_slo(s) for s in slos] == [(2.0, 0.0, 0.2), (1.0, 0.00049, 0.2)]
+    rates, slos = paced_load(3.8, 2048)
+    assert rates == [0.092, 0.18, 0.26]
+    assert [parse_slo(s) for s in slos] == [(7.6, 0.0, 0.2), (1.0, 0.0019, 0.2)]
+    for alone, mean in ((0.0, 2048), (-1.0, 2048), (float("nan"), 2048), (1.0, 0)):
+        with pytest.raises(ValueError):
+            paced_load(alone, mean)
+
+
+def test_the_lengths_timed_are_the_middles_of_the_traces_fifths():
+    """One length from each fifth of the trace's prompts, each a length the trace has: their
+    times alone average to its mean time alone, which the mean prompt's time alone understates
+    where long prompts cost more than their length (attention)."""
+    from medha.benchmark.harness import paced_lengths
+    from medha.sim.workload.traces import load_trace
+
+    assert paced_lengths(list(range(1, 101))) == [11, 31, 51, 70, 90]
+    prompts = [min(e.prompt_len, 8000) for e in load_trace("azure_code")]
+    lengths = paced_lengths(prompts)
+    assert lengths == sorted(lengths) and set(lengths) <= set(prompts)
+    assert lengths[0] < sum(prompts) / len(prompts) < lengths[-1]
+    with pytest.raises(ValueError):
+        paced_lengths([])
+
+
+def test_prompts_alone_are_timed_by_their_first_token():
+    """The probe behind those defaults: the TTFT of each prompt sent alone, against a stub
+    server that answers 0.3 s after each request."""
+    from medha.benchmark.harness import times_alone
+    from medha.benchmark.stub_backend import stub_backend
+
+    with stub_backend(delay_s=0.3) as url:
+        took = times_alone(url, [500, 40])
+    assert len(took) == 2 and all(0.3 <= t < 0.6 for t in took)

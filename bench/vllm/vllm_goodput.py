@@ -1,6 +1,6 @@
 """Goodput on a mixed trace with long prompts: medha's defaults against vLLM as users tune it.
 
-    python bench/vllm/vllm_goodput.py [--trace azure_code] [--rates 0.35,0.7,1.0] \
+    python bench/vllm/vllm_goodput.py [--trace azure_code] [--rates R1,R2,...] \
         [--num-requests 24] [--rounds 2] [--engine-medha '{}'] [--peer ARGS ... | --tuned-peers] \
         [--slo 'ttft=2,tpot=0.2' ...] [--bind 0-1]
 
@@ -10,6 +10,13 @@ flipped every round) is driven by medha's load generator (`medha bench`: streame
 token-id prompts, EOS ignored) at each Poisson rate in turn, with the same requests at a rate
 for every contender of a round. The lengths are the trace's, each prompt capped so that prompt
 plus output fit the context (8,192 for SmolLM2).
+
+The load and the targets default to this machine's pace (harness.paced_load): plain vLLM,
+started once before the rounds, times a prompt alone at the middle of each fifth of the trace's
+lengths, whose mean `t` is the trace's mean time alone; the rates are 0.35, 0.7 and 1.0 / t
+(saturation is near 1 / t), the TTFT targets 2t, and 1 s plus each prompt's own time at the
+trace's pace (t over its mean prompt, a token); TPOT 0.2 s. It prints the --rates and --slo
+that repeat them without the probe.
 
 Goodput as `vllm bench serve --goodput` defines it: the requests that meet every SLO, over the
 run's duration (first send to last completion). SLOs are judged after the runs on each
@@ -48,7 +55,14 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from medha.benchmark.config import BenchConfig
-from medha.benchmark.harness import add_common_args, goodput, parse_slo
+from medha.benchmark.harness import (
+    add_common_args,
+    goodput,
+    paced_lengths,
+    paced_load,
+    parse_slo,
+    times_alone,
+)
 from medha.benchmark.load_generator import run_bench
 from medha.benchmark.local_server import alternated, local_server
 from medha.benchmark.routers import (
@@ -69,8 +83,6 @@ from medha.benchmark.vllm_servers import (
 )
 from medha.core.config import default_long_threshold
 from medha.sim.workload.traces import load_trace
-
-DEFAULT_SLOS = ["ttft=2,tpot=0.2", "ttft=1+0.0005*prompt,tpot=0.2"]
 
 
 def capped_trace(name: str, context: int, path: Path) -> Path:
@@ -94,16 +106,18 @@ def main() -> None:
     ap.add_argument(
         "--rates",
         type=lambda s: [float(x) for x in s.split(",")],
-        default=[0.35, 0.7, 1.0],
-        help="Poisson rates (req/s), comma-separated, up to past saturation (default "
-        "0.35,0.7,1.0: azure_code's mean prompt, 2,048 tokens, takes about 1 s alone here)",
+        default=None,
+        help="Poisson rates (req/s), comma-separated, up to saturation (default: 0.35, 0.7 "
+        "and 1.0 over the trace's mean prompt time alone on plain vLLM, measured first)",
     )
     ap.add_argument(
         "--slo",
         action="append",
         type=parse_slo,
         default=None,
-        help=f"'ttft=A[+B*prompt],tpot=C' in seconds; repeat (default: {DEFAULT_SLOS})",
+        help="'ttft=A[+B*prompt],tpot=C' in seconds; repeat (default: TTFT within twice the "
+        "trace's mean prompt time alone, and within 1 s + each prompt's time at the trace's "
+        "pace; TPOT 0.2 s)",
     )
     add_common_args(
         ap,
@@ -140,9 +154,19 @@ def main() -> None:
     args = ap.parse_args()
     if args.replicas < 1 or (args.router and args.replicas < 2):
         ap.error("--replicas takes a positive count, and --router needs --replicas 2 or more")
-    slos = args.slo or [parse_slo(s) for s in DEFAULT_SLOS]
     flags = server_flags(args)
     servers = contenders(args, flags)
+    out = Path(args.out or tempfile.mkdtemp(prefix="vllm-goodput-"))
+    out.mkdir(parents=True, exist_ok=True)
+    trace = capped_trace(args.trace, flags.max_model_len, out / "trace.csv")
+    print(f"every run's requests.csv under {out}", file=sys.stderr)
+    # SGLang's router takes no token ids: with routers, every contender gets the same lengths
+    # as text (one SmolLM2 token a word)
+    endpoint = "text" if args.replicas > 1 else "completions"
+    rates, slo_specs = args.rates, None
+    if rates is None or args.slo is None:
+        rates, slo_specs = paced(args, servers["vLLM"], trace, endpoint, args.rates)
+    slos = args.slo or [parse_slo(s) for s in slo_specs]
     told = {}  # the medha contenders run again with their requests carrying slos[0]
     if args.send_slo:
         told = {f"{n}, told the SLO": c for n, c in servers.items() if c.medha is not None}
@@ -155,14 +179,7 @@ def main() -> None:
         routers = {f"{n} behind {r}": r for n in servers for r in names}
         servers = {f"{n} behind {r}": servers[n] for n in servers for r in names}
         told = {f"{n} behind {r}" for n in told for r in names}
-    # SGLang's router takes no token ids: with routers, every contender gets the same lengths
-    # as text (one SmolLM2 token a word)
-    endpoint = "text" if routers else "completions"
     ttft, per_token, tpot = slos[0]
-    out = Path(args.out or tempfile.mkdtemp(prefix="vllm-goodput-"))
-    out.mkdir(parents=True, exist_ok=True)
-    trace = capped_trace(args.trace, flags.max_model_len, out / "trace.csv")
-    print(f"every run's requests.csv under {out}", file=sys.stderr)
     runs = []  # (name, round, rate, folder, wall_s, errors, {budget: batches} of its step log)
     for rnd, name in alternated(list(servers), args.rounds):
         # (a single medha server's step log: the budgets its defaults resolved, run by run)
@@ -172,7 +189,7 @@ def main() -> None:
                                model="m", endpoint=endpoint,
                                out=str(out / "warm-up"))  # fmt: skip
             run_bench(warm, progress=False)
-            for i, rate in enumerate(args.rates):
+            for i, rate in enumerate(rates):
                 folder = out / f"{rnd}-{name.replace(' ', '_')}-{rate}"
                 cfg = BenchConfig(
                     url=url,
@@ -202,7 +219,31 @@ def main() -> None:
                     file=sys.stderr,
                     flush=True,
                 )
-    report(runs, servers, args.rates, slos, flags, args)
+    report(runs, servers, rates, slos, flags, args)
+
+
+def paced(args, plain: Contender, trace: Path, endpoint: str, rates) -> tuple[list[float], list]:
+    """The rates (`rates` where given) and SLO specs of this machine's pace: plain vLLM, alone
+    on the bench's cores (one server on all of them, even with --replicas), times a prompt at
+    the middle of each fifth of the trace's lengths; their mean is the trace's mean time alone
+    (harness.paced_load)."""
+    with trace.open() as fh:
+        prompts = [int(row["num_prefill_tokens"]) for row in csv.DictReader(fh)]
+    lengths = paced_lengths(prompts)
+    print(f"timing prompts of {', '.join(map(str, lengths))} tokens alone on plain vLLM ...",
+          file=sys.stderr, flush=True)  # fmt: skip
+    with serving(args, plain, None, None) as url:
+        times = times_alone(url, lengths, model="m", endpoint=endpoint)
+    alone = statistics.fmean(times)
+    paced_rates, slos = paced_load(alone, statistics.fmean(prompts))
+    rates = rates or paced_rates
+    print(
+        f"they took {', '.join(f'{t:.2f}' for t in times)} s, {alone:.2f} s on average: "
+        f"--rates {','.join(f'{r:g}' for r in rates)} " + " ".join(f"--slo '{s}'" for s in slos),
+        file=sys.stderr,
+        flush=True,
+    )
+    return rates, slos
 
 
 def shown_budgets(budgets: dict[float, int]) -> str:

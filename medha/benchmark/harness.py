@@ -105,6 +105,65 @@ def parse_slo(spec: str) -> tuple[float, float, float]:
     return slo
 
 
+# A goodput run's load and targets as multiples of the machine's own pace: where a trace's
+# prompts take `alone_s` on average each by itself, a server saturates near 1/alone_s requests a
+# second. Fractions of that rate: below, near and at saturation. The TTFT targets: twice that
+# mean time, and a second plus each prompt's own time at the trace's pace (alone_s over its mean
+# prompt, a token). On the 2-core AMX Xeon the rates and targets of the runs docs/vllm.md
+# reports came from a mean of about 1 s (0.35, 0.7 and 1.0 req/s; 2 s; 1 s + 0.5 ms a token).
+PACED_RATE_FRACTIONS = (0.35, 0.7, 1.0)
+PACED_TPOT_S = 0.2  # a reading pace's looser end; the decode steps of a CPU take 25-50 ms
+# the trace's prompt lengths timed alone for that mean: the middles of its five quintiles
+PACED_QUANTILES = (0.1, 0.3, 0.5, 0.7, 0.9)
+
+
+def _two_digits(x: float) -> float:
+    return float(f"{x:.2g}")
+
+
+def paced_load(alone_s: float, mean_prompt: float) -> tuple[list[float], list[str]]:
+    """The Poisson rates and the --slo specs (parse_slo's syntax) of a goodput run on a machine
+    where a trace's prompts, `mean_prompt` tokens on average, take `alone_s` seconds each alone
+    on average; rounded to two digits so that the command that repeats them reads as one."""
+    if not (alone_s > 0 and mean_prompt >= 1):
+        raise ValueError(f"a prompt's time alone {alone_s!r} s and mean length {mean_prompt!r}")
+    rates = [_two_digits(f / alone_s) for f in PACED_RATE_FRACTIONS]
+    slos = [
+        f"ttft={_two_digits(2 * alone_s):g},tpot={PACED_TPOT_S:g}",
+        f"ttft=1+{_two_digits(alone_s / mean_prompt):g}*prompt,tpot={PACED_TPOT_S:g}",
+    ]
+    return rates, slos
+
+
+def paced_lengths(prompts: Sequence[int]) -> list[int]:
+    """The prompt lengths whose times alone average to the trace's mean time alone: one at the
+    middle of each fifth of the trace's lengths (a prompt's time grows faster than its length,
+    so the mean prompt's time alone would understate the mean)."""
+    if not prompts:
+        raise ValueError("a trace with no prompts")
+    return [int(np.quantile(prompts, q, method="nearest")) for q in PACED_QUANTILES]
+
+
+def times_alone(url: str, prompt_lens: Sequence[int], **bench) -> list[float]:
+    """The TTFT of a prompt of each length (one output token), each sent alone to the server at
+    `url`, after one short warm-up request. `bench`: more BenchConfig fields (model, endpoint)."""
+    import tempfile
+
+    from medha.benchmark.config import BenchConfig
+    from medha.benchmark.load_generator import run_bench
+
+    with tempfile.TemporaryDirectory(prefix="medha-times-alone-") as out:
+        times = []
+        for i, prompt in enumerate([16, *prompt_lens]):
+            cfg = BenchConfig(url=url, workload=f"prompt={prompt},output=1", qps=1.0,
+                              num_requests=1, seed=i, out=f"{out}/{i}", **bench)  # fmt: skip
+            summary = run_bench(cfg, progress=False)
+            if summary["client"]["errors"]:
+                raise RuntimeError(f"a {prompt}-token prompt alone failed at {url}")
+            times.append(summary["ttft_s"]["p50"])
+    return times[1:]
+
+
 def goodput(run: Path, slo: tuple[float, float, float], wall_s: float) -> float:
     """Goodput as `vllm bench serve --goodput` counts it: the requests of a `medha bench` run
     (its folder's requests.csv) that completed within both targets, per second of the run's
