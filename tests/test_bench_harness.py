@@ -118,6 +118,46 @@ def test_a_bench_can_tell_the_server_each_requests_targets():
         BenchConfig(**{**quiet.__dict__, "ttft_slo_per_token_s": float("nan")})
 
 
+def test_a_peer_scheduling_by_priority_is_sent_each_prompts_length_as_its_priority():
+    """A tuned vLLM started with `--scheduling-policy priority` (either spelling) gets each
+    request's prompt length as vLLM's `priority` (lower runs earlier: the shortest waiting
+    prompt first); no other contender does (vLLM refuses a priority it does not schedule by)."""
+    from medha.benchmark.config import BenchConfig
+    from medha.benchmark.load_generator import _body
+    from medha.benchmark.vllm_servers import (
+        add_contender_args,
+        add_server_args,
+        contenders,
+        server_flags,
+    )
+    from medha.benchmark.workload import BenchRequest
+
+    ap = argparse.ArgumentParser()
+    add_server_args(ap)
+    add_contender_args(ap)
+    peers = [
+        "--long-prefill-token-threshold 512 --scheduling-policy priority",
+        "--scheduling-policy=priority",
+        "--scheduling-policy fcfs",
+        "--long-prefill-token-threshold 512",
+    ]
+    args = ap.parse_args(
+        ["--model", "m", "--dtype", "float32", "--medha", "{}", "--engine-medha", "{}"]
+        + [f"--peer={p}" for p in peers]
+    )
+    servers = contenders(args, server_flags(args))
+    assert len(servers) == 7
+    assert sorted(n for n, c in servers.items() if c.priority) == sorted(
+        f"vLLM {p}" for p in peers[:2]
+    )
+    assert servers[f"vLLM {peers[0]}"].command(8000)[-2:] == ["--scheduling-policy", "priority"]
+    req = BenchRequest(index=0, arrival_s=0.0, prompt_len=2000, output_len=4)
+    cfg = BenchConfig(url="http://x", workload="prompt=8,output=4")
+    assert "priority" not in _body(cfg, "m", req)
+    ranked = BenchConfig(**{**cfg.__dict__, "send_priority": True})
+    assert _body(ranked, "m", req)["priority"] == 2000
+
+
 def test_a_text_prompt_for_a_front_that_takes_no_token_ids():
     """SGLang's router answers 422 to a /v1/completions prompt of token ids: `endpoint="text"`
     sends the same lengths as words that SmolLM2 tokenizes one token each, the same words for

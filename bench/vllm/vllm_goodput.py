@@ -23,11 +23,14 @@ run's duration (first send to last completion). SLOs are judged after the runs o
 request's TTFT and TPOT, so one run gives every --slo's goodput; the servers are not told them
 (medha's defaults: no request carries an SLO of its own), except with --send-slo, which runs
 each medha contender again with every request carrying the first --slo's targets (the medha
-extension of the API: vLLM's has no field for them). `ttft=A+B*prompt` scales a request's
-TTFT target with its prompt, as the Medha paper's deadlines do. Each single server keeps a
-step log (MEDHA_STEP_LOG, in --out), and the last table gives the iteration budgets each medha
-server's batches ran in, run by run: a server resolves its defaults again as its model is
-corrected, and a run whose budget moved ran part of its requests in other steps.
+extension of the API: vLLM's has no field for them). A --peer with `--scheduling-policy
+priority` gets each request's prompt length as its `priority` (vLLM's API field): the shortest
+waiting prompt goes first, the tuning vLLM offers a mixed load beside its convoy flags.
+`ttft=A+B*prompt` scales a request's TTFT target with its prompt, as the Medha paper's
+deadlines do. Each single server keeps a step log (MEDHA_STEP_LOG, in --out), and the last
+table gives the iteration budgets each medha server's batches ran in, run by run: a server
+resolves its defaults again as its model is corrected, and a run whose budget moved ran part of
+its requests in other steps.
 
     python bench/vllm/vllm_goodput.py --replicas 2 \
         [--router medha-slack --router sglang-cache_aware]
@@ -205,6 +208,7 @@ def main() -> None:
                     ttft_slo_per_token_s=per_token,
                     tpot_slo_s=tpot,
                     send_slo=name in told,
+                    send_priority=servers[name].priority,
                 )
                 began = time.monotonic()
                 summary = run_bench(cfg, progress=False)

@@ -64,6 +64,8 @@ def _body(cfg: BenchConfig, model: str, req: BenchRequest) -> dict:
     if cfg.send_slo:
         ttft = round(cfg.ttft_target_s(req.prompt_len), 4)
         body["medha"] = {"ttft_slo_s": ttft, "tpot_slo_s": cfg.tpot_slo_s}
+    if cfg.send_priority:
+        body["priority"] = req.prompt_len
     if cfg.endpoint == "chat":
         body["messages"] = [{"role": "user", "content": _prompt(req, cfg.seed, False)}]
     else:  # (text: words that SmolLM2 tokenizes one token each, for a front that takes no ids)

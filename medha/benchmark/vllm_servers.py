@@ -176,6 +176,9 @@ class Contender:
     medha: dict | None = None
     engine: bool = False  # medha's own engine (`medha serve`), not vLLM's
     peer: bool = False  # plain vLLM with its own convoy flags (a tuned peer)
+    # vLLM scheduling by the `priority` its requests carry (--scheduling-policy priority):
+    # the benches send each request its prompt's length (`BenchConfig.send_priority`)
+    priority: bool = False
 
 
 def add_contender_args(ap) -> None:
@@ -249,12 +252,21 @@ def contenders(args, flags: ServerFlags) -> dict[str, Contender]:
     peers = args.peer + (TUNED_VLLM if args.tuned_peers else [])
     out = {"vLLM": Contender(server_command(flags, None, args.front))}
     out |= {
-        f"vLLM {a}": Contender(server_command(flags, None, args.front, a), peer=True) for a in peers
+        f"vLLM {a}": Contender(
+            server_command(flags, None, args.front, a), peer=True, priority=by_priority(a)
+        )
+        for a in peers
     }
     out |= {label(m): Contender(server_command(flags, m, args.front), m) for m in settings}
     engines = map(json.loads, args.engine_medha or [])
     out |= {engine_label(m): Contender(engine_command(flags, m), m, engine=True) for m in engines}
     return out
+
+
+def by_priority(vllm_args: str) -> bool:
+    """Whether vLLM's flags `vllm_args` schedule by the requests' own priorities."""
+    words = vllm_args.replace("=", " ").split()  # (as server_command splits them)
+    return any(a == "--scheduling-policy" and b == "priority" for a, b in zip(words, words[1:]))
 
 
 def server_env(args, contender: Contender, step_log: str | None = None) -> dict:
