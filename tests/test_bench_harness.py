@@ -240,3 +240,15 @@ def test_prompts_alone_are_timed_by_their_first_token():
     with stub_backend(delay_s=0.3, n_tokens=3, token_delay_s=1.0) as url:
         took = times_alone(url, [500, 40])
     assert len(took) == 2 and all(0.3 <= t < 2.3 for t in took)
+
+
+def test_a_prompt_alone_whose_answer_streams_no_text_is_an_error(monkeypatch):
+    """A probe whose one token streamed no text (a partial character) has no first token to
+    time: the probe says so, rather than hand the pace a missing time."""
+    import medha.benchmark.load_generator as load_generator
+    from medha.benchmark.harness import times_alone
+
+    silent = {"client": {"errors": 0}, "ttft_s": {"p50": None}}
+    monkeypatch.setattr(load_generator, "run_bench", lambda cfg, progress: silent)
+    with pytest.raises(RuntimeError, match="streamed no text"):
+        times_alone("http://x", [100])

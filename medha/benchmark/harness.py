@@ -160,6 +160,8 @@ def times_alone(url: str, prompt_lens: Sequence[int], **bench) -> list[float]:
             summary = run_bench(cfg, progress=False)
             if summary["client"]["errors"]:
                 raise RuntimeError(f"a {prompt}-token prompt alone failed at {url}")
+            if summary["ttft_s"]["p50"] is None:  # its one token streamed no text to time
+                raise RuntimeError(f"a {prompt}-token prompt alone at {url} streamed no text")
             times.append(summary["ttft_s"]["p50"])
     return times[1:]
 
