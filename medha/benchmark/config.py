@@ -87,8 +87,8 @@ class BenchConfig:
                 "send vLLM's `priority` field, the prompt's length in tokens: a vLLM server "
                 "started with --scheduling-policy priority then takes the shortest waiting "
                 "prompt first (lower runs earlier; ties in arrival order), as a user who "
-                "tunes vLLM for a mixed load would; other servers ignore it or refuse a "
-                "priority they do not schedule by"
+                "tunes vLLM for a mixed load would; vLLM under fcfs and medha's servers "
+                "ignore it"
             )
         },
     )
