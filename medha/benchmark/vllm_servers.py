@@ -177,7 +177,8 @@ class Contender:
     engine: bool = False  # medha's own engine (`medha serve`), not vLLM's
     peer: bool = False  # plain vLLM with its own convoy flags (a tuned peer)
     # vLLM scheduling by the `priority` its requests carry (--scheduling-policy priority):
-    # the benches send each request its prompt's length (`BenchConfig.send_priority`)
+    # vllm_goodput.py sends each request its prompt's length (`BenchConfig.send_priority`);
+    # the convoy benches send none, so there the flag orders as fcfs does
     priority: bool = False
 
 
