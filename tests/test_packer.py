@@ -284,6 +284,33 @@ def test_at_most_one_long_prefill_per_batch():
         sched.update(batch, BatchResult(0.05), 0.05)
 
 
+@pytest.mark.parametrize("budget", [0.005, 0.01])
+def test_a_step_with_no_room_for_a_chunk_leaves_the_prefill_queue_unordered(budget):
+    """Ordering the waiting prefills is a large share of the scheduler's work at a few hundred
+    requests (issue 69): a step whose decodes already take the budget (one decode of Llama-3-8B on
+    8 H100s is 5.7 ms by the roofline) runs them alone without ordering anyone, as the
+    packer's loop would have stopped at its first request; with room (10 ms), the queue is
+    ordered once and its first request gets a chunk."""
+    sched = gpu_scheduler(policy="lars", iteration_budget_s=budget, max_model_len=8192)
+    sched.add_request(Request("d", 0.0, 64, 1000), 0.0)
+    now = 0.0
+    while not sched.requests.decoding:  # (at 5 ms: two minimum chunks, each past the budget)
+        batch = sched.schedule(now)
+        now += batch.predicted_time_s
+        sched.update(batch, BatchResult(batch.predicted_time_s), now)
+    for i in range(3):
+        sched.add_request(Request(f"p{i}", now, 2000, 4), now)
+    orders = []
+    order_prefills = sched.policy.order_prefills
+    sched.policy.order_prefills = lambda *args: orders.append(args) or order_prefills(*args)
+    batch = sched.schedule(now)
+    assert [c.request.request_id for c in batch.decodes] == ["d"]
+    if budget == 0.005:
+        assert batch.predicted_time_s > budget and not batch.prefills and not orders
+    else:
+        assert len(orders) == 1 and [c.request.request_id for c in batch.prefills][:1] == ["p0"]
+
+
 @pytest.mark.parametrize("multi", [True, False])
 def test_multi_prefill_switch(multi):
     sched = gpu_scheduler(multi_prefill=multi)

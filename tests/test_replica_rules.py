@@ -63,7 +63,8 @@ class Twin:
             return budget
 
         def capture_pack(now, queue, builder):
-            self._captured["order"] = [r.request_id for r in getattr(queue, "requests", queue)]
+            ordered = queue.order() if hasattr(queue, "order") else queue  # (the scheduler's)
+            self._captured["order"] = [r.request_id for r in ordered]
             return pack(now, queue, builder)
 
         packer.batch_budget_s, packer.pack = batch_budget_s, capture_pack

@@ -25,6 +25,10 @@ class AdaptivePacker(Packer):
     def pack(self, now: float, queue: Collection[Request], builder: BatchBuilder) -> None:
         cfg = self.config
         budget = self.batch_budget_s(builder, queue)  # who waits on the step bounds it
+        if not builder.is_empty and builder.time_with_chunk(1, 0) > budget:
+            # no chunk fits (one token of a fresh prompt is the least any takes): the loop
+            # below would stop at its first request, and the queue is left unordered
+            return
         has_long, threshold = False, self.rules.long_threshold
         for r in queue:
             long = is_long(r, threshold)  # after its look-up: a prefix hit makes it short
