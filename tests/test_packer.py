@@ -241,8 +241,8 @@ def test_under_overload_late_requests_wait_on_no_step(decode_late, shorts_late):
     done = 1.0 if decode_late else 0.1  # its first token after or before its deadline
     sched.update(sched.schedule(0.0), BatchResult(done), done)
     assert first.first_token_s == done
-    for i in range(2):
-        sched.add_request(Request(f"short{i}", done, 100, 1, ttft_deadline_s=0.5), done)
+    for i in range(2):  # (the default deadline, 0.5 s: a told one waits on its latest start)
+        sched.add_request(Request(f"short{i}", done, 100, 1), done)
     sched.add_request(Request("long", done, 200_000, 1), done)
     now = done + (0.6 if shorts_late else 0.1)
     batch = sched.schedule(now)

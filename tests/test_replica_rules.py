@@ -201,6 +201,29 @@ def test_a_decode_behind_its_target_gets_the_shortest_step():
 
 
 @pytest.mark.parametrize("overload_steps", [True, False])
+def test_a_prefill_with_its_own_deadline_waits_on_its_latest_start(overload_steps):
+    """Beside other prefills, a short one with a TTFT deadline of its own (the API's
+    ttft_slo_s) waits on the step only until its latest start (its deadline less its work
+    left): the step runs past the budget toward the arrival wait, where one without a deadline
+    of its own holds it to the budget. One whose latest start has passed waits on no step under
+    overload, and on the budget without it."""
+    twin = Twin(overload_steps=overload_steps)
+    # 256 tokens each (0.25 s of work): latest starts at 0.125 s and 0.75 s
+    twin.send(Request.from_tokens("A", 0.0, tokens(256, 30), 4, ttft_deadline_s=0.375))
+    twin.send(Request.from_tokens("B", 0.0, tokens(256, 31), 4, ttft_deadline_s=1.0))
+    budget, order = assert_same(twin)
+    assert BUDGET < budget == 0.125 < WAIT and order == ["A", "B"]
+    twin.send(Request.from_tokens("U", twin.now, tokens(256, 32), 4))  # its deadline the default
+    budget, _ = assert_same(twin)
+    assert budget == BUDGET
+    twin = Twin(overload_steps=overload_steps)
+    twin.send(Request.from_tokens("C", 0.0, tokens(256, 33), 4, ttft_deadline_s=0.125))
+    twin.send(Request.from_tokens("D", 0.0, tokens(256, 34), 4, ttft_deadline_s=1.0))
+    budget, _ = assert_same(twin)  # (C cannot make its deadline, by the prediction)
+    assert budget == (WAIT if overload_steps else BUDGET)
+
+
+@pytest.mark.parametrize("overload_steps", [True, False])
 def test_late_requests_wait_on_no_step_under_overload(overload_steps):
     """Past its deadline a request waits on nothing a step could save: with a late decode, a
     late short prefill and a long one, the step runs to the arrival wait. With the overload

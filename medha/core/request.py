@@ -242,6 +242,13 @@ class Request:
         return self.num_scheduled > self.num_cached_tokens
 
     @property
+    def told(self) -> bool:
+        """Whether it carries a target of its own: a TTFT deadline or a TPOT target (the API's
+        ttft_slo_s, tpot_slo_s), which the replica's steps are sized for
+        (replica_rules.told_due_s)."""
+        return self.ttft_deadline_s is not None or self.tpot_target_s is not None
+
+    @property
     def in_prefill(self) -> bool:
         return self.state in (RequestState.WAITING, RequestState.PREFILLING, RequestState.PREEMPTED)
 

@@ -37,6 +37,7 @@ class Pending:
     num_uncached_tokens: int
     started: bool = False
     priority_rank: int = DEFAULT_PRIORITY_RANK
+    ttft_deadline_s: float | None = None  # its own TTFT deadline, relative, if it set one
 
     @classmethod
     def of(cls, r: Request) -> Pending:
@@ -50,6 +51,7 @@ class Pending:
             r.num_uncached_tokens,
             r.started,
             r.priority_rank,
+            r.ttft_deadline_s,
         )
 
     @property

@@ -98,6 +98,7 @@ class SlackDispatcher(Dispatcher):
                 work,
                 request.prompt_len,
                 priority_rank=request.priority_rank,
+                ttft_deadline_s=request.ttft_deadline_s,
             )
             firsts, stretch = self.predicted_first_tokens(r, [*r.pending(now), new], now)
             # the smallest relative slack with the new request (after) and without it

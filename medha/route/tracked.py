@@ -130,6 +130,14 @@ class Routed:
     def tpot_target_s(self) -> float | None:
         return self.request.tpot_target_s
 
+    @property
+    def ttft_deadline_s(self) -> float | None:
+        return self.request.ttft_deadline_s
+
+    @property
+    def remaining_work_s(self) -> float:
+        return self.work_s
+
     def own_due_s(self, spp: int = 1) -> float | None:
         """When its next token falls due by its own TPOT target, as the replica counts it
         (Request.own_due_s), from the first token and the tokens the router has seen; None
@@ -325,6 +333,7 @@ class TrackedReplica:
             r.num_uncached_tokens,
             r.started,
             r.request.priority_rank,
+            r.ttft_deadline_s,
         )
 
     def _waiting_in_order(self, now: float) -> list[Pending]:
@@ -352,7 +361,7 @@ class TrackedReplica:
         """The time budget of the step the replica runs now, by its rules
         (replica_rules.step_budget_s) over what the router knows of its queue."""
         decoding = [r for r in self._live.values() if not r.waiting]
-        told = any(r.tpot_target_s is not None for r in decoding)
+        told = any(r.request.told for r in self._live.values())
         snapshot = QueueSnapshot(now, [r for r in self._queue if r.waiting], decoding, told)
         floor = [(self._rules.min_chunk_tokens, 0)]
         return step_budget_s(

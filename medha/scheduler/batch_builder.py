@@ -55,9 +55,9 @@ class BatchBuilder:
 
     @property
     def told(self) -> bool:
-        """Whether a live request carries its own TPOT target (the packer then looks for the
-        decodes' due times: replica_rules.told_due_s)."""
-        return self._requests.own_tpot_targets > 0
+        """Whether a live request carries a target of its own (the packer then looks for the
+        decodes' due times and the told prefills' latest starts: replica_rules.told_due_s)."""
+        return self._requests.told_requests > 0
 
     @property
     def num_prefills(self) -> int:

@@ -27,10 +27,12 @@ if TYPE_CHECKING:
 
 class Waiting(Protocol):
     """A request waiting for its first token, as the rules read it (a Request is one). A
-    policy's key reads more of it: its arrival, deadline, work left and whole (LARS's relative
-    slack), its priority class."""
+    policy's key reads more of it: its arrival, work whole (LARS's relative slack), its
+    priority class."""
 
     deadline_s: float
+    ttft_deadline_s: float | None  # its own TTFT deadline (the API's ttft_slo_s), if it set one
+    remaining_work_s: float  # its predicted prefill work still ahead
 
     @property
     def num_uncached_tokens(self) -> int:
@@ -69,7 +71,9 @@ class QueueSnapshot:
     now: float
     waiting: Collection[Waiting]  # prefill-phase requests the step may serve, in queue order
     decoding: Iterable[Decoding]  # decoding, in this step or in one still running
-    told: bool = False  # whether a decode may carry its own TPOT target (else none is asked)
+    # whether a request may carry its own target, a TTFT deadline or a TPOT target (the API's
+    # ttft_slo_s, tpot_slo_s); else none is asked
+    told: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,18 +120,19 @@ def on_time(d: Decoding) -> bool:
 
 
 def nobody_waits(q: QueueSnapshot, rules: StepRules) -> bool:
-    """Whether nobody waits on this step's end but decodes with TPOT targets of their own
+    """Whether nobody waits on this step's end but requests with targets of their own
     (`told_due_s` bounds the step for them): nothing else decodes on time and the queue holds
-    one prefill alone, or long ones and late ones only (a long prefill waits for its whole
-    prefill; a late one, past its TTFT deadline, for nothing a step could save; with
-    `overload_steps` off a late one waits like any other). Read from the queue's
-    shape and, once deadlines have passed, the deadlines: while every deadline is ahead of
-    both clocks the simulator, given the engine's requests, makes the engine's decisions
+    one prefill alone, or long ones, late ones and told ones only (a long prefill waits for
+    its whole prefill; a late one, past its TTFT deadline, for nothing a step could save, and
+    with `overload_steps` off waits like any other; a told one, with its own TTFT deadline,
+    for the latest start that deadline leaves it). Read from the queue's shape and, once
+    deadlines have passed, the deadlines: while every deadline is ahead of both clocks the
+    simulator, given the engine's requests, makes the engine's decisions
     (analysis/schedule_match.py)."""
     if rules.arrival_wait_s <= rules.iteration_budget_s:
         return False  # the cheap exit first: the step is the budget either way
     late = rules.overload_steps  # a late request waits on no step (off: on every step)
-    told = q.told  # (a decode with its own target waits on told_due_s instead)
+    told = q.told  # (a request with its own target waits on told_due_s instead)
     if any(
         (not late or on_time(d)) and not (told and d.tpot_target_s is not None) for d in q.decoding
     ):
@@ -135,21 +140,42 @@ def nobody_waits(q: QueueSnapshot, rules: StepRules) -> bool:
     if len(q.waiting) <= 1:
         return True
     long, now = rules.long_threshold, q.now
-    return all(is_long(r, long) or (late and r.deadline_s < now) for r in q.waiting)
+    return all(
+        is_long(r, long)
+        or (late and r.deadline_s < now)
+        or (told and r.ttft_deadline_s is not None)
+        for r in q.waiting
+    )
 
 
 def told_due_s(q: QueueSnapshot, rules: StepRules) -> float | None:
-    """The earliest a decode that waits on the step (on time, or any with `overload_steps`
-    off) has its next token due by its own TPOT target (`Decoding.own_due_s`); None if none
-    set one."""
+    """The earliest the step must end for a request with a target of its own that waits on it
+    (on time, or any with `overload_steps` off); None if none set one:
+
+    - a decode: when its next token falls due by its own TPOT target (`Decoding.own_due_s`);
+    - a prefill beside others with its own TTFT deadline: its latest start, the deadline less
+      its predicted work left (now plus its slack): a step that ends by then, whatever it
+      served, leaves it time to make its deadline, and a longer one pays each step's fixed
+      cost fewer times for everyone behind it (issue 69: a burst of mid-size prompts drained
+      at half vLLM's rate in reading-pace steps on a CPU). One whose latest start has passed
+      is late for this purpose: no step can save its deadline by the prediction. A prefill
+      alone is the step's own work, as in `nobody_waits`."""
     if not q.told:
         return None
-    late = rules.overload_steps
+    late, now = rules.overload_steps, q.now
     dues = [
         due
         for d in q.decoding
         if (not late or on_time(d)) and (due := d.own_due_s(rules.spp)) is not None
     ]
+    if len(q.waiting) > 1:
+        least = now + rules.iteration_budget_s  # (what a short prefill gets without a deadline)
+        dues += [
+            max(start, least)
+            for r in q.waiting
+            if r.ttft_deadline_s is not None
+            and ((start := r.deadline_s - r.remaining_work_s) >= now or not late)
+        ]
     return min(dues, default=None)
 
 
@@ -157,7 +183,8 @@ def step_budget_s(q: QueueSnapshot, rules: StepRules, floor_s: Callable[[], floa
     """The time budget of the step, from who waits for it to end:
 
     - decodes (their next token): the iteration budget, a reading pace on every gap;
-    - short prefills beside others (their first token, or their turn): the iteration budget;
+    - short prefills beside others (their first token, or their turn): the iteration budget,
+      or with TTFT deadlines of their own (the API's ttft_slo_s), their latest start, below;
     - nobody (`nobody_waits`): the arrival wait, the longest a request arriving during the step
       may wait, so that a long prefill alone runs in few large chunks (docs/design.md, "The
       iteration budget"). Under overload, when every request has missed its TTFT deadline,
@@ -169,10 +196,12 @@ def step_budget_s(q: QueueSnapshot, rules: StepRules, floor_s: Callable[[], floa
       banked the difference, and the step spends it on a larger chunk of a long prompt, as
       vLLM's token-budget steps do with every decode and no target (issue 69: each step less
       saves its fixed cost, 25-45 ms on a CPU); one behind its target gets short steps until
-      it catches up. Never below `floor_s()` (within the iteration budget), the step's
-      decodes plus one fresh --min-chunk-tokens prefill chunk (a request still in prefill is
-      judged by its TTFT, not its TPOT): one client asking for token times the hardware
-      cannot give would otherwise hold every newcomer at zero progress until it finished."""
+      it catches up. A prefill with a TTFT deadline of its own waits until its latest start,
+      its deadline less its work left, and never asks for less than the budget. Never below
+      `floor_s()` (within the iteration budget), the step's decodes plus one fresh
+      --min-chunk-tokens prefill chunk (a request still in prefill is judged by its TTFT, not
+      its TPOT): one client asking for token times the hardware cannot give would otherwise
+      hold every newcomer at zero progress until it finished."""
     budget = rules.arrival_wait_s if nobody_waits(q, rules) else rules.iteration_budget_s
     due = told_due_s(q, rules)
     if due is None:

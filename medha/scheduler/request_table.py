@@ -56,9 +56,9 @@ class RequestTable:
         self._swapped: dict[str, Request] = {}  # in swap-out order
         self._resume: dict[str, RequestState] = {}  # the phase each swapped request left
         self._aborted_inflight: dict[str, Request] = {}
-        # live requests that carry their own TPOT target: batches look for the tightest only
-        # while some do (a read per decode per batch shows in the simulator's time)
-        self.own_tpot_targets = 0
+        # live requests that carry a target of their own (Request.told): batches look for the
+        # tightest only while some do (a read per decode per batch shows in the simulator's time)
+        self.told_requests = 0
         self._admissions = 0
 
     # ---- the queues (read-only views) ------------------------------------------------------
@@ -112,8 +112,8 @@ class RequestTable:
         self._admissions += 1
         self._live[r.request_id] = r
         self._prefilling[r.request_id] = r
-        if r.tpot_target_s is not None:
-            self.own_tpot_targets += 1
+        if r.told:
+            self.told_requests += 1
 
     def abort(self, request_id: str, now: float, reason: str = "abort") -> Request | None:
         """End a live request; its KV is released once no running batch writes it."""
@@ -143,8 +143,8 @@ class RequestTable:
 
     def _leave_queues(self, r: Request) -> None:
         rid = r.request_id
-        if r.tpot_target_s is not None:
-            self.own_tpot_targets -= 1
+        if r.told:
+            self.told_requests -= 1
         self._prefilling.pop(rid, None)
         self._decoding.pop(rid, None)
         if self._swapped.pop(rid, None) is not None:
@@ -378,7 +378,7 @@ class RequestTable:
     # ---- checks ----------------------------------------------------------------------------
     def check_invariants(self) -> None:
         """Every live request is in the queue of its state, exactly one, with consistent
-        progress; the count of own TPOT targets is right."""
+        progress; the count of requests with targets of their own is right."""
         queues = (self._prefilling, self._decoding, self._swapped)
         for rid, r in self._live.items():
             if sum(rid in q for q in queues) != 1 or r.in_prefill != (rid in self._prefilling):
@@ -389,8 +389,8 @@ class RequestTable:
             self._swapped
         ):
             raise SchedulerInvariantError("a queue holds a request that is not live")
-        own = sum(r.tpot_target_s is not None for r in self._live.values())
-        if own != self.own_tpot_targets:
+        own = sum(r.told for r in self._live.values())
+        if own != self.told_requests:
             raise SchedulerInvariantError(
-                f"{own} live requests carry their own TPOT target, counted {self.own_tpot_targets}"
+                f"{own} live requests carry a target of their own, counted {self.told_requests}"
             )
