@@ -108,6 +108,8 @@ def test_a_bench_can_tell_the_server_each_requests_targets():
     assert "medha" not in _body(quiet, "m", req)
     told = BenchConfig(**{**quiet.__dict__, "send_slo": True})
     assert _body(told, "m", req)["medha"] == {"ttft_slo_s": 2.0, "tpot_slo_s": 0.2}
+    deadline_only = BenchConfig(**{**told.__dict__, "send_tpot_slo": False})
+    assert _body(deadline_only, "m", req)["medha"] == {"ttft_slo_s": 2.0}
     # a first token at 1.9 s meets 1 s + 0.5 ms x 2,000 tokens, not 1 s alone
     res = _Result(req, send_s=0.0, chunk_s=[1.9, 2.0, 2.1, 2.2], end_s=2.2, completion_tokens=4)
     got = _metrics(res, told, 0.0, 10_000)

@@ -23,9 +23,10 @@ run's duration (first send to last completion). SLOs are judged after the runs o
 request's TTFT and TPOT, so one run gives every --slo's goodput; the servers are not told them
 (medha's defaults: no request carries an SLO of its own), except with --send-slo, which runs
 each medha contender again with every request carrying the first --slo's targets (the medha
-extension of the API: vLLM's has no field for them). A --peer with `--scheduling-policy
-priority` gets each request's prompt length as its `priority` (vLLM's API field): the shortest
-waiting prompt goes first, the tuning vLLM offers a mixed load beside its convoy flags.
+extension of the API: vLLM's has no field for them; `--send-slo ttft`, the TTFT deadline
+alone). A --peer with `--scheduling-policy priority` gets each request's prompt length as its
+`priority` (vLLM's API field): the shortest waiting prompt goes first, the tuning vLLM offers a
+mixed load beside its convoy flags.
 `ttft=A+B*prompt` scales a request's TTFT target with its prompt, as the Medha paper's
 deadlines do. Each single server keeps a step log (MEDHA_STEP_LOG, in --out), and the last
 table gives the iteration budgets each medha server's batches ran in, run by run: a server
@@ -131,10 +132,14 @@ def main() -> None:
     )
     ap.add_argument(
         "--send-slo",
-        action="store_true",
-        help="run each medha contender twice a round, the second time ('told') with every "
-        "request carrying the first --slo's targets in the medha extension, as medha's API "
-        "allows and vLLM's does not",
+        action="append",
+        nargs="?",
+        const="both",
+        choices=["both", "ttft"],
+        help="run each medha contender again each round ('told') with every request carrying "
+        "the first --slo's targets in the medha extension, as medha's API allows and vLLM's "
+        "does not; `--send-slo ttft`: the TTFT deadline alone, to tell what the TPOT target "
+        "changes; repeat for both",
     )
     ap.add_argument(
         "--replicas",
@@ -170,10 +175,14 @@ def main() -> None:
     if rates is None or args.slo is None:
         rates, slo_specs = paced(args, servers["vLLM"], trace, endpoint, args.rates)
     slos = args.slo or [parse_slo(s) for s in slo_specs]
-    told = {}  # the medha contenders run again with their requests carrying slos[0]
-    if args.send_slo:
-        told = {f"{n}, told the SLO": c for n, c in servers.items() if c.medha is not None}
-    servers.update(told)
+    # the medha contenders run again with their requests carrying slos[0]: name -> whether
+    # the TPOT target goes too
+    told = {}
+    medha = {n: c for n, c in servers.items() if c.medha is not None}
+    for what in dict.fromkeys(args.send_slo or ()):
+        label = "the SLO" if what == "both" else "the TTFT deadline"
+        told.update({f"{n}, told {label}": what == "both" for n in medha})
+        servers.update({f"{n}, told {label}": c for n, c in medha.items()})
     routers = {}  # contender -> the router its replicas run behind (--replicas)
     if args.replicas > 1:
         names = args.router or ["medha-slack", "sglang-cache_aware"]
@@ -181,7 +190,7 @@ def main() -> None:
             check_installed(name)
         routers = {f"{n} behind {r}": r for n in servers for r in names}
         servers = {f"{n} behind {r}": servers[n] for n in servers for r in names}
-        told = {f"{n} behind {r}" for n in told for r in names}
+        told = {f"{n} behind {r}": tpot for n, tpot in told.items() for r in names}
     ttft, per_token, tpot = slos[0]
     runs = []  # (name, round, rate, folder, wall_s, errors, {budget: batches} of its step log)
     for rnd, name in alternated(list(servers), args.rounds):
@@ -208,6 +217,7 @@ def main() -> None:
                     ttft_slo_per_token_s=per_token,
                     tpot_slo_s=tpot,
                     send_slo=name in told,
+                    send_tpot_slo=told.get(name, True),
                     send_priority=servers[name].priority,
                 )
                 began = time.monotonic()

@@ -80,6 +80,15 @@ class BenchConfig:
             )
         },
     )
+    send_tpot_slo: bool = field(
+        default=True,
+        metadata={
+            "help": (
+                "with --send-slo, the TPOT target too (off: the TTFT deadline alone, so that a "
+                "run can tell what the TPOT target changes in medha's steps)"
+            )
+        },
+    )
     send_priority: bool = field(
         default=False,
         metadata={

@@ -63,7 +63,9 @@ def _body(cfg: BenchConfig, model: str, req: BenchRequest) -> dict:
         body["ignore_eos"] = True
     if cfg.send_slo:
         ttft = round(cfg.ttft_target_s(req.prompt_len), 4)
-        body["medha"] = {"ttft_slo_s": ttft, "tpot_slo_s": cfg.tpot_slo_s}
+        body["medha"] = {"ttft_slo_s": ttft}
+        if cfg.send_tpot_slo:
+            body["medha"]["tpot_slo_s"] = cfg.tpot_slo_s
     if cfg.send_priority:
         body["priority"] = req.prompt_len
     if cfg.endpoint == "chat":
