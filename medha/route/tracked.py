@@ -138,6 +138,8 @@ class Routed:
     def remaining_work_s(self) -> float:
         return self.work_s
 
+    slack = Request.slack
+
     def own_due_s(self, spp: int = 1) -> float | None:
         """When its next token falls due by its own TPOT target, as the replica counts it
         (Request.own_due_s), from the first token and the tokens the router has seen; None

@@ -32,7 +32,9 @@ class Waiting(Protocol):
 
     deadline_s: float
     ttft_deadline_s: float | None  # its own TTFT deadline (the API's ttft_slo_s), if it set one
-    remaining_work_s: float  # its predicted prefill work still ahead
+
+    def slack(self, now: float) -> float:
+        """Its deadline less now and its predicted prefill work still ahead (Request.slack)."""
 
     @property
     def num_uncached_tokens(self) -> int:
@@ -169,12 +171,11 @@ def told_due_s(q: QueueSnapshot, rules: StepRules) -> float | None:
         if (not late or on_time(d)) and (due := d.own_due_s(rules.spp)) is not None
     ]
     if len(q.waiting) > 1:
-        least = now + rules.iteration_budget_s  # (what a short prefill gets without a deadline)
+        least = rules.iteration_budget_s  # (what a short prefill gets without a deadline)
         dues += [
-            max(start, least)
+            now + max(slack, least)
             for r in q.waiting
-            if r.ttft_deadline_s is not None
-            and ((start := r.deadline_s - r.remaining_work_s) >= now or not late)
+            if r.ttft_deadline_s is not None and ((slack := r.slack(now)) >= 0 or not late)
         ]
     return min(dues, default=None)
 
